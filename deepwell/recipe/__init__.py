@@ -1,0 +1,38 @@
+"""How to speak: protocol requests → Conversation → prompt tokens, and tokens → protocol chunks.
+
+Stateless, pure CPU, no torch. Public names mirror deepseek_recipe 0.2.0 (spec/recipe.md §1).
+"""
+
+from deepwell.recipe.conversation import (
+    AssistantMessage,
+    BytesImageSource,
+    Conversation,
+    DataUrlImageSource,
+    ImageSource,
+    LatestReminderMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolDefinition,
+    ToolMessage,
+    UrlImageSource,
+    UserMessage,
+)
+from deepwell.recipe.encoding.special_tokens import SpecialToken, SpecialTokens
+from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.options import (
+    InferenceOptions,
+    ModelVersion,
+    OutputConstraint,
+    ParsingOptions,
+    ThinkingInitialStage,
+)
+from deepwell.recipe.request import ConversationRequest, ResponsesEcho
+
+# --- encoding (prompt rendering, tokenizer) ---
+
+# --- dialects (request conversion) ---
+
+# --- stream (StreamProcessor, chunks, responses) ---
+
+__version__ = "0.2.0"

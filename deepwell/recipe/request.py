@@ -1,0 +1,87 @@
+"""The result of converting a protocol request: conversation plus everything it implies.
+
+`ConversationRequest.resolve_max_tokens` follows spec/recipe.md §7.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deepwell.recipe.conversation import Conversation
+from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.options import InferenceOptions, ModelVersion, ParsingOptions
+
+DEFAULT_MAX_TOKENS_NON_THINKING = 8192
+DEFAULT_MAX_TOKENS_THINKING = 65536
+DEFAULT_MAX_TOKENS_THINKING_MAX_EFFORT = 131072
+
+
+@dataclass
+class ResponsesEcho:
+    """Request settings the Responses API echoes back in its response object."""
+
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    user: str | None = None
+    # Everything else the response object repeats (reasoning, text, tools, tool_choice, …),
+    # kept as the request spelled it.
+    extra: dict = field(default_factory=dict)
+
+
+class ConversationRequest:
+    """A converted request: what to render, how to sample, how to parse the output."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        model_version: ModelVersion,
+        *,
+        inference_options: InferenceOptions | None = None,
+        parsing_options: ParsingOptions | None = None,
+        stream: bool = False,
+        namespace_tool_map: dict[str, tuple[str, str]] | None = None,
+        echo: ResponsesEcho | None = None,
+    ) -> None:
+        self.conversation = conversation
+        self.model_version = model_version
+        self.inference_options = inference_options or InferenceOptions()
+        self._parsing_options = parsing_options or ParsingOptions()
+        self.stream = stream
+        # Responses only: streamed `ns::name` tool calls are split back with this map.
+        self.namespace_tool_map = dict(namespace_tool_map or {})
+        self.echo = echo or ResponsesEcho()
+
+    @property
+    def parsing_options(self) -> ParsingOptions:
+        # The reference hands out a copy (spec/recipe.md §15.13).
+        return self._parsing_options.copy()
+
+    def resolve_max_tokens(self, prompt_tokens: int, context_limit: int) -> int:
+        if prompt_tokens < 0 or context_limit < 0:
+            raise OverflowError("out of range integral type conversion attempted")
+        requested = self.inference_options.max_tokens
+        if requested is not None:
+            if prompt_tokens + requested > context_limit:
+                raise _context_error(context_limit, prompt_tokens, requested)
+            return requested
+        conversation = self.conversation
+        if not conversation.thinking_mode:
+            default = DEFAULT_MAX_TOKENS_NON_THINKING
+        elif conversation.reasoning_effort == "max":
+            default = DEFAULT_MAX_TOKENS_THINKING_MAX_EFFORT
+        else:
+            default = DEFAULT_MAX_TOKENS_THINKING
+        if prompt_tokens > context_limit:
+            raise _context_error(context_limit, prompt_tokens, 0)
+        return max(1, min(default, context_limit - prompt_tokens))
+
+
+def _context_error(limit: int, prompt: int, completion: int) -> ConversionError:
+    return ConversionError(
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the "
+        "completion). Please reduce the length of the messages or completion."
+    )
