@@ -1,0 +1,292 @@
+"""Typed reading of request bodies: JSON values → dialect fields, with serde's error texts.
+
+Readers raise `BodyError` whose message is what the reference puts after `invalid request body: ` (spec §1).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import unicodedata
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from deepwell.recipe.dialects.json_text import parse_json_text
+from deepwell.recipe.json_value import JsonValue
+
+Reader = Callable[[JsonValue], Any]
+
+# Python → JSON conversion of dict bodies: the body counts as one of the 128 allowed levels.
+_BODY_MAX_DEPTH = 128
+
+
+class BodyError(ValueError):
+    """A body that does not fit the dialect's request shape."""
+
+
+def load_body(body: bytes | str | dict) -> JsonValue:
+    """The body as a JSON value; raises ValueError with the reference's message."""
+    if isinstance(body, (str, bytes, bytearray)):
+        try:
+            return parse_json_text(body)
+        except ValueError as error:
+            raise ValueError(f"invalid JSON request: {error}") from None
+    return python_to_json(body, 0)
+
+
+def python_to_json(value: object, depth: int) -> JsonValue:
+    """A Python object as the reference's binding converts it (its errors included)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise OverflowError("integer is outside the JSON number range")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite JSON number")
+        return value
+    if isinstance(value, str):
+        value.encode("utf-8")
+        return value
+    if isinstance(value, (dict, list, tuple)):
+        depth += 1
+        if depth > _BODY_MAX_DEPTH:
+            raise RecursionError(
+                f"JSON input exceeds the maximum nesting depth of {_BODY_MAX_DEPTH}"
+            )
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise TypeError("JSON object keys must be str")
+                key.encode("utf-8")
+                out[key] = python_to_json(item, depth)
+            return out
+        return [python_to_json(item, depth) for item in value]
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+# -- describing values in errors (serde_json's `JsonUnexpected`)
+def describe(value: JsonValue) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{format_f64(value)}`"
+    if isinstance(value, str):
+        return f"string {rust_debug_str(value)}"
+    if isinstance(value, list):
+        return "sequence"
+    return "map"
+
+
+def format_f64(value: float) -> str:
+    """serde_json's float spelling: shortest digits, exponent below 1e-5 and from 1e16."""
+    text = repr(value)
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    power = int(exponent)
+    if -5 <= power < 16:
+        fixed = format(Decimal(text), "f")
+        return fixed if "." in fixed else fixed + ".0"
+    return f"{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"
+
+
+def rust_debug_str(text: str) -> str:
+    out = ['"']
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\r":
+            out.append("\\r")
+        elif char == "\t":
+            out.append("\\t")
+        elif char == "\0":
+            out.append("\\0")
+        elif unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") or (
+            unicodedata.category(char) == "Zs" and char != " "
+        ):
+            out.append(f"\\u{{{ord(char):x}}}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+def invalid_type(value: JsonValue, expected: str) -> BodyError:
+    return BodyError(f"invalid type: {describe(value)}, expected {expected}")
+
+
+def unknown_variant(name: str, variants: tuple[str, ...]) -> BodyError:
+    if not variants:
+        return BodyError(f"unknown variant `{name}`, there are no variants")
+    if len(variants) == 1:
+        return BodyError(f"unknown variant `{name}`, expected `{variants[0]}`")
+    if len(variants) == 2:
+        return BodyError(f"unknown variant `{name}`, expected `{variants[0]}` or `{variants[1]}`")
+    listed = ", ".join(f"`{v}`" for v in variants)
+    return BodyError(f"unknown variant `{name}`, expected one of {listed}")
+
+
+# -- scalar readers
+def string(value: JsonValue) -> str:
+    if not isinstance(value, str):
+        raise invalid_type(value, "a string")
+    return value
+
+
+def boolean(value: JsonValue) -> bool:
+    if not isinstance(value, bool):
+        raise invalid_type(value, "a boolean")
+    return value
+
+
+def any_value(value: JsonValue) -> JsonValue:
+    return value
+
+
+def _unsigned(bits: int) -> Reader:
+    name = f"u{bits}"
+    limit = 2**bits
+
+    def read(value: JsonValue) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid_type(value, name)
+        if not 0 <= value < limit:
+            raise BodyError(f"invalid value: integer `{value}`, expected {name}")
+        return value
+
+    return read
+
+
+u8 = _unsigned(8)
+u32 = _unsigned(32)
+u64 = _unsigned(64)
+
+
+def to_f32(value: float) -> float:
+    """Round to the nearest 32-bit float and widen back (the reference stores f32)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def f32(value: JsonValue) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid_type(value, "f32")
+    return to_f32(float(value))
+
+
+def optional(reader: Reader) -> Reader:
+    def read(value: JsonValue) -> Any:
+        return None if value is None else reader(value)
+
+    return read
+
+
+def sequence(reader: Reader) -> Reader:
+    def read(value: JsonValue) -> list:
+        if not isinstance(value, list):
+            raise invalid_type(value, "a sequence")
+        return [reader(item) for item in value]
+
+    return read
+
+
+def variants(*names: str) -> Reader:
+    """A unit-variant enum spelled as a string."""
+
+    def read(value: JsonValue) -> str:
+        if isinstance(value, dict):
+            if len(value) != 1:
+                raise BodyError("invalid value: map, expected map with a single key")
+            (value,) = value
+        if not isinstance(value, str):
+            raise invalid_type(value, "string or map")
+        if value not in names:
+            raise unknown_variant(value, names)
+        return value
+
+    return read
+
+
+class Struct:
+    """A struct: known fields read in the body's key order, unknown keys ignored."""
+
+    def __init__(
+        self, name: str, fields: dict[str, Reader], required: tuple[str, ...] = ()
+    ) -> None:
+        self.name = name
+        self.fields = fields
+        self.required = required
+
+    def __call__(self, value: JsonValue) -> dict[str, Any]:
+        if isinstance(value, list):
+            return self._from_sequence(value)
+        if not isinstance(value, dict):
+            raise invalid_type(value, f"struct {self.name}")
+        out: dict[str, Any] = dict.fromkeys(self.fields)
+        for key, item in value.items():
+            reader = self.fields.get(key)
+            if reader is not None:
+                out[key] = reader(item)
+        for key in self.required:
+            if key not in value:
+                raise BodyError(f"missing field `{key}`")
+        return out
+
+    def _from_sequence(self, items: list) -> dict[str, Any]:
+        # serde fills struct fields positionally from a sequence.
+        out: dict[str, Any] = dict.fromkeys(self.fields)
+        for index, (key, reader) in enumerate(self.fields.items()):
+            if index >= len(items):
+                raise BodyError(
+                    f"invalid length {index}, expected struct {self.name} "
+                    f"with {len(self.fields)} elements"
+                )
+            out[key] = reader(items[index])
+        if len(items) > len(self.fields):
+            raise BodyError(
+                f"invalid length {len(items)}, expected struct {self.name} "
+                f"with {len(self.fields)} elements"
+            )
+        return out
+
+
+class Tagged:
+    """An enum whose variant is named by a field of the object (`type`, `role`)."""
+
+    def __init__(
+        self, name: str, tag: str, readers: dict[str, Reader], kind: str = "internally"
+    ) -> None:
+        self.name = name
+        self.tag = tag
+        self.readers = readers
+        self.kind = kind
+
+    def __call__(self, value: JsonValue) -> tuple[str, Any]:
+        if isinstance(value, list):
+            if not value:
+                raise BodyError("invalid length 0, expected tuple of 2 elements")
+            tag, rest = value[0], {}
+        elif isinstance(value, dict):
+            if self.tag not in value:
+                raise BodyError(f"missing field `{self.tag}`")
+            tag = value[self.tag]
+            rest = {k: v for k, v in value.items() if k != self.tag}
+        else:
+            raise invalid_type(value, f"{self.kind} tagged enum {self.name}")
+        if not isinstance(tag, str):
+            raise invalid_type(tag, "variant identifier")
+        if tag not in self.readers:
+            raise unknown_variant(tag, tuple(self.readers))
+        return tag, self.readers[tag](rest)

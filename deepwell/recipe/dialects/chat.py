@@ -1,0 +1,476 @@
+"""OpenAI Chat Completions requests (`/v1/chat/completions`) → ConversationRequest.
+
+Fields, message rules and error texts follow spec/recipe.md §6.1–§6.2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepwell.recipe import conversion as rules
+from deepwell.recipe.conversation import (
+    AssistantMessage,
+    Conversation,
+    ImageSource,
+    LatestReminderMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolDefinition,
+    ToolMessage,
+    UserMessage,
+)
+from deepwell.recipe.conversion import ConversionOptions
+from deepwell.recipe.dialects import body as b
+from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
+from deepwell.recipe.dialects.images import image_source
+from deepwell.recipe.dialects.protocol_request import ProtocolRequest
+from deepwell.recipe.encoding.special_tokens import SpecialToken
+from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.json_value import JsonValue
+from deepwell.recipe.options import InferenceOptions, ThinkingInitialStage
+from deepwell.recipe.request import ConversationRequest
+
+_IMAGE_DETAIL = b.variants("low", "high", "original", "auto")
+_BLOCK = Tagged(
+    "ChatCompletionRequestContentBlock",
+    "type",
+    {
+        "text": Struct("ChatCompletionTextBlock", {"text": b.string}, ("text",)),
+        "image_url": Struct(
+            "ChatCompletionImageBlock",
+            {
+                "image_url": Struct(
+                    "ChatCompletionImageUrl",
+                    {"url": b.string, "detail": b.optional(_IMAGE_DETAIL)},
+                    ("url",),
+                )
+            },
+            ("image_url",),
+        ),
+        "file": Struct("ChatCompletionFileBlock", {"file": b.any_value}),
+    },
+)
+
+
+def _content(value: JsonValue) -> str | list:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return [_BLOCK(item) for item in value]
+    raise BodyError("content should be a string or a list")
+
+
+def _optional_content(value: JsonValue) -> str | list | None:
+    return None if value is None else _content(value)
+
+
+_FUNCTION_CALL = Struct(
+    "ChatCompletionFunctionCall",
+    {"name": b.string, "arguments": b.string},
+    ("name", "arguments"),
+)
+_TOOL_CALL = Struct(
+    "ChatCompletionMessageToolCall",
+    {"id": b.string, "type": b.variants("function"), "function": _FUNCTION_CALL},
+    ("id", "type", "function"),
+)
+_MESSAGE = Tagged(
+    "ChatCompletionRequestMessage",
+    "role",
+    {
+        "system": Struct(
+            "ChatCompletionSystemMessage",
+            {"content": _content, "name": b.optional(b.string)},
+            ("content",),
+        ),
+        "user": Struct(
+            "ChatCompletionUserMessage",
+            {"content": _content, "name": b.optional(b.string)},
+            ("content",),
+        ),
+        "assistant": Struct(
+            "ChatCompletionAssistantMessage",
+            {
+                "content": _optional_content,
+                "name": b.optional(b.string),
+                "reasoning_content": b.optional(b.string),
+                "tool_calls": b.optional(b.sequence(_TOOL_CALL)),
+                "prefix": b.optional(b.boolean),
+            },
+        ),
+        "tool": Struct(
+            "ChatCompletionToolMessage",
+            {"content": _content, "tool_call_id": b.string},
+            ("content", "tool_call_id"),
+        ),
+        "latest_reminder": Struct(
+            "ChatCompletionLatestReminderMessage", {"content": b.string}, ("content",)
+        ),
+    },
+)
+_FUNCTION = Struct(
+    "ChatCompletionFunction",
+    {
+        "name": b.string,
+        "description": b.optional(b.string),
+        "parameters": b.any_value,
+        "strict": b.optional(b.boolean),
+    },
+    ("name",),
+)
+_TOOL = Struct(
+    "ChatCompletionTool",
+    {"type": b.variants("function"), "function": _FUNCTION},
+    ("type", "function"),
+)
+_JSON_SCHEMA = Struct(
+    "ChatCompletionJsonSchema",
+    {
+        "name": b.string,
+        "description": b.optional(b.string),
+        "schema": b.any_value,
+        "strict": b.optional(b.boolean),
+    },
+    ("name", "schema"),
+)
+_RESPONSE_FORMAT = Tagged(
+    "ChatCompletionResponseFormat",
+    "type",
+    {
+        "json_object": Struct("ChatCompletionJsonObjectFormat", {}),
+        "json_schema": Struct(
+            "ChatCompletionJsonSchemaFormat", {"json_schema": _JSON_SCHEMA}, ("json_schema",)
+        ),
+        "regex": Struct("ChatCompletionRegexFormat", {"regex": b.string}, ("regex",)),
+        "text": Struct("ChatCompletionTextFormat", {}),
+    },
+)
+_NAMED_CHOICE = Struct(
+    "ChatCompletionNamedToolChoice",
+    {
+        "type": b.variants("function"),
+        "function": Struct("ChatCompletionFunctionName", {"name": b.string}, ("name",)),
+    },
+    ("type", "function"),
+)
+
+
+def _tool_choice(value: JsonValue) -> str | tuple[str, str]:
+    if value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict) and "type" in value:
+        tag = value["type"]
+        if isinstance(tag, str) and tag != "function":
+            raise BodyError(f"field `type`: unknown variant `{tag}`, expected `function`")
+        try:
+            choice = _NAMED_CHOICE(value)
+        except BodyError:
+            raise BodyError("expected one of `none`, `auto`, `required` or a tool") from None
+        return ("function", choice["function"]["name"])
+    raise BodyError("expected one of `none`, `auto`, `required` or a tool")
+
+
+def _stop(value: JsonValue) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [b.string(item) for item in value]
+    raise BodyError("expected a string or a list")
+
+
+_THINKING = Struct(
+    "ChatCompletionThinking",
+    {
+        "type": b.variants("adaptive", "enabled", "disabled"),
+        "budget_tokens": b.optional(b.u32),
+    },
+    ("type",),
+)
+_STREAM_OPTIONS = Struct("ChatCompletionStreamOptions", {"include_usage": b.optional(b.boolean)})
+_REQUEST = Struct(
+    "ChatCompletionRequest",
+    {
+        "messages": b.sequence(_MESSAGE),
+        "model": b.string,
+        "frequency_penalty": b.optional(b.f32),
+        "presence_penalty": b.optional(b.f32),
+        "logprobs": b.optional(b.boolean),
+        "top_logprobs": b.optional(b.u8),
+        "max_tokens": b.optional(b.u32),
+        "n": b.optional(b.u8),
+        "stream": b.optional(b.boolean),
+        "stream_options": b.optional(_STREAM_OPTIONS),
+        "temperature": b.optional(b.f32),
+        "top_p": b.optional(b.f32),
+        "response_format": b.optional(_RESPONSE_FORMAT),
+        "tools": b.optional(b.sequence(_TOOL)),
+        "tool_choice": b.optional(_tool_choice),
+        "parallel_tool_calls": b.optional(b.boolean),
+        "thinking": b.optional(_THINKING),
+        "reasoning_effort": b.optional(
+            b.variants("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
+        ),
+        "stop": b.optional(_stop),
+        "seed": b.optional(b.u64),
+    },
+    ("messages", "model"),
+)
+
+
+class ChatCompletionRequest(ProtocolRequest):
+    """A Chat Completions request body; `convert` turns it into a ConversationRequest."""
+
+    _shape = _REQUEST
+
+    def convert(self, options: ConversionOptions) -> ConversationRequest:
+        return _convert(self._take(), options)
+
+
+def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
+    version = rules.resolve_model(f["model"], options)
+    tools = _tools(f["tools"] or [])
+    raw_messages = f["messages"]
+    if not raw_messages:
+        raise ConversionError("Empty input messages")
+    image_token = options.special_tokens.token(SpecialToken.Image)
+    messages = [_message(i, role, m, image_token) for i, (role, m) in enumerate(raw_messages)]
+    _check_tool_results(messages)
+    _check_prefix(messages)
+
+    fmt, schema, regex = _response_format(f["response_format"])
+    if fmt == "json_object" and not rules.mentions_json([m.content for m in messages]):
+        raise ConversionError(
+            "Prompt must contain the word 'json' in some form to use 'response_format' "
+            "of type 'json_object'."
+        )
+    thinking_switch = f["thinking"]
+    enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
+    thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
+
+    choice = f["tool_choice"] or "auto"
+    named = choice[1] if isinstance(choice, tuple) else None
+    selection = rules.apply_tool_choice(tools, "required" if named else choice, named, thinking)
+    is_prefix = bool(messages) and messages[-1].prefix
+    if is_prefix and selection.tools:
+        raise ConversionError("Function call should not be used with prefix")
+    if is_prefix and fmt == "json_object":
+        raise ConversionError("response_format json_object should not be used with prefix")
+    if any(tool.strict for tool in selection.tools) and fmt != "text":
+        raise ConversionError("response_format should not be used with tools")
+
+    stop = f["stop"] or []
+    rules.check_stop(stop)
+    if f["stream_options"] is not None and not f["stream"]:
+        raise ConversionError("stream_options should be set along with stream = true")
+    if f["n"] is not None and f["n"] != 1:
+        raise ConversionError("Invalid n value (currently only n = 1 is supported)")
+    rules.check_range(f["presence_penalty"], -2.0, 2.0, "presence_penalty", "[-2, 2]")
+    rules.check_range(f["frequency_penalty"], -2.0, 2.0, "frequency_penalty", "[-2, 2]")
+    rules.check_temperature(f["temperature"])
+    rules.check_top_p(f["top_p"])
+    logprobs = bool(f["logprobs"])
+    top_logprobs = f["top_logprobs"]
+    if top_logprobs is not None:
+        if not logprobs:
+            raise ConversionError(
+                "Invalid top_logprobs and logprobs value, logprobs must be set to true if "
+                "top_logprobs is used."
+            )
+        if top_logprobs > 20:
+            raise ConversionError(
+                "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
+            )
+    rules.check_max_tokens(f["max_tokens"], rules.max_tokens_bound(thinking, options))
+    seed = f["seed"]
+    if seed is not None and seed >= 2**63:
+        raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
+
+    rules.apply_reasoning_history(
+        messages,
+        thinking,
+        options,
+        "The `reasoning_content` in the thinking mode must be passed back to the API.",
+    )
+    conversation = Conversation(
+        messages,
+        thinking_mode=thinking,
+        tools=selection.tools,
+        tool_choice=selection.tool_choice,
+        reasoning_effort=effort,
+        response_format="json_object" if fmt == "json_object" else "text",
+        response_schema=schema,
+        response_regex=regex,
+    )
+    constraint_schema = schema
+    if fmt == "json_schema" and f["response_format"][1]["json_schema"]["strict"]:
+        constraint_schema = rules.normalize_response_schema(schema)
+    tools_active = bool(selection.tools) and selection.tool_choice != "none"
+    inference = InferenceOptions(
+        max_tokens=f["max_tokens"],
+        temperature=rules.resolve_temperature(f["temperature"], thinking),
+        top_p=rules.resolve_top_p(f["top_p"], thinking, version),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        seed=seed,
+        output_constraint=rules.output_constraint(
+            selection.tools, selection.tool_choice, fmt, constraint_schema, regex
+        ),
+    )
+    parsing = rules.parsing_options(
+        tools_active=tools_active,
+        tool_choice=selection.tool_choice,
+        response_format=fmt,
+        thinking=thinking,
+        stop=stop,
+        special_tokens=options.special_tokens,
+        initial_stage=_initial_stage(messages),
+    )
+    return ConversationRequest(
+        conversation,
+        version,
+        inference_options=inference,
+        parsing_options=parsing,
+        stream=bool(f["stream"]),
+    )
+
+
+def _tools(declared: list[dict]) -> list[ToolDefinition]:
+    for index, tool in enumerate(declared):
+        rules.check_tool_name(tool["function"]["name"], f"tools[{index}].function.name")
+    tools = []
+    for tool in declared:
+        function = tool["function"]
+        parameters = rules.prepare_parameters(
+            function["name"], function["parameters"], function["strict"]
+        )
+        tools.append(
+            ToolDefinition(
+                function["name"], function["description"], parameters, function["strict"]
+            )
+        )
+    rules.check_unique_names([tool.name for tool in tools])
+    rules.check_strict_consistency(tools)
+    return tools
+
+
+def _blocks(
+    content: str | list, path: str, image_token: str, allow_images: bool
+) -> tuple[str, list[ImageSource]]:
+    if isinstance(content, str):
+        return content, []
+    parts: list[str] = []
+    images: list[ImageSource] = []
+    for kind, block in content:
+        if kind == "text":
+            parts.append(block["text"])
+        elif kind == "image_url":
+            if not allow_images:
+                raise ConversionError("Image in assistant message is not supported")
+            url = block["image_url"]
+            images.append(image_source(url["url"], url["detail"], path))
+            parts.append(image_token)
+        else:
+            raise ConversionError(f"{path}: file must have a file_id or file_data")
+    return "\n\n".join(parts), images
+
+
+def _message(index: int, role: str, m: dict, image_token: str) -> Message:
+    path = f".messages[{index}]"
+    if role == "latest_reminder":
+        return LatestReminderMessage(m["content"])
+    if role == "assistant":
+        if m["content"] is None and m["tool_calls"] is None:
+            raise ConversionError("Invalid assistant message: content or tool_calls must be set")
+        content = ""
+        if m["content"] is not None:
+            content, _ = _blocks(m["content"], path, image_token, allow_images=False)
+        calls = m["tool_calls"]
+        if calls is not None and not calls:
+            raise ConversionError(
+                f"Invalid 'messages[{index}].tool_calls': empty array. Expected an array with "
+                "minimum length 1, but got an empty array instead."
+            )
+        tool_calls = None
+        if calls:
+            tool_calls = [
+                ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls
+            ]
+        return AssistantMessage(content, m["reasoning_content"], tool_calls, bool(m["prefix"]))
+    content, images = _blocks(m["content"], path, image_token, allow_images=True)
+    if role == "system":
+        return SystemMessage(content, images, image_token=image_token)
+    if role == "user":
+        return UserMessage(content, images, image_token=image_token)
+    return ToolMessage(content, m["tool_call_id"], images, image_token=image_token)
+
+
+def _check_tool_results(messages: list[Message]) -> None:
+    """Every call answered by the tool messages right after it; no stray tool messages."""
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        if message.role == "tool":
+            raise ConversionError(
+                "Messages with role 'tool' must be a response to a preceding message with "
+                "'tool_calls'"
+            )
+        index += 1
+        if message.role != "assistant" or not message.tool_calls:
+            continue
+        ids = [call.id for call in message.tool_calls]
+        for call_id in ids:
+            if ids.count(call_id) > 1:
+                raise ConversionError(
+                    f"Duplicate value for 'tool_call_id' of {call_id} in message[{index - 1}]"
+                )
+        results = []
+        while index < len(messages) and messages[index].role == "tool" and len(results) < len(ids):
+            results.append(messages[index])
+            index += 1
+        if len(results) < len(ids):
+            raise ConversionError(
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. (insufficient tool messages following "
+                "tool_calls message)"
+            )
+        unknown = [r.tool_call_id for r in results if r.tool_call_id not in ids]
+        if unknown:
+            raise ConversionError(
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id', The following tool_call_ids did not have "
+                f"response messages: {', '.join(unknown)}"
+            )
+
+
+def _check_prefix(messages: list[Message]) -> None:
+    for index, message in enumerate(messages):
+        if message.prefix and index != len(messages) - 1:
+            raise ConversionError(
+                "Invalid completion message: prefix set true with message which is not final "
+                "message or message role is not assistant"
+            )
+
+
+def _response_format(
+    value: tuple[str, dict] | None,
+) -> tuple[str, JsonValue, str | None]:
+    if value is None:
+        return "text", None, None
+    kind, fields = value
+    if kind == "json_schema":
+        return kind, fields["json_schema"]["schema"], None
+    if kind == "regex":
+        return kind, None, fields["regex"]
+    return kind, None, None
+
+
+def _initial_stage(messages: list[Message]) -> ThinkingInitialStage:
+    last = messages[-1]
+    if not last.prefix:
+        return ThinkingInitialStage.ReasoningStart
+    if last.content:
+        return ThinkingInitialStage.ContentContinuation
+    if last.reasoning_content:
+        return ThinkingInitialStage.ReasoningContinuation
+    return ThinkingInitialStage.ReasoningStart

@@ -1,0 +1,46 @@
+"""Image references in requests → image sources, with the reference's URL checks.
+
+Accepts `data:` URLs with base64 bodies and http(s) URLs (spec §6.1, §15.9).
+"""
+
+from __future__ import annotations
+
+import re
+
+from deepwell.recipe.conversation import DataUrlImageSource, ImageSource, UrlImageSource
+from deepwell.recipe.errors import ConversionError
+
+UNSUPPORTED_IMAGE = (
+    "You have uploaded an unsupported image. Please make sure your image is valid and has "
+    "one of the following formats: webp, png, jpeg, and gif."
+)
+_BASE64_BODY = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
+def image_source(url: str, detail: str | None, path: str) -> ImageSource:
+    """An image URL as a source; `path` names the request part in error messages."""
+    detail = detail or "high"
+    lowered = url.lower()
+    if lowered.startswith(("http://", "https://")):
+        return UrlImageSource(url, detail, path=path)
+    if lowered.startswith("data:"):
+        check_data_url(url, path)
+        return DataUrlImageSource(url, detail, path=path)
+    raise ConversionError(f"{path}: Unsupported image_url format")
+
+
+def check_data_url(url: str, path: str) -> None:
+    header, comma, body = url[len("data:") :].partition(",")
+    if not comma or not header.endswith(";base64"):
+        # Percent-encoded (non-base64) data URLs are refused outright (spec §15.9).
+        raise ConversionError(f"{path}: Unsupported image_url format")
+    media_type = header[: -len(";base64")]
+    if not media_type.lower().startswith("image/"):
+        raise ConversionError(f"{path}: {UNSUPPORTED_IMAGE}")
+    check_base64(body, path)
+
+
+def check_base64(body: str, path: str) -> None:
+    compact = "".join(body.split())
+    if not _BASE64_BODY.fullmatch(compact) or len(compact.rstrip("=")) % 4 == 1:
+        raise ConversionError(f"{path}: Invalid base64 data")

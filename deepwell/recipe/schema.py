@@ -1,0 +1,407 @@
+"""Tool parameter schemas: the JSON-Schema meta-schema check and strict-mode normalisation.
+
+Messages follow the reference's validator (spec §6.1); the meta-schema is draft 2020-12, applied in its key order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from deepwell.recipe.dialects.body import BodyError, describe
+from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.json_value import JsonValue, compact_json
+
+# The validator names several allowed types in this fixed order.
+_TYPE_ORDER = ("array", "boolean", "integer", "null", "number", "object", "string")
+_SIMPLE_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _json_type(value: JsonValue) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _is_type(value: JsonValue, name: str) -> bool:
+    actual = _json_type(value)
+    return actual == name or (name == "number" and actual == "integer")
+
+
+Check = Callable[[JsonValue], None]
+
+
+def _fail(value: JsonValue, text: str) -> _Invalid:
+    return _Invalid(f"{compact_json(value)} {text}")
+
+
+def _types(*names: str) -> Check:
+    def check(value: JsonValue) -> None:
+        if not any(_is_type(value, name) for name in names):
+            if len(names) == 1:
+                raise _fail(value, f'is not of type "{names[0]}"')
+            ordered = sorted(names, key=_TYPE_ORDER.index)
+            raise _fail(value, "is not of types " + ", ".join(f'"{n}"' for n in ordered))
+
+    return check
+
+
+def _all(*checks: Check) -> Check:
+    def check(value: JsonValue) -> None:
+        for item in checks:
+            item(value)
+
+    return check
+
+
+def _when(name: str, inner: Check) -> Check:
+    """Apply `inner` only to values of JSON type `name` (keywords ignore other types)."""
+
+    def check(value: JsonValue) -> None:
+        if _is_type(value, name):
+            inner(value)
+
+    return check
+
+
+def _minimum(limit: int) -> Check:
+    def check(value: JsonValue) -> None:
+        if _is_type(value, "number") and value < limit:
+            raise _fail(value, f"is less than the minimum of {limit}")
+
+    return check
+
+
+def _unique(value: JsonValue) -> None:
+    if isinstance(value, list):
+        seen = [compact_json(item) for item in value]
+        if len(set(seen)) != len(seen):
+            raise _fail(value, "has non-unique elements")
+
+
+def _min_items(value: JsonValue) -> None:
+    if isinstance(value, list) and not value:
+        raise _fail(value, "has less than 1 item")
+
+
+def _regex_format(value: JsonValue) -> None:
+    if isinstance(value, str):
+        try:
+            re.compile(value)
+        except re.error:
+            raise _fail(value, 'is not a "regex"') from None
+
+
+def _each_value(inner: Check) -> Check:
+    def check(value: JsonValue) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                inner(item)
+
+    return check
+
+
+def _each_key(inner: Check) -> Check:
+    def check(value: JsonValue) -> None:
+        if isinstance(value, dict):
+            for key in value:
+                inner(key)
+
+    return check
+
+
+def _each_item(inner: Check) -> Check:
+    def check(value: JsonValue) -> None:
+        if isinstance(value, list):
+            for item in value:
+                inner(item)
+
+    return check
+
+
+def _schema(value: JsonValue) -> None:
+    """A (sub)schema under the 2020-12 meta-schema."""
+    _types("object", "boolean")(value)
+    if isinstance(value, dict):
+        for keyword, check in _KEYWORDS:
+            if keyword in value:
+                check(value[keyword])
+
+
+def _type_keyword(value: JsonValue) -> None:
+    if isinstance(value, str) and value in _SIMPLE_TYPES:
+        return
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(item, str) and item in _SIMPLE_TYPES for item in value)
+        and len({*value}) == len(value)
+    ):
+        return
+    raise _fail(value, "is not valid under any of the schemas listed in the 'anyOf' keyword")
+
+
+_string = _types("string")
+_non_negative = _all(_types("integer"), _minimum(0))
+_schema_array = _all(_types("array"), _min_items, _each_item(_schema))
+_string_array = _all(_types("array"), _each_item(_string), _unique)
+_schema_map = _all(_types("object"), _each_value(_schema))
+
+# Keyword checks in the order the draft 2020-12 vocabularies list them.
+_KEYWORDS: tuple[tuple[str, Check], ...] = (
+    # core
+    ("$id", _string),
+    ("$schema", _string),
+    ("$ref", _string),
+    ("$anchor", _string),
+    ("$dynamicRef", _string),
+    ("$dynamicAnchor", _string),
+    ("$vocabulary", _all(_types("object"), _each_value(_types("boolean")))),
+    ("$comment", _string),
+    ("$defs", _schema_map),
+    # applicator
+    ("prefixItems", _schema_array),
+    ("items", _schema),
+    ("contains", _schema),
+    ("additionalProperties", _schema),
+    ("properties", _schema_map),
+    ("patternProperties", _all(_types("object"), _each_value(_schema), _each_key(_regex_format))),
+    ("dependentSchemas", _schema_map),
+    ("propertyNames", _schema),
+    ("if", _schema),
+    ("then", _schema),
+    ("else", _schema),
+    ("allOf", _schema_array),
+    ("anyOf", _schema_array),
+    ("oneOf", _schema_array),
+    ("not", _schema),
+    # unevaluated
+    ("unevaluatedItems", _schema),
+    ("unevaluatedProperties", _schema),
+    # validation
+    ("type", _type_keyword),
+    ("enum", _types("array")),
+    ("multipleOf", _all(_types("number"), _when("number", lambda v: _positive(v)))),
+    ("maximum", _types("number")),
+    ("exclusiveMaximum", _types("number")),
+    ("minimum", _types("number")),
+    ("exclusiveMinimum", _types("number")),
+    ("maxLength", _non_negative),
+    ("minLength", _non_negative),
+    ("pattern", _all(_string, _regex_format)),
+    ("maxItems", _non_negative),
+    ("minItems", _non_negative),
+    ("uniqueItems", _types("boolean")),
+    ("maxContains", _non_negative),
+    ("minContains", _non_negative),
+    ("maxProperties", _non_negative),
+    ("minProperties", _non_negative),
+    ("required", _string_array),
+    ("dependentRequired", _all(_types("object"), _each_value(_string_array))),
+    # meta-data, format, content
+    ("title", _string),
+    ("description", _string),
+    ("deprecated", _types("boolean")),
+    ("readOnly", _types("boolean")),
+    ("writeOnly", _types("boolean")),
+    ("examples", _types("array")),
+    ("format", _string),
+    ("contentEncoding", _string),
+    ("contentMediaType", _string),
+    ("contentSchema", _schema),
+    # draft 2019-09 compatibility keywords kept by the 2020-12 meta-schema
+    ("definitions", _schema_map),
+    ("dependencies", _all(_types("object"), _each_value(lambda v: _schema_or_strings(v)))),
+)
+
+
+def _positive(value: float) -> None:
+    if value <= 0:
+        raise _fail(value, "is less than or equal to the minimum of 0")
+
+
+def _schema_or_strings(value: JsonValue) -> None:
+    try:
+        _schema(value)
+    except _Invalid:
+        try:
+            _string_array(value)
+        except _Invalid:
+            raise _fail(
+                value, "is not valid under any of the schemas listed in the 'anyOf' keyword"
+            ) from None
+
+
+def check_parameters_schema(function: str, parameters: JsonValue) -> None:
+    """A non-strict tool's parameters: a valid JSON Schema whose type is `object`."""
+    try:
+        _schema(parameters)
+    except _Invalid as error:
+        raise ConversionError(f"Invalid schema for function '{function}': {error}") from None
+    declared = parameters.get("type") if isinstance(parameters, dict) else None
+    if declared != "object":
+        raise ConversionError(
+            f"Invalid schema for function '{function}': schema must be a JSON Schema of "
+            f"'type: \"object\"', got 'type: {compact_json(declared)}'."
+        )
+
+
+# -- strict mode: the schema re-read into the subset constrained decoding supports
+_STRICT_TYPES = ("object", "string", "number", "integer", "boolean", "array", "null")
+_STRING_FORMATS = ("email", "hostname", "ipv4", "ipv6", "uuid")
+
+
+def normalize_strict_schema(schema: JsonValue, *, tool: bool) -> JsonValue:
+    """Strict-mode schema: typed subset, closed objects, every property required.
+
+    A tool's parameters must be an object at the top; a response format may be any node.
+    """
+    try:
+        normalized = _strict_node(schema, nested=False)
+    except BodyError as error:
+        raise ConversionError(f"Invalid tool parameters schema : {error}") from None
+    if tool and normalized.get("type") != "object":
+        raise ConversionError("The top level of the function parameters schema must be an object.")
+    return normalized
+
+
+def _strict_node(node: JsonValue, *, nested: bool) -> dict:
+    if isinstance(node, dict):
+        if "type" in node:
+            return _strict_typed(node, nested)
+        if "anyOf" in node:
+            options = node["anyOf"]
+            if not isinstance(options, list):
+                raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
+            out: dict = {"anyOf": [_strict_node(item, nested=True) for item in options]}
+            _copy_description(node, out)
+            return out
+        if "$ref" in node:
+            return {"$ref": _strict_string(node["$ref"])}
+    raise BodyError("one of `type`, `anyOf`, `$ref` field is required")
+
+
+def _strict_typed(node: dict, nested: bool) -> dict:
+    kind = node["type"]
+    if isinstance(kind, list):
+        return {"type": kind}
+    if not isinstance(kind, str):
+        raise BodyError(f"invalid type: {describe(kind)}, expected a string")
+    if kind not in _STRICT_TYPES:
+        listed = ", ".join(f"`{name}`" for name in _STRICT_TYPES)
+        raise BodyError(f"unknown variant `{kind}`, expected one of {listed}")
+    out: dict = {"type": kind}
+    if kind == "object":
+        return _strict_object(node, nested)
+    _copy_description(node, out)
+    if kind == "string":
+        for key in ("pattern", "format"):
+            if node.get(key) is not None:
+                value = _strict_string(node[key])
+                if key == "format" and value not in _STRING_FORMATS:
+                    listed = ", ".join(f"`{name}`" for name in _STRING_FORMATS)
+                    raise BodyError(f"unknown variant `{value}`, expected one of {listed}")
+                out[key] = value
+        if node.get("enum") is not None:
+            values = node["enum"]
+            if not isinstance(values, list):
+                raise BodyError(f"invalid type: {describe(values)}, expected a sequence")
+            out["enum"] = [_strict_string(value) for value in values]
+    elif kind in ("number", "integer"):
+        for key in (
+            "const",
+            "default",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "multipleOf",
+        ):
+            if node.get(key) is not None:
+                out[key] = _strict_number(node[key], integer=kind == "integer")
+    elif kind == "array":
+        if "items" not in node:
+            raise BodyError("missing field `items`")
+        out = {"type": kind, "items": _strict_node(node["items"], nested=True)}
+        _copy_description(node, out)
+    return out
+
+
+def _strict_object(node: dict, nested: bool) -> dict:
+    properties = node.get("properties")
+    if properties is None:
+        properties = {}
+    if not isinstance(properties, dict):
+        raise BodyError(f"invalid type: {describe(properties)}, expected a map")
+    normalized = {name: _strict_node(value, nested=True) for name, value in properties.items()}
+    additional = node.get("additionalProperties")
+    if additional is not None and not isinstance(additional, bool):
+        raise BodyError(f"invalid type: {describe(additional)}, expected a boolean")
+    description = node.get("description")
+    if description is not None:
+        _strict_string(description)
+    required = node.get("required")
+    if required is not None:
+        if not isinstance(required, list):
+            raise BodyError(f"invalid type: {describe(required)}, expected a sequence")
+        names = [_strict_string(name) for name in required]
+    else:
+        names = None
+    if additional is True:
+        raise ConversionError("additionalProperties should not be true")
+    if names is not None:
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ConversionError(f"Duplicate required property '{name}'")
+            seen.add(name)
+            if name not in normalized:
+                raise ConversionError(f"Required property '{name}' not found in object")
+        if len(seen) != len(normalized):
+            raise ConversionError("Required properties must match all properties in the object")
+    if nested and not normalized:
+        raise ConversionError("An object with no properties is not allowed.")
+    out: dict = {
+        "type": "object",
+        "properties": normalized,
+        "additionalProperties": False,
+        "required": list(normalized),
+    }
+    if description is not None:
+        out["description"] = description
+    return out
+
+
+def _copy_description(node: dict, out: dict) -> None:
+    if node.get("description") is not None:
+        out["description"] = _strict_string(node["description"])
+
+
+def _strict_string(value: JsonValue) -> str:
+    if not isinstance(value, str):
+        raise BodyError(f"invalid type: {describe(value)}, expected a string")
+    return value
+
+
+def _strict_number(value: JsonValue, *, integer: bool) -> int | float:
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BodyError(f"invalid type: {describe(value)}, expected i64")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BodyError(f"invalid type: {describe(value)}, expected f64")
+    return value
