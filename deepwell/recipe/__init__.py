@@ -30,6 +30,12 @@ from deepwell.recipe.options import (
 from deepwell.recipe.request import ConversationRequest, ResponsesEcho
 
 # --- encoding (prompt rendering, tokenizer) ---
+# isort: split
+from deepwell.recipe.encoding.chatml import ChatMLEncoding
+from deepwell.recipe.encoding.prompt import RenderedPrompt
+from deepwell.recipe.encoding.tokenizer import Tokenizer
+from deepwell.recipe.encoding.v4 import DeepseekV4Encoding
+from deepwell.recipe.encoding.v41 import DeepseekV41Encoding
 
 # --- dialects (request conversion) ---
 

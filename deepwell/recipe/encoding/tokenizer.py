@@ -1,0 +1,114 @@
+"""A HF `tokenizer.json` seen the way the recipe needs it: full encode, plain encode, decode.
+
+Special tokens map to fixed ids by spelling; plain text is tokenized with the added
+vocabulary emptied, so user-typed control spellings stay ordinary text (spec/recipe.md §5).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+import tokenizers
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte↔printable-character table used by ByteLevel BPE vocabularies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars: dict[str, int] = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class Tokenizer:
+    """One tokenizer file, loaded twice: with and without its added vocabulary.
+
+    Decoding API (for the stream processor): `decode(ids)` is HF's decode with special
+    tokens kept; `token_bytes(id)` is the exact byte string a token stands for (a token may
+    hold part of a UTF-8 character), and `byte_table()` lists them all by id, so an
+    incremental decoder can join bytes and cut at character boundaries itself.
+    """
+
+    def __init__(self, full: tokenizers.Tokenizer, json_text: str) -> None:
+        self._full = full
+        self._json_text = json_text
+        self._special_ids = {
+            added.content: token_id for token_id, added in full.get_added_tokens_decoder().items()
+        }
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        try:
+            json_text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise RuntimeError(f"{error.strerror} (os error {error.errno})") from None
+        return cls.from_str(json_text)
+
+    @classmethod
+    def from_str(cls, json_text: str) -> Tokenizer:
+        try:
+            full = tokenizers.Tokenizer.from_str(json_text)
+        # HF `tokenizers` raises a bare Exception carrying serde's message, which the
+        # reference reports as a RuntimeError with the same text (spec/recipe.md §1).
+        except Exception as error:  # noqa: BLE001
+            raise RuntimeError(str(error)) from None
+        return cls(full, json_text)
+
+    @cached_property
+    def _plain(self) -> tokenizers.Tokenizer:
+        data = json.loads(self._json_text)
+        data["added_tokens"] = []
+        return tokenizers.Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._full.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Full-vocabulary encode: control spellings anywhere become their ids; adds nothing."""
+        return self._full.encode(text, add_special_tokens=False).ids
+
+    def encode_plain(self, texts: list[str]) -> list[list[int]]:
+        """Tokenize each text with no added vocabulary, in one parallel batch."""
+        return [e.ids for e in self._plain.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def special_token_id(self, spelling: str) -> int | None:
+        """The id of the added token spelled exactly `spelling`, if there is one."""
+        return self._special_ids.get(spelling)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._full.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.byte_table()[token_id]
+
+    def byte_table(self) -> list[bytes]:
+        """`table[id]` = the bytes of token `id` (empty for ids the file does not define)."""
+        return self._byte_table
+
+    @cached_property
+    def _byte_table(self) -> list[bytes]:
+        decoder = json.loads(self._json_text).get("decoder") or {}
+        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+        table = [b""] * self.vocab_size
+        added = set()
+        for token_id, token in self._full.get_added_tokens_decoder().items():
+            table[token_id] = token.content.encode("utf-8")
+            added.add(token_id)
+        alphabet = _byte_level_alphabet()
+        for piece, token_id in self._full.get_vocab(with_added_tokens=False).items():
+            if token_id in added:
+                continue
+            if "ByteLevel" in kinds:
+                table[token_id] = bytes(alphabet[ch] for ch in piece)
+            elif "ByteFallback" in kinds and len(piece) == 6 and piece.startswith("<0x"):
+                table[token_id] = bytes([int(piece[3:5], 16)])
+            else:
+                # SentencePiece-style vocabularies spell a space as "▁".
+                table[token_id] = piece.replace("\u2581", " ").encode("utf-8")
+        return table

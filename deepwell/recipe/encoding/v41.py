@@ -1,0 +1,127 @@
+"""DeepSeek V4.1 prompt layout: systems in place with `<｜System｜>`, tool results in call order.
+
+Behaviour of the reference V4.1 renderer, spec/recipe.md §4 and §15.3–15.5.
+"""
+
+from __future__ import annotations
+
+from deepwell.recipe.conversation import (
+    AssistantMessage,
+    Conversation,
+    ImageSource,
+    Message,
+    SystemMessage,
+)
+from deepwell.recipe.encoding.deepseek import DeepseekEncoding, has_tools, needs_system_head
+from deepwell.recipe.encoding.prompt import PromptBuilder
+from deepwell.recipe.encoding.templates import (
+    UPDATED_TOOL_SCHEMAS_HEADER,
+    V41_JSON_OBJECT_SUFFIX,
+    v41_effort_text,
+)
+
+
+class DeepseekV41Encoding(DeepseekEncoding):
+    """The DeepSeek-V4.1-Flash prompt format."""
+
+    tag_names = (" calls", " invoke", " parameter")
+
+    def _json_object_suffix(self) -> str:
+        return V41_JSON_OBJECT_SUFFIX
+
+    def _empty_invoke_body(self) -> str:
+        return "\n"
+
+    def _render(self, conversation: Conversation) -> tuple[PromptBuilder, list[ImageSource]]:
+        messages = _normalize(conversation)
+        tools_active = has_tools(conversation)
+        thinking = conversation.thinking_mode
+        effort = v41_effort_text(thinking, conversation.reasoning_effort)
+        out = PromptBuilder()
+        out.special(self._bos)
+        images: list[ImageSource] = []
+        previous = None
+        last = len(messages) - 1
+        for index, message in enumerate(messages):
+            role = message.role
+            images.extend(message.image_sources)
+            if index == 0 and effort:
+                # spec/recipe.md §4.3: the effort text opens the first system message, or a
+                # system turn of its own before a non-system first message.
+                out.special(self._system)
+                out.text(effort)
+            elif role == "system":
+                out.special(self._system)
+            if role == "system":
+                out.text_with_spans(message.content, message.image_spans)
+                if index == 0:
+                    self._emit_system_suffixes(out, conversation)
+                if message.tools is not None:
+                    out.text(UPDATED_TOOL_SCHEMAS_HEADER)
+                    out.text(self._schema_lines(message.tools, with_deferred=True))
+            elif role in ("user", "tool"):
+                if previous in ("user", "tool"):
+                    out.text("\n\n")
+                else:
+                    out.special(self._user)
+                if role == "tool":
+                    out.text("<tool_result>")
+                out.text_with_spans(message.content, message.image_spans)
+                if role == "tool":
+                    out.text("</tool_result>")
+            elif role == "latest_reminder":
+                out.special(self._reminder)
+                out.text(message.content)
+            else:
+                prefix = message.prefix and index == last
+                keep = thinking and (tools_active or prefix) and index > 0
+                self._emit_assistant(out, message, prefix, keep)
+            previous = role
+        after_prefix = bool(messages) and messages[-1].role == "assistant" and messages[-1].prefix
+        self._emit_generation_suffix(out, conversation, after_prefix=after_prefix)
+        return out, images
+
+    def _emit_assistant(
+        self, out: PromptBuilder, message: AssistantMessage, prefix: bool, keep_reasoning: bool
+    ) -> None:
+        out.special(self._assistant)
+        content = message.content
+        if keep_reasoning:
+            out.special(self._think)
+            self._emit_assistant_text(out, message.reasoning_content or "")
+            if not (prefix and content == ""):
+                out.special(self._end_think)
+        else:
+            out.special(self._end_think)
+        self._emit_assistant_text(out, content)
+        if message.tool_calls:
+            self._emit_tool_calls(out, message.tool_calls)
+        if not prefix:
+            out.special(self._eos)
+
+
+def _normalize(conversation: Conversation) -> list[Message]:
+    """Drop repeated reminders, order tool results, add the system head (spec/recipe.md §4.2)."""
+    messages: list[Message] = []
+    for m in conversation.messages:
+        if m.role == "latest_reminder" and messages and messages[-1].role == "latest_reminder":
+            continue
+        messages.append(m)
+    for i, m in enumerate(messages):
+        if m.role != "assistant" or not m.tool_calls:
+            continue
+        order: dict[str, int] = {}
+        for position, call in enumerate(m.tool_calls):
+            order.setdefault(call.id, position)
+        end = i + 1
+        while end < len(messages) and messages[end].role in ("user", "tool"):
+            end += 1
+        run = messages[i + 1 : end]
+        slots = [j for j, r in enumerate(run) if r.role == "tool"]
+        # Unknown ids count as the first call; users keep their slots.
+        results = sorted((run[j] for j in slots), key=lambda r: order.get(r.tool_call_id, 0))
+        for j, result in zip(slots, results, strict=True):
+            messages[i + 1 + j] = result
+    if needs_system_head(conversation) and (not messages or messages[0].role != "system"):
+        messages.insert(0, SystemMessage(""))
+    return messages
