@@ -1,0 +1,47 @@
+"""EngineArgs: every knob of the engine in one typed place.
+
+Defaults follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class EngineArgs:
+    # A GGUF file or a directory with config.json + safetensors; None = embedded SmolLM2.
+    model: str | None = None
+    # bf16 is the CPU compute dtype (fp16 matmuls are unusably slow on CPUs);
+    # float32 is for exact comparisons against a reference.
+    dtype: str = "bfloat16"
+    block_size: int = 128
+    # Weights plus KV cache must fit in this many GiB.
+    memory_gib: float = 4.0
+    # Fix the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
+    num_kv_blocks: int | None = None
+    # None = the model's own context length.
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    # Token budget of one step: prefill chunks and decodes together.
+    max_num_batched_tokens: int = 1024
+    seed: int = 0
+    # None = every core torch sees.
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.memory_gib <= 0:
+            raise ValueError(f"memory_gib must be positive, got {self.memory_gib}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,1 @@
+"""Paged KV cache: block pool, per-model layouts, per-request allocation."""

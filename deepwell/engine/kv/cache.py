@@ -1,0 +1,83 @@
+"""KVCache: the tensors behind a KVLayout, and how many blocks a memory budget buys.
+
+One tensor per spec and layer; the block id (or slot id) is the leading dimension.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from deepwell.engine.errors import MemoryBudgetError
+from deepwell.engine.kv.layout import KVLayout
+
+GIB = 1 << 30
+# Head-room for activations and the allocator, besides weights and KV.
+ACTIVATION_RESERVE = 0.15
+
+
+@dataclass
+class KVCache:
+    # spec name → one tensor per layer: [num_blocks, entries_per_block, *entry_shape]
+    paged: dict[str, list[torch.Tensor]]
+    # spec name → one tensor per layer: [num_slots, rows, *entry_shape]
+    rings: dict[str, list[torch.Tensor]]
+    # spec name → one tensor per layer: [num_slots, *state_shape]
+    states: dict[str, list[torch.Tensor]]
+
+    @classmethod
+    def allocate(
+        cls,
+        layout: KVLayout,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        dtype: torch.dtype,
+    ) -> "KVCache":
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype)
+
+        return cls(
+            paged={
+                s.name: [
+                    zeros(num_blocks, s.entries_per_block(block_size), *s.entry_shape)
+                    for _ in range(s.num_layers)
+                ]
+                for s in layout.paged
+            },
+            rings={
+                r.name: [zeros(num_slots, r.rows, *r.entry_shape) for _ in range(r.num_layers)]
+                for r in layout.rings
+            },
+            states={
+                s.name: [zeros(num_slots, *s.state_shape) for _ in range(s.num_layers)]
+                for s in layout.states
+            },
+        )
+
+
+def plan_num_blocks(
+    layout: KVLayout,
+    *,
+    memory_gib: float,
+    model_bytes: int,
+    block_size: int,
+    num_slots: int,
+    dtype: torch.dtype,
+    max_model_len: int,
+) -> int:
+    """Blocks that fit beside the weights; at least one full-length sequence must fit."""
+    element_bytes = torch.finfo(dtype).bits // 8
+    budget = int(memory_gib * GIB * (1 - ACTIVATION_RESERVE))
+    available = budget - model_bytes - num_slots * layout.slot_bytes(element_bytes)
+    block_bytes = layout.block_bytes(block_size, element_bytes)
+    num_blocks = max(0, available // block_bytes)
+    needed = -(-max_model_len // block_size)
+    if num_blocks < needed:
+        need_gib = (model_bytes + needed * block_bytes) / GIB / (1 - ACTIVATION_RESERVE)
+        raise MemoryBudgetError(
+            f"memory budget {memory_gib:.2f} GiB is too small: weights take "
+            f"{model_bytes / GIB:.2f} GiB and one {max_model_len}-token sequence needs "
+            f"{needed} KV blocks of {block_bytes / 2**20:.2f} MiB; raise the budget to at "
+            f"least {need_gib:.2f} GiB or lower max_model_len"
+        )
+    return int(num_blocks)

@@ -1,0 +1,88 @@
+"""KV layouts: what per-token and per-sequence state a model asks the cache to hold.
+
+A model declares its layout; the cache manager allocates from it without knowing the model
+(spec/deepinfer.md §1.6 "KV cache", spec/deepseek_v41.md §4).
+"""
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PagedSpec:
+    """State that grows with the sequence, stored in the shared 128-token blocks.
+
+    Full attention keeps one entry per token (ratio 1); a compressed cache keeps one entry per
+    `compress_ratio` tokens. All paged specs share one block table per request: a block id
+    covers the same token span in every spec, so prefix keys are model-agnostic.
+    """
+
+    name: str
+    num_layers: int
+    # Shape of one entry in one layer, e.g. (2, kv_heads, head_dim) for K and V.
+    entry_shape: tuple[int, ...]
+    compress_ratio: int = 1
+
+    def entries_per_block(self, block_size: int) -> int:
+        return block_size // self.compress_ratio
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """A per-sequence sliding-window ring of `window + max_backtrack` rows per layer.
+
+    The backtracking slack keeps a full window after a speculative rollback (DeepInfer's
+    DEEPINFER_MAX_BACKTRACKING_TOKENS).
+    """
+
+    name: str
+    num_layers: int
+    entry_shape: tuple[int, ...]
+    window: int
+    max_backtrack: int
+
+    @property
+    def rows(self) -> int:
+        return self.window + self.max_backtrack
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A fixed-size per-sequence state slot (e.g. a compressor's pending tail)."""
+
+    name: str
+    num_layers: int
+    state_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    paged: tuple[PagedSpec, ...]
+    rings: tuple[RingSpec, ...] = ()
+    states: tuple[StateSpec, ...] = ()
+
+    def check(self, block_size: int) -> None:
+        for spec in self.paged:
+            if block_size % spec.compress_ratio:
+                raise ValueError(
+                    f"block_size {block_size} is not a multiple of {spec.name}'s "
+                    f"compress ratio {spec.compress_ratio}"
+                )
+
+    @property
+    def needs_slots(self) -> bool:
+        return bool(self.rings or self.states)
+
+    def block_bytes(self, block_size: int, element_bytes: int) -> int:
+        return sum(
+            spec.num_layers
+            * spec.entries_per_block(block_size)
+            * math.prod(spec.entry_shape)
+            * element_bytes
+            for spec in self.paged
+        )
+
+    def slot_bytes(self, element_bytes: int) -> int:
+        rings = sum(r.num_layers * r.rows * math.prod(r.entry_shape) for r in self.rings)
+        states = sum(s.num_layers * math.prod(s.state_shape) for s in self.states)
+        return (rings + states) * element_bytes

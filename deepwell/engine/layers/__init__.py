@@ -1,0 +1,1 @@
+"""Compute building blocks shared by models: attention backends, rotary, norm."""

@@ -1,0 +1,63 @@
+"""The attention backend interface and the per-step metadata every backend reads.
+
+Models call `backend.forward` per layer; the CPU torch backend lives in torch_paged.py and
+CUDA kernels can implement the same interface.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence's prefill chunk: rows [start, start + length) of the step's tokens."""
+
+    start: int
+    length: int
+    # Tokens visible to the chunk's last query (cached context + the chunk itself).
+    context_len: int
+    # Block ids covering context_len tokens.
+    block_table: torch.Tensor
+    # [length, context_len] visibility, None when the chunk is the whole context (causal).
+    mask: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the paged cache and what each query may see.
+
+    Decode rows come first (one token per sequence), then prefill spans; built once per step.
+    """
+
+    # Flat cache slot (block_id * block_size + offset) of every token of the step.
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    # [num_decodes, max_blocks] block ids, padded with block 0.
+    decode_block_tables: torch.Tensor
+    # [num_decodes, 1, 1, max_blocks * block_size] True where a key is part of the context.
+    decode_mask: torch.Tensor
+    prefills: list[PrefillSpan]
+
+
+class AttentionBackend(ABC):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Store k, v of the step's tokens in `kv_cache`, then attend.
+
+        q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim];
+        kv_cache: [num_blocks, block_size, 2, kv_heads, head_dim]. Returns q's shape.
+        """

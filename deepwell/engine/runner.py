@@ -1,0 +1,87 @@
+"""ModelRunner: a scheduled batch → input tensors → model forward → sampled tokens.
+
+All tokens of a step go through one forward; logits are computed only for the rows that
+sample (the last token of every chunk that reaches the end of its request).
+"""
+
+import torch
+
+from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
+from deepwell.engine.outputs import TokenLogprobs
+from deepwell.engine.sampling import Sampler
+from deepwell.engine.scheduler import ScheduledChunk
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache, block_size: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[ScheduledChunk]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """Run one step; returns a token (and logprobs) per completing chunk, in chunk order."""
+        # Decode-shaped chunks (one token) first: they share one batched attention call.
+        ordered = sorted(chunks, key=lambda c: c.num_tokens != 1)
+        input_ids, positions, meta, last_rows = self._prepare(ordered)
+        hidden = self.model(input_ids, positions, meta, self.kv_cache)
+        sampling = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
+        if not sampling:
+            return [], []
+        rows = torch.tensor([row for row, _ in sampling])
+        logits = self.model.compute_logits(hidden[rows])
+        tokens, logprobs = self.sampler(logits, [c.request for _, c in sampling])
+        by_request = {
+            id(c.request): (t, lp) for (_, c), t, lp in zip(sampling, tokens, logprobs, strict=True)
+        }
+        results = [by_request[id(c.request)] for c in chunks if c.completes]
+        return [t for t, _ in results], [lp for _, lp in results]
+
+    def _prepare(self, chunks: list[ScheduledChunk]):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSpan] = []
+        for chunk in chunks:
+            request = chunk.request
+            start = request.num_computed_tokens
+            end = start + chunk.num_tokens
+            blocks = request.block_ids
+            row = len(input_ids)
+            input_ids += request.token_ids[start:end]
+            positions += range(start, end)
+            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+            last_rows.append(row + chunk.num_tokens - 1)
+            num_blocks = -(-end // bs)
+            if chunk.num_tokens == 1:
+                decode_tables.append(blocks[:num_blocks])
+                decode_lens.append(end)
+                continue
+            mask = None
+            if start:
+                query_pos = torch.arange(start, end).unsqueeze(1)
+                mask = torch.arange(end).unsqueeze(0) <= query_pos
+            table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
+            prefills.append(PrefillSpan(row, chunk.num_tokens, end, table, mask))
+        width = max((len(t) for t in decode_tables), default=0)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
+        lens = torch.tensor(decode_lens, dtype=torch.long)
+        decode_mask = (torch.arange(width * bs).unsqueeze(0) < lens.unsqueeze(1))[:, None, None]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            num_decodes=len(decode_tables),
+            decode_block_tables=tables.view(len(decode_tables), width),
+            decode_mask=decode_mask,
+            prefills=prefills,
+        )
+        return (
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            meta,
+            last_rows,
+        )

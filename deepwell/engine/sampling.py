@@ -1,0 +1,90 @@
+"""Sampler: penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
+
+Works on a batch of rows; each row draws from its request's own generator, so a seeded
+request's samples do not depend on its neighbours in the batch.
+"""
+
+import torch
+
+from deepwell.engine.outputs import TokenLogprobs
+from deepwell.engine.request import Request
+
+
+class Sampler:
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """logits: [rows, vocab] float32, one row per request → token ids and logprobs."""
+        wants_logprobs = any(r.params.logprobs for r in requests)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+        if any(r.params.penalised for r in requests):
+            logits = logits.clone()
+            for row, request in enumerate(requests):
+                if request.params.penalised:
+                    apply_penalties(logits[row], request)
+        tokens = logits.argmax(dim=-1)
+        sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows)
+            probs = filtered_probs(logits[rows], [requests[i] for i in sampled_rows])
+            for offset, row in enumerate(sampled_rows):
+                draw = torch.multinomial(probs[offset], 1, generator=requests[row].generator)
+                tokens[row] = draw[0]
+        token_ids = tokens.tolist()
+        logprobs = [
+            token_logprobs(raw_logprobs[row], token_ids[row], r.params.top_logprobs)
+            if raw_logprobs is not None and r.params.logprobs
+            else None
+            for row, r in enumerate(requests)
+        ]
+        return token_ids, logprobs
+
+
+def apply_penalties(row: torch.Tensor, request: Request) -> None:
+    """In place on one row of logits."""
+    params = request.params
+    if params.repetition_penalty != 1.0:
+        # HF semantics: every token seen in prompt or output; shrink positive logits,
+        # grow negative ones.
+        seen = torch.tensor(sorted(set(request.token_ids)), dtype=torch.long)
+        scores = row[seen]
+        penalty = params.repetition_penalty
+        row[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
+    if params.presence_penalty or params.frequency_penalty:
+        # OpenAI semantics: output tokens only.
+        output = torch.tensor(request.output_token_ids, dtype=torch.long)
+        counts = torch.bincount(output, minlength=row.shape[0]).to(row.dtype)
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p, as probabilities over the vocabulary."""
+    temperatures = torch.tensor([r.params.temperature for r in requests], dtype=logits.dtype)
+    logits = logits / temperatures.unsqueeze(1)
+    top_ks = [r.params.top_k for r in requests]
+    top_ps = [r.params.top_p for r in requests]
+    min_ps = [r.params.min_p for r in requests]
+    if any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        ranks = torch.arange(vocab).unsqueeze(0)
+        k = torch.tensor([k if k > 0 else vocab for k in top_ks]).unsqueeze(1)
+        remove = ranks >= k
+        sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+        # Drop a token when the mass before it already reaches top_p; the first always stays.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        remove |= mass_before >= torch.tensor(top_ps, dtype=logits.dtype).unsqueeze(1)
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    if any(p > 0 for p in min_ps):
+        floor = torch.tensor(min_ps, dtype=probs.dtype).unsqueeze(1) * probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    return probs
+
+
+def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
+    alternatives: tuple[tuple[int, float], ...] = ()
+    if top:
+        values, ids = row.topk(top)
+        alternatives = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprobs(token_id, row[token_id].item(), alternatives)

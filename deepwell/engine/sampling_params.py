@@ -1,0 +1,72 @@
+"""SamplingParams: how one request turns logits into tokens, validated on construction.
+
+Field names follow vLLM / DeepInfer (spec/deepinfer.md §1.5) where they overlap.
+"""
+
+from dataclasses import dataclass, field
+
+from deepwell.engine.errors import InvalidRequestError
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    # 0 means greedy (argmax); the filters below then have no effect.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # -1 (or 0) disables top-k.
+    top_k: int = -1
+    min_p: float = 0.0
+    # HF-style multiplicative penalty over prompt and output tokens.
+    repetition_penalty: float = 1.0
+    # OpenAI-style additive penalties over output tokens only.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    # Per-request seed: the request's samples depend only on it and its own tokens.
+    seed: int | None = None
+    # Return the sampled token's log-probability, plus this many top alternatives.
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(message: str) -> InvalidRequestError:
+            return InvalidRequestError(f"invalid sampling parameter: {message}")
+
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise bad(f"top_k must be -1 (off) or a positive integer, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise bad(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise bad(f"{name} must be in [-2, 2], got {value}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise bad("top_logprobs needs logprobs=True")
+        if self.seed is not None and self.seed < 0:
+            raise bad(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -1,0 +1,104 @@
+"""Scheduler: continuous batching under a token budget, chunked prefill, preemption.
+
+Every request's `num_computed_tokens` catches up with its token list; a step gives each
+running request (oldest first), then waiting ones, as many tokens as the budget allows.
+When blocks run out the newest running request is preempted and later recomputed.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+from deepwell.engine.kv.manager import KVCacheManager
+from deepwell.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    # Tokens token_ids[num_computed_tokens : num_computed_tokens + num_tokens] run this step.
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """True when the chunk reaches the end of the token list, so a token is sampled."""
+        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    preempted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            target = request.num_computed_tokens + num_tokens
+            while not self.kv.can_allocate(request, target):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            self.kv.allocate(request, target)
+            chunks.append(ScheduledChunk(request, num_tokens))
+            budget -= num_tokens
+            index += 1
+        # Admitting new work right after a preemption would only thrash the cache.
+        while not preempted and self.waiting and budget > 0:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            request = self.waiting[0]
+            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.kv.can_allocate(request, request.num_computed_tokens + num_tokens):
+                break
+            self.waiting.popleft()
+            self.kv.allocate(request, request.num_computed_tokens + num_tokens)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chunks.append(ScheduledChunk(request, num_tokens))
+            budget -= num_tokens
+        return SchedulerOutput(chunks, preempted)
+
+    def _preempt(self, request: Request) -> None:
+        # Recompute, not swap: the tokens stay, the KV goes, the counter restarts.
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request) -> None:
+        """Take a request out of scheduling (finished or aborted) and free its KV."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
