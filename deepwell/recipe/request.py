@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from deepwell.recipe.conversation import Conversation
 from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.json_value import JsonValue
 from deepwell.recipe.options import InferenceOptions, ModelVersion, ParsingOptions
 
 DEFAULT_MAX_TOKENS_NON_THINKING = 8192
@@ -18,7 +19,15 @@ DEFAULT_MAX_TOKENS_THINKING_MAX_EFFORT = 131072
 
 @dataclass
 class ResponsesEcho:
-    """Request settings the Responses API echoes back in its response object."""
+    """Request settings the Responses API echoes back in its response object (spec §9.2).
+
+    The first six are the reference's public properties. The rest are JSON values ready to
+    be written into the response object: `reasoning` is `{"effort", "summary"}` as requested
+    (None when absent), `text` is `{"format", "verbosity"}` (format defaults to
+    `{"type": "text"}`), `tool_choice` is the request's choice (default `"auto"`), and
+    `tools` lists the declared tools in their re-serialised form (namespaces, custom and
+    server tools included).
+    """
 
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -26,9 +35,14 @@ class ResponsesEcho:
     top_p: float = 1.0
     top_logprobs: int = 0
     user: str | None = None
-    # Everything else the response object repeats (reasoning, text, tools, tool_choice, …),
-    # kept as the request spelled it.
-    extra: dict = field(default_factory=dict)
+    reasoning: dict[str, JsonValue] = field(
+        default_factory=lambda: {"effort": None, "summary": None}
+    )
+    text: dict[str, JsonValue] = field(
+        default_factory=lambda: {"format": {"type": "text"}, "verbosity": None}
+    )
+    tool_choice: JsonValue = "auto"
+    tools: list[JsonValue] = field(default_factory=list)
 
 
 class ConversationRequest:
