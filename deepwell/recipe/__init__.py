@@ -38,6 +38,15 @@ from deepwell.recipe.encoding.v4 import DeepseekV4Encoding
 from deepwell.recipe.encoding.v41 import DeepseekV41Encoding
 
 # --- dialects (request conversion) ---
+# isort: split
+from deepwell.recipe.conversion import (
+    ConversionOptions,
+    ReasoningContentBehavior,
+    WebSearchBehavior,
+)
+from deepwell.recipe.dialects.chat import ChatCompletionRequest
+from deepwell.recipe.dialects.messages import MessagesRequest
+from deepwell.recipe.dialects.responses import ResponsesRequest
 
 # --- stream (StreamProcessor, chunks, responses) ---
 
