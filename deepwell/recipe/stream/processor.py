@@ -1,0 +1,387 @@
+"""StreamProcessor: inference chunks in, a dialect's protocol events out, chunk by chunk.
+
+Groups parser output per input chunk and releases it as spec/recipe.md §8.1 and §8.4 say.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from deepwell.recipe.encoding.special_tokens import SpecialToken
+from deepwell.recipe.options import ParsingOptions
+from deepwell.recipe.stream.chunks import (
+    ChunkGenerator,
+    CompletionUsage,
+    InferenceChunk,
+    InferenceFinishReason,
+    LogprobEntry,
+    PromptUsage,
+    new_tool_call_id,
+)
+from deepwell.recipe.stream.parser import (
+    ARGUMENT,
+    BRACKET,
+    CALL,
+    CONTENT,
+    DROP,
+    REASONING,
+    STOP,
+    STRING_VALUE,
+    TO_SPACE,
+    Action,
+    StreamParser,
+    build_stages,
+)
+from deepwell.recipe.stream.utf8 import DecodedText, TokenBytes, TokenDecoder
+
+_OPEN = 0
+_FINISHED = 1
+_CLOSED = 2
+
+# `_last_kind` before anything was released, and after an atom an empty chunk cannot echo.
+_UNSET = -2
+_SILENT = -1
+
+_FINISH_REASONS = {
+    InferenceFinishReason.Length: "length",
+    InferenceFinishReason.ContentFilter: "content_filter",
+}
+
+
+class _Record:
+    """One input chunk as the parser saw it: its span, its atoms, what was released."""
+
+    __slots__ = ("start", "end", "atoms", "released", "decoded", "next_id")
+
+    def __init__(self, start: int, end: int, decoded: DecodedText | None) -> None:
+        self.start = start
+        self.end = end
+        # Atoms are [kind, text, start, end]; runs of one kind merge until released.
+        self.atoms: list[list] = []
+        self.released = 0
+        self.decoded = decoded
+        self.next_id = 0
+
+
+class StreamProcessor:
+    """Drives one response: `push` each inference chunk, then `finish` (or a finish chunk).
+
+    Each call returns the protocol events (the generator's chunk/event objects) that are
+    ready; text that may still be a marker is held until it is settled.
+    """
+
+    __slots__ = (
+        "_generator",
+        "_parser",
+        "_text_stages",
+        "_token_stages",
+        "_decoder",
+        "_records",
+        "_state",
+        "_started",
+        "_last_kind",
+        "_calls",
+        "_completion_tokens",
+        "_reasoning_tokens",
+        "_saw_tokens",
+        "_thinking",
+        "_starts_in_reasoning",
+        "_token_mode",
+        "_reasoned",
+        "_prompt_usage",
+    )
+
+    def __init__(
+        self,
+        generator: ChunkGenerator,
+        parsing_options: ParsingOptions,
+        tokenizer: TokenBytes | None = None,
+    ) -> None:
+        options = parsing_options
+        self._generator = generator
+        think_end = options.special_tokens.token(SpecialToken.ThinkingEnd)
+        dsml = options.special_tokens.token(SpecialToken.Dsml)
+        self._text_stages = build_stages(options, think_end, dsml)
+        self._token_stages = None
+        self._decoder = None
+        if tokenizer is not None:
+            self._decoder = TokenDecoder(tokenizer, options.special_tokens)
+            self._token_stages = build_stages(
+                options, self._decoder.symbol(think_end), self._decoder.symbol(dsml)
+            )
+        self._parser = StreamParser(options, self._text_stages)
+        self._records: deque[_Record] = deque()
+        self._state = _OPEN
+        self._started = False
+        self._last_kind = _UNSET
+        self._calls = 0
+        self._completion_tokens = 0
+        self._reasoning_tokens = 0
+        self._saw_tokens = False
+        stage = options.thinking_initial_stage
+        self._thinking = stage is not None
+        self._starts_in_reasoning = stage is not None and stage.starts_in_reasoning()
+        self._token_mode = False
+        self._reasoned = False
+        self._prompt_usage = PromptUsage()
+
+    @property
+    def finished(self) -> bool:
+        return self._state == _FINISHED
+
+    def push(self, chunk: InferenceChunk) -> list:
+        if self._state != _OPEN:
+            raise RuntimeError(
+                "stream processor has finished"
+                if self._state == _FINISHED
+                else "stream processor is closed"
+            )
+        out: list = []
+        if not self._started:
+            self._start(chunk, out)
+        kind = chunk.kind
+        if kind == "text":
+            self._completion_tokens += chunk.token_count
+            if self._token_mode:
+                self._switch(False)
+            self._feed(chunk.content, None, out)
+        elif kind == "tokens":
+            self._push_tokens(chunk, out)
+        elif kind == "finish":
+            reason = chunk.finish_reason
+            if reason is InferenceFinishReason.Stop:
+                self._end("tool_calls" if self._calls else "stop", out)
+            else:
+                self._end(_FINISH_REASONS[reason], out)
+        return out
+
+    def finish(self) -> list:
+        if self._state == _CLOSED:
+            raise RuntimeError("stream processor is closed")
+        if self._state == _FINISHED:
+            return []
+        out: list = []
+        if not self._started:
+            self._start(None, out)
+        # Without a finish chunk the reason is `stop`, tool calls or not (spec/recipe.md §8.4).
+        self._end("stop", out)
+        return out
+
+    def close(self) -> None:
+        self._state = _CLOSED
+        self._records.clear()
+
+    def _start(self, chunk: InferenceChunk | None, out: list) -> None:
+        self._started = True
+        fingerprint = None
+        if chunk is not None and chunk.kind == "ready":
+            self._prompt_usage = chunk.prompt_usage
+            fingerprint = chunk.system_fingerprint
+        self._generator.start(
+            self._prompt_usage, fingerprint, self._thinking, self._starts_in_reasoning, out
+        )
+
+    def _push_tokens(self, chunk: InferenceChunk, out: list) -> None:
+        if self._decoder is None:
+            self.close()
+            raise RuntimeError("token chunk received without a tokenizer")
+        self._saw_tokens = True
+        try:
+            decoded = self._decoder.push(chunk.token_ids, chunk.logprobs)
+        except RuntimeError:
+            self.close()
+            raise
+        if decoded is None:
+            return
+        self._completion_tokens += decoded.id_count
+        if not self._token_mode:
+            self._switch(True)
+        self._feed(decoded.text, decoded, out)
+
+    def _switch(self, token_mode: bool) -> None:
+        """Text and token chunks spell markers differently (see utf8.py); re-match pending text."""
+        self._token_mode = token_mode
+        actions: list[Action] = []
+        self._parser.use_stages(self._token_stages if token_mode else self._text_stages, actions)
+        self._place(actions)
+
+    def _feed(self, text: str, decoded: DecodedText | None, out: list) -> None:
+        parser = self._parser
+        record = _Record(parser.end, parser.end + len(text), decoded)
+        self._records.append(record)
+        actions: list[Action] = []
+        parser.feed(text, actions)
+        self._place(actions)
+        self._release(out, False)
+
+    def _end(self, reason: str, out: list) -> None:
+        actions: list[Action] = []
+        self._parser.flush(actions)
+        self._place(actions)
+        if self._release(out, True):
+            return
+        self._conclude(reason, None, out)
+
+    def _conclude(self, reason: str, stop_sequence: str | None, out: list) -> None:
+        self._state = _FINISHED
+        self._records.clear()
+        usage = self._prompt_usage
+        reasoning = self._reasoning_tokens if self._thinking and self._saw_tokens else None
+        self._generator.finish(
+            reason,
+            stop_sequence,
+            CompletionUsage(
+                usage.prompt_tokens,
+                usage.prompt_cache_hit_tokens,
+                self._completion_tokens,
+                reasoning,
+            ),
+            out,
+        )
+
+    def _place(self, actions: list[Action]) -> None:
+        """Attribute each action to the chunk(s) holding its characters."""
+        records = self._records
+        last = records[-1] if records else None
+        for kind, start, end, text in actions:
+            if kind <= DROP:
+                if last is not None and start >= last.start:
+                    _add(last, kind, text, start, end)
+                    continue
+                for record in records:
+                    if record.end <= start or record.start == record.end:
+                        continue
+                    if record.start >= end:
+                        break
+                    a = max(start, record.start)
+                    b = min(end, record.end)
+                    _add(record, kind, text[a - start : b - start], a, b)
+            else:
+                for record in reversed(records):
+                    if record.start <= start < record.end:
+                        record.atoms.append([kind, text, start, end])
+                        break
+
+    def _release(self, out: list, everything: bool) -> bool:
+        """Emit what is settled, oldest chunk first; True if a stop sequence ended the stream."""
+        records = self._records
+        pending_start = self._parser.pending_start
+        while records:
+            record = records[0]
+            if record.start == record.end:
+                kind = self._last_kind
+                if kind == _UNSET:
+                    kind = _first_atom_kind(records)
+                    if kind == _UNSET:
+                        if not everything:
+                            break
+                        kind = _SILENT
+                if kind >= 0:
+                    self._emit_run(kind, "", record, record.start, record.end, out)
+                records.popleft()
+                continue
+            complete = everything or record.end <= pending_start
+            atoms = record.atoms
+            n = len(atoms)
+            if not complete and n and atoms[-1][0] <= DROP:
+                n -= 1
+            for k in range(record.released, n):
+                kind, text, start, end = atoms[k]
+                if kind == STOP:
+                    self._conclude("stop", text, out)
+                    return True
+                if kind <= DROP:
+                    self._emit_run(kind, text, record, start, end, out)
+                else:
+                    self._emit_atom(kind, text, record, start, end, out)
+            record.released = n
+            if not complete:
+                break
+            records.popleft()
+        return False
+
+    def _emit_run(
+        self, kind: int, text: str, record: _Record, start: int, end: int, out: list
+    ) -> None:
+        if kind == DROP:
+            self._last_kind = _SILENT
+            return
+        self._last_kind = kind
+        generator = self._generator
+        decoded = record.decoded
+        logprobs = None
+        if decoded is not None:
+            text = text.translate(self._decoder.spelling_of)
+            logprobs = self._take_ids(record, start, end, kind == REASONING)
+        if kind == CONTENT:
+            generator.content(text, logprobs, out)
+        elif kind == REASONING:
+            if text:
+                self._reasoned = True
+            generator.reasoning(text, out)
+        elif kind == TO_SPACE:
+            generator.content(" ", logprobs, out)
+        else:
+            generator.arguments(self._calls - 1, text, kind == STRING_VALUE, out)
+
+    def _emit_atom(
+        self, kind: int, text: str, record: _Record, start: int, end: int, out: list
+    ) -> None:
+        self._last_kind = _SILENT
+        generator = self._generator
+        if kind == CALL:
+            if record.decoded is not None:
+                text = text.translate(self._decoder.spelling_of)
+            # spec/recipe.md §15.2: `ET_` marks calls of a thinking stream with no reasoning yet.
+            call_id = new_tool_call_id(self._calls, self._thinking and not self._reasoned)
+            generator.tool_call(self._calls, call_id, text, out)
+            self._calls += 1
+        elif kind == ARGUMENT:
+            generator.arguments(self._calls - 1, text, False, out)
+        elif kind == BRACKET:
+            logprobs = None
+            if record.decoded is not None:
+                logprobs = self._take_ids(record, start, end, False)
+            generator.content(text, logprobs, out)
+
+    def _take_ids(
+        self, record: _Record, start: int, end: int, reasoning: bool
+    ) -> list[LogprobEntry] | None:
+        """The ids whose first character lies in [start, end): count or collect them."""
+        decoded = record.decoded
+        starts = decoded.starts
+        offset = record.start
+        k = record.next_id
+        taken = []
+        while k < len(starts) and starts[k] + offset < end:
+            if starts[k] + offset >= start:
+                taken.append(k)
+            k += 1
+        record.next_id = k
+        if reasoning:
+            self._reasoning_tokens += len(taken)
+            return None
+        entries = decoded.logprobs
+        if entries is None:
+            return None
+        return [entries[k] for k in taken if entries[k] is not None]
+
+
+def _add(record: _Record, kind: int, text: str, start: int, end: int) -> None:
+    atoms = record.atoms
+    if atoms and len(atoms) > record.released:
+        last = atoms[-1]
+        if last[0] == kind:
+            last[1] += text
+            last[3] = end
+            return
+    atoms.append([kind, text, start, end])
+
+
+def _first_atom_kind(records: deque[_Record]) -> int:
+    """The kind of the first classified atom after the head: what a waiting empty chunk takes."""
+    for record in records:
+        if record.atoms:
+            kind = record.atoms[0][0]
+            return kind if kind < DROP else _SILENT
+    return _UNSET
