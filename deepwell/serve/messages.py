@@ -1,0 +1,171 @@
+"""Typed messages between the HTTP process and engine workers, and their msgpack framing.
+
+Each message is a frozen dataclass; on the wire it is a msgpack ext value whose code names
+the class and whose payload is the list of its fields in declaration order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Launcher → worker (on its command line): which model, which sockets, what budget."""
+
+    worker_id: int
+    parent_pid: int
+    # None: the embedded SmolLM2.
+    model_path: str | None
+    inbox_address: str
+    outbox_address: str
+    max_num_seqs: int
+    memory_gib: float
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Frontend → worker: generate up to `max_tokens` tokens after `prompt_token_ids`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop_token_ids: list[int]
+    top_logprobs: int | None
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Frontend → worker: drop these requests now and free their KV blocks."""
+
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Frontend → worker: abort everything and exit."""
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """The tokens one request produced in one engine step.
+
+    `finish_reason` is `"stop"`, `"length"` or `"abort"` on the request's last output and
+    `None` before; `logprobs` holds one `(logprob, [(token_id, logprob), ...])` per token
+    when the request asked for them.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None
+
+
+@dataclass(frozen=True)
+class RequestRejected:
+    """The engine refused a request (its own validation); nothing of it remains queued."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """Scheduler and KV-cache occupancy of one worker after a step."""
+
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """Worker → frontend: everything one engine step produced, plus the worker's load."""
+
+    worker_id: int
+    outputs: list[TokenOutput]
+    rejected: list[RequestRejected]
+    stats: WorkerStats
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the HTTP process needs to know about a worker's model to encode and decode for it.
+
+    The worker is the one that loads the model, so it is the source of these facts; the
+    HTTP process never reads weights.
+    """
+
+    name: str
+    architecture: str
+    context_limit: int
+    tokenizer_json: str
+    chat_template: str | None
+    eos_token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    """Worker → frontend: the model is loaded and requests may be sent."""
+
+    worker_id: int
+    model: ModelInfo
+    stats: WorkerStats
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """Worker → frontend: the worker cannot serve (load error, engine crash) and exits."""
+
+    worker_id: int
+    message: str
+
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    WorkerConfig,
+    GenerateRequest,
+    AbortRequest,
+    Shutdown,
+    TokenOutput,
+    RequestRejected,
+    WorkerStats,
+    StepOutputs,
+    ModelInfo,
+    WorkerReady,
+    WorkerFailed,
+)
+_CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
+
+
+def _to_ext(obj: Any) -> msgpack.ExtType:
+    code = _CODE_OF.get(type(obj))
+    if code is None:
+        raise TypeError(f"cannot send {type(obj).__name__} between processes")
+    payload = [getattr(obj, field.name) for field in fields(obj)]
+    return msgpack.ExtType(code, msgpack.packb(payload, default=_to_ext))
+
+
+def _from_ext(code: int, data: bytes) -> Any:
+    if code >= len(MESSAGE_TYPES):
+        raise ValueError(f"unknown message code {code}")
+    return MESSAGE_TYPES[code](*msgpack.unpackb(data, ext_hook=_from_ext, use_list=True))
+
+
+def encode_message(message: Any) -> bytes:
+    """Serialize one message (any of `MESSAGE_TYPES`) to a msgpack frame."""
+    return msgpack.packb(message, default=_to_ext)
+
+
+def decode_message(frame: bytes) -> Any:
+    """Parse a frame written by `encode_message` back into its dataclass."""
+    return msgpack.unpackb(frame, ext_hook=_from_ext, use_list=True)

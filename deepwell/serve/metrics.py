@@ -1,0 +1,118 @@
+"""Prometheus metrics of the service: latency histograms, token counters, load and KV gauges.
+
+Load and KV occupancy are read from the engine at scrape time, so `/metrics` shows the
+workers' state after their latest step rather than a sampled copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from deepwell.serve.messages import WorkerStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class _LoadCollector(Collector):
+    def __init__(self, stats: Callable[[], WorkerStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        yield GaugeMetricFamily(
+            "deepwell_requests_running", "Requests the engine is computing.", stats.running
+        )
+        yield GaugeMetricFamily(
+            "deepwell_requests_waiting", "Requests queued for the engine.", stats.waiting
+        )
+        yield GaugeMetricFamily(
+            "deepwell_kv_blocks_used", "KV cache blocks held by requests.", stats.kv_blocks_used
+        )
+        yield GaugeMetricFamily(
+            "deepwell_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total
+        )
+        usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+        yield GaugeMetricFamily(
+            "deepwell_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", usage
+        )
+
+
+class ServeMetrics:
+    """The service's metrics registry; `RequestTimer` feeds it per request."""
+
+    def __init__(self, stats: Callable[[], WorkerStats]) -> None:
+        self.registry = CollectorRegistry()
+        self.time_to_first_token = Histogram(
+            "deepwell_time_to_first_token_seconds",
+            "Time from request arrival to its first output token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "deepwell_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per request.",
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "deepwell_e2e_request_latency_seconds",
+            "Time from request arrival to its last output.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "deepwell_prompt_tokens", "Prompt tokens processed.", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "deepwell_generation_tokens", "Output tokens generated.", registry=self.registry
+        )
+        self.requests = Counter(
+            "deepwell_requests",
+            "Finished requests by route and outcome.",
+            ["route", "outcome"],
+            registry=self.registry,
+        )
+        self.registry.register(_LoadCollector(stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Latency bookkeeping of one request, from arrival to its last output."""
+
+    def __init__(self, metrics: ServeMetrics) -> None:
+        self._metrics = metrics
+        self._arrival = time.perf_counter()
+        self._first: float | None = None
+        self._last = self._arrival
+        self._tokens = 0
+
+    def prompt(self, tokens: int) -> None:
+        self._metrics.prompt_tokens.inc(tokens)
+
+    def output(self, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = now
+            self._metrics.time_to_first_token.observe(now - self._arrival)
+        self._last = now
+        self._tokens += tokens
+        self._metrics.generation_tokens.inc(tokens)
+
+    def finish(self, route: str, outcome: str) -> None:
+        self._metrics.requests.labels(route, outcome).inc()
+        if outcome != "completed":
+            return
+        self._metrics.e2e_latency.observe(time.perf_counter() - self._arrival)
+        if self._first is not None and self._tokens > 1:
+            per_token = (self._last - self._first) / (self._tokens - 1)
+            self._metrics.time_per_output_token.observe(per_token)
