@@ -23,6 +23,7 @@ from deepwell.recipe.conversation import (
 from deepwell.recipe.conversion import ConversionOptions
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
+from deepwell.recipe.dialects.chat_output import ChatCompletionChunkGenerator
 from deepwell.recipe.dialects.images import image_source
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.encoding.special_tokens import SpecialToken
@@ -225,6 +226,12 @@ class ChatCompletionRequest(ProtocolRequest):
 
     def convert(self, options: ConversionOptions) -> ConversationRequest:
         return _convert(self._take(), options)
+
+    @staticmethod
+    def chunk_generator(
+        conversation_request: ConversationRequest, id: str, model: str
+    ) -> ChatCompletionChunkGenerator:
+        return ChatCompletionChunkGenerator(id, model)
 
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:

@@ -225,7 +225,7 @@ class ChatCompletionResponse:
         chunk._consumed = True
         kind = chunk._kind
         self._fingerprint = chunk._generator.fingerprint
-        if kind == _CONTENT or kind == _FINAL:
+        if kind in (_CONTENT, _FINAL):
             if self._content is None:
                 self._content = []
             self._content.append(chunk._text)

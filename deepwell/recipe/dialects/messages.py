@@ -23,6 +23,7 @@ from deepwell.recipe.conversion import ConversionOptions, WebSearchBehavior
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
 from deepwell.recipe.dialects.images import image_source
+from deepwell.recipe.dialects.messages_output import MessagesChunkGenerator
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
@@ -215,6 +216,12 @@ class MessagesRequest(ProtocolRequest):
 
     def convert(self, options: ConversionOptions) -> ConversationRequest:
         return _convert(self._take(), options)
+
+    @staticmethod
+    def chunk_generator(
+        conversation_request: ConversationRequest, id: str, model: str
+    ) -> MessagesChunkGenerator:
+        return MessagesChunkGenerator(id, model, conversation_request.conversation.thinking_mode)
 
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:

@@ -29,6 +29,7 @@ from deepwell.recipe.dialects.apply_patch import (
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
 from deepwell.recipe.dialects.images import image_source
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
+from deepwell.recipe.dialects.responses_output import ResponsesChunkGenerator
 from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, compact_json
@@ -71,6 +72,21 @@ def _content(value: JsonValue) -> str | list:
     raise BodyError("content should be a string or a list of content blocks")
 
 
+_OUTPUT_BLOCK = Tagged(
+    "ResponsesOutputContent",
+    "type",
+    {k: v for k, v in _BLOCK.readers.items() if k != "output_text"},
+)
+
+
+def _output(value: JsonValue) -> str | list:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return [_OUTPUT_BLOCK(item) for item in value]
+    raise BodyError("output should be a string or a list of output content parts")
+
+
 _MESSAGE = Struct(
     "ResponsesInputMessage",
     {"role": b.variants("user", "assistant", "system", "developer"), "content": _content},
@@ -90,7 +106,7 @@ _ITEMS = {
     ),
     "function_call_output": Struct(
         "ResponsesFunctionCallOutput",
-        {"call_id": b.string, "output": _content},
+        {"call_id": b.string, "output": _output},
         ("call_id", "output"),
     ),
     "custom_tool_call": Struct(
@@ -100,7 +116,7 @@ _ITEMS = {
     ),
     "custom_tool_call_output": Struct(
         "ResponsesCustomToolCallOutput",
-        {"call_id": b.string, "output": _content},
+        {"call_id": b.string, "output": _output},
         ("call_id", "output"),
     ),
     "reasoning": Struct(
@@ -280,6 +296,16 @@ class ResponsesRequest(ProtocolRequest):
     def convert(self, options: ConversionOptions) -> ConversationRequest:
         return _convert(self._take(), self._echo, options)
 
+    @staticmethod
+    def chunk_generator(
+        conversation_request: ConversationRequest, id: str, model: str
+    ) -> ResponsesChunkGenerator:
+        return (
+            ResponsesChunkGenerator(id, model)
+            .with_namespace_tool_map(conversation_request.namespace_tool_map)
+            .with_echo(conversation_request.echo)
+        )
+
 
 def _separator(version: ModelVersion | None) -> str:
     # V4-Pro spells namespaced tools `ns__member`; only V4.1-Flash uses `ns::member` (§15.1).
@@ -346,13 +372,15 @@ def _convert(
     tools = _tools(f["tools"] or [], _separator(version), options, namespace_map)
     image_token = options.special_tokens.token(SpecialToken.Image)
     raw_input = f["input"]
-    if raw_input is None and f["instructions"] is None:
+    # An empty `instructions` string counts as absent.
+    instructions = f["instructions"] or None
+    if raw_input is None and instructions is None:
         raise ConversionError("Either input or instructions must be provided")
     if isinstance(raw_input, list) and not raw_input:
         raise ConversionError("Input items array must not be empty")
     messages: list[Message] = []
-    if f["instructions"] is not None:
-        messages.append(SystemMessage(f["instructions"]))
+    if instructions is not None:
+        messages.append(SystemMessage(instructions))
     if isinstance(raw_input, str):
         messages.append(UserMessage(raw_input))
     elif raw_input is not None:
@@ -497,7 +525,13 @@ def _text_format(text: dict | None) -> tuple[str, JsonValue]:
     return kind, fields.get("schema")
 
 
-def _blocks(content: str | list, path: str, image_token: str) -> tuple[str, list[ImageSource]]:
+def _blocks(
+    content: str | list, path: str, part: str, image_token: str, *, assistant: bool = False
+) -> tuple[str, list[ImageSource]]:
+    """Text of a content list (blocks joined by blank lines) and its images.
+
+    `part` names the list in error paths (`content` or `output`).
+    """
     if isinstance(content, str):
         return content, []
     parts: list[str] = []
@@ -508,7 +542,7 @@ def _blocks(content: str | list, path: str, image_token: str) -> tuple[str, list
         elif kind == "input_file":
             parts.append(_UNSUPPORTED_DOCUMENT)
         else:
-            where = f"{path}.content[{position}]"
+            where = f"{path}.{part}[{position}]"
             url, file_id = block["image_url"], block["file_id"]
             if url is None and file_id is None:
                 raise ConversionError(f"{where}: input_image must have image_url or file_id")
@@ -521,36 +555,53 @@ def _blocks(content: str | list, path: str, image_token: str) -> tuple[str, list
                     f"{where}: file_id is not supported. Pass the image as a base64 data url "
                     "instead."
                 )
+            if assistant:
+                raise ConversionError(f"{path}: Image in assistant message is unsupported")
             images.append(image_source(url, block["detail"], path))
             parts.append(image_token)
     return "\n\n".join(parts), images
 
 
+class _Turn:
+    """One assistant turn being folded from adjacent items, and the tool outputs after it."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.reasoning: list[str] | None = None
+        self.calls: list[ToolCall] = []
+        self.outputs: list[ToolMessage] = []
+
+    def message(self) -> AssistantMessage:
+        reasoning = None if self.reasoning is None else "\n".join(self.reasoning)
+        return AssistantMessage("\n\n".join(self.texts), reasoning, self.calls or None)
+
+
 def _items(items: list, image_token: str, separator: str) -> list[Message]:
     """Fold the item list into messages: adjacent reasoning, text and calls form one turn."""
     messages: list[Message] = []
-    assistant: AssistantMessage | None = None
-    pending: list[str] = []
-    outputs: list[ToolMessage] = []
+    turn: _Turn | None = None
+    seen_calls: set[str] = set()
 
-    def close_turn() -> None:
-        nonlocal assistant
-        if outputs:
-            order = [call.id for call in (assistant.tool_calls or [])] if assistant else []
-            outputs.sort(key=lambda m: order.index(m.tool_call_id))
-            messages.extend(outputs)
-            outputs.clear()
-        if pending:
-            raise ConversionError(f"No tool output found for tool call {pending[0]}.")
-        assistant = None
+    def close() -> None:
+        nonlocal turn
+        if turn is None:
+            return
+        answered = {output.tool_call_id for output in turn.outputs}
+        for call in turn.calls:
+            if call.id not in answered:
+                raise ConversionError(f"No tool output found for tool call {call.id}.")
+        order = [call.id for call in turn.calls]
+        messages.append(turn.message())
+        messages.extend(sorted(turn.outputs, key=lambda m: order.index(m.tool_call_id)))
+        turn = None
 
-    def open_assistant() -> AssistantMessage:
-        nonlocal assistant
-        if assistant is None or outputs:
-            close_turn()
-            assistant = AssistantMessage("")
-            messages.append(assistant)
-        return assistant
+    def current(*, fresh_if: bool) -> _Turn:
+        nonlocal turn
+        if turn is not None and (turn.outputs or fresh_if):
+            close()
+        if turn is None:
+            turn = _Turn()
+        return turn
 
     for index, entry in enumerate(items):
         if entry is None:
@@ -558,29 +609,27 @@ def _items(items: list, image_token: str, separator: str) -> list[Message]:
         kind, item = entry
         path = f"input[{index}]"
         if kind == "message":
-            content, images = _blocks(item["content"], path, image_token)
             role = item["role"]
-            if role == "assistant":
-                turn = open_assistant()
-                if turn.content or turn.tool_calls:
-                    close_turn()
-                    turn = open_assistant()
-                turn.content = content
+            is_assistant = role == "assistant"
+            content, images = _blocks(
+                item["content"], path, "content", image_token, assistant=is_assistant
+            )
+            if is_assistant:
+                current(fresh_if=bool(turn and turn.calls)).texts.append(content)
                 continue
-            close_turn()
+            close()
             if role == "user":
                 messages.append(UserMessage(content, images, image_token=image_token))
             else:
                 messages.append(SystemMessage(content, images, image_token=image_token))
         elif kind == "reasoning":
-            turn = open_assistant()
-            if turn.content or turn.tool_calls:
-                close_turn()
-                turn = open_assistant()
-            text = "".join(part["text"] for _, part in item["content"] or [])
-            turn.reasoning_content = (turn.reasoning_content or "") + text
+            folded = current(fresh_if=bool(turn and (turn.texts or turn.calls)))
+            texts = [part["text"] for _, part in item["content"] or []]
+            folded.reasoning = (folded.reasoning or []) + texts
         elif kind in ("function_call", "custom_tool_call"):
-            turn = open_assistant()
+            if item["call_id"] in seen_calls:
+                raise ConversionError(f"Duplicate 'call_id': {item['call_id']}.")
+            seen_calls.add(item["call_id"])
             if kind == "function_call":
                 name = item["name"]
                 if item["namespace"] is not None:
@@ -589,14 +638,16 @@ def _items(items: list, image_token: str, separator: str) -> list[Message]:
             else:
                 name = item["name"]
                 arguments = compact_json({"input": item["input"]})
-            turn.tool_calls = [*(turn.tool_calls or []), ToolCall(item["call_id"], name, arguments)]
-            pending.append(item["call_id"])
+            current(fresh_if=False).calls.append(ToolCall(item["call_id"], name, arguments))
         else:
             call_id = item["call_id"]
-            if call_id not in pending:
-                raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
-            pending.remove(call_id)
-            content, images = _blocks(item["output"], path, image_token)
-            outputs.append(ToolMessage(content, call_id, images, image_token=image_token))
-    close_turn()
+            if turn is not None and any(o.tool_call_id == call_id for o in turn.outputs):
+                raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
+            if turn is None or all(call.id != call_id for call in turn.calls):
+                raise ConversionError(
+                    f"No tool call found for tool output with call_id {call_id}."
+                )
+            content, images = _blocks(item["output"], path, "output", image_token)
+            turn.outputs.append(ToolMessage(content, call_id, images, image_token=image_token))
+    close()
     return messages

@@ -90,7 +90,7 @@ class TokenDecoder:
         if pending_logprobs is not None:
             entries = [
                 self._entry(i, lp[0], lp[1]) if lp is not None else None
-                for i, lp in zip(pending_ids, pending_logprobs)
+                for i, lp in zip(pending_ids, pending_logprobs, strict=True)
             ]
         return DecodedText(text, len(pending_ids), starts, entries)
 

@@ -1,0 +1,402 @@
+"""OpenAI Responses output: typed stream events, output items, and the complete response object.
+
+Event order, item ids and the response object's fields follow spec/recipe.md §9.2.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from json.encoder import encode_basestring as _quote
+
+from deepwell.recipe.dialects.chat_output import logprobs_json
+from deepwell.recipe.json_value import compact_json
+from deepwell.recipe.request import ResponsesEcho
+from deepwell.recipe.stream.chunks import CompletionUsage, LogprobEntry, PromptUsage
+from deepwell.recipe.stream.utf8 import f32_json
+
+_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+class ResponsesStreamEvent:
+    """One Responses SSE event; its `type` is the SSE event name."""
+
+    __slots__ = ("type", "_body", "_response", "_item", "_consumed")
+
+    def __init__(
+        self,
+        type: str,
+        body: str,
+        response: _ResponseState | None = None,
+        item: _Item | None = None,
+    ) -> None:
+        self.type = type
+        # The JSON members after "type", already written, without the closing brace.
+        self._body = body
+        self._response = response
+        self._item = item
+        self._consumed = False
+
+    def to_json(self) -> str:
+        if self._consumed:
+            raise RuntimeError("protocol chunk has been consumed")
+        return '{"type":"' + self.type + '",' + self._body + "}"
+
+
+class _Item:
+    """An output item: reasoning, message, function call or custom tool call."""
+
+    __slots__ = (
+        "kind",
+        "id",
+        "index",
+        "parts",
+        "logprobs",
+        "call_id",
+        "name",
+        "namespace",
+        "status",
+        "phase",
+    )
+
+    def __init__(self, kind: str, id: str, index: int) -> None:
+        self.kind = kind
+        self.id = id
+        self.index = index
+        self.parts: list[str] = []
+        self.logprobs: list[LogprobEntry] = []
+        self.call_id = ""
+        self.name = ""
+        self.namespace: str | None = None
+        self.status = "in_progress"
+        self.phase = "final_answer"
+
+    def part_json(self) -> str:
+        text = _quote("".join(self.parts))
+        if self.kind == "reasoning":
+            return '{"type":"reasoning_text","text":' + text + "}"
+        return (
+            '{"type":"output_text","annotations":[],"logprobs":'
+            + logprobs_json(self.logprobs)
+            + ',"text":'
+            + text
+            + "}"
+        )
+
+    def to_json(self, done: bool) -> str:
+        head = f'{{"type":"{self.kind}","id":{_quote(self.id)},"status":"{self.status}"'
+        if self.kind == "reasoning":
+            content = "[" + self.part_json() + "]" if done else "[]"
+            encrypted = self.id[3:].rsplit("_", 1)
+            return (
+                f'{head},"content":{content},"summary":[],'
+                f'"encrypted_content":{_quote(encrypted[0] + "-" + encrypted[1])}}}'
+            )
+        if self.kind == "message":
+            content = "[" + self.part_json() + "]" if done else "[]"
+            return f'{head},"role":"assistant","phase":"{self.phase}","content":{content}}}'
+        call = f',"call_id":{_quote(self.call_id)},"name":{_quote(self.name)}'
+        value = _quote("".join(self.parts))
+        if self.kind == "custom_tool_call":
+            return f'{head}{call},"input":{value}}}'
+        namespace = "" if self.namespace is None else f',"namespace":{_quote(self.namespace)}'
+        return f'{head}{call}{namespace},"arguments":{value}}}'
+
+
+class _ResponseState:
+    """The response object as it stands: echoed settings, status, output items, usage."""
+
+    __slots__ = (
+        "id",
+        "model",
+        "echo",
+        "created_at",
+        "completed_at",
+        "status",
+        "incomplete",
+        "items",
+        "usage",
+    )
+
+    def __init__(self, id: str, model: str, echo: ResponsesEcho, created_at: int) -> None:
+        self.id = id
+        self.model = model
+        self.echo = echo
+        self.created_at = created_at
+        self.completed_at: int | None = None
+        self.status = "in_progress"
+        self.incomplete: str | None = None
+        self.items: list[_Item] = []
+        self.usage: CompletionUsage | None = None
+
+    def to_json(self) -> str:
+        echo = self.echo
+        completed_at = "null" if self.completed_at is None else str(self.completed_at)
+        incomplete = "null" if self.incomplete is None else f'{{"reason":"{self.incomplete}"}}'
+        usage = "null"
+        if self.usage is not None:
+            u = self.usage
+            usage = (
+                f'{{"input_tokens":{u.prompt_tokens},"input_tokens_details":'
+                f'{{"cached_tokens":{u.cached_tokens}}},"output_tokens":{u.completion_tokens},'
+                f'"output_tokens_details":{{"reasoning_tokens":{u.reasoning_tokens or 0}}},'
+                f'"total_tokens":{u.prompt_tokens + u.completion_tokens}}}'
+            )
+        return (
+            f'{{"id":{_quote(self.id)},"object":"response","created_at":{self.created_at},'
+            f'"status":"{self.status}","background":false,"completed_at":{completed_at},'
+            f'"content_filters":null,"error":null,"frequency_penalty":0.0,'
+            f'"incomplete_details":{incomplete},"instructions":{_json(echo.instructions)},'
+            f'"max_output_tokens":{_json(echo.max_output_tokens)},"max_tool_calls":null,'
+            f'"model":{_quote(self.model)},"moderation":null,'
+            f'"output":[{",".join(item.to_json(True) for item in self.items)}],'
+            f'"parallel_tool_calls":true,"presence_penalty":0.0,"previous_response_id":null,'
+            f'"prompt_cache_key":null,"prompt_cache_retention":null,'
+            f'"reasoning":{compact_json(echo.reasoning)},"safety_identifier":null,'
+            f'"service_tier":"default","store":false,"temperature":{f32_json(echo.temperature)},'
+            f'"text":{compact_json(echo.text)},"tool_choice":{compact_json(echo.tool_choice)},'
+            f'"tools":{compact_json(echo.tools)},"top_logprobs":{echo.top_logprobs},'
+            f'"top_p":{f32_json(echo.top_p)},"truncation":"disabled","usage":{usage},'
+            f'"user":{_json(echo.user)},"metadata":{{}}}}'
+        )
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class ResponsesChunkGenerator:
+    """Turns parser output into Responses events (obtain via `ResponsesRequest.chunk_generator`)."""
+
+    def __init__(self, id: str, model: str) -> None:
+        self._id = id
+        self._model = model
+        self._namespaces: dict[str, tuple[str, str]] = {}
+        self._echo = ResponsesEcho()
+        self._custom: set[str] = set()
+        self._sequence = 0
+        self._state: _ResponseState | None = None
+        self._open: _Item | None = None
+        self._key = ""
+        self._in_key = False
+        self._input_open = False
+
+    def with_namespace_tool_map(
+        self, namespace_tool_map: dict[str, tuple[str, str]]
+    ) -> ResponsesChunkGenerator:
+        self._namespaces = dict(namespace_tool_map)
+        return self
+
+    def with_echo(self, echo: ResponsesEcho) -> ResponsesChunkGenerator:
+        self._echo = echo
+        self._custom = {
+            tool["name"]
+            for tool in echo.tools
+            if isinstance(tool, dict) and tool.get("type") == "custom"
+        }
+        return self
+
+    def _event(self, type: str, body: str, out: list, item: _Item | None = None) -> None:
+        out.append(
+            ResponsesStreamEvent(type, f'{body},"sequence_number":{self._sequence}', None, item)
+        )
+        self._sequence += 1
+
+    def _response_event(self, type: str, out: list) -> None:
+        state = self._state
+        out.append(
+            ResponsesStreamEvent(
+                type,
+                f'"response":{state.to_json()},"sequence_number":{self._sequence}',
+                state,
+            )
+        )
+        self._sequence += 1
+
+    def start(
+        self,
+        prompt_usage: PromptUsage,
+        system_fingerprint: str | None,
+        thinking: bool,
+        starts_in_reasoning: bool,
+        out: list,
+    ) -> None:
+        self._state = _ResponseState(self._id, self._model, self._echo, int(time.time()))
+        self._response_event("response.created", out)
+        self._response_event("response.in_progress", out)
+
+    def _open_item(self, kind: str, prefix: str, out: list) -> _Item:
+        index = len(self._state.items)
+        item = _Item(kind, f"{prefix}_{self._id}_{index}", index)
+        self._state.items.append(item)
+        self._open = item
+        return item
+
+    def _announce(self, item: _Item, out: list) -> None:
+        self._event(
+            "response.output_item.added",
+            f'"item":{item.to_json(False)},"output_index":{item.index}',
+            out,
+        )
+
+    def _part_added(self, item: _Item, out: list) -> None:
+        part = (
+            '{"type":"reasoning_text","text":""}'
+            if item.kind == "reasoning"
+            else '{"type":"output_text","annotations":[],"logprobs":[],"text":""}'
+        )
+        self._event(
+            "response.content_part.added",
+            f'"content_index":0,"item_id":{_quote(item.id)},"output_index":{item.index},"part":{part}',
+            out,
+        )
+
+    def _close(self, out: list, status: str = "completed", before_call: bool = False) -> None:
+        item = self._open
+        if item is None:
+            return
+        self._open = None
+        item.status = status
+        ids = f'"item_id":{_quote(item.id)},"output_index":{item.index}'
+        text = _quote("".join(item.parts))
+        if item.kind == "reasoning":
+            self._event(
+                "response.reasoning_text.done", f'"content_index":0,{ids},"text":{text}', out
+            )
+            self._event(
+                "response.content_part.done",
+                f'"content_index":0,{ids},"part":{item.part_json()}',
+                out,
+            )
+        elif item.kind == "message":
+            if before_call:
+                item.phase = "commentary"
+            self._event(
+                "response.output_text.done",
+                f'"content_index":0,{ids},"logprobs":{logprobs_json(item.logprobs)},"text":{text}',
+                out,
+            )
+            self._event(
+                "response.content_part.done",
+                f'"content_index":0,{ids},"part":{item.part_json()}',
+                out,
+            )
+        elif item.kind == "function_call":
+            self._event("response.function_call_arguments.done", f'"arguments":{text},{ids}', out)
+        else:
+            self._event("response.custom_tool_call_input.done", f'"input":{text},{ids}', out)
+        self._event(
+            "response.output_item.done",
+            f'"item":{item.to_json(True)},"output_index":{item.index}',
+            out,
+        )
+
+    def reasoning(self, text: str, out: list) -> None:
+        item = self._open
+        if item is None or item.kind != "reasoning":
+            self._close(out)
+            item = self._open_item("reasoning", "rs", out)
+            self._announce(item, out)
+            self._part_added(item, out)
+        item.parts.append(text)
+        self._event(
+            "response.reasoning_text.delta",
+            f'"content_index":0,"delta":{_quote(text)},"item_id":{_quote(item.id)},"output_index":{item.index}',
+            out,
+        )
+
+    def content(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
+        item = self._open
+        if item is None or item.kind != "message":
+            self._close(out)
+            item = self._open_item("message", "msg", out)
+            self._announce(item, out)
+            self._part_added(item, out)
+        item.parts.append(text)
+        if logprobs:
+            item.logprobs.extend(logprobs)
+        self._event(
+            "response.output_text.delta",
+            f'"content_index":0,"delta":{_quote(text)},"item_id":{_quote(item.id)},'
+            f'"logprobs":{logprobs_json(logprobs or [])},"output_index":{item.index}',
+            out,
+        )
+
+    def tool_call(self, index: int, call_id: str, name: str, out: list) -> None:
+        self._close(out, before_call=True)
+        if name in self._custom:
+            item = self._open_item("custom_tool_call", "ctc", out)
+        else:
+            item = self._open_item("function_call", "fc", out)
+            if name in self._namespaces:
+                item.namespace, name = self._namespaces[name]
+        item.call_id = call_id
+        item.name = name
+        self._key = ""
+        self._in_key = False
+        self._announce(item, out)
+
+    def arguments(self, index: int, piece: str, is_string_value: bool, out: list) -> None:
+        item = self._open
+        ids = f'"item_id":{_quote(item.id)},"output_index":{item.index}'
+        if item.kind == "function_call":
+            if is_string_value:
+                piece = _quote(piece)[1:-1]
+            item.parts.append(piece)
+            self._event(
+                "response.function_call_arguments.delta", f'"delta":{_quote(piece)},{ids}', out
+            )
+            return
+        # A custom tool streams the raw value of its `input` parameter, no JSON around it.
+        if is_string_value:
+            if self._key == '"input"':
+                item.parts.append(piece)
+                self._event(
+                    "response.custom_tool_call_input.delta", f'"delta":{_quote(piece)},{ids}', out
+                )
+        elif piece in ("{", ", "):
+            self._key = ""
+            self._in_key = True
+        elif piece == ": ":
+            self._in_key = False
+        elif self._in_key:
+            self._key += piece
+
+    def finish(
+        self, reason: str, stop_sequence: str | None, usage: CompletionUsage, out: list
+    ) -> None:
+        incomplete = _INCOMPLETE_REASONS.get(reason)
+        self._close(out, "incomplete" if incomplete else "completed")
+        state = self._state
+        state.status = "incomplete" if incomplete else "completed"
+        state.incomplete = incomplete
+        state.completed_at = int(time.time())
+        state.usage = usage
+        self._response_event("response.incomplete" if incomplete else "response.completed", out)
+
+
+class ResponsesResponse:
+    """The non-streaming response object: the one the final event carries."""
+
+    def __init__(
+        self, id: str, model: str, created: int, prompt_tokens: int, prompt_cache_hit_tokens: int
+    ) -> None:
+        self._json = _ResponseState(id, model, ResponsesEcho(), created).to_json()
+
+    @staticmethod
+    def sse_event_name(event: ResponsesStreamEvent) -> str | None:
+        return event.type
+
+    @staticmethod
+    def sse_done_data() -> str | None:
+        return None
+
+    def accumulate(self, event: ResponsesStreamEvent) -> None:
+        if event._consumed:
+            raise RuntimeError("protocol chunk has been consumed")
+        event._consumed = True
+        if event._response is not None:
+            self._json = event._body[len('"response":') : event._body.rindex(',"sequence_number"')]
+
+    def to_json(self) -> str:
+        return self._json
