@@ -49,5 +49,23 @@ from deepwell.recipe.dialects.messages import MessagesRequest
 from deepwell.recipe.dialects.responses import ResponsesRequest
 
 # --- stream (StreamProcessor, chunks, responses) ---
+# isort: split
+from deepwell.recipe.dialects.chat_output import (
+    ChatCompletionChunk,
+    ChatCompletionChunkGenerator,
+    ChatCompletionResponse,
+)
+from deepwell.recipe.dialects.messages_output import (
+    MessagesChunkGenerator,
+    MessagesResponse,
+    MessagesStreamEvent,
+)
+from deepwell.recipe.dialects.responses_output import (
+    ResponsesChunkGenerator,
+    ResponsesResponse,
+    ResponsesStreamEvent,
+)
+from deepwell.recipe.stream.chunks import InferenceChunk, InferenceFinishReason, PromptUsage
+from deepwell.recipe.stream.processor import StreamProcessor
 
 __version__ = "0.2.0"
