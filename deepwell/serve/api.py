@@ -1,0 +1,318 @@
+"""The FastAPI app: the three dialects' routes, models, health and metrics; API keys and limits.
+
+Every refusal comes in the route's dialect error shape; a client that goes away mid-request
+closes its chunk stream, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from deepwell.recipe import ConversionError
+from deepwell.serve.engine_client import EngineClient, InferenceError
+from deepwell.serve.errors import (
+    ApiError,
+    ErrorShape,
+    conversion_error_response,
+    error_object,
+    error_response,
+)
+from deepwell.serve.frontend import (
+    CHAT,
+    MESSAGES,
+    RESPONSES,
+    Frontend,
+    Infer,
+    PreparedRequest,
+    Route,
+    engine_infer,
+    mock_infer,
+    sse_frame,
+)
+from deepwell.serve.messages import WorkerStats
+from deepwell.serve.metrics import RequestTimer, ServeMetrics
+from deepwell.serve.model import ServedModel, mock_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Limits and credentials of one HTTP process."""
+
+    # Empty: no authentication.
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Requests admitted at once (running, queued in the engine, or being converted);
+    # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
+    max_pending_requests: int = 1024
+    retry_after_seconds: int = 1
+
+
+class _Admission:
+    """Counts admitted requests against the pending limit."""
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.pending = 0
+
+    def enter(self) -> None:
+        if self.pending >= self.limit:
+            raise ApiError(
+                429,
+                f"The server is at capacity ({self.limit} requests in progress); retry later.",
+                {"Retry-After": str(self.retry_after)},
+            )
+        self.pending += 1
+
+    def leave(self) -> None:
+        self.pending -= 1
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that also watches for the client leaving and reports how it ended."""
+
+    def __init__(self, frames: AsyncIterator[bytes], on_close: Callable[[str], None]) -> None:
+        super().__init__(frames, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome = "aborted"
+        streaming = asyncio.ensure_future(self.stream_response(send))
+        disconnect = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait(
+                {streaming, disconnect}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if streaming in done:
+                error = streaming.exception()
+                if error is None:
+                    outcome = "completed"
+                elif not isinstance(error, OSError):  # OSError: the client went away
+                    outcome = "failed"
+                    logger.error("stream failed", exc_info=error)
+        finally:
+            streaming.cancel()
+            disconnect.cancel()
+            await asyncio.gather(streaming, disconnect, return_exceptions=True)
+            await self.body_iterator.aclose()
+            self._on_close(outcome)
+
+
+def create_app(
+    *,
+    infer: Infer | None = None,
+    model: ServedModel | None = None,
+    settings: ServeSettings | None = None,
+    engine: EngineClient | None = None,
+) -> FastAPI:
+    """The HTTP app. With no `infer` and no `engine` it serves the mock reply (`--mock`).
+
+    `infer` may be any async source of `InferenceChunk`s (text or tokens); with `engine`
+    the app runs requests on engine workers and reads their load for `/metrics`.
+    """
+    model = model or mock_model()
+    settings = settings or ServeSettings()
+    if infer is None:
+        infer = engine_infer(engine, model.stop_token_ids) if engine is not None else mock_infer
+    admission = _Admission(settings.max_pending_requests, settings.retry_after_seconds)
+
+    def stats() -> WorkerStats:
+        if engine is not None:
+            return engine.stats()
+        return WorkerStats(
+            running=admission.pending, waiting=0, kv_blocks_used=0, kv_blocks_total=0
+        )
+
+    metrics = ServeMetrics(stats)
+    frontend = Frontend(model, infer)
+    app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = metrics
+    created = int(time.time())
+
+    def authorize(request: Request, shape: ErrorShape | None) -> None:
+        """OpenAI routes take `Authorization: Bearer`, Anthropic routes `x-api-key` (or Bearer)."""
+        if not settings.api_keys:
+            return
+        bearer = request.headers.get("authorization", "")
+        presented = [bearer[7:].strip()] if bearer[:7].lower() == "bearer " else []
+        if shape is not ErrorShape.OPENAI:
+            presented.append(request.headers.get("x-api-key", ""))
+        for key in presented:
+            if any(hmac.compare_digest(key.encode(), k.encode()) for k in settings.api_keys):
+                return
+        header = "Authorization: Bearer" if shape is ErrorShape.OPENAI else "x-api-key"
+        raise ApiError(401, f"Invalid or missing API key; pass it in the {header} header.")
+
+    async def read_body(request: Request) -> bytes:
+        limit = settings.max_body_bytes
+        too_large = ApiError(413, f"The request body exceeds the limit of {limit} bytes.")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    async def generate(route: Route, request: Request) -> Response:
+        shape = route.shape
+        try:
+            authorize(request, shape)
+            body = await read_body(request)
+            admission.enter()
+        except ApiError as error:
+            return error_response(shape, error)
+        try:
+            prepared = await run_in_threadpool(frontend.prepare, route, body)
+        except ApiError as error:
+            admission.leave()
+            return error_response(shape, error)
+        except ConversionError as error:
+            admission.leave()
+            return conversion_error_response(shape, error)
+        except (ValueError, RuntimeError, RecursionError, OverflowError) as error:
+            # What the recipe raises for bodies it cannot read or encode (spec §1).
+            admission.leave()
+            return error_response(shape, ApiError(400, str(error)))
+        timer = RequestTimer(metrics)
+        if prepared.converted.stream:
+            return _stream(prepared, timer, request)
+        return await _complete(prepared, timer, request)
+
+    def _stream(prepared: PreparedRequest, timer: RequestTimer, request: Request) -> Response:
+        route = prepared.route
+
+        async def frames() -> AsyncIterator[bytes]:
+            sse = frontend.sse(prepared, timer)
+            try:
+                async for frame in sse:
+                    yield frame
+            except InferenceError as error:
+                yield _error_frame(route.shape, error)
+            finally:
+                await sse.aclose()
+
+        def on_close(outcome: str) -> None:
+            admission.leave()
+            timer.finish(route.path, outcome)
+
+        return _EventStream(frames(), on_close)
+
+    async def _complete(prepared: PreparedRequest, timer: RequestTimer, request: Request):
+        route = prepared.route
+        outcome = "aborted"
+        result = asyncio.ensure_future(frontend.complete(prepared, timer))
+        disconnect = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+        try:
+            await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            if not result.done():
+                return Response(status_code=499)
+            try:
+                body = result.result()
+            except InferenceError as error:
+                outcome = "failed"
+                return error_response(route.shape, ApiError(error.status_code, str(error)))
+            outcome = "completed"
+            return Response(body, media_type="application/json")
+        finally:
+            result.cancel()
+            disconnect.cancel()
+            await asyncio.gather(result, disconnect, return_exceptions=True)
+            admission.leave()
+            timer.finish(route.path, outcome)
+
+    @app.post(CHAT.path)
+    async def chat_completions(request: Request) -> Response:
+        return await generate(CHAT, request)
+
+    @app.post(RESPONSES.path)
+    async def responses(request: Request) -> Response:
+        return await generate(RESPONSES, request)
+
+    @app.post(MESSAGES.path)
+    async def messages(request: Request) -> Response:
+        return await generate(MESSAGES, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        shape = ErrorShape.ANTHROPIC
+        try:
+            authorize(request, shape)
+            body = await read_body(request)
+            count = await run_in_threadpool(frontend.count_tokens, body)
+        except ApiError as error:
+            return error_response(shape, error)
+        except ConversionError as error:
+            return conversion_error_response(shape, error)
+        except (ValueError, RuntimeError, RecursionError, OverflowError) as error:
+            return error_response(shape, ApiError(400, str(error)))
+        return JSONResponse({"input_tokens": count})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            authorize(request, None)
+        except ApiError as error:
+            return error_response(ErrorShape.OPENAI, error)
+        # One list both SDKs read: OpenAI's `object`/`owned_by`, Anthropic's `type`/paging.
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "deepwell",
+                "type": "model",
+                "display_name": name,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+            }
+            for name in model.names
+        ]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "has_more": False,
+                "first_id": model.names[0],
+                "last_id": model.names[-1],
+            }
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine is not None and not engine.healthy:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_page() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error_frame(shape: ErrorShape, error: InferenceError) -> bytes:
+    """The error a stream ends with when inference fails after the response has started."""
+    body = error_object(shape, error.status_code, str(error))
+    if shape is ErrorShape.ANTHROPIC:
+        return sse_frame("error", json.dumps(body))
+    return sse_frame(None, json.dumps(body))

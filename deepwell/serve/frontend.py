@@ -1,0 +1,262 @@
+"""Glue between HTTP and inference: recipe conversion → inference request; chunks → dialect events.
+
+`Infer` is the seam: the engine client, the mock and any custom source all turn an
+`InferenceRequest` into `InferenceChunk`s, and closing the chunk stream aborts the request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from deepwell.recipe import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ConversationRequest,
+    InferenceChunk,
+    InferenceFinishReason,
+    MessagesRequest,
+    MessagesResponse,
+    ParsingOptions,
+    PromptUsage,
+    ResponsesRequest,
+    ResponsesResponse,
+    StreamProcessor,
+)
+from deepwell.serve.engine_client import EngineClient
+from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.messages import GenerateRequest
+from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.model import ServedModel
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """What an inference source gets: the converted request, its prompt ids and token budget.
+
+    `prompt_token_ids` is empty when the served model has no tokenizer (`--mock`).
+    """
+
+    request_id: str
+    converted: ConversationRequest
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One generation endpoint: its recipe request and response types and its clients' shape."""
+
+    path: str
+    request_type: type
+    response_type: type
+    shape: ErrorShape
+
+
+CHAT = Route(
+    "/v1/chat/completions", ChatCompletionRequest, ChatCompletionResponse, ErrorShape.OPENAI
+)
+RESPONSES = Route("/v1/responses", ResponsesRequest, ResponsesResponse, ErrorShape.OPENAI)
+MESSAGES = Route("/v1/messages", MessagesRequest, MessagesResponse, ErrorShape.ANTHROPIC)
+
+
+@dataclass
+class PreparedRequest:
+    """A converted, encoded, budgeted request, ready to run once."""
+
+    route: Route
+    model: str
+    converted: ConversationRequest
+    parsing_options: ParsingOptions
+    generator: object
+    inference: InferenceRequest
+    created: int = field(default_factory=lambda: int(time.time()))
+    prompt_usage: PromptUsage | None = None
+
+
+def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
+    """The reference example server's fixed reply (spec/recipe.md §11)."""
+
+    async def chunks() -> AsyncIterator[InferenceChunk]:
+        yield InferenceChunk.ready()
+        stage = request.converted.parsing_options.thinking_initial_stage
+        if stage is not None and stage.starts_in_reasoning():
+            yield InferenceChunk.text("</think>")
+        yield InferenceChunk.text("Hello ", 1)
+        yield InferenceChunk.text("world!", 1)
+        yield InferenceChunk.finish(InferenceFinishReason.Stop)
+
+    return chunks()
+
+
+def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
+    """An inference source backed by engine workers: one `GenerateRequest` per request."""
+    stop = set(stop_token_ids)
+
+    async def infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
+        options = request.converted.inference_options
+        outputs = client.generate(
+            GenerateRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                max_tokens=request.max_tokens,
+                temperature=1.0 if options.temperature is None else options.temperature,
+                top_p=1.0 if options.top_p is None else options.top_p,
+                seed=options.seed,
+                stop_token_ids=stop_token_ids,
+                top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
+            )
+        )
+        try:
+            ready = False
+            async for output in outputs:
+                if not ready:
+                    usage = PromptUsage(
+                        prompt_tokens=output.prompt_tokens,
+                        prompt_cache_hit_tokens=output.cached_prompt_tokens,
+                    )
+                    yield InferenceChunk.ready(prompt_usage=usage)
+                    ready = True
+                token_ids, logprobs = output.token_ids, output.logprobs
+                # The stop token ends the turn; the stream parser would show it as text
+                # (spec/recipe.md §8.2: backends must strip it).
+                if output.finish_reason == "stop" and token_ids and token_ids[-1] in stop:
+                    token_ids = token_ids[:-1]
+                    logprobs = logprobs[:-1] if logprobs is not None else None
+                if token_ids:
+                    yield InferenceChunk.tokens(token_ids, logprobs)
+                if output.finish_reason == "length":
+                    yield InferenceChunk.finish(InferenceFinishReason.Length)
+                elif output.finish_reason is not None:
+                    yield InferenceChunk.finish(InferenceFinishReason.Stop)
+        finally:
+            await outputs.aclose()
+
+    return infer
+
+
+class Frontend:
+    """Runs requests of the three dialects against one served model and inference source."""
+
+    def __init__(self, model: ServedModel, infer: Infer) -> None:
+        self.model = model
+        self._infer = infer
+
+    def prepare(self, route: Route, body: bytes) -> PreparedRequest:
+        """Parse, convert, encode and budget a request body; CPU work, run it off the loop.
+
+        Raises `ApiError` for unreadable bodies and `ConversionError` for requests the
+        recipe refuses (including prompt + max_tokens beyond the context, spec §7).
+        """
+        try:
+            request = route.request_type(body)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        model_name = request.model
+        converted = request.convert(self.model.conversion_options)
+        conversation = converted.conversation
+        parsing_options = converted.parsing_options
+        if not self.model.supports_tools:
+            if _declares_tools(conversation):
+                raise ApiError(400, f"The model {model_name} does not support tools.")
+            parsing_options.parse_tool_calls = False
+        if not self.model.supports_thinking and conversation.thinking_mode:
+            raise ApiError(400, f"The model {model_name} does not support thinking.")
+        prompt_token_ids = self.model.encode(conversation)
+        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
+        request_id = str(uuid.uuid4())
+        generator = route.request_type.chunk_generator(converted, request_id, model_name)
+        inference = InferenceRequest(request_id, converted, prompt_token_ids, max_tokens)
+        return PreparedRequest(route, model_name, converted, parsing_options, generator, inference)
+
+    def count_tokens(self, body: bytes) -> int:
+        """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""
+        try:
+            data = json.loads(body)
+        except ValueError as error:
+            raise ApiError(400, f"invalid JSON request: {error}") from None
+        if isinstance(data, dict):
+            # Counting needs no output budget, but the Messages schema requires one.
+            data.setdefault("max_tokens", 1)
+        converted = MessagesRequest(data).convert(self.model.conversion_options)
+        return len(self.model.encode(converted.conversation))
+
+    async def events(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator:
+        """The dialect events of one request, ending with the final ones; closing aborts it."""
+        processor = StreamProcessor(
+            prepared.generator, prepared.parsing_options, self.model.tokenizer
+        )
+        chunks = self._infer(prepared.inference)
+        try:
+            async for chunk in chunks:
+                kind = chunk.kind
+                if kind == "ready" and prepared.prompt_usage is None:
+                    usage = chunk.prompt_usage or PromptUsage(
+                        prompt_tokens=len(prepared.inference.prompt_token_ids)
+                    )
+                    prepared.prompt_usage = usage
+                    timer.prompt(usage.prompt_tokens)
+                elif kind == "tokens":
+                    timer.output(len(chunk.token_ids))
+                elif kind == "text":
+                    timer.output(chunk.token_count or 0)
+                for event in processor.push(chunk):
+                    yield event
+                if processor.finished:
+                    break
+            for event in processor.finish():
+                yield event
+        finally:
+            await chunks.aclose()
+
+    async def complete(self, prepared: PreparedRequest, timer: RequestTimer) -> str:
+        """Run a request to its end and return the accumulated response JSON."""
+        response = None
+        events = self.events(prepared, timer)
+        try:
+            async for event in events:
+                if response is None:
+                    usage = prepared.prompt_usage or PromptUsage()
+                    response = prepared.route.response_type(
+                        prepared.inference.request_id,
+                        prepared.model,
+                        prepared.created,
+                        usage.prompt_tokens,
+                        usage.prompt_cache_hit_tokens,
+                    )
+                response.accumulate(event)
+        finally:
+            await events.aclose()
+        # The processor's final events always come, so a response object exists here.
+        return response.to_json()
+
+    async def sse(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
+        """Server-sent-event frames of a streamed request, with the dialect's terminal frame."""
+        response_type = prepared.route.response_type
+        events = self.events(prepared, timer)
+        try:
+            async for event in events:
+                yield sse_frame(response_type.sse_event_name(event), event.to_json())
+        finally:
+            await events.aclose()
+        done = response_type.sse_done_data()
+        if done is not None:
+            yield sse_frame(None, done)
+
+
+def sse_frame(event: str | None, data: str) -> bytes:
+    """One server-sent event: an optional `event:` line, one `data:` line, a blank line."""
+    head = f"event: {event}\n" if event is not None else ""
+    return f"{head}data: {data}\n\n".encode()
+
+
+def _declares_tools(conversation) -> bool:
+    if conversation.tools:
+        return True
+    return any(getattr(message, "tools", None) for message in conversation.messages)
