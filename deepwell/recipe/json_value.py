@@ -13,19 +13,27 @@ JsonValue = Any
 
 # The reference's Python→JSON bridge refuses deeper inputs (spec/recipe.md §1, §15.12).
 MAX_NESTING = 128
+_I64_MIN = -(2**63)
+_U64_MAX = 2**64 - 1
 
 
 def check_json_value(value: object, max_depth: int = MAX_NESTING - 1) -> JsonValue:
     """Validate a Python object as a JSON value and return it as plain dict/list/scalars.
 
     Raises the reference's errors: circular input is a ValueError, NaN or infinity is a
-    ValueError, nesting beyond `max_depth` containers is a RecursionError.
+    ValueError, nesting beyond `max_depth` containers is a RecursionError, an integer
+    outside i64/u64 is an OverflowError.
     """
     return _checked(value, 0, max_depth, set())
 
 
 def _checked(value: object, depth: int, max_depth: int, open_ids: set[int]) -> JsonValue:
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        # The reference holds JSON integers as i64 or u64.
+        if not _I64_MIN <= value <= _U64_MAX:
+            raise OverflowError("integer is outside the JSON number range")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -34,9 +42,7 @@ def _checked(value: object, depth: int, max_depth: int, open_ids: set[int]) -> J
     if isinstance(value, (dict, list, tuple)):
         depth += 1
         if depth > max_depth:
-            raise RecursionError(
-                f"JSON input exceeds the maximum nesting depth of {MAX_NESTING}"
-            )
+            raise RecursionError(f"JSON input exceeds the maximum nesting depth of {MAX_NESTING}")
         key = id(value)
         if key in open_ids:
             raise ValueError("circular reference in JSON input")

@@ -91,8 +91,8 @@ class DeepseekEncoding(ABC):
     def _json(self, value: JsonValue) -> str:
         return python_json(value, self.float_spelling)
 
-    def _schema_lines(self, tools: Sequence[ToolDefinition], *, with_deferred: bool) -> str:
-        return "\n".join(
+    def _schemas(self, tools: Sequence[ToolDefinition], *, with_deferred: bool) -> list[str]:
+        return [
             self._json(
                 {
                     "name": tool.name,
@@ -102,7 +102,11 @@ class DeepseekEncoding(ABC):
             )
             for tool in tools
             if with_deferred or not tool.defer_loading
-        )
+        ]
+
+    @abstractmethod
+    def _schema_block(self, tools: Sequence[ToolDefinition]) -> str:
+        """The schema lines of the tool prompt, each announced tool once, ending in a newline."""
 
     def _emit_system_suffixes(self, out: PromptBuilder, conversation: Conversation) -> None:
         """Tool prompt (when tools are active) and response-format text, after system text."""
@@ -110,7 +114,7 @@ class DeepseekEncoding(ABC):
             out.text("\n\n")
             emit_tool_prompt(
                 out,
-                self._schema_lines(conversation.tools, with_deferred=False),
+                self._schema_block(conversation.tools),
                 dsml=self._dsml,
                 think=self._think,
                 end_think=self._end_think,
@@ -129,14 +133,12 @@ class DeepseekEncoding(ABC):
         out.text_with_tokens(text, self._grounding)
 
     def _emit_tool_calls(self, out: PromptBuilder, calls: Sequence[ToolCall]) -> None:
-        """The DSML block: `\\n\\n<DSML calls>\\n` + one invoke per call + `\\n</DSML calls>`."""
+        """The DSML block: `\\n\\n<DSML calls>\\n`, each invoke and a newline, `</DSML calls>`."""
         calls_tag, invoke_tag, parameter_tag = self.tag_names
         out.text("\n\n<")
         out.special(self._dsml)
         out.text(f"{calls_tag}>\n")
-        for i, call in enumerate(calls):
-            if i:
-                out.text("\n")
+        for call in calls:
             out.text("<")
             out.special(self._dsml)
             out.text(f'{invoke_tag} name="{call.name}">\n')
@@ -152,8 +154,8 @@ class DeepseekEncoding(ABC):
                 out.text(self._empty_invoke_body())
             out.text("</")
             out.special(self._dsml)
-            out.text(f"{invoke_tag}>")
-        out.text("\n</")
+            out.text(f"{invoke_tag}>\n")
+        out.text("</")
         out.special(self._dsml)
         out.text(f"{calls_tag}>")
 

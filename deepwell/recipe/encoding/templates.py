@@ -10,7 +10,7 @@ import re
 from deepwell.recipe.encoding.prompt import PromptBuilder
 
 # `{DSML}`, `{THINK}` and `{END_THINK}` are special tokens; `{CALLS}`, `{INVOKE}`,
-# `{PARAMETER}` are the version's tag names; `{TOOL_SCHEMAS}` is plain text
+# `{PARAMETER}` are the version's tag names; `{TOOL_SCHEMAS}` is plain text ending in a newline
 # (spec/recipe.md §4.1).
 TOOL_PROMPT = (
     "## Tools\n"
@@ -36,7 +36,6 @@ TOOL_PROMPT = (
     "### Available Tool Schemas\n"
     "\n"
     "{TOOL_SCHEMAS}\n"
-    "\n"
     "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
 )
 

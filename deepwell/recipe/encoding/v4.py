@@ -5,6 +5,7 @@ Behaviour of the reference V4 renderer, spec/recipe.md §4 and §15.3–15.5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from deepwell.recipe.conversation import (
@@ -12,6 +13,7 @@ from deepwell.recipe.conversation import (
     Conversation,
     ImageSource,
     Message,
+    ToolDefinition,
 )
 from deepwell.recipe.encoding.deepseek import DeepseekEncoding, has_tools, needs_system_head
 from deepwell.recipe.encoding.prompt import PromptBuilder
@@ -51,6 +53,10 @@ class DeepseekV4Encoding(DeepseekEncoding):
     def _empty_invoke_body(self) -> str:
         return ""
 
+    def _schema_block(self, tools: Sequence[ToolDefinition]) -> str:
+        # Each schema line ends in its own newline, so no schema leaves one newline (measured).
+        return "".join(line + "\n" for line in self._schemas(tools, with_deferred=False))
+
     def _render(self, conversation: Conversation) -> tuple[PromptBuilder, list[ImageSource]]:
         turns = _normalize(conversation)
         tools_active = has_tools(conversation)
@@ -87,8 +93,7 @@ class DeepseekV4Encoding(DeepseekEncoding):
                 out.text(turn.message.content)
             else:
                 message = turn.message
-                prefix = message.prefix and index == last
-                self._emit_assistant(out, message, prefix, tools_active or prefix, thinking)
+                self._emit_assistant(out, message, tools_active, thinking, final=index == last)
             previous = role
         after_prefix = bool(turns) and turns[-1].role == "assistant" and turns[-1].message.prefix
         self._emit_generation_suffix(out, conversation, after_prefix=after_prefix)
@@ -104,14 +109,18 @@ class DeepseekV4Encoding(DeepseekEncoding):
         self,
         out: PromptBuilder,
         message: AssistantMessage,
-        prefix: bool,
-        keep_reasoning: bool,
+        tools_active: bool,
         thinking: bool,
+        *,
+        final: bool,
     ) -> None:
+        # A prefix flag shapes the thinking part wherever the message stands; only a final
+        # prefix goes without EOS (measured on the reference).
         out.special(self._assistant)
         content = message.content
+        prefix = message.prefix
         open_reasoning = prefix and thinking and content == ""
-        if keep_reasoning and message.reasoning_content is not None:
+        if (tools_active or prefix) and message.reasoning_content is not None:
             out.special(self._think)
             self._emit_assistant_text(out, message.reasoning_content)
             if not open_reasoning:
@@ -119,9 +128,10 @@ class DeepseekV4Encoding(DeepseekEncoding):
         elif not open_reasoning:
             out.special(self._end_think)
         self._emit_assistant_text(out, content)
-        if message.tool_calls:
+        # An empty call list still opens and closes a block in V4 (measured).
+        if message.tool_calls is not None:
             self._emit_tool_calls(out, sorted(message.tool_calls, key=lambda call: call.id))
-        if not prefix:
+        if not (prefix and final):
             out.special(self._eos)
 
 
@@ -132,7 +142,8 @@ def _normalize(conversation: Conversation) -> list[_Turn]:
     systems = [m for m in messages if m.role == "system"]
     if systems:
         head = _Turn("system", systems[0], [m for m in systems if m.content])
-        for m in systems:
+        # Empty system messages leave no trace, not even their images (measured).
+        for m in head.parts:
             head.images.extend(m.image_sources)
         turns.append(head)
     for m in messages:

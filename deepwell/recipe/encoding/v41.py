@@ -5,12 +5,15 @@ Behaviour of the reference V4.1 renderer, spec/recipe.md §4 and §15.3–15.5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from deepwell.recipe.conversation import (
     AssistantMessage,
     Conversation,
     ImageSource,
     Message,
     SystemMessage,
+    ToolDefinition,
 )
 from deepwell.recipe.encoding.deepseek import DeepseekEncoding, has_tools, needs_system_head
 from deepwell.recipe.encoding.prompt import PromptBuilder
@@ -32,6 +35,9 @@ class DeepseekV41Encoding(DeepseekEncoding):
     def _empty_invoke_body(self) -> str:
         return "\n"
 
+    def _schema_block(self, tools: Sequence[ToolDefinition]) -> str:
+        return "\n".join(self._schemas(tools, with_deferred=False)) + "\n"
+
     def _render(self, conversation: Conversation) -> tuple[PromptBuilder, list[ImageSource]]:
         messages = _normalize(conversation)
         tools_active = has_tools(conversation)
@@ -41,7 +47,6 @@ class DeepseekV41Encoding(DeepseekEncoding):
         out.special(self._bos)
         images: list[ImageSource] = []
         previous = None
-        last = len(messages) - 1
         for index, message in enumerate(messages):
             role = message.role
             images.extend(message.image_sources)
@@ -56,9 +61,9 @@ class DeepseekV41Encoding(DeepseekEncoding):
                 out.text_with_spans(message.content, message.image_spans)
                 if index == 0:
                     self._emit_system_suffixes(out, conversation)
-                if message.tools is not None:
+                if message.tools:
                     out.text(UPDATED_TOOL_SCHEMAS_HEADER)
-                    out.text(self._schema_lines(message.tools, with_deferred=True))
+                    out.text("\n".join(self._schemas(message.tools, with_deferred=True)))
             elif role in ("user", "tool"):
                 if previous in ("user", "tool"):
                     out.text("\n\n")
@@ -73,9 +78,9 @@ class DeepseekV41Encoding(DeepseekEncoding):
                 out.special(self._reminder)
                 out.text(message.content)
             else:
-                prefix = message.prefix and index == last
-                keep = thinking and (tools_active or prefix) and index > 0
-                self._emit_assistant(out, message, prefix, keep)
+                # A prefix assistant never ends with EOS, last or not (measured).
+                keep = thinking and (tools_active or message.prefix) and index > 0
+                self._emit_assistant(out, message, message.prefix, keep)
             previous = role
         after_prefix = bool(messages) and messages[-1].role == "assistant" and messages[-1].prefix
         self._emit_generation_suffix(out, conversation, after_prefix=after_prefix)
@@ -89,7 +94,8 @@ class DeepseekV41Encoding(DeepseekEncoding):
         if keep_reasoning:
             out.special(self._think)
             self._emit_assistant_text(out, message.reasoning_content or "")
-            if not (prefix and content == ""):
+            # A prefix with nothing after the reasoning leaves it open for the model.
+            if not (prefix and content == "" and not message.tool_calls):
                 out.special(self._end_think)
         else:
             out.special(self._end_think)
@@ -117,8 +123,9 @@ def _normalize(conversation: Conversation) -> list[Message]:
         while end < len(messages) and messages[end].role in ("user", "tool"):
             end += 1
         run = messages[i + 1 : end]
-        slots = [j for j, r in enumerate(run) if r.role == "tool"]
-        # Unknown ids count as the first call; users keep their slots.
+        # Results with an id move; unknown ids count as the first call. Users and results
+        # without an id keep their slots (measured on the reference).
+        slots = [j for j, r in enumerate(run) if r.role == "tool" and r.tool_call_id is not None]
         results = sorted((run[j] for j in slots), key=lambda r: order.get(r.tool_call_id, 0))
         for j, result in zip(slots, results, strict=True):
             messages[i + 1 + j] = result

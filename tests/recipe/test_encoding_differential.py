@@ -1,0 +1,323 @@
+"""Random conversations rendered and encoded by deepseek_recipe and by us give identical results.
+
+Prompt, special ranges, image sources and token ids, V4 and V4.1 (V4.1 ids with the assumed
+tokenizer). The default profile runs a quick sample; `-m slow` runs thousands.
+"""
+
+from __future__ import annotations
+
+import json
+
+import deepseek_recipe as dr
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vector_cases import (
+    TOKENIZER_PATH,
+    v4_tokenizer,
+    v41_assumed_tokenizer,
+    v41_assumed_tokenizer_json,
+)
+
+import deepwell.recipe as ours
+
+REF_V4_TOKENIZER = dr.Tokenizer.from_file(str(TOKENIZER_PATH))
+REF_V41_TOKENIZER = dr.Tokenizer.from_str(v41_assumed_tokenizer_json())
+
+SPELLINGS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜System｜>",
+    "<｜latest_reminder｜>",
+    "<think>",
+    "</think>",
+    "｜DSML｜",
+    "<｜image｜>",
+    "<｜ref｜>",
+    "<｜/ref｜>",
+    "<｜box｜>",
+    "<｜/box｜>",
+    "<｜point｜>",
+    "<｜/point｜>",
+    "<｜polygon｜>",
+    "<｜/polygon｜>",
+    "<tool_result>",
+    "</tool_result>",
+    "<|im_start|>",
+    "<｜place▁holder▁no▁799｜>",
+]
+FRAGMENTS = [
+    "\n",
+    "\n\n",
+    " ",
+    "  ",
+    "\t",
+    "hello",
+    " world",
+    "12345",
+    "3.14",
+    "深度求索",
+    "日本語のテキスト",
+    "한국어",
+    "😀",
+    "👩‍💻",
+    "é",
+    "\r\n",
+    '"quoted"',
+    "{}",
+    "’",
+    "\u200b",
+]
+
+text = st.lists(
+    st.one_of(
+        st.sampled_from(SPELLINGS),
+        st.sampled_from(FRAGMENTS),
+        st.text(max_size=12),
+        st.text(alphabet="ab 1\n<>/｜", max_size=8),
+    ),
+    max_size=6,
+).map("".join)
+
+CALL_IDS = ["a", "b", "c", "call_0", "z", "", "B", "é"]
+
+small_floats = st.sampled_from(
+    [1e-5, 2.5e-5, 1e-6, -2.5e-8, 1e-4, 0.1, 1.0, -0.0, 1e15, 1e16, 1e22, 1e-300, 5e-324]
+)
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    small_floats,
+    text,
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(text, inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+@st.composite
+def arguments(draw: st.DrawFn) -> str:
+    kind = draw(st.integers(0, 9))
+    if kind <= 3:
+        obj = draw(st.dictionaries(text, json_values, max_size=4))
+        separators = draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+        return json.dumps(obj, ensure_ascii=draw(st.booleans()), separators=separators)
+    if kind == 4:
+        return draw(
+            st.sampled_from(
+                [
+                    "",
+                    "{}",
+                    " {} ",
+                    "[1,2]",
+                    '"s"',
+                    "null",
+                    '{"x": NaN}',
+                    '{"x": Infinity}',
+                    '{"x": 1e400}',
+                    '{"x": -0}',
+                    '{"x": 12345678901234567890123}',
+                    '{"x": -9223372036854775809}',
+                    '{"a": 1, "b": 2, "a": 3}',
+                    '{"x": "\\ud800"}',
+                    '{"x": "\\ud83d\\ude00"}',
+                    '{"x": 1}x',
+                    "\ufeff{}",
+                    '{"x": 0.00001, "y": 1E5, "z": 123e-7}',
+                    '{"x":' + "[" * 126 + "]" * 126 + "}",
+                    '{"x":' + "[" * 127 + "]" * 127 + "}",
+                ]
+            )
+        )
+    if kind == 5:
+        return draw(text)
+    return json.dumps(
+        draw(st.dictionaries(st.sampled_from(["q", "n", "path"]), json_scalars, max_size=3))
+    )
+
+
+tool_definitions = st.builds(
+    lambda name, description, parameters, defer: {
+        "name": name,
+        "description": description,
+        "parameters": parameters,
+        "defer_loading": defer,
+    },
+    st.sampled_from(["f", "get_weather", "g-2", "search"]),
+    st.one_of(st.none(), text),
+    st.one_of(st.none(), st.dictionaries(text, json_values, max_size=3)),
+    st.booleans(),
+)
+
+
+@st.composite
+def message(draw: st.DrawFn) -> dict:
+    role = draw(
+        st.sampled_from(
+            ["system", "user", "user", "assistant", "assistant", "tool", "tool", "latest_reminder"]
+        )
+    )
+    spec = {"role": role, "content": draw(text)}
+    if role in ("system", "user", "tool"):
+        spec["images"] = draw(st.integers(0, 2))
+    if role == "system":
+        spec["tools"] = draw(st.one_of(st.none(), st.lists(tool_definitions, max_size=2)))
+    if role == "tool":
+        spec["tool_call_id"] = draw(st.one_of(st.none(), st.sampled_from(CALL_IDS)))
+    if role == "assistant":
+        spec["reasoning_content"] = draw(st.one_of(st.none(), st.just(""), text))
+        spec["tool_calls"] = draw(
+            st.one_of(
+                st.none(),
+                st.lists(
+                    st.tuples(st.sampled_from(CALL_IDS), st.sampled_from(["f", "g"]), arguments()),
+                    max_size=3,
+                ),
+            )
+        )
+        spec["prefix"] = draw(st.booleans())
+    return spec
+
+
+@st.composite
+def protocol_tool_round(draw: st.DrawFn) -> list[dict]:
+    """An assistant with calls and one result per call, in any order: what conversion allows."""
+    ids = draw(st.lists(st.sampled_from(CALL_IDS), min_size=1, max_size=3, unique=True))
+    calls = [(i, draw(st.sampled_from(["f", "g"])), draw(arguments())) for i in ids]
+    assistant = {
+        "role": "assistant",
+        "content": draw(text),
+        "reasoning_content": draw(st.one_of(st.none(), st.just(""), text)),
+        "tool_calls": calls,
+        "prefix": False,
+    }
+    results = draw(st.permutations(ids))
+    tools = [
+        {
+            "role": "tool",
+            "content": draw(text),
+            "tool_call_id": i,
+            "images": draw(st.integers(0, 1)),
+        }
+        for i in results
+    ]
+    return [assistant, *tools]
+
+
+conversations = st.fixed_dictionaries(
+    {
+        "messages": st.lists(
+            st.one_of(message().map(lambda m: [m]), protocol_tool_round()), max_size=7
+        ).map(lambda groups: [m for g in groups for m in g]),
+        "thinking_mode": st.booleans(),
+        "tools": st.lists(tool_definitions, max_size=2),
+        "tool_choice": st.sampled_from(["auto", "none", "required"]),
+        "reasoning_effort": st.sampled_from([None, "low", "high", "xhigh", "max"]),
+        "format": st.sampled_from(["text", "json_object", "schema", "regex"]),
+        "schema": st.dictionaries(text, json_values, max_size=2),
+    }
+)
+
+
+def build(module, spec: dict):
+    """The same conversation as objects of `module` (deepseek_recipe or deepwell.recipe)."""
+
+    def tool(t: dict):
+        return module.ToolDefinition(
+            t["name"], t["description"], t["parameters"], defer_loading=t["defer_loading"]
+        )
+
+    def images(n: int) -> list:
+        return [module.UrlImageSource(f"https://example.invalid/{i}.png") for i in range(n)]
+
+    messages = []
+    for m in spec["messages"]:
+        role, content = m["role"], m["content"]
+        if role == "system":
+            tools = None if m["tools"] is None else [tool(t) for t in m["tools"]]
+            messages.append(module.SystemMessage(content, images(m["images"]), tools))
+        elif role == "user":
+            messages.append(module.UserMessage(content, images(m["images"])))
+        elif role == "tool":
+            messages.append(module.ToolMessage(content, m["tool_call_id"], images(m["images"])))
+        elif role == "latest_reminder":
+            messages.append(module.LatestReminderMessage(content))
+        else:
+            calls = m["tool_calls"]
+            messages.append(
+                module.AssistantMessage(
+                    content,
+                    m["reasoning_content"],
+                    None if calls is None else [module.ToolCall(*c) for c in calls],
+                    m["prefix"],
+                )
+            )
+    fmt = spec["format"]
+    return module.Conversation(
+        messages,
+        thinking_mode=spec["thinking_mode"],
+        tools=[tool(t) for t in spec["tools"]],
+        tool_choice=spec["tool_choice"],
+        reasoning_effort=spec["reasoning_effort"],
+        response_format="json_object" if fmt == "json_object" else "text",
+        response_schema=spec["schema"] if fmt == "schema" else None,
+        response_regex="[a-z]+" if fmt == "regex" else None,
+    )
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except (RuntimeError, ValueError) as error:
+        return ("error", type(error).__name__, str(error))
+
+
+def _rendered(encoding, conv) -> tuple:
+    r = encoding.render_conversation(conv)
+    return r.prompt, [tuple(x) for x in r.special_ranges], [s.url for s in r.image_sources]
+
+
+def check_same(spec: dict) -> None:
+    reference_conv = build(dr, spec)
+    our_conv = build(ours, spec)
+    pairs = [
+        (dr.DeepseekV4Encoding(), ours.DeepseekV4Encoding(), REF_V4_TOKENIZER, v4_tokenizer()),
+        (
+            dr.DeepseekV41Encoding(),
+            ours.DeepseekV41Encoding(),
+            REF_V41_TOKENIZER,
+            v41_assumed_tokenizer(),
+        ),
+    ]
+    for reference, mine, reference_tokenizer, our_tokenizer in pairs:
+        assert _rendered(mine, our_conv) == _rendered(reference, reference_conv)
+        assert _outcome(lambda m=mine, t=our_tokenizer: m.with_tokenizer(t).encode(our_conv)) == (
+            _outcome(
+                lambda r=reference, t=reference_tokenizer: r.with_tokenizer(t).encode(
+                    reference_conv
+                )
+            )
+        )
+
+
+QUICK = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+THOROUGH = settings(max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@QUICK
+@given(conversations)
+def test_random_conversations_render_and_encode_like_reference(spec: dict) -> None:
+    check_same(spec)
+
+
+@pytest.mark.slow
+@THOROUGH
+@given(conversations)
+def test_random_conversations_render_and_encode_like_reference_thoroughly(spec: dict) -> None:
+    check_same(spec)
