@@ -1,0 +1,241 @@
+"""The `deepwell` command line: one small function per subcommand, all listed in COMMANDS.
+
+Subcommands import what they need when they run, so `deepwell render` never loads torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, one-line help, how it adds its arguments, what it runs."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# --- render ---
+
+DIALECTS = ("chat", "responses", "messages")
+# ANSI bold cyan around control tokens when stdout is a terminal.
+_HIGHLIGHT_ON, _HIGHLIGHT_OFF = "\x1b[1;36m", "\x1b[0m"
+# Top-level fields and content blocks only Anthropic Messages requests have.
+_MESSAGES_ONLY_FIELDS = ("system", "stop_sequences", "top_k", "anthropic_version")
+_MESSAGES_ONLY_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
+
+
+def _configure_render(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "file",
+        nargs="?",
+        default="-",
+        metavar="FILE|-",
+        help="request body as JSON (default: read standard input)",
+    )
+    parser.add_argument(
+        "--dialect",
+        choices=DIALECTS,
+        help="request dialect (default: from the body: `input` → responses; a top-level "
+        "`system`/`stop_sequences`/`top_k` or tool_use/tool_result/thinking blocks → "
+        "messages; otherwise chat)",
+    )
+    parser.add_argument(
+        "--v41",
+        action="store_true",
+        help="render with the DeepSeek V4.1 encoding whatever the model (default: the "
+        "encoding of the request's model)",
+    )
+    parser.add_argument(
+        "--ids", action="store_true", help="print token ids (a JSON list) instead of the text"
+    )
+    parser.add_argument(
+        "--tokenizer", metavar="PATH", help="tokenizer.json to encode with (needed by --ids)"
+    )
+
+
+def detect_dialect(body: object) -> str:
+    """Guess a request's dialect from its shape (see `deepwell render --help`)."""
+    if not isinstance(body, dict):
+        return "chat"
+    if "input" in body and "messages" not in body:
+        return "responses"
+    if any(field in body for field in _MESSAGES_ONLY_FIELDS):
+        return "messages"
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(block, dict) and block.get("type") in _MESSAGES_ONLY_BLOCKS
+            for block in content
+        ):
+            return "messages"
+    return "chat"
+
+
+def highlight(prompt: str, special_ranges: list[tuple[int, int]]) -> str:
+    """The prompt with each control token wrapped in ANSI colour."""
+    out: list[str] = []
+    at = 0
+    for start, end in special_ranges:
+        out += [prompt[at:start], _HIGHLIGHT_ON, prompt[start:end], _HIGHLIGHT_OFF]
+        at = end
+    out.append(prompt[at:])
+    return "".join(out)
+
+
+def _read_input(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as file:
+        return file.read()
+
+
+def _error_body(dialect: str, message: str) -> str:
+    from deepwell.serve.errors import ErrorShape, error_object
+
+    shape = ErrorShape.ANTHROPIC if dialect == "messages" else ErrorShape.OPENAI
+    return json.dumps(error_object(shape, 400, message), ensure_ascii=False)
+
+
+def _run_render(args: argparse.Namespace) -> int:
+    from deepwell import recipe
+
+    if args.ids and not args.tokenizer:
+        print("deepwell render: --ids needs --tokenizer PATH", file=sys.stderr)
+        return 2
+    text = _read_input(args.file)
+    if args.dialect:
+        dialect = args.dialect
+    else:
+        try:
+            dialect = detect_dialect(json.loads(text))
+        except ValueError:
+            dialect = "chat"  # the request class reports the syntax error below
+    request_class = {
+        "chat": recipe.ChatCompletionRequest,
+        "responses": recipe.ResponsesRequest,
+        "messages": recipe.MessagesRequest,
+    }[dialect]
+    try:
+        converted = request_class(text).convert(recipe.ConversionOptions())
+    except recipe.ConversionError as error:
+        body = error.body if dialect != "messages" else _error_body(dialect, error.message)
+        print(body, file=sys.stderr)
+        return 2
+    except ValueError as error:
+        print(_error_body(dialect, str(error)), file=sys.stderr)
+        return 2
+    v41 = args.v41 or converted.model_version is recipe.ModelVersion.DeepseekV41Flash
+    encoding = recipe.DeepseekV41Encoding() if v41 else recipe.DeepseekV4Encoding()
+    if args.ids:
+        try:
+            tokenizer = recipe.Tokenizer.from_file(args.tokenizer)
+            ids = encoding.with_tokenizer(tokenizer).encode(converted.conversation)
+        except RuntimeError as error:  # unreadable tokenizer, or a control token it lacks
+            print(f"deepwell render: {error}", file=sys.stderr)
+            return 1
+        print(json.dumps(ids))
+        return 0
+    rendered = encoding.render_conversation(converted.conversation)
+    _write_prompt(sys.stdout, rendered.prompt, rendered.special_ranges)
+    return 0
+
+
+def _write_prompt(stream: TextIO, prompt: str, special_ranges: list[tuple[int, int]]) -> None:
+    if stream.isatty():
+        prompt = highlight(prompt, special_ranges)
+    stream.write(prompt)
+    if stream.isatty():
+        stream.write("\n")
+
+
+# --- tokenize ---
+
+
+def _configure_tokenize(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "text",
+        nargs="?",
+        default="-",
+        metavar="TEXT|-",
+        help="text to tokenize, or ids to decode with --decode (default: standard input)",
+    )
+    parser.add_argument("--tokenizer", metavar="PATH", required=True, help="tokenizer.json")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--plain",
+        action="store_true",
+        help="tokenize with the added vocabulary removed, as prompt text is "
+        "(control-token spellings stay ordinary text)",
+    )
+    mode.add_argument(
+        "--decode",
+        action="store_true",
+        help="read token ids (JSON list or whitespace-separated) and print the text",
+    )
+
+
+def _run_tokenize(args: argparse.Namespace) -> int:
+    from deepwell.recipe import Tokenizer
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    try:
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    except RuntimeError as error:
+        print(f"deepwell tokenize: {error}", file=sys.stderr)
+        return 1
+    if args.decode:
+        stripped = text.strip()
+        ids = json.loads(stripped) if stripped.startswith("[") else [int(t) for t in text.split()]
+        sys.stdout.write(tokenizer.decode(ids))
+        return 0
+    ids = tokenizer.encode_plain([text])[0] if args.plain else tokenizer.encode(text)
+    print(json.dumps(ids))
+    return 0
+
+
+# Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
+# one line here.
+COMMANDS: list[Command] = [
+    Command(
+        "render",
+        "show the prompt a request renders to (control tokens highlighted on a terminal)",
+        _configure_render,
+        _run_render,
+    ),
+    Command(
+        "tokenize",
+        "encode text with a tokenizer.json (or decode ids)",
+        _configure_tokenize,
+        _run_tokenize,
+    ),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deepwell", description="Serve DeepSeek models behind the OpenAI and Anthropic APIs."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(sub)
+        sub.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
