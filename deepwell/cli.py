@@ -202,9 +202,30 @@ def _run_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve ---
+
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    from deepwell.serve.settings import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from deepwell.serve.launcher import run
+
+    return run(args)
+
+
 # Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
 # one line here.
 COMMANDS: list[Command] = [
+    Command(
+        "serve",
+        "serve a model over HTTP: OpenAI Chat Completions and Responses, Anthropic Messages",
+        _configure_serve,
+        _run_serve,
+    ),
     Command(
         "render",
         "show the prompt a request renders to (control tokens highlighted on a terminal)",

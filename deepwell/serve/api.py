@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
@@ -43,21 +42,9 @@ from deepwell.serve.frontend import (
 from deepwell.serve.messages import WorkerStats
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
+from deepwell.serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """Limits and credentials of one HTTP process."""
-
-    # Empty: no authentication.
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = 32 * 1024 * 1024
-    # Requests admitted at once (running, queued in the engine, or being converted);
-    # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
-    max_pending_requests: int = 1024
-    retry_after_seconds: int = 1
 
 
 class _Admission:
@@ -236,6 +223,14 @@ def create_app(
             admission.leave()
             timer.finish(route.path, outcome)
 
+    async def internal_error(request: Request, error: Exception) -> Response:
+        # A bug, not bad input: still answer in the route's shape, and log it.
+        logger.error("unhandled error on %s", request.url.path, exc_info=error)
+        shape = _shape_of(request.url.path)
+        return error_response(shape, ApiError(500, f"Internal error: {type(error).__name__}"))
+
+    app.add_exception_handler(Exception, internal_error)
+
     @app.post(CHAT.path)
     async def chat_completions(request: Request) -> Response:
         return await generate(CHAT, request)
@@ -303,6 +298,10 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _shape_of(path: str) -> ErrorShape:
+    return ErrorShape.ANTHROPIC if path.startswith(MESSAGES.path) else ErrorShape.OPENAI
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from deepwell.recipe import InferenceChunk, InferenceFinishReason
-from deepwell.serve.api import ServeSettings, create_app
+from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineUnavailable
 from deepwell.serve.model import ServedModel, mock_model
+from deepwell.serve.settings import ServeSettings
 
 MODEL = "DeepSeek-V4.1-Flash"
 CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
@@ -246,3 +247,24 @@ def test_an_engine_failure_mid_stream_ends_with_an_error_event():
 @pytest.mark.parametrize("path", ["/v1/models", "/health", "/metrics"])
 def test_read_only_routes_answer(path):
     assert call(create_app(), "GET", path).status_code == 200
+
+
+def test_an_internal_error_is_a_500_in_the_routes_shape():
+    def broken(conversation):
+        raise KeyError("bug")
+
+    model = ServedModel(
+        names=(MODEL,),
+        conversion_options=mock_model().conversion_options,
+        context_limit=100,
+        encoder=broken,
+    )
+    app = create_app(model=model)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+
+    async def run():
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/messages", json=MESSAGES_BODY)
+
+    error = anthropic_error(asyncio.run(run()), 500)
+    assert error == {"type": "api_error", "message": "Internal error: KeyError"}

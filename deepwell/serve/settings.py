@@ -1,0 +1,66 @@
+"""What one `deepwell serve` is configured with, and the command-line options that set it.
+
+Kept free of heavy imports so that building the `deepwell` parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Limits and credentials of one HTTP process."""
+
+    # Empty: no authentication.
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Requests admitted at once (running, queued in the engine, or being converted);
+    # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
+    max_pending_requests: int = 1024
+    retry_after_seconds: int = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `deepwell serve`."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file or model directory (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept this key (repeatable); without one, no authentication",
+    )
+    parser.add_argument(
+        "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
+    )
+    defaults = ServeSettings()
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument(
+        "--max-pending-requests",
+        type=int,
+        default=defaults.max_pending_requests,
+        help="requests admitted at once; more get 429 with Retry-After",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may take to finish on shutdown before being aborted",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="engine batch size limit")
+    parser.add_argument(
+        "--memory-gib", type=float, default=4.0, help="memory for weights plus KV cache"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )

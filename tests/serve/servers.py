@@ -1,0 +1,100 @@
+"""Start and stop real `deepwell serve` processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+DEEPWELL = str(Path(sys.executable).parent / "deepwell")
+REPO = Path(__file__).resolve().parents[2]
+MODEL_LOAD_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct child processes of `pid`, read from /proc."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    base_url: str
+    log: Path
+
+    @property
+    def model(self) -> str:
+        return httpx.get(f"{self.base_url}/v1/models").json()["data"][0]["id"]
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the server, wait for it, and check that it left no process behind."""
+        workers = children_of(self.process.pid)
+        self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        deadline = time.monotonic() + 5
+        while any(is_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in workers if is_running(pid)]
+        assert not left, f"processes left behind: {left}"
+        return code
+
+
+def start_server(tmp_path: Path, *args: str, timeout: float = MODEL_LOAD_TIMEOUT_S) -> Server:
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [DEEPWELL, "serve", "--port", str(port), *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"deepwell serve exited with {process.returncode}:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail(f"deepwell serve not ready after {timeout} s:\n{server.output()}")
