@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.errors import InvalidRequestError, MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.kv.slot_pool import num_slots_for
@@ -71,6 +71,11 @@ class EngineCore:
             dtype=args.torch_dtype,
             max_model_len=self.max_model_len,
         )
+        if num_blocks * args.block_size < self.max_model_len:
+            raise MemoryBudgetError(
+                f"{num_blocks} KV blocks of {args.block_size} tokens cannot hold one "
+                f"{self.max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
+            )
         kv_cache = KVCache.allocate(
             layout, num_blocks, args.block_size, num_slots, args.torch_dtype
         )

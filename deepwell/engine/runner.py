@@ -71,12 +71,14 @@ class ModelRunner:
         width = max((len(t) for t in decode_tables), default=0)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
         lens = torch.tensor(decode_lens, dtype=torch.long)
-        decode_mask = (torch.arange(width * bs).unsqueeze(0) < lens.unsqueeze(1))[:, None, None]
+        padding = torch.arange(width * bs).unsqueeze(0) >= lens.unsqueeze(1)
+        slot_tensor = torch.tensor(slots, dtype=torch.long)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            slot_blocks=slot_tensor // bs,
+            slot_offsets=slot_tensor % bs,
             num_decodes=len(decode_tables),
             decode_block_tables=tables.view(len(decode_tables), width),
-            decode_mask=decode_mask,
+            decode_padding=padding[:, None, None],
             prefills=prefills,
         )
         return (

@@ -17,7 +17,7 @@ ACTIVATION_RESERVE = 0.15
 
 @dataclass
 class KVCache:
-    # spec name → one tensor per layer: [num_blocks, entries_per_block, *entry_shape]
+    # spec name → one tensor per layer: [num_blocks, *spec.block_shape(block_size)]
     paged: dict[str, list[torch.Tensor]]
     # spec name → one tensor per layer: [num_slots, rows, *entry_shape]
     rings: dict[str, list[torch.Tensor]]
@@ -38,10 +38,7 @@ class KVCache:
 
         return cls(
             paged={
-                s.name: [
-                    zeros(num_blocks, s.entries_per_block(block_size), *s.entry_shape)
-                    for _ in range(s.num_layers)
-                ]
+                s.name: [zeros(num_blocks, *s.block_shape(block_size)) for _ in range(s.num_layers)]
                 for s in layout.paged
             },
             rings={

@@ -19,12 +19,21 @@ class PagedSpec:
 
     name: str
     num_layers: int
-    # Shape of one entry in one layer, e.g. (2, kv_heads, head_dim) for K and V.
+    # Shape of one entry in one layer, e.g. (kv_heads, head_dim) for attention keys.
     entry_shape: tuple[int, ...]
     compress_ratio: int = 1
+    # Where a block's entry axis sits among the entry dims: 0 is token-major; 1 after a
+    # head axis makes each head's rows of a block contiguous, which CPU attention wants.
+    entry_axis: int = 0
 
     def entries_per_block(self, block_size: int) -> int:
         return block_size // self.compress_ratio
+
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        """Shape of one block of one layer."""
+        dims = list(self.entry_shape)
+        dims.insert(self.entry_axis, self.entries_per_block(block_size))
+        return tuple(dims)
 
 
 @dataclass(frozen=True)

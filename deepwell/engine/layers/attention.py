@@ -31,13 +31,14 @@ class AttentionMetadata:
     Decode rows come first (one token per sequence), then prefill spans; built once per step.
     """
 
-    # Flat cache slot (block_id * block_size + offset) of every token of the step.
-    slot_mapping: torch.Tensor
+    # Block id and offset in the block of every token of the step.
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
     num_decodes: int
     # [num_decodes, max_blocks] block ids, padded with block 0.
     decode_block_tables: torch.Tensor
-    # [num_decodes, 1, 1, max_blocks * block_size] True where a key is part of the context.
-    decode_mask: torch.Tensor
+    # [num_decodes, 1, 1, max_blocks * block_size] True where a key is padding, not context.
+    decode_padding: torch.Tensor
     prefills: list[PrefillSpan]
 
 
@@ -53,11 +54,12 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Store k, v of the step's tokens in `kv_cache`, then attend.
+        """Store k, v of the step's tokens in the caches, then attend.
 
         q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim];
-        kv_cache: [num_blocks, block_size, 2, kv_heads, head_dim]. Returns q's shape.
+        caches: [num_blocks, kv_heads, block_size, head_dim]. Returns q's shape.
         """

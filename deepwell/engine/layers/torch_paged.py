@@ -1,7 +1,8 @@
 """Paged attention on CPU in plain torch: scatter new K/V by slot, gather by block table.
 
-Decodes run as one batched SDPA (queries of a KV head folded into the query axis, so no
-K/V repeat for GQA); each prefill chunk runs its own SDPA.
+Decodes run batched and block-wise: keys are gathered as whole head-major blocks (one
+memcpy per block) and scored block by block, so no further copy of K/V is needed; each
+prefill chunk runs its own SDPA.
 """
 
 import torch
@@ -14,20 +15,24 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.group = num_heads // num_kv_heads
+        self.scale = head_dim**-0.5
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        num_blocks, block_size = kv_cache.shape[:2]
-        flat_cache = kv_cache.view(num_blocks * block_size, *kv_cache.shape[2:])
-        flat_cache.index_copy_(0, meta.slot_mapping, torch.stack((k, v), dim=1))
+    def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
+        value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
+        if not meta.prefills:
+            return self._decode(q, key_cache, value_cache, meta)
         out = torch.empty_like(q)
         if meta.num_decodes:
-            out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], kv_cache, meta)
+            decodes = q[: meta.num_decodes]
+            out[: meta.num_decodes] = self._decode(decodes, key_cache, value_cache, meta)
         for span in meta.prefills:
             rows = slice(span.start, span.start + span.length)
             if span.mask is None:
                 keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
             else:
-                keys, values = self._gather(kv_cache, span.block_table, span.context_len)
+                keys = _gather(key_cache, span.block_table, span.context_len)
+                values = _gather(value_cache, span.block_table, span.context_len)
             out[rows] = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1),
                 keys,
@@ -38,15 +43,28 @@ class TorchPagedAttention(AttentionBackend):
             ).transpose(0, 1)
         return out
 
-    def _gather(self, kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int):
-        kv = kv_cache[block_table].flatten(0, 1)[:context_len]  # [ctx, 2, kv_heads, dim]
-        return kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
-
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata):
-        batch = q.shape[0]
-        kv = kv_cache[meta.decode_block_tables].flatten(1, 2)  # [B, L, 2, kv_heads, dim]
-        keys = kv[:, :, 0].transpose(1, 2)
-        values = kv[:, :, 1].transpose(1, 2)
-        grouped = q.view(batch, self.num_kv_heads, self.group, self.head_dim)
-        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=meta.decode_mask)
+    def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        tables = meta.decode_block_tables
+        batch, num_blocks = tables.shape
+        kv_heads, block_size = key_cache.shape[1:3]
+        ids = tables.flatten()
+        # [batch, blocks, kv_heads, block_size, head_dim]
+        keys = key_cache.index_select(0, ids).view(batch, num_blocks, kv_heads, block_size, -1)
+        values = value_cache.index_select(0, ids).view(batch, num_blocks, kv_heads, block_size, -1)
+        # A KV head's query heads are folded into one [group, head_dim] matrix (GQA).
+        grouped = (q * self.scale).view(batch, 1, kv_heads, self.group, self.head_dim)
+        scores = torch.matmul(grouped, keys.transpose(-1, -2))  # [b, blocks, kvh, group, bs]
+        scores = scores.float().permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, self.group, -1)
+        scores.masked_fill_(meta.decode_padding, float("-inf"))
+        probs = scores.softmax(dim=-1).to(q.dtype)
+        probs = probs.view(batch, kv_heads, self.group, num_blocks, block_size).permute(
+            0, 3, 1, 2, 4
+        )
+        out = torch.matmul(probs, values).sum(dim=1)  # [b, kvh, group, head_dim]
         return out.reshape(batch, self.num_heads, self.head_dim)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """[kv_heads, context_len, head_dim] of one sequence."""
+    blocks = cache.index_select(0, block_table)  # [blocks, kv_heads, block_size, head_dim]
+    return blocks.transpose(0, 1).flatten(1, 2)[:, :context_len]

@@ -15,7 +15,7 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout, PagedSpec
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
 from deepwell.engine.layers.norm import RMSNorm
-from deepwell.engine.layers.rotary import RotaryEmbedding
+from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class LlamaConfig:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: LlamaConfig, backend: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -68,15 +68,14 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.backend = backend
-        self.rotary = rotary
 
-    def forward(self, x, positions, meta: AttentionMetadata, kv_cache: torch.Tensor):
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta, kv_cache):
+        qk, v = self.qkv_proj(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
+        # q and k heads share positions, so rotate them in one go.
+        qk = apply_rotary(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), *rope)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v, kv_cache, meta)
+        out = self.backend.forward(q, k, v, *kv_cache, meta)
         return self.o_proj(out.flatten(1))
 
 
@@ -92,15 +91,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, backend: AttentionBackend, rotary: RotaryEmbedding):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, backend, rotary)
+        self.self_attn = LlamaAttention(config, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+    def forward(self, x, rope, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -115,12 +114,12 @@ class LlamaForCausalLM(nn.Module):
         backend = backend_class(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim
         )
-        rotary = RotaryEmbedding(
+        self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, dtype
         )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, backend, rotary) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, backend) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -129,13 +128,20 @@ class LlamaForCausalLM(nn.Module):
 
     def kv_layout(self) -> KVLayout:
         c = self.config
-        entry = (2, c.num_key_value_heads, c.head_dim)
-        return KVLayout(paged=(PagedSpec("attention", c.num_hidden_layers, entry),))
+        entry = (c.num_key_value_heads, c.head_dim)
+        return KVLayout(
+            paged=(
+                PagedSpec("key", c.num_hidden_layers, entry, entry_axis=1),
+                PagedSpec("value", c.num_hidden_layers, entry, entry_axis=1),
+            )
+        )
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: KVCache):
         x = self.embed_tokens(input_ids)
-        for layer, layer_cache in zip(self.layers, kv_cache.paged["attention"], strict=True):
-            x = layer(x, positions, meta, layer_cache)
+        rope = self.rotary.lookup(positions)
+        caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            x = layer(x, rope, meta, layer_cache)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""Sampler behaviour on hand-made logits, and sampling options end to end on the tiny model."""
+
+import math
+
+import torch
+
+from deepwell.engine import SamplingParams
+from deepwell.engine.request import Request
+from deepwell.engine.sampling import Sampler
+
+from .tiny_llama import run_to_completion
+
+VOCAB = 8
+
+
+def request(prompt=(1, 2, 3), output=(), **params) -> Request:
+    sampling = SamplingParams(**params)
+    seed = sampling.seed if sampling.seed is not None else 0
+    r = Request("r", list(prompt), sampling, frozenset(), torch.Generator().manual_seed(seed))
+    r.token_ids += list(output)
+    return r
+
+
+def logits(*rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_greedy_takes_the_argmax():
+    tokens, logprobs = Sampler()(logits([0, 1, 5, 2], [9, 1, 0, 0]), [request(temperature=0)] * 2)
+    assert tokens == [2, 0] and logprobs == [None, None]
+
+
+def test_top_k_one_top_p_tiny_and_min_p_one_all_reduce_to_the_argmax():
+    row = [0.5, 2.0, 1.9, -1.0]
+    for params in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        for seed in range(20):
+            tokens, _ = Sampler()(logits(row), [request(seed=seed, **params)])
+            assert tokens == [1], params
+
+
+def test_top_k_keeps_only_the_k_best():
+    row = [3.0, 2.9, 2.8, -5.0, 2.7]
+    seen = {Sampler()(logits(row), [request(seed=s, top_k=2)])[0][0] for s in range(60)}
+    assert seen == {0, 1}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # probabilities 0.5, 0.3, 0.2 → top_p 0.7 keeps the first two
+    row = [math.log(0.5), math.log(0.3), math.log(0.2)]
+    seen = {Sampler()(logits(row), [request(seed=s, top_p=0.7)])[0][0] for s in range(80)}
+    assert seen == {0, 1}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    row = [math.log(0.6), math.log(0.3), math.log(0.1)]
+    seen = {Sampler()(logits(row), [request(seed=s, min_p=0.4)])[0][0] for s in range(80)}
+    assert seen == {0, 1}
+
+
+def test_seeded_sample_does_not_depend_on_batch_neighbours():
+    row = [0.1 * i for i in range(VOCAB)]
+    alone = [Sampler()(logits(row), [request(seed=s, temperature=1.5)])[0][0] for s in range(10)]
+    batched = [
+        Sampler()(
+            logits([5.0] * VOCAB, row, row[::-1]),
+            [request(temperature=0), request(seed=s, temperature=1.5), request(seed=99)],
+        )[0][1]
+        for s in range(10)
+    ]
+    assert alone == batched
+    assert len(set(alone)) > 1
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    # token 0 is seen with a positive logit, token 1 seen with a negative one.
+    row = [2.0, -1.0, 1.5, -1.2]
+    r = request(prompt=(0, 1), repetition_penalty=2.0, temperature=0)
+    tokens, _ = Sampler()(logits(row), [r])
+    assert tokens == [2]  # 2.0 → 1.0 drops below 1.5
+
+
+def test_presence_and_frequency_penalties_count_only_output_tokens():
+    row = [3.0, 2.5, 0.0]
+    in_prompt = request(prompt=(0, 0, 0), frequency_penalty=1.0, temperature=0)
+    assert Sampler()(logits(row), [in_prompt])[0] == [0]
+    in_output = request(output=(0,), frequency_penalty=1.0, temperature=0)
+    assert Sampler()(logits(row), [in_output])[0] == [1]
+    presence = request(output=(0, 0), presence_penalty=0.6, temperature=0)
+    assert Sampler()(logits(row), [presence])[0] == [1]
+
+
+def test_logprobs_are_the_raw_distribution_with_top_alternatives():
+    row = [1.0, 3.0, 2.0, 0.0]
+    r = request(temperature=0, logprobs=True, top_logprobs=2)
+    tokens, (lp,) = Sampler()(logits(row), [r])
+    expected = torch.log_softmax(logits(row), -1)[0]
+    assert tokens == [1] and lp.token_id == 1
+    assert math.isclose(lp.logprob, expected[1].item(), rel_tol=1e-6)
+    assert [t for t, _ in lp.top] == [1, 2]
+    assert math.isclose(lp.top[1][1], expected[2].item(), rel_tol=1e-6)
+
+
+def test_max_tokens_stop_ids_and_ignore_eos_end_requests(make_core):
+    core = make_core()
+    prompt = list(range(3, 40))
+    core.add_request("free", prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    first = run_to_completion(core)["free"]
+    assert len(first) == 12
+    stop_at = first[4]
+    core.add_request(
+        "stopped", prompt, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_at])
+    )
+    stopped = run_to_completion(core)["stopped"]
+    assert stopped == first[: first.index(stop_at) + 1]
+
+
+def test_eos_ends_a_request_unless_ignore_eos(make_core):
+    core = make_core()
+    eos = 2
+    core.add_request("a", [5, 6, 7], SamplingParams(max_tokens=50, temperature=0))
+    core.add_request("b", [5, 6, 7], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    out = run_to_completion(core)
+    assert eos not in out["a"][:-1]
+    assert len(out["b"]) == 50
+    if eos in out["b"]:
+        assert out["a"] == out["b"][: out["b"].index(eos) + 1]
+
+
+def test_seeded_requests_repeat_exactly_and_logprobs_flow_through(make_core):
+    core = make_core()
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, logprobs=True)
+    core.add_request("x", list(range(3, 20)), params)
+    core.add_request("noise", list(range(30, 60)), SamplingParams(max_tokens=9, seed=1))
+    x = run_to_completion(core)["x"]
+    core.add_request("y", list(range(3, 20)), params)
+    assert run_to_completion(core)["y"] == x
