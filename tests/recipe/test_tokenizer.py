@@ -94,3 +94,15 @@ def test_joined_token_bytes_equal_the_utf8_text(text: str) -> None:
     ids = tokenizer.encode_plain([text])[0]
     assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8", "surrogatepass")
     assert tokenizer.decode(ids) == text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def test_remembered_runs_give_the_same_ids_and_fresh_lists() -> None:
+    tokenizer = v4_tokenizer()
+    long_text = "深度求索 tokenizer cache " * 40
+    first = tokenizer.encode_plain([long_text, "short"])
+    again = tokenizer.encode_plain([long_text, "short"])
+    assert again == first
+    again[0].append(-1)  # callers own the lists they get back
+    assert tokenizer.encode_plain([long_text])[0] == first[0]
+    tokenizer.clear_cache()
+    assert tokenizer.encode_plain([long_text])[0] == first[0]

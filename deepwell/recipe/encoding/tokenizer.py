@@ -7,10 +7,55 @@ vocabulary emptied, so user-typed control spellings stay ordinary text (spec/rec
 from __future__ import annotations
 
 import json
+import threading
+from array import array
+from collections import OrderedDict
 from functools import cached_property
 from pathlib import Path
 
 import tokenizers
+
+# Plain runs at least this long are remembered: chat clients resend the whole history each
+# turn, so most of a long prompt's text was tokenized for the previous request.
+CACHE_MIN_CHARS = 256
+CACHE_MAX_TOKENS = 4_000_000  # ~16 MB of ids
+
+
+class _RunCache:
+    """Least-recently-used plain runs and their ids (4 bytes per id), bounded in tokens."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self._max_tokens = max_tokens
+        self._tokens = 0
+        self._runs: OrderedDict[str, array] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> list[int] | None:
+        with self._lock:
+            ids = self._runs.get(text)
+            if ids is None:
+                return None
+            self._runs.move_to_end(text)
+        return ids.tolist()
+
+    def put(self, text: str, ids: list[int]) -> None:
+        if len(ids) > self._max_tokens:
+            return
+        packed = array("I", ids)
+        with self._lock:
+            previous = self._runs.pop(text, None)
+            if previous is not None:
+                self._tokens -= len(previous)
+            self._runs[text] = packed
+            self._tokens += len(packed)
+            while self._tokens > self._max_tokens:
+                _, evicted = self._runs.popitem(last=False)
+                self._tokens -= len(evicted)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._runs.clear()
+            self._tokens = 0
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -37,6 +82,7 @@ class Tokenizer:
     def __init__(self, full: tokenizers.Tokenizer, json_text: str) -> None:
         self._full = full
         self._json_text = json_text
+        self._runs = _RunCache(CACHE_MAX_TOKENS)
         self._special_ids = {
             added.content: token_id for token_id, added in full.get_added_tokens_decoder().items()
         }
@@ -74,8 +120,28 @@ class Tokenizer:
         return self._full.encode(text, add_special_tokens=False).ids
 
     def encode_plain(self, texts: list[str]) -> list[list[int]]:
-        """Tokenize each text with no added vocabulary, in one parallel batch."""
-        return [e.ids for e in self._plain.encode_batch_fast(texts, add_special_tokens=False)]
+        """Tokenize each text with no added vocabulary; long runs seen lately come from a cache,
+        the rest go to the Rust tokenizer as one batch, encoded in parallel."""
+        out: list[list[int] | None] = [None] * len(texts)
+        missing: list[int] = []
+        for i, text in enumerate(texts):
+            if len(text) >= CACHE_MIN_CHARS:
+                out[i] = self._runs.get(text)
+            if out[i] is None:
+                missing.append(i)
+        batch = [texts[i] for i in missing]
+        for i, encoding in zip(
+            missing, self._plain.encode_batch_fast(batch, add_special_tokens=False), strict=True
+        ):
+            ids = encoding.ids
+            out[i] = ids
+            if len(texts[i]) >= CACHE_MIN_CHARS:
+                self._runs.put(texts[i], ids)
+        return out
+
+    def clear_cache(self) -> None:
+        """Forget remembered plain runs (for cold-start measurements)."""
+        self._runs.clear()
 
     def special_token_id(self, spelling: str) -> int | None:
         """The id of the added token spelled exactly `spelling`, if there is one."""
