@@ -231,7 +231,9 @@ class ChatCompletionRequest(ProtocolRequest):
     def chunk_generator(
         conversation_request: ConversationRequest, id: str, model: str
     ) -> ChatCompletionChunkGenerator:
-        return ChatCompletionChunkGenerator(id, model)
+        return ChatCompletionChunkGenerator(
+            id, model, conversation_request.parsing_options.thinking_initial_stage
+        )
 
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:

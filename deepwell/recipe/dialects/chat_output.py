@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from json.encoder import encode_basestring as _quote
 
+from deepwell.recipe.options import ThinkingInitialStage
 from deepwell.recipe.stream.chunks import CompletionUsage, LogprobEntry, PromptUsage
 
 _START = 0
@@ -50,7 +51,7 @@ def chat_usage_json(usage: CompletionUsage) -> str:
     return (
         f'{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
         f'"total_tokens":{prompt + completion},"prompt_tokens_details":{{"cached_tokens":{hit}}}'
-        f'{details},"prompt_cache_hit_tokens":{hit},"prompt_cache_miss_tokens":{prompt - hit}}}'
+        f'{details},"prompt_cache_hit_tokens":{hit},"prompt_cache_miss_tokens":{max(0, prompt - hit)}}}'
     )
 
 
@@ -119,11 +120,10 @@ class ChatCompletionChunk:
             delta = generator.start_delta
         else:
             delta = '{"content":""' + generator.content_tail
-        logprobs = (
-            "null"
-            if self._logprobs is None
-            else '{"content":' + logprobs_json(self._logprobs) + "}"
-        )
+        logprobs = "null"
+        if self._logprobs is not None:
+            field = "reasoning_content" if kind == _REASONING else "content"
+            logprobs = '{"' + field + '":' + logprobs_json(self._logprobs) + "}"
         finish = "null" if self._finish_reason is None else '"' + self._finish_reason + '"'
         usage = "null" if self._usage is None else chat_usage_json(self._usage)
         return (
@@ -137,23 +137,26 @@ class ChatCompletionChunkGenerator:
 
     __slots__ = ("id", "model", "head", "middle", "start_delta", "content_tail", "fingerprint")
 
-    def __init__(self, id: str, model: str) -> None:
+    def __init__(
+        self, id: str, model: str, thinking_initial_stage: ThinkingInitialStage | None
+    ) -> None:
         self.id = id
         self.model = model
         self.head = '{"id":' + _quote(id) + ',"object":"chat.completion.chunk","created":'
         self.middle = ""
-        self.start_delta = ""
-        self.content_tail = "}"
         self.fingerprint = None
+        # The delta shapes follow the request (thinking mode, prefix continuation), not the
+        # parsing options a processor may be given (spec/recipe.md §9.1).
+        stage = thinking_initial_stage
+        if stage is None:
+            self.start_delta = '{"role":"assistant","content":""}'
+        elif stage.starts_in_reasoning():
+            self.start_delta = '{"role":"assistant","content":null,"reasoning_content":""}'
+        else:
+            self.start_delta = '{"role":"assistant","content":"","reasoning_content":null}'
+        self.content_tail = "}" if stage is None else ',"reasoning_content":null}'
 
-    def start(
-        self,
-        prompt_usage: PromptUsage,
-        system_fingerprint: str | None,
-        thinking: bool,
-        starts_in_reasoning: bool,
-        out: list,
-    ) -> None:
+    def start(self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list) -> None:
         self.fingerprint = system_fingerprint
         fingerprint = "null" if system_fingerprint is None else _quote(system_fingerprint)
         self.middle = (
@@ -163,20 +166,13 @@ class ChatCompletionChunkGenerator:
             + fingerprint
             + ',"choices":[{"index":0,"delta":'
         )
-        if not thinking:
-            self.start_delta = '{"role":"assistant","content":""}'
-        elif starts_in_reasoning:
-            self.start_delta = '{"role":"assistant","content":null,"reasoning_content":""}'
-        else:
-            self.start_delta = '{"role":"assistant","content":"","reasoning_content":null}'
-        self.content_tail = ',"reasoning_content":null}' if thinking else "}"
         out.append(ChatCompletionChunk(self, _START))
 
-    def reasoning(self, text: str, out: list) -> None:
-        out.append(ChatCompletionChunk(self, _REASONING, text))
+    def reasoning(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
+        out.append(ChatCompletionChunk(self, _REASONING, text, logprobs=logprobs))
 
     def content(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
-        out.append(ChatCompletionChunk(self, _CONTENT, text, logprobs=logprobs or None))
+        out.append(ChatCompletionChunk(self, _CONTENT, text, logprobs=logprobs))
 
     def tool_call(self, index: int, call_id: str, name: str, out: list) -> None:
         out.append(ChatCompletionChunk(self, _CALL, name, index, call_id))
@@ -207,6 +203,7 @@ class ChatCompletionResponse:
         self._reasoning: list[str] | None = None
         self._calls: list[list] = []
         self._logprobs: list[LogprobEntry] | None = None
+        self._reasoning_logprobs: list[LogprobEntry] | None = None
         self._finish_reason: str | None = None
         self._usage: CompletionUsage | None = None
         self._fingerprint: str | None = None
@@ -249,9 +246,10 @@ class ChatCompletionResponse:
             self._finish_reason = chunk._finish_reason
             self._usage = chunk._usage
         if chunk._logprobs is not None:
-            if self._logprobs is None:
-                self._logprobs = []
-            self._logprobs.extend(chunk._logprobs)
+            if kind == _REASONING:
+                self._reasoning_logprobs = (self._reasoning_logprobs or []) + chunk._logprobs
+            else:
+                self._logprobs = (self._logprobs or []) + chunk._logprobs
 
     def to_json(self) -> str:
         head = (
@@ -275,11 +273,12 @@ class ChatCompletionResponse:
                 )
                 + "]"
             )
-        logprobs = (
-            "null"
-            if self._logprobs is None
-            else '{"content":' + logprobs_json(self._logprobs) + "}"
-        )
+        fields = []
+        if self._logprobs is not None:
+            fields.append('"content":' + logprobs_json(self._logprobs))
+        if self._reasoning_logprobs is not None:
+            fields.append('"reasoning_content":' + logprobs_json(self._reasoning_logprobs))
+        logprobs = "{" + ",".join(fields) + "}" if fields else "null"
         finish = "null" if self._finish_reason is None else _quote(self._finish_reason)
         usage = "" if self._usage is None else f',"usage":{chat_usage_json(self._usage)}'
         return (

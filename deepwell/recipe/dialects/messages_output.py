@@ -20,7 +20,7 @@ _STOP_REASONS = {
 
 def _usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> str:
     return (
-        f'{{"input_tokens":{prompt_tokens - cached_tokens},"cache_creation_input_tokens":0,'
+        f'{{"input_tokens":{max(0, prompt_tokens - cached_tokens)},"cache_creation_input_tokens":0,'
         f'"cache_read_input_tokens":{cached_tokens},"output_tokens":{output_tokens},'
         f'"service_tier":"standard"}}'
     )
@@ -103,14 +103,7 @@ class MessagesChunkGenerator:
         self._signature = signature
         return self
 
-    def start(
-        self,
-        prompt_usage: PromptUsage,
-        system_fingerprint: str | None,
-        thinking: bool,
-        starts_in_reasoning: bool,
-        out: list,
-    ) -> None:
+    def start(self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list) -> None:
         usage = _usage_json(prompt_usage.prompt_tokens, prompt_usage.prompt_cache_hit_tokens, 0)
         out.append(
             MessagesStreamEvent(
@@ -173,7 +166,7 @@ class MessagesChunkGenerator:
             )
         )
 
-    def reasoning(self, text: str, out: list) -> None:
+    def reasoning(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
         if self._open is None or self._open.kind != "thinking":
             self._close(out)
             self._open_block(_Block("thinking"), out)

@@ -15,26 +15,31 @@ from deepwell.recipe.request import ResponsesEcho
 from deepwell.recipe.stream.chunks import CompletionUsage, LogprobEntry, PromptUsage
 from deepwell.recipe.stream.utf8 import f32_json
 
+# How a custom tool call's argument pieces are being streamed.
+_PREFIX = 0
+_RAW_INPUT = 1
+_JSON_INPUT = 2
+_AFTER_INPUT = 3
+_INPUT_PREFIX = '{"input": "'
+
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 class ResponsesStreamEvent:
     """One Responses SSE event; its `type` is the SSE event name."""
 
-    __slots__ = ("type", "_body", "_response", "_item", "_consumed")
+    __slots__ = ("type", "_body", "_response", "_consumed")
 
     def __init__(
         self,
         type: str,
         body: str,
         response: _ResponseState | None = None,
-        item: _Item | None = None,
     ) -> None:
         self.type = type
         # The JSON members after "type", already written, without the closing brace.
         self._body = body
         self._response = response
-        self._item = item
         self._consumed = False
 
     def to_json(self) -> str:
@@ -177,9 +182,8 @@ class ResponsesChunkGenerator:
         self._sequence = 0
         self._state: _ResponseState | None = None
         self._open: _Item | None = None
-        self._key = ""
-        self._in_key = False
-        self._input_open = False
+        self._custom_mode = _PREFIX
+        self._prefix = ""
 
     def with_namespace_tool_map(
         self, namespace_tool_map: dict[str, tuple[str, str]]
@@ -196,10 +200,9 @@ class ResponsesChunkGenerator:
         }
         return self
 
-    def _event(self, type: str, body: str, out: list, item: _Item | None = None) -> None:
-        out.append(
-            ResponsesStreamEvent(type, f'{body},"sequence_number":{self._sequence}', None, item)
-        )
+    def _event(self, type: str, body: str, out: list, tail: str = "") -> None:
+        # Members are in key order; `tail` holds those that sort after "sequence_number".
+        out.append(ResponsesStreamEvent(type, f'{body},"sequence_number":{self._sequence}{tail}'))
         self._sequence += 1
 
     def _response_event(self, type: str, out: list) -> None:
@@ -213,14 +216,7 @@ class ResponsesChunkGenerator:
         )
         self._sequence += 1
 
-    def start(
-        self,
-        prompt_usage: PromptUsage,
-        system_fingerprint: str | None,
-        thinking: bool,
-        starts_in_reasoning: bool,
-        out: list,
-    ) -> None:
+    def start(self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list) -> None:
         self._state = _ResponseState(self._id, self._model, self._echo, int(time.time()))
         self._response_event("response.created", out)
         self._response_event("response.in_progress", out)
@@ -261,7 +257,7 @@ class ResponsesChunkGenerator:
         text = _quote("".join(item.parts))
         if item.kind == "reasoning":
             self._event(
-                "response.reasoning_text.done", f'"content_index":0,{ids},"text":{text}', out
+                "response.reasoning_text.done", f'"content_index":0,{ids}', out, f',"text":{text}'
             )
             self._event(
                 "response.content_part.done",
@@ -273,8 +269,10 @@ class ResponsesChunkGenerator:
                 item.phase = "commentary"
             self._event(
                 "response.output_text.done",
-                f'"content_index":0,{ids},"logprobs":{logprobs_json(item.logprobs)},"text":{text}',
+                f'"content_index":0,"item_id":{_quote(item.id)},'
+                f'"logprobs":{logprobs_json(item.logprobs)},"output_index":{item.index}',
                 out,
+                f',"text":{text}',
             )
             self._event(
                 "response.content_part.done",
@@ -291,7 +289,7 @@ class ResponsesChunkGenerator:
             out,
         )
 
-    def reasoning(self, text: str, out: list) -> None:
+    def reasoning(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
         item = self._open
         if item is None or item.kind != "reasoning":
             self._close(out)
@@ -332,8 +330,8 @@ class ResponsesChunkGenerator:
                 item.namespace, name = self._namespaces[name]
         item.call_id = call_id
         item.name = name
-        self._key = ""
-        self._in_key = False
+        self._custom_mode = _PREFIX
+        self._prefix = ""
         self._announce(item, out)
 
     def arguments(self, index: int, piece: str, is_string_value: bool, out: list) -> None:
@@ -347,20 +345,28 @@ class ResponsesChunkGenerator:
                 "response.function_call_arguments.delta", f'"delta":{_quote(piece)},{ids}', out
             )
             return
-        # A custom tool streams the raw value of its `input` parameter, no JSON around it.
-        if is_string_value:
-            if self._key == '"input"':
-                item.parts.append(piece)
-                self._event(
-                    "response.custom_tool_call_input.delta", f'"delta":{_quote(piece)},{ids}', out
-                )
-        elif piece in ("{", ", "):
-            self._key = ""
-            self._in_key = True
-        elif piece == ": ":
-            self._in_key = False
-        elif self._in_key:
-            self._key += piece
+        # A custom tool whose arguments open with a string `input` streams that string raw
+        # and nothing else; any other arguments stream as JSON text (spec/recipe.md §9.2).
+        mode = self._custom_mode
+        if mode == _PREFIX:
+            text = _quote(piece)[1:-1] if is_string_value else piece
+            self._prefix += text
+            if self._prefix == _INPUT_PREFIX:
+                self._custom_mode = _RAW_INPUT
+            elif not _INPUT_PREFIX.startswith(self._prefix):
+                self._custom_mode = _JSON_INPUT
+                self._custom_delta(item, self._prefix, ids, out)
+        elif mode == _RAW_INPUT:
+            if is_string_value:
+                self._custom_delta(item, piece, ids, out)
+            elif piece == '"':
+                self._custom_mode = _AFTER_INPUT
+        elif mode == _JSON_INPUT:
+            self._custom_delta(item, _quote(piece)[1:-1] if is_string_value else piece, ids, out)
+
+    def _custom_delta(self, item: _Item, text: str, ids: str, out: list) -> None:
+        item.parts.append(text)
+        self._event("response.custom_tool_call_input.delta", f'"delta":{_quote(text)},{ids}', out)
 
     def finish(
         self, reason: str, stop_sequence: str | None, usage: CompletionUsage, out: list

@@ -149,15 +149,10 @@ class ChunkGenerator(Protocol):
     """
 
     def start(
-        self,
-        prompt_usage: PromptUsage,
-        system_fingerprint: str | None,
-        thinking: bool,
-        starts_in_reasoning: bool,
-        out: list,
+        self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list
     ) -> None: ...
 
-    def reasoning(self, text: str, out: list) -> None: ...
+    def reasoning(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None: ...
 
     def content(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None: ...
 

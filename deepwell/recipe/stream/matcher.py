@@ -82,8 +82,9 @@ class Matcher:
                     j += 1
                 else:
                     j = _fall_back(pattern, j, c)
-                    # The newline run no longer touches the partial match.
-                    newlines[i] = 1 if j == 0 and c == "\n" else 0
+                    # The newline run no longer touches the partial match; as in the
+                    # reference, the failing character does not start a new run.
+                    newlines[i] = 0
                 if j == len(text):
                     return i, j + newlines[i]
                 matched[i] = j

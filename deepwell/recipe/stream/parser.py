@@ -8,8 +8,8 @@ from __future__ import annotations
 from deepwell.recipe.options import ParsingOptions
 from deepwell.recipe.stream.matcher import Matcher, Pattern, PatternSet
 
-# Action kinds. Runs (kind <= DROP) are spans of input with the stage's default action;
-# the rest are single atoms produced by a completed pattern.
+# Action kinds. Runs (kind <= MATCHED) are spans of input: the stage's default action, or
+# the text a pattern consumed (MATCHED); the rest are single atoms a completed pattern made.
 CONTENT = 0
 REASONING = 1
 TO_SPACE = 2
@@ -17,10 +17,11 @@ KEY = 3
 STRING_VALUE = 4
 RAW_VALUE = 5
 DROP = 6
-BRACKET = 7
-ARGUMENT = 8
-CALL = 9
-STOP = 10
+MATCHED = 7
+BRACKET = 8
+ARGUMENT = 9
+CALL = 10
+STOP = 11
 
 # Stages (spec/recipe.md §8.3 table).
 ANSWER = 0
@@ -264,29 +265,28 @@ class StreamParser:
         self._match(index, buf[match_start - buf_start :], match_start, p + 1, out)
 
     def _match(self, index: int, text: str, start: int, end: int, out: list[Action]) -> None:
-        out.append((DROP, start, end, text))
+        out.append((MATCHED, start, end, text))
         next_stage, action, leading = self._stage.outcomes[index]
-        last = end - 1
         if action == _BRACKET:
-            out.append((BRACKET, last, end, text))
+            out.append((BRACKET, start, end, text))
         elif action == _STOP:
-            out.append((STOP, last, end, self._stage.pattern_set.patterns[index].text))
+            out.append((STOP, start, end, self._stage.pattern_set.patterns[index].text))
         elif action == _CALL:
-            out.append((CALL, last, end, self._name))
+            out.append((CALL, start, end, self._name))
             self._name = ""
             self._first_arg = True
         elif action == _OPEN_PARAM:
-            out.append((ARGUMENT, last, end, "{" if self._first_arg else ", "))
+            out.append((ARGUMENT, start, end, "{" if self._first_arg else ", "))
             self._first_arg = False
         elif action == _CLOSE_CALL:
-            out.append((ARGUMENT, last, end, "{}" if self._first_arg else "}"))
+            out.append((ARGUMENT, start, end, "{}" if self._first_arg else "}"))
         elif action == _COLON:
-            out.append((ARGUMENT, last, end, ": "))
+            out.append((ARGUMENT, start, end, ": "))
         elif action == _STRING_OPEN:
-            out.append((ARGUMENT, last, end, '"'))
+            out.append((ARGUMENT, start, end, '"'))
             self._string_value = True
         elif action == _RAW_OPEN:
             self._string_value = False
         elif action == _VALUE_CLOSE and self._string_value:
-            out.append((ARGUMENT, last, end, '"'))
+            out.append((ARGUMENT, start, end, '"'))
         self._enter(next_stage, leading == _KEEP_LEADING)

@@ -24,6 +24,7 @@ from deepwell.recipe.stream.parser import (
     CALL,
     CONTENT,
     DROP,
+    MATCHED,
     REASONING,
     STOP,
     STRING_VALUE,
@@ -51,7 +52,7 @@ _FINISH_REASONS = {
 class _Record:
     """One input chunk as the parser saw it: its span, its atoms, what was released."""
 
-    __slots__ = ("start", "end", "atoms", "released", "decoded", "next_id")
+    __slots__ = ("start", "end", "atoms", "released", "decoded", "waiting")
 
     def __init__(self, start: int, end: int, decoded: DecodedText | None) -> None:
         self.start = start
@@ -60,7 +61,8 @@ class _Record:
         self.atoms: list[list] = []
         self.released = 0
         self.decoded = decoded
-        self.next_id = 0
+        # Ids (by index) not yet attached to any atom.
+        self.waiting = list(range(len(decoded.starts))) if decoded is not None else []
 
 
 class StreamProcessor:
@@ -82,10 +84,10 @@ class StreamProcessor:
         "_last_kind",
         "_calls",
         "_completion_tokens",
-        "_reasoning_tokens",
+        "_reasoning_text",
         "_saw_tokens",
         "_thinking",
-        "_starts_in_reasoning",
+        "_json",
         "_token_mode",
         "_reasoned",
         "_prompt_usage",
@@ -116,11 +118,12 @@ class StreamProcessor:
         self._last_kind = _UNSET
         self._calls = 0
         self._completion_tokens = 0
-        self._reasoning_tokens = 0
+        # Reasoning text decoded from token chunks (text chunks never count as tokens).
+        self._reasoning_text: list[str] = []
         self._saw_tokens = False
         stage = options.thinking_initial_stage
         self._thinking = stage is not None
-        self._starts_in_reasoning = stage is not None and stage.starts_in_reasoning()
+        self._json = options.parse_json_output
         self._token_mode = False
         self._reasoned = False
         self._prompt_usage = PromptUsage()
@@ -137,9 +140,10 @@ class StreamProcessor:
                 else "stream processor is closed"
             )
         out: list = []
-        if not self._started:
-            self._start(chunk, out)
         kind = chunk.kind
+        # Token ids that decode to nothing yet do not start the stream.
+        if not self._started and kind != "tokens":
+            self._start(chunk, out)
         if kind == "text":
             self._completion_tokens += chunk.token_count
             if self._token_mode:
@@ -177,9 +181,7 @@ class StreamProcessor:
         if chunk is not None and chunk.kind == "ready":
             self._prompt_usage = chunk.prompt_usage
             fingerprint = chunk.system_fingerprint
-        self._generator.start(
-            self._prompt_usage, fingerprint, self._thinking, self._starts_in_reasoning, out
-        )
+        self._generator.start(self._prompt_usage, fingerprint, out)
 
     def _push_tokens(self, chunk: InferenceChunk, out: list) -> None:
         if self._decoder is None:
@@ -187,16 +189,21 @@ class StreamProcessor:
             raise RuntimeError("token chunk received without a tokenizer")
         self._saw_tokens = True
         try:
-            decoded = self._decoder.push(chunk.token_ids, chunk.logprobs)
+            segments = self._decoder.push(chunk.token_ids, chunk.logprobs)
         except RuntimeError:
             self.close()
             raise
-        if decoded is None:
+        if not segments:
             return
-        self._completion_tokens += decoded.id_count
+        if not self._started:
+            self._start(chunk, out)
         if not self._token_mode:
             self._switch(True)
-        self._feed(decoded.text, decoded, out)
+        for decoded in segments:
+            self._completion_tokens += decoded.id_count
+            self._feed(decoded.text, decoded, out)
+            if self._state != _OPEN:
+                return
 
     def _switch(self, token_mode: bool) -> None:
         """Text and token chunks spell markers differently (see utf8.py); re-match pending text."""
@@ -226,7 +233,11 @@ class StreamProcessor:
         self._state = _FINISHED
         self._records.clear()
         usage = self._prompt_usage
-        reasoning = self._reasoning_tokens if self._thinking and self._saw_tokens else None
+        reasoning = None
+        if self._thinking and self._saw_tokens:
+            # The reference counts reasoning tokens by encoding the reasoning text that came
+            # from token chunks again, not by the ids it saw (spec/recipe.md §8.4).
+            reasoning = len(self._decoder.encode("".join(self._reasoning_text)))
         self._generator.finish(
             reason,
             stop_sequence,
@@ -244,7 +255,7 @@ class StreamProcessor:
         records = self._records
         last = records[-1] if records else None
         for kind, start, end, text in actions:
-            if kind <= DROP:
+            if kind <= MATCHED:
                 if last is not None and start >= last.start:
                     _add(last, kind, text, start, end)
                     continue
@@ -277,23 +288,27 @@ class StreamProcessor:
                             break
                         kind = _SILENT
                 if kind >= 0:
-                    self._emit_run(kind, "", record, record.start, record.end, out)
+                    self._emit_run(kind, "", record, None, out)
                 records.popleft()
                 continue
             complete = everything or record.end <= pending_start
             atoms = record.atoms
             n = len(atoms)
-            if not complete and n and atoms[-1][0] <= DROP:
+            if not complete and n:
+                # The chunk's last atom waits until every character of the chunk is settled.
                 n -= 1
             for k in range(record.released, n):
                 kind, text, start, end = atoms[k]
                 if kind == STOP:
                     self._conclude("stop", text, out)
                     return True
-                if kind <= DROP:
-                    self._emit_run(kind, text, record, start, end, out)
+                logprobs = None
+                if record.decoded is not None:
+                    logprobs = self._take_ids(record, k)
+                if kind <= MATCHED:
+                    self._emit_run(kind, text, record, logprobs, out)
                 else:
-                    self._emit_atom(kind, text, record, start, end, out)
+                    self._emit_atom(kind, text, record, logprobs, out)
             record.released = n
             if not complete:
                 break
@@ -301,31 +316,30 @@ class StreamProcessor:
         return False
 
     def _emit_run(
-        self, kind: int, text: str, record: _Record, start: int, end: int, out: list
+        self, kind: int, text: str, record: _Record, logprobs: list | None, out: list
     ) -> None:
-        if kind == DROP:
+        if kind >= DROP:
             self._last_kind = _SILENT
             return
         self._last_kind = kind
         generator = self._generator
-        decoded = record.decoded
-        logprobs = None
-        if decoded is not None:
+        if record.decoded is not None:
             text = text.translate(self._decoder.spelling_of)
-            logprobs = self._take_ids(record, start, end, kind == REASONING)
         if kind == CONTENT:
             generator.content(text, logprobs, out)
         elif kind == REASONING:
             if text:
                 self._reasoned = True
-            generator.reasoning(text, out)
+                if record.decoded is not None:
+                    self._reasoning_text.append(text)
+            generator.reasoning(text, logprobs, out)
         elif kind == TO_SPACE:
             generator.content(" ", logprobs, out)
         else:
             generator.arguments(self._calls - 1, text, kind == STRING_VALUE, out)
 
     def _emit_atom(
-        self, kind: int, text: str, record: _Record, start: int, end: int, out: list
+        self, kind: int, text: str, record: _Record, logprobs: list | None, out: list
     ) -> None:
         self._last_kind = _SILENT
         generator = self._generator
@@ -339,32 +353,45 @@ class StreamProcessor:
         elif kind == ARGUMENT:
             generator.arguments(self._calls - 1, text, False, out)
         elif kind == BRACKET:
-            logprobs = None
-            if record.decoded is not None:
-                logprobs = self._take_ids(record, start, end, False)
             generator.content(text, logprobs, out)
 
-    def _take_ids(
-        self, record: _Record, start: int, end: int, reasoning: bool
-    ) -> list[LogprobEntry] | None:
-        """The ids whose first character lies in [start, end): count or collect them."""
+    def _take_ids(self, record: _Record, k: int) -> list[LogprobEntry] | None:
+        """The ids that go with atom k of a token chunk (spec/recipe.md §8.2).
+
+        A text atom is released once the next atom began, so it carries every waiting id whose
+        text was read by then (up to the end of the next atom). A marker swallows the ids lying
+        wholly inside it; ids of other dropped text (leading newlines, markup) wait for the
+        next text atom.
+        """
+        kind, _, start, end = record.atoms[k]
         decoded = record.decoded
-        starts = decoded.starts
         offset = record.start
-        k = record.next_id
-        taken = []
-        while k < len(starts) and starts[k] + offset < end:
-            if starts[k] + offset >= start:
-                taken.append(k)
-            k += 1
-        record.next_id = k
-        if reasoning:
-            self._reasoning_tokens += len(taken)
+        starts = decoded.starts
+        ends = decoded.ends
+        waiting = record.waiting
+        if kind == MATCHED:
+            record.waiting = [
+                i for i in waiting if not (start <= starts[i] + offset and ends[i] + offset <= end)
+            ]
             return None
+        if kind > TO_SPACE and kind != BRACKET:
+            return None
+        atoms = record.atoms
+        frontier = atoms[k + 1][3] if k + 1 < len(atoms) else record.end
+        if any(atom[0] == STOP for atom in atoms[k + 1 :]):
+            # A stop sequence ends the stream: the text before it takes the rest of the chunk.
+            frontier = record.end
+        taken = [i for i in waiting if ends[i] + offset <= frontier]
+        if taken:
+            record.waiting = [i for i in waiting if ends[i] + offset > frontier]
         entries = decoded.logprobs
         if entries is None:
             return None
-        return [entries[k] for k in taken if entries[k] is not None]
+        if self._json and kind != REASONING:
+            # JSON mode rewrites the answer's events; the reference then gives each of them
+            # every log probability of the chunk.
+            return [entry for entry in entries if entry is not None]
+        return [entries[i] for i in taken if entries[i] is not None]
 
 
 def _add(record: _Record, kind: int, text: str, start: int, end: int) -> None:

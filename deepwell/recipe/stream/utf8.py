@@ -24,17 +24,26 @@ class TokenBytes(Protocol):
 
     def special_token_id(self, spelling: str) -> int | None: ...
 
+    def encode(self, text: str) -> list[int]: ...
+
 
 class DecodedText:
-    """Text of ids that decoded completely, with each id's first character and logprob."""
+    """A segment of ids that decoded completely, with where each id's text lies, and logprobs."""
 
-    __slots__ = ("text", "id_count", "starts", "logprobs")
+    __slots__ = ("text", "id_count", "starts", "ends", "logprobs")
 
     def __init__(
-        self, text: str, id_count: int, starts: list[int], logprobs: list[LogprobEntry] | None
+        self,
+        text: str,
+        id_count: int,
+        starts: list[int],
+        ends: list[int],
+        logprobs: list[LogprobEntry] | None,
     ) -> None:
         self.text = text
         self.id_count = id_count
+        # ends[i]: offset in `text` just past the character holding id i's last byte.
+        self.ends = ends
         # starts[i]: offset in `text` of the character holding id i's first byte.
         self.starts = starts
         self.logprobs = logprobs
@@ -43,9 +52,10 @@ class DecodedText:
 class TokenDecoder:
     """Joins the bytes of pending ids and releases them once they end on a character boundary."""
 
-    __slots__ = ("_table", "_symbol_of", "spelling_of", "_ids", "_logprobs")
+    __slots__ = ("_tokenizer", "_table", "_symbol_of", "spelling_of", "_ids", "_logprobs")
 
     def __init__(self, tokenizer: TokenBytes, special_tokens: SpecialTokens) -> None:
+        self._tokenizer = tokenizer
         self._table = tokenizer.byte_table()
         self._symbol_of: dict[int, str] = {}
         # symbol → spelling, for str.translate when text leaves the parser.
@@ -59,6 +69,10 @@ class TokenDecoder:
         self._ids: list[int] = []
         self._logprobs: list[TokenLogprob] | None = None
 
+    def encode(self, text: str) -> list[int]:
+        """Full-vocabulary encoding of `text` (control spellings become their ids)."""
+        return self._tokenizer.encode(text)
+
     def symbol(self, spelling: str) -> str:
         """The character a control token spelled `spelling` decodes to (itself if none)."""
         for code, known in self.spelling_of.items():
@@ -68,7 +82,11 @@ class TokenDecoder:
 
     def push(
         self, ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None
-    ) -> DecodedText | None:
+    ) -> list[DecodedText]:
+        """Decode what is complete, as segments: runs of ordinary ids and single control tokens.
+
+        Each segment is fed to the parser as a chunk of its own, as the reference does.
+        """
         if logprobs is not None and len(logprobs) != len(ids):
             raise RuntimeError(
                 f"invalid log probabilities: {len(logprobs)} log probabilities "
@@ -78,53 +96,87 @@ class TokenDecoder:
             old = self._logprobs if self._logprobs is not None else [None] * len(self._ids)
             self._logprobs = old + (list(logprobs) if logprobs is not None else [None] * len(ids))
         self._ids.extend(ids)
-        text, starts = self._decode(self._ids)
-        # Nothing to show yet, or a character still incomplete: wait for more ids.
-        if not text or text.endswith("\ufffd"):
-            return None
-        last = len(text) - 1
-        starts = [min(start, last) for start in starts]
-        pending_ids, pending_logprobs = self._ids, self._logprobs
-        self._ids, self._logprobs = [], None
-        entries = None
-        if pending_logprobs is not None:
-            entries = [
-                self._entry(i, lp[0], lp[1]) if lp is not None else None
-                for i, lp in zip(pending_ids, pending_logprobs, strict=True)
-            ]
-        return DecodedText(text, len(pending_ids), starts, entries)
+        segments = self._segments(self._ids)
+        last_text = segments[-1][1]
+        if not last_text or last_text.endswith("\ufffd"):
+            # Nothing to show yet, or a character still incomplete: that segment waits.
+            segments.pop()
+        count = sum(len(segment[0]) for segment in segments)
+        if not count:
+            return []
+        released_logprobs = None
+        if self._logprobs is not None:
+            released_logprobs, self._logprobs = self._logprobs[:count], self._logprobs[count:]
+        self._ids = self._ids[count:]
+        if not self._ids:
+            self._logprobs = None
+        out = []
+        first = 0
+        for segment_ids, text, starts, ends in segments:
+            entries = None
+            if released_logprobs is not None:
+                entries = [
+                    self._entry(i, lp[0], lp[1]) if lp is not None else None
+                    for i, lp in zip(
+                        segment_ids,
+                        released_logprobs[first : first + len(segment_ids)],
+                        strict=True,
+                    )
+                ]
+            first += len(segment_ids)
+            out.append(DecodedText(text, len(segment_ids), starts, ends, entries))
+        return out
 
-    def _decode(self, ids: list[int]) -> tuple[str, list[int]]:
+    def _segments(self, ids: list[int]) -> list[tuple[list[int], str, list[int], list[int]]]:
+        """Split ids at control tokens and decode each piece: (ids, text, starts, ends).
+
+        Ids that decode to nothing join the next segment, so no segment is empty but the last.
+        """
+        groups: list[list[int]] = []
+        plain: list[int] = []
+        for token_id in ids:
+            if token_id in self._symbol_of:
+                if plain:
+                    groups.append(plain)
+                    plain = []
+                groups.append([token_id])
+            else:
+                plain.append(token_id)
+        if plain or not groups:
+            groups.append(plain)
+        segments = []
+        carried: list[int] = []
+        for k, group in enumerate(groups):
+            group = carried + group
+            text, starts, ends = self._decode(group)
+            if not text and k + 1 < len(groups):
+                carried = group
+                continue
+            carried = []
+            segments.append((group, text, starts, ends))
+        return segments
+
+    def _decode(self, ids: list[int]) -> tuple[str, list[int], list[int]]:
+        """Text of `ids` with, per id, the offsets of its first character and past its last."""
+        if len(ids) == 1 and ids[0] in self._symbol_of:
+            return self._symbol_of[ids[0]], [0], [1]
         table = self._table
-        symbol_of = self._symbol_of
         size = len(table)
-        parts: list[str] = []
         starts: list[int] = []
+        ends: list[int] = []
         plain = bytearray()
-        # Characters before the current run of plain bytes.
-        done = 0
+        # Characters begun so far: UTF-8 lead bytes.
         leads = 0
         for token_id in ids:
-            symbol = symbol_of.get(token_id)
-            if symbol is not None:
-                if plain:
-                    text = plain.decode("utf-8", "replace")
-                    parts.append(text)
-                    done += len(text)
-                    plain.clear()
-                    leads = 0
-                starts.append(done)
-                parts.append(symbol)
-                done += 1
-                continue
             data = table[token_id] if 0 <= token_id < size else b""
             # A continuation byte belongs to the character begun before it.
-            starts.append(done + leads - (1 if data and data[0] & 0xC0 == 0x80 and leads else 0))
+            starts.append(leads - 1 if data and data[0] & 0xC0 == 0x80 and leads else leads)
             plain += data
             leads += sum(1 for b in data if b & 0xC0 != 0x80)
-        if plain:
-            parts.append(plain.decode("utf-8", "replace"))
-        return "".join(parts), starts
+            ends.append(leads)
+        text = plain.decode("utf-8", "replace")
+        last = max(len(text) - 1, 0)
+        return text, [min(s, last) for s in starts], ends
 
     def _entry(
         self, token_id: int, logprob: float, top: Sequence[tuple[int, float]]

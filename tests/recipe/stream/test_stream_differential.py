@@ -1,0 +1,289 @@
+"""Differential test against deepseek-recipe 0.2.0: same random model output, same events.
+
+Outputs mix reasoning, content, DSML tool calls (V4 and V4.1 markup) with hostile string
+arguments, JSON mode and stop sequences; they are cut at random places into text chunks
+or token chunks. Every push, the finish call and the accumulated response must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import deepseek_recipe as dr
+import pytest
+from stream_cases import TOKENIZER_PATH, normalize, tokenizer
+
+from deepwell.recipe.conversion import ConversionOptions
+from deepwell.recipe.dialects.chat import ChatCompletionRequest
+from deepwell.recipe.dialects.chat_output import ChatCompletionResponse
+from deepwell.recipe.dialects.messages import MessagesRequest
+from deepwell.recipe.dialects.messages_output import MessagesResponse
+from deepwell.recipe.dialects.responses import ResponsesRequest
+from deepwell.recipe.dialects.responses_output import ResponsesResponse
+from deepwell.recipe.options import ParsingOptions, ThinkingInitialStage
+from deepwell.recipe.stream.chunks import InferenceChunk, InferenceFinishReason, PromptUsage
+from deepwell.recipe.stream.processor import StreamProcessor
+
+OURS = {
+    "chat": (ChatCompletionRequest, ChatCompletionResponse),
+    "responses": (ResponsesRequest, ResponsesResponse),
+    "messages": (MessagesRequest, MessagesResponse),
+}
+THEIRS = {
+    "chat": (dr.ChatCompletionRequest, dr.ChatCompletionResponse),
+    "responses": (dr.ResponsesRequest, dr.ResponsesResponse),
+    "messages": (dr.MessagesRequest, dr.MessagesResponse),
+}
+RAW_VALUES = ["3", "[1, 2]", '{"k": null}', "true"]
+STAGES = [None, "ReasoningStart", "ReasoningContinuation", "ContentContinuation"]
+STOPS = ["STOP", "\n\n", "end.", "世界", "}", "</", 'a"b']
+WORDS = [
+    "hello",
+    " world",
+    "数据",
+    "模型",
+    "\n",
+    "\n\n",
+    " ",
+    '"',
+    "\\",
+    "{",
+    "[",
+    "```",
+    "`",
+    "<",
+    "</",
+    "</th",
+    "think>",
+    "<｜DSML",
+    "｜",
+    ">",
+    "STOP",
+    "end.",
+    "世界",
+    "é",
+    "🦀",
+    "\t",
+    'a"b',
+    "x",
+    "42",
+]
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer() -> dr.Tokenizer:
+    return dr.Tokenizer.from_file(str(TOKENIZER_PATH))
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(WORDS) for _ in range(n))
+
+
+def string_argument(rng: random.Random) -> str:
+    pieces = ["Paris", ' "Île"', "\\n", "\\", "\n", "数据库", "'", "🦀", "tab\t", "}", '{"a": 1}']
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+
+
+def tool_calls(rng: random.Random, v41: bool) -> str:
+    sep = " " if v41 else ""
+    calls = [f"<｜DSML｜{sep}{'calls' if v41 else 'tool_calls'}>\n"]
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(["get_weather", "noop", "fs::read", "apply_patch", "search"])
+        calls.append(f'<｜DSML｜{sep}invoke name="{name}">\n')
+        for _ in range(rng.randint(0, 3)):
+            key = rng.choice(["city", "days", "input", "query"])
+            if rng.random() < 0.6:
+                calls.append(
+                    f'<｜DSML｜{sep}parameter name="{key}" string="true">{string_argument(rng)}</｜DSML｜{sep}parameter>\n'
+                )
+            else:
+                raw = rng.choice(RAW_VALUES)
+                calls.append(
+                    f'<｜DSML｜{sep}parameter name="{key}" string="false">{raw}</｜DSML｜{sep}parameter>\n'
+                )
+        calls.append(f"</｜DSML｜{sep}invoke>\n")
+    calls.append(f"</｜DSML｜{sep}{'calls' if v41 else 'tool_calls'}>")
+    return "".join(calls)
+
+
+def model_output(rng: random.Random, options: dict) -> str:
+    parts = []
+    if options["stage"] in ("ReasoningStart", "ReasoningContinuation"):
+        parts += [
+            rng.choice(["", "\n", "\n\n"]),
+            random_text(rng, rng.randint(0, 30)),
+            rng.choice(["</think>", "\n\n</think>", ""]),
+        ]
+    parts.append(rng.choice(["", "\n\n", "\n"]))
+    if options["json"] and rng.random() < 0.7:
+        parts += [
+            random_text(rng, rng.randint(0, 5)),
+            rng.choice(["```json\n", "```\n", ""]),
+            json.dumps({"k": string_argument(rng), "n": [1, 2]}, ensure_ascii=False),
+            rng.choice(["\n```", ""]),
+        ]
+    parts.append(random_text(rng, rng.randint(0, 30)))
+    if options["tools"] and rng.random() < 0.8:
+        parts += [rng.choice(["", "\n\n", "\n"]), tool_calls(rng, rng.random() < 0.5)]
+    parts.append(random_text(rng, rng.randint(0, 5)))
+    return "".join(parts)
+
+
+def cut(rng: random.Random, n: int) -> list[int]:
+    points = (
+        sorted(rng.sample(range(1, n), min(n - 1, rng.randint(0, max(1, n // 3))))) if n > 1 else []
+    )
+    if rng.random() < 0.3:
+        points += [rng.randint(0, n) for _ in range(rng.randint(1, 3))]
+    return sorted(points)
+
+
+def example(seed: int) -> dict:
+    rng = random.Random(seed)
+    options = {
+        "stage": rng.choice(STAGES),
+        "tools": rng.random() < 0.6,
+        "json": rng.random() < 0.25,
+        "in_calls": rng.random() < 0.05,
+        "stops": rng.sample(STOPS, rng.randint(0, 2)) if rng.random() < 0.4 else [],
+    }
+    text = model_output(rng, options)
+    use_tokens = rng.random() < 0.4
+    chunks: list[tuple] = []
+    if rng.random() < 0.7:
+        chunks.append(("ready", rng.randint(0, 50), rng.randint(0, 5), rng.choice([None, "fp"])))
+    if use_tokens:
+        ids = tokenizer().encode(text)
+        bounds = [0, *cut(rng, len(ids)), len(ids)]
+        with_logprobs = rng.random() < 0.5
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            piece = ids[a:b]
+            logprobs = (
+                [(-rng.random() * 5, [(rng.choice(ids or [5]), -rng.random() * 9)]) for _ in piece]
+                if with_logprobs
+                else None
+            )
+            chunks.append(("tokens", piece, logprobs))
+    else:
+        bounds = [0, *cut(rng, len(text)), len(text)]
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            chunks.append(("text", text[a:b], rng.randint(0, 3)))
+    if rng.random() < 0.8:
+        chunks.append(("finish", rng.choice(["Stop", "Stop", "Length", "ContentFilter"])))
+    return {
+        "options": options,
+        "chunks": chunks,
+        "tokens": use_tokens,
+        "dialect": rng.choice(list(OURS)),
+    }
+
+
+def body(dialect: str, options: dict) -> dict:
+    thinking = options["stage"] is not None
+    if dialect == "chat":
+        b = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "x"}]}
+        if not thinking:
+            b["thinking"] = {"type": "disabled"}
+    elif dialect == "responses":
+        b = {
+            "model": "DeepSeek-V4.1-Flash",
+            "input": "x",
+            "tools": [
+                {
+                    "type": "namespace",
+                    "name": "fs",
+                    "description": "d",
+                    "tools": [{"type": "function", "name": "read"}],
+                },
+                {"type": "custom", "name": "apply_patch"},
+            ],
+        }
+        if not thinking:
+            b["reasoning"] = {"effort": "none"}
+    else:
+        b = {
+            "model": "DeepSeek-V4.1-Flash",
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        if not thinking:
+            b["thinking"] = {"type": "disabled"}
+    return b
+
+
+def run(side: dict, ex: dict, tokenizer_for_side: object, module: object) -> list:
+    dialect = ex["dialect"]
+    request_class, response_class = side[dialect]
+    converted = request_class(body(dialect, ex["options"])).convert(module.ConversionOptions())
+    generator = request_class.chunk_generator(converted, "resp-1", "m")
+    o = ex["options"]
+    parsing = module.ParsingOptions(
+        parse_tool_calls=o["tools"],
+        starts_in_tool_calls=o["in_calls"],
+        parse_json_output=o["json"],
+        thinking_initial_stage=None
+        if o["stage"] is None
+        else getattr(module.ThinkingInitialStage, o["stage"]),
+        stop_sequences=o["stops"],
+    )
+    processor = module.StreamProcessor(
+        generator, parsing, tokenizer_for_side if ex["tokens"] else None
+    )
+    response = response_class("resp-1", "m", 1700000000, 0, 0)
+    record = []
+    for spec in ex["chunks"]:
+        if processor.finished:
+            break
+        kind = spec[0]
+        if kind == "ready":
+            chunk = module.InferenceChunk.ready(
+                prompt_usage=module.PromptUsage(
+                    prompt_tokens=spec[1], prompt_cache_hit_tokens=spec[2]
+                ),
+                system_fingerprint=spec[3],
+            )
+        elif kind == "text":
+            chunk = module.InferenceChunk.text(spec[1], spec[2])
+        elif kind == "tokens":
+            chunk = module.InferenceChunk.tokens(spec[1], spec[2])
+        else:
+            chunk = module.InferenceChunk.finish(getattr(module.InferenceFinishReason, spec[1]))
+        outs = processor.push(chunk)
+        record.append([normalize(json.loads(e.to_json())) for e in outs])
+        for e in outs:
+            response.accumulate(e)
+    outs = processor.finish()
+    record.append([normalize(json.loads(e.to_json())) for e in outs])
+    for e in outs:
+        response.accumulate(e)
+    record.append(normalize(json.loads(response.to_json())))
+    return record
+
+
+class _Ours:
+    ConversionOptions = ConversionOptions
+    ParsingOptions = ParsingOptions
+    ThinkingInitialStage = ThinkingInitialStage
+    StreamProcessor = StreamProcessor
+    InferenceChunk = InferenceChunk
+    PromptUsage = PromptUsage
+    InferenceFinishReason = InferenceFinishReason
+
+
+def check(seed: int, reference_tokenizer: dr.Tokenizer) -> None:
+    ex = example(seed)
+    expected = run(THEIRS, ex, reference_tokenizer, dr)
+    got = run(OURS, ex, tokenizer(), _Ours)
+    assert got == expected, (seed, ex)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_same_events_as_reference(seed: int, reference_tokenizer: dr.Tokenizer) -> None:
+    check(seed, reference_tokenizer)
+
+
+@pytest.mark.slow
+def test_same_events_as_reference_5000(reference_tokenizer: dr.Tokenizer) -> None:
+    for seed in range(1000, 6000):
+        check(seed, reference_tokenizer)
