@@ -229,6 +229,23 @@ class StreamParser:
             self._step(text[i], pos + i, out)
             i += 1
 
+    def settle(self, text: str) -> int:
+        """Take a non-empty `text` whole if no character of it can begin a marker.
+
+        Returns the kind of the run it makes, or -1 (nothing consumed) when `text` needs the
+        character-level path: a marker may start in it, text is pending, or a stage start.
+        """
+        if (
+            not text
+            or self._buf
+            or self._fresh
+            or self._stage_id == TOOL_NAME
+            or self._stage.pattern_set.trigger.search(text)
+        ):
+            return -1
+        self.end += len(text)
+        return self._default
+
     def flush(self, out: list[Action]) -> None:
         """End of input: whatever is still pending gets the stage's default action."""
         if self._buf:

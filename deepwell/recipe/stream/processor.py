@@ -214,6 +214,13 @@ class StreamProcessor:
 
     def _feed(self, text: str, decoded: DecodedText | None, out: list) -> None:
         parser = self._parser
+        if decoded is None and not self._records:
+            # Hot path: nothing held back and no character of `text` can begin a marker, so
+            # the whole chunk settles as one run and is released at once.
+            kind = parser.settle(text)
+            if kind >= 0:
+                self._emit_run(kind, text, None, None, out)
+                return
         record = _Record(parser.end, parser.end + len(text), decoded)
         self._records.append(record)
         actions: list[Action] = []
@@ -288,7 +295,7 @@ class StreamProcessor:
                             break
                         kind = _SILENT
                 if kind >= 0:
-                    self._emit_run(kind, "", record, None, out)
+                    self._emit_run(kind, "", record.decoded, None, out)
                 records.popleft()
                 continue
             complete = everything or record.end <= pending_start
@@ -306,7 +313,7 @@ class StreamProcessor:
                 if record.decoded is not None:
                     logprobs = self._take_ids(record, k)
                 if kind <= MATCHED:
-                    self._emit_run(kind, text, record, logprobs, out)
+                    self._emit_run(kind, text, record.decoded, logprobs, out)
                 else:
                     self._emit_atom(kind, text, record, logprobs, out)
             record.released = n
@@ -316,21 +323,26 @@ class StreamProcessor:
         return False
 
     def _emit_run(
-        self, kind: int, text: str, record: _Record, logprobs: list | None, out: list
+        self,
+        kind: int,
+        text: str,
+        decoded: DecodedText | None,
+        logprobs: list | None,
+        out: list,
     ) -> None:
         if kind >= DROP:
             self._last_kind = _SILENT
             return
         self._last_kind = kind
         generator = self._generator
-        if record.decoded is not None:
+        if decoded is not None:
             text = text.translate(self._decoder.spelling_of)
         if kind == CONTENT:
             generator.content(text, logprobs, out)
         elif kind == REASONING:
             if text:
                 self._reasoned = True
-                if record.decoded is not None:
+                if decoded is not None:
                     self._reasoning_text.append(text)
             generator.reasoning(text, logprobs, out)
         elif kind == TO_SPACE:

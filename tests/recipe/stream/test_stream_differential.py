@@ -14,26 +14,12 @@ import deepseek_recipe as dr
 import pytest
 from stream_cases import TOKENIZER_PATH, normalize, tokenizer
 
-from deepwell.recipe.conversion import ConversionOptions
-from deepwell.recipe.dialects.chat import ChatCompletionRequest
-from deepwell.recipe.dialects.chat_output import ChatCompletionResponse
-from deepwell.recipe.dialects.messages import MessagesRequest
-from deepwell.recipe.dialects.messages_output import MessagesResponse
-from deepwell.recipe.dialects.responses import ResponsesRequest
-from deepwell.recipe.dialects.responses_output import ResponsesResponse
-from deepwell.recipe.options import ParsingOptions, ThinkingInitialStage
-from deepwell.recipe.stream.chunks import InferenceChunk, InferenceFinishReason, PromptUsage
-from deepwell.recipe.stream.processor import StreamProcessor
+import deepwell.recipe as ours
 
-OURS = {
-    "chat": (ChatCompletionRequest, ChatCompletionResponse),
-    "responses": (ResponsesRequest, ResponsesResponse),
-    "messages": (MessagesRequest, MessagesResponse),
-}
-THEIRS = {
-    "chat": (dr.ChatCompletionRequest, dr.ChatCompletionResponse),
-    "responses": (dr.ResponsesRequest, dr.ResponsesResponse),
-    "messages": (dr.MessagesRequest, dr.MessagesResponse),
+REQUEST_CLASSES = {
+    "chat": ("ChatCompletionRequest", "ChatCompletionResponse"),
+    "responses": ("ResponsesRequest", "ResponsesResponse"),
+    "messages": ("MessagesRequest", "MessagesResponse"),
 }
 RAW_VALUES = ["3", "[1, 2]", '{"k": null}', "true"]
 STAGES = [None, "ReasoningStart", "ReasoningContinuation", "ContentContinuation"]
@@ -175,7 +161,7 @@ def example(seed: int) -> dict:
         "options": options,
         "chunks": chunks,
         "tokens": use_tokens,
-        "dialect": rng.choice(list(OURS)),
+        "dialect": rng.choice(list(REQUEST_CLASSES)),
     }
 
 
@@ -212,43 +198,41 @@ def body(dialect: str, options: dict) -> dict:
     return b
 
 
-def run(side: dict, ex: dict, tokenizer_for_side: object, module: object) -> list:
+def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
+    """Drive `lib` (deepwell.recipe or deepseek_recipe) over one example; the normalised record."""
     dialect = ex["dialect"]
-    request_class, response_class = side[dialect]
-    converted = request_class(body(dialect, ex["options"])).convert(module.ConversionOptions())
+    request_name, response_name = REQUEST_CLASSES[dialect]
+    request_class = getattr(lib, request_name)
+    converted = request_class(body(dialect, ex["options"])).convert(lib.ConversionOptions())
     generator = request_class.chunk_generator(converted, "resp-1", "m")
     o = ex["options"]
-    parsing = module.ParsingOptions(
+    parsing = lib.ParsingOptions(
         parse_tool_calls=o["tools"],
         starts_in_tool_calls=o["in_calls"],
         parse_json_output=o["json"],
         thinking_initial_stage=None
         if o["stage"] is None
-        else getattr(module.ThinkingInitialStage, o["stage"]),
+        else getattr(lib.ThinkingInitialStage, o["stage"]),
         stop_sequences=o["stops"],
     )
-    processor = module.StreamProcessor(
+    processor = lib.StreamProcessor(
         generator, parsing, tokenizer_for_side if ex["tokens"] else None
     )
-    response = response_class("resp-1", "m", 1700000000, 0, 0)
+    response = getattr(lib, response_name)("resp-1", "m", 1700000000, 0, 0)
     record = []
     for spec in ex["chunks"]:
         if processor.finished:
             break
         kind = spec[0]
         if kind == "ready":
-            chunk = module.InferenceChunk.ready(
-                prompt_usage=module.PromptUsage(
-                    prompt_tokens=spec[1], prompt_cache_hit_tokens=spec[2]
-                ),
-                system_fingerprint=spec[3],
-            )
+            usage = lib.PromptUsage(prompt_tokens=spec[1], prompt_cache_hit_tokens=spec[2])
+            chunk = lib.InferenceChunk.ready(prompt_usage=usage, system_fingerprint=spec[3])
         elif kind == "text":
-            chunk = module.InferenceChunk.text(spec[1], spec[2])
+            chunk = lib.InferenceChunk.text(spec[1], spec[2])
         elif kind == "tokens":
-            chunk = module.InferenceChunk.tokens(spec[1], spec[2])
+            chunk = lib.InferenceChunk.tokens(spec[1], spec[2])
         else:
-            chunk = module.InferenceChunk.finish(getattr(module.InferenceFinishReason, spec[1]))
+            chunk = lib.InferenceChunk.finish(getattr(lib.InferenceFinishReason, spec[1]))
         outs = processor.push(chunk)
         record.append([normalize(json.loads(e.to_json())) for e in outs])
         for e in outs:
@@ -261,20 +245,10 @@ def run(side: dict, ex: dict, tokenizer_for_side: object, module: object) -> lis
     return record
 
 
-class _Ours:
-    ConversionOptions = ConversionOptions
-    ParsingOptions = ParsingOptions
-    ThinkingInitialStage = ThinkingInitialStage
-    StreamProcessor = StreamProcessor
-    InferenceChunk = InferenceChunk
-    PromptUsage = PromptUsage
-    InferenceFinishReason = InferenceFinishReason
-
-
 def check(seed: int, reference_tokenizer: dr.Tokenizer) -> None:
     ex = example(seed)
-    expected = run(THEIRS, ex, reference_tokenizer, dr)
-    got = run(OURS, ex, tokenizer(), _Ours)
+    expected = run(dr, ex, reference_tokenizer)
+    got = run(ours, ex, tokenizer())
     assert got == expected, (seed, ex)
 
 
