@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from json.encoder import encode_basestring as _quote
 
+from deepwell.recipe.json_value import JsonValue, compact_json
 from deepwell.recipe.stream.chunks import CompletionUsage, LogprobEntry, PromptUsage
 
 _STOP_REASONS = {
@@ -29,13 +30,14 @@ def _usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> s
 class MessagesStreamEvent:
     """One Messages SSE event; its `type` is the SSE event name."""
 
-    __slots__ = ("type", "_body", "_block", "_consumed")
+    __slots__ = ("type", "_body", "_payload", "_consumed")
 
-    def __init__(self, type: str, body: str, block: _Block | None = None) -> None:
+    def __init__(self, type: str, body: str, payload: _Block | _Final | None = None) -> None:
         self.type = type
         # JSON members after "type" (leading comma included), without the closing brace.
         self._body = body
-        self._block = block
+        # What accumulation needs: the block a start event opens, the final stop reason.
+        self._payload = payload
         self._consumed = False
 
     def to_json(self) -> str:
@@ -45,16 +47,7 @@ class MessagesStreamEvent:
 
 
 class _Block:
-    __slots__ = (
-        "kind",
-        "parts",
-        "signature",
-        "call_id",
-        "name",
-        "stop_reason",
-        "stop_sequence",
-        "usage",
-    )
+    __slots__ = ("kind", "parts", "signature", "call_id", "name")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -69,12 +62,38 @@ class _Block:
             return f'{{"type":"thinking","thinking":{text},"signature":{_quote(self.signature)}}}'
         if self.kind == "text":
             return f'{{"type":"text","text":{text}}}'
-        arguments = "".join(self.parts)
-        value = json.loads(arguments) if arguments else {}
         return (
             f'{{"type":"tool_use","id":{_quote(self.call_id)},"name":{_quote(self.name)},'
-            f'"input":{json.dumps(value, ensure_ascii=False, separators=(",", ":"))}}}'
+            f'"input":{compact_json(_tool_input("".join(self.parts)))}}}'
         )
+
+
+def _tool_input(arguments: str) -> JsonValue:
+    """The streamed arguments as an object; text that is not strict JSON gives `{}`."""
+    try:
+        value = json.loads(
+            arguments, parse_constant=_reject, parse_int=_integer, parse_float=_float
+        )
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _reject(name: str) -> None:
+    raise ValueError(name)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _integer(text: str) -> int | float:
+    # Integers outside 64 bits become floats, as a Rust JSON reader reads them.
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
 
 
 class _Final:
@@ -113,7 +132,6 @@ class MessagesChunkGenerator:
                 f'"stop_sequence":null,"usage":{usage}}}',
             )
         )
-        self._prompt = prompt_usage
         if self._thinking_mode:
             self._open_block(_Block("thinking"), out)
 
@@ -151,7 +169,6 @@ class MessagesChunkGenerator:
                     "content_block_delta",
                     f',"index":{self._index},"delta":{{"type":"signature_delta",'
                     f'"signature":{_quote(self._signature)}}}',
-                    block,
                 )
             )
         out.append(MessagesStreamEvent("content_block_stop", f',"index":{self._index}'))
@@ -196,15 +213,15 @@ class MessagesChunkGenerator:
         self._close(out)
         stop_reason = "stop_sequence" if stop_sequence is not None else _STOP_REASONS[reason]
         usage_json = _usage_json(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
-        final = _Final(stop_reason, stop_sequence, usage_json)
-        event = MessagesStreamEvent(
-            "message_delta",
-            f',"delta":{{"stop_reason":"{stop_reason}","stop_sequence":'
-            f"{'null' if stop_sequence is None else _quote(stop_sequence)}}},"
-            f'"usage":{usage_json}',
+        out.append(
+            MessagesStreamEvent(
+                "message_delta",
+                f',"delta":{{"stop_reason":"{stop_reason}","stop_sequence":'
+                f"{'null' if stop_sequence is None else _quote(stop_sequence)}}},"
+                f'"usage":{usage_json}',
+                _Final(stop_reason, stop_sequence, usage_json),
+            )
         )
-        event._block = final
-        out.append(event)
         out.append(MessagesStreamEvent("message_stop", ""))
 
 
@@ -233,9 +250,9 @@ class MessagesResponse:
             raise RuntimeError("protocol chunk has been consumed")
         event._consumed = True
         if event.type == "content_block_start":
-            self._blocks.append(event._block)
+            self._blocks.append(event._payload)
         elif event.type == "message_delta":
-            self._final = event._block
+            self._final = event._payload
 
     def to_json(self) -> str:
         final = self._final

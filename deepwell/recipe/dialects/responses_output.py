@@ -365,6 +365,9 @@ class ResponsesChunkGenerator:
             self._custom_delta(item, _quote(piece)[1:-1] if is_string_value else piece, ids, out)
 
     def _custom_delta(self, item: _Item, text: str, ids: str, out: list) -> None:
+        if not text:
+            # Unlike function arguments, a custom tool's input never streams an empty delta.
+            return
         item.parts.append(text)
         self._event("response.custom_tool_call_input.delta", f'"delta":{_quote(text)},{ids}', out)
 

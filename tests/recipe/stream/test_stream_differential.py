@@ -21,7 +21,17 @@ REQUEST_CLASSES = {
     "responses": ("ResponsesRequest", "ResponsesResponse"),
     "messages": ("MessagesRequest", "MessagesResponse"),
 }
-RAW_VALUES = ["3", "[1, 2]", '{"k": null}', "true"]
+RAW_VALUES = [
+    "3",
+    "[1, 2]",
+    '{"k": null}',
+    "true",
+    "1.50",
+    "-0.0",
+    "1e400",
+    "not json",
+    "12345678901234567890123",
+]
 STAGES = [None, "ReasoningStart", "ReasoningContinuation", "ContentContinuation"]
 STOPS = ["STOP", "\n\n", "end.", "世界", "}", "</", 'a"b']
 WORDS = [
@@ -78,7 +88,7 @@ def tool_calls(rng: random.Random, v41: bool) -> str:
         name = rng.choice(["get_weather", "noop", "fs::read", "apply_patch", "search"])
         calls.append(f'<｜DSML｜{sep}invoke name="{name}">\n')
         for _ in range(rng.randint(0, 3)):
-            key = rng.choice(["city", "days", "input", "query"])
+            key = rng.choice(["city", "days", "input", "query", "two words"])
             if rng.random() < 0.6:
                 calls.append(
                     f'<｜DSML｜{sep}parameter name="{key}" string="true">{string_argument(rng)}</｜DSML｜{sep}parameter>\n'
