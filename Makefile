@@ -20,8 +20,10 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	$(PIP) -e '.[test]'
 	touch $@
 
+# Serves the embedded model on 127.0.0.1:8000 and prints a ready-to-paste curl line;
+# pass options through ARGS, e.g. `make run ARGS="--mock --port 9000"`.
 run: $(VENV)/.run-deps
-	$(VENV)/bin/deepwell render examples/chat_request.json
+	$(VENV)/bin/deepwell serve $(ARGS)
 
 test: $(VENV)/.test-deps
 	$(VENV)/bin/ruff check .
