@@ -55,6 +55,9 @@ class _Item:
         "kind",
         "id",
         "index",
+        "quoted_id",
+        "ids",
+        "encrypted",
         "parts",
         "logprobs",
         "call_id",
@@ -64,10 +67,15 @@ class _Item:
         "phase",
     )
 
-    def __init__(self, kind: str, id: str, index: int) -> None:
+    def __init__(self, kind: str, id: str, index: int, encrypted: str) -> None:
         self.kind = kind
         self.id = id
         self.index = index
+        self.quoted_id = _quote(id)
+        # The members every event about this item carries.
+        self.ids = f'"item_id":{self.quoted_id},"output_index":{index}'
+        # A reasoning item's `encrypted_content`: "{response id}-{index}".
+        self.encrypted = encrypted
         self.parts: list[str] = []
         self.logprobs: list[LogprobEntry] = []
         self.call_id = ""
@@ -92,10 +100,9 @@ class _Item:
         head = f'{{"type":"{self.kind}","id":{_quote(self.id)},"status":"{self.status}"'
         if self.kind == "reasoning":
             content = "[" + self.part_json() + "]" if done else "[]"
-            encrypted = self.id[3:].rsplit("_", 1)
             return (
                 f'{head},"content":{content},"summary":[],'
-                f'"encrypted_content":{_quote(encrypted[0] + "-" + encrypted[1])}}}'
+                f'"encrypted_content":{_quote(self.encrypted)}}}'
             )
         if self.kind == "message":
             content = "[" + self.part_json() + "]" if done else "[]"
@@ -223,7 +230,7 @@ class ResponsesChunkGenerator:
 
     def _open_item(self, kind: str, prefix: str, out: list) -> _Item:
         index = len(self._state.items)
-        item = _Item(kind, f"{prefix}_{self._id}_{index}", index)
+        item = _Item(kind, f"{prefix}_{self._id}_{index}", index, f"{self._id}-{index}")
         self._state.items.append(item)
         self._open = item
         return item
@@ -243,7 +250,7 @@ class ResponsesChunkGenerator:
         )
         self._event(
             "response.content_part.added",
-            f'"content_index":0,"item_id":{_quote(item.id)},"output_index":{item.index},"part":{part}',
+            f'"content_index":0,{item.ids},"part":{part}',
             out,
         )
 
@@ -253,7 +260,7 @@ class ResponsesChunkGenerator:
             return
         self._open = None
         item.status = status
-        ids = f'"item_id":{_quote(item.id)},"output_index":{item.index}'
+        ids = item.ids
         text = _quote("".join(item.parts))
         if item.kind == "reasoning":
             self._event(
@@ -269,7 +276,7 @@ class ResponsesChunkGenerator:
                 item.phase = "commentary"
             self._event(
                 "response.output_text.done",
-                f'"content_index":0,"item_id":{_quote(item.id)},'
+                f'"content_index":0,"item_id":{item.quoted_id},'
                 f'"logprobs":{logprobs_json(item.logprobs)},"output_index":{item.index}',
                 out,
                 f',"text":{text}',
@@ -299,7 +306,7 @@ class ResponsesChunkGenerator:
         item.parts.append(text)
         self._event(
             "response.reasoning_text.delta",
-            f'"content_index":0,"delta":{_quote(text)},"item_id":{_quote(item.id)},"output_index":{item.index}',
+            f'"content_index":0,"delta":{_quote(text)},{item.ids}',
             out,
         )
 
@@ -311,12 +318,14 @@ class ResponsesChunkGenerator:
             self._announce(item, out)
             self._part_added(item, out)
         item.parts.append(text)
+        entries = "[]"
         if logprobs:
             item.logprobs.extend(logprobs)
+            entries = logprobs_json(logprobs)
         self._event(
             "response.output_text.delta",
-            f'"content_index":0,"delta":{_quote(text)},"item_id":{_quote(item.id)},'
-            f'"logprobs":{logprobs_json(logprobs or [])},"output_index":{item.index}',
+            f'"content_index":0,"delta":{_quote(text)},"item_id":{item.quoted_id}'
+            f',"logprobs":{entries},"output_index":{item.index}',
             out,
         )
 
@@ -336,7 +345,7 @@ class ResponsesChunkGenerator:
 
     def arguments(self, index: int, piece: str, is_string_value: bool, out: list) -> None:
         item = self._open
-        ids = f'"item_id":{_quote(item.id)},"output_index":{item.index}'
+        ids = item.ids
         if item.kind == "function_call":
             if is_string_value:
                 piece = _quote(piece)[1:-1]
