@@ -228,7 +228,7 @@ class ResponsesChunkGenerator:
         self._response_event("response.created", out)
         self._response_event("response.in_progress", out)
 
-    def _open_item(self, kind: str, prefix: str, out: list) -> _Item:
+    def _open_item(self, kind: str, prefix: str) -> _Item:
         index = len(self._state.items)
         item = _Item(kind, f"{prefix}_{self._id}_{index}", index, f"{self._id}-{index}")
         self._state.items.append(item)
@@ -300,7 +300,7 @@ class ResponsesChunkGenerator:
         item = self._open
         if item is None or item.kind != "reasoning":
             self._close(out)
-            item = self._open_item("reasoning", "rs", out)
+            item = self._open_item("reasoning", "rs")
             self._announce(item, out)
             self._part_added(item, out)
         item.parts.append(text)
@@ -314,7 +314,7 @@ class ResponsesChunkGenerator:
         item = self._open
         if item is None or item.kind != "message":
             self._close(out)
-            item = self._open_item("message", "msg", out)
+            item = self._open_item("message", "msg")
             self._announce(item, out)
             self._part_added(item, out)
         item.parts.append(text)
@@ -332,9 +332,9 @@ class ResponsesChunkGenerator:
     def tool_call(self, index: int, call_id: str, name: str, out: list) -> None:
         self._close(out, before_call=True)
         if name in self._custom:
-            item = self._open_item("custom_tool_call", "ctc", out)
+            item = self._open_item("custom_tool_call", "ctc")
         else:
-            item = self._open_item("function_call", "fc", out)
+            item = self._open_item("function_call", "fc")
             if name in self._namespaces:
                 item.namespace, name = self._namespaces[name]
         item.call_id = call_id

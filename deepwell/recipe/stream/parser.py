@@ -5,7 +5,7 @@ Follows spec/recipe.md §8.3; emits classified spans (actions), never whole valu
 
 from __future__ import annotations
 
-from deepwell.recipe.options import ParsingOptions
+from deepwell.recipe.options import ParsingOptions, ThinkingInitialStage
 from deepwell.recipe.stream.matcher import Matcher, Pattern, PatternSet
 
 # Action kinds. Runs (kind <= MATCHED) are spans of input: the stage's default action, or
@@ -137,7 +137,6 @@ class StreamParser:
         "_stage_id",
         "_stage",
         "_matcher",
-        "_leading",
         "_fresh",
         "_default",
         "_buf",
@@ -164,7 +163,7 @@ class StreamParser:
         elif stage is None:
             self._enter(ANSWER, True)
         elif stage.starts_in_reasoning():
-            self._enter(REASONING_STAGE, stage.name == "ReasoningStart")
+            self._enter(REASONING_STAGE, stage is ThinkingInitialStage.ReasoningStart)
         else:
             self._enter(ANSWER, False)
 
@@ -172,15 +171,10 @@ class StreamParser:
     def pending_start(self) -> int:
         return self._buf_start if self._buf else self.end
 
-    @property
-    def finished(self) -> bool:
-        return self._stage_id == FINISHED
-
     def _enter(self, stage_id: int, leading: bool) -> None:
         self._stage_id = stage_id
         self._stage = self._stages[stage_id]
         self._matcher = Matcher(self._stage.pattern_set)
-        self._leading = leading
         self._fresh = leading
         if stage_id == ANSWER:
             self._default = TO_SPACE if self._json else CONTENT
