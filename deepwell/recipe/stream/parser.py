@@ -5,6 +5,8 @@ Follows spec/recipe.md §8.3; emits classified spans (actions), never whole valu
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from deepwell.recipe.options import ParsingOptions, ThinkingInitialStage
 from deepwell.recipe.stream.matcher import Matcher, Pattern, PatternSet
 
@@ -68,12 +70,26 @@ class _Stage:
 
 
 def build_stages(options: ParsingOptions, think_end: str, dsml: str) -> list[_Stage]:
-    """Compile the stage table; `think_end` and `dsml` are the marker spellings to match."""
-    stops = [Pattern(s) for s in options.stop_sequences if s]
-    tools = options.parse_tool_calls
+    """The stage table; `think_end` and `dsml` are the marker spellings to match."""
+    return _stage_table(
+        options.parse_tool_calls,
+        options.parse_json_output,
+        tuple(options.stop_sequences),
+        think_end,
+        dsml,
+    )
+
+
+# Tables are immutable (match state lives in Matcher), so requests with the same settings
+# share one instead of compiling ~20 patterns each.
+@lru_cache(maxsize=256)
+def _stage_table(
+    tools: bool, json_output: bool, stop_sequences: tuple[str, ...], think_end: str, dsml: str
+) -> list[_Stage]:
+    stops = [Pattern(s) for s in stop_sequences if s]
     open_calls = [(Pattern("<" + dsml, newlines=True), TOOL_CALLS, _NOTHING, 0)] if tools else []
     stop_rules = [(p, FINISHED, _STOP, 0) for p in stops]
-    if options.parse_json_output:
+    if json_output:
         answer_head = [
             (Pattern("```json\n"), JSON, _NOTHING, 0),
             (Pattern("```\n"), JSON, _NOTHING, 0),
