@@ -214,12 +214,13 @@ class StreamProcessor:
 
     def _feed(self, text: str, decoded: DecodedText | None, out: list) -> None:
         parser = self._parser
-        if decoded is None and not self._records:
+        if not self._records and (decoded is None or decoded.logprobs is None):
             # Hot path: nothing held back and no character of `text` can begin a marker, so
-            # the whole chunk settles as one run and is released at once.
+            # the whole chunk settles as one run and is released at once (with no log
+            # probabilities to hand out, which ids went where does not matter).
             kind = parser.settle(text)
             if kind >= 0:
-                self._emit_run(kind, text, None, None, out)
+                self._emit_run(kind, text, decoded, None, out)
                 return
         record = _Record(parser.end, parser.end + len(text), decoded)
         self._records.append(record)

@@ -15,6 +15,8 @@ from deepwell.recipe.stream.chunks import LogprobEntry, TokenLogprob
 
 # Control tokens become characters of Supplementary Private Use Area-B.
 _SYMBOL_BASE = 0x10FF00
+# Deleting these from a token's bytes leaves one byte per character it begins.
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 
 
 class TokenBytes(Protocol):
@@ -95,35 +97,34 @@ class TokenDecoder:
         if logprobs is not None or self._logprobs is not None:
             old = self._logprobs if self._logprobs is not None else [None] * len(self._ids)
             self._logprobs = old + (list(logprobs) if logprobs is not None else [None] * len(ids))
-        self._ids.extend(ids)
+        self._ids = self._ids + list(ids) if self._ids else list(ids)
         segments = self._segments(self._ids)
         last_text = segments[-1][1]
         if not last_text or last_text.endswith("\ufffd"):
             # Nothing to show yet, or a character still incomplete: that segment waits.
-            segments.pop()
-        count = sum(len(segment[0]) for segment in segments)
-        if not count:
-            return []
-        released_logprobs = None
-        if self._logprobs is not None:
-            released_logprobs, self._logprobs = self._logprobs[:count], self._logprobs[count:]
-        self._ids = self._ids[count:]
-        if not self._ids:
-            self._logprobs = None
+            self._ids = segments.pop()[0]
+        else:
+            self._ids = []
+        pending_logprobs = self._logprobs
+        if pending_logprobs is not None:
+            waiting = len(self._ids)
+            self._logprobs = (
+                pending_logprobs[len(pending_logprobs) - waiting :] if waiting else None
+            )
         out = []
         first = 0
         for segment_ids, text, starts, ends in segments:
             entries = None
-            if released_logprobs is not None:
+            if pending_logprobs is not None:
                 entries = [
                     self._entry(i, lp[0], lp[1]) if lp is not None else None
                     for i, lp in zip(
                         segment_ids,
-                        released_logprobs[first : first + len(segment_ids)],
+                        pending_logprobs[first : first + len(segment_ids)],
                         strict=True,
                     )
                 ]
-            first += len(segment_ids)
+                first += len(segment_ids)
             out.append(DecodedText(text, len(segment_ids), starts, ends, entries))
         return out
 
@@ -132,10 +133,14 @@ class TokenDecoder:
 
         Ids that decode to nothing join the next segment, so no segment is empty but the last.
         """
+        symbol_of = self._symbol_of
+        if not any(token_id in symbol_of for token_id in ids):
+            # The common case: ordinary ids only, one segment.
+            return [(ids, *self._decode(ids))]
         groups: list[list[int]] = []
         plain: list[int] = []
         for token_id in ids:
-            if token_id in self._symbol_of:
+            if token_id in symbol_of:
                 if plain:
                     groups.append(plain)
                     plain = []
@@ -172,7 +177,7 @@ class TokenDecoder:
             # A continuation byte belongs to the character begun before it.
             starts.append(leads - 1 if data and data[0] & 0xC0 == 0x80 and leads else leads)
             plain += data
-            leads += sum(1 for b in data if b & 0xC0 != 0x80)
+            leads += len(data.translate(None, _CONTINUATION_BYTES))
             ends.append(leads)
         text = plain.decode("utf-8", "replace")
         last = max(len(text) - 1, 0)
