@@ -107,7 +107,7 @@ class StreamProcessor:
         self._token_stages = None
         self._decoder = None
         if tokenizer is not None:
-            self._decoder = TokenDecoder(tokenizer, options.special_tokens)
+            self._decoder = TokenDecoder(tokenizer)
             self._token_stages = build_stages(
                 options, self._decoder.symbol(think_end), self._decoder.symbol(dsml)
             )

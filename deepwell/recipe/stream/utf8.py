@@ -1,7 +1,7 @@
 """Incremental decoding of generated token ids: ids ending mid-character wait for the rest.
 
-Control tokens decode to one private symbol each, so that only a real `</think>` token
-ends reasoning, never the same spelling typed with ordinary tokens (spec/recipe.md §8.2).
+Control (added) tokens decode to one private symbol each, so that only a real `</think>`
+token ends reasoning, never the same spelling typed with ordinary tokens (spec/recipe.md §8.2).
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import struct
 from collections.abc import Sequence
 from typing import Protocol
 
-from deepwell.recipe.encoding.special_tokens import SpecialToken, SpecialTokens
 from deepwell.recipe.stream.chunks import LogprobEntry, TokenLogprob
 
-# Control tokens become characters of Supplementary Private Use Area-B.
-_SYMBOL_BASE = 0x10FF00
+# Control tokens become characters of Supplementary Private Use Area-B, in order of use.
+_SYMBOL_BASE = 0x100000
 # Deleting these from a token's bytes leaves one byte per character it begins.
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 
@@ -54,22 +53,40 @@ class DecodedText:
 class TokenDecoder:
     """Joins the bytes of pending ids and releases them once they end on a character boundary."""
 
-    __slots__ = ("_tokenizer", "_table", "_symbol_of", "spelling_of", "_ids", "_logprobs")
+    __slots__ = (
+        "_tokenizer",
+        "_table",
+        "_symbol_of",
+        "_ordinary",
+        "spelling_of",
+        "_ids",
+        "_logprobs",
+    )
 
-    def __init__(self, tokenizer: TokenBytes, special_tokens: SpecialTokens) -> None:
+    def __init__(self, tokenizer: TokenBytes) -> None:
         self._tokenizer = tokenizer
         self._table = tokenizer.byte_table()
+        # Ids are classified on first sight: added tokens get a symbol, the rest are ordinary.
         self._symbol_of: dict[int, str] = {}
+        self._ordinary: set[int] = set()
         # symbol → spelling, for str.translate when text leaves the parser.
         self.spelling_of: dict[int, str] = {}
-        for k, token in enumerate(SpecialToken):
-            spelling = special_tokens.token(token)
-            token_id = tokenizer.special_token_id(spelling)
-            if token_id is not None and token_id not in self._symbol_of:
-                self._symbol_of[token_id] = chr(_SYMBOL_BASE + k)
-                self.spelling_of[_SYMBOL_BASE + k] = spelling
         self._ids: list[int] = []
         self._logprobs: list[TokenLogprob] | None = None
+
+    def _symbol(self, token_id: int) -> str | None:
+        """The symbol of an added token (one the tokenizer looks up by its spelling), else None."""
+        symbol = self._symbol_of.get(token_id)
+        if symbol is None and token_id not in self._ordinary:
+            data = self._table[token_id] if 0 <= token_id < len(self._table) else b""
+            spelling = data.decode("utf-8", "replace")
+            if data and self._tokenizer.special_token_id(spelling) == token_id:
+                symbol = chr(_SYMBOL_BASE + len(self._symbol_of))
+                self._symbol_of[token_id] = symbol
+                self.spelling_of[ord(symbol)] = spelling
+            else:
+                self._ordinary.add(token_id)
+        return symbol
 
     def encode(self, text: str) -> list[int]:
         """Full-vocabulary encoding of `text` (control spellings become their ids)."""
@@ -77,10 +94,9 @@ class TokenDecoder:
 
     def symbol(self, spelling: str) -> str:
         """The character a control token spelled `spelling` decodes to (itself if none)."""
-        for code, known in self.spelling_of.items():
-            if known == spelling:
-                return chr(code)
-        return spelling
+        token_id = self._tokenizer.special_token_id(spelling)
+        symbol = None if token_id is None else self._symbol(token_id)
+        return spelling if symbol is None else symbol
 
     def push(
         self, ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None
@@ -133,14 +149,14 @@ class TokenDecoder:
 
         Ids that decode to nothing join the next segment, so no segment is empty but the last.
         """
-        symbol_of = self._symbol_of
-        if not any(token_id in symbol_of for token_id in ids):
+        is_symbol = self._symbol
+        if not any(is_symbol(token_id) for token_id in ids):
             # The common case: ordinary ids only, one segment.
             return [(ids, *self._decode(ids))]
         groups: list[list[int]] = []
         plain: list[int] = []
         for token_id in ids:
-            if token_id in symbol_of:
+            if is_symbol(token_id):
                 if plain:
                     groups.append(plain)
                     plain = []
@@ -194,7 +210,7 @@ class TokenDecoder:
         return LogprobEntry(token, f32_json(logprob), data, alternatives)
 
     def _token_text(self, token_id: int) -> tuple[str, bytes]:
-        symbol = self._symbol_of.get(token_id)
+        symbol = self._symbol(token_id)
         if symbol is not None:
             spelling = self.spelling_of[ord(symbol)]
             return spelling, spelling.encode()

@@ -33,7 +33,9 @@ RAW_VALUES = [
     "12345678901234567890123",
 ]
 STAGES = [None, "ReasoningStart", "ReasoningContinuation", "ContentContinuation"]
-STOPS = ["STOP", "\n\n", "end.", "世界", "}", "</", 'a"b']
+STOPS = ["STOP", "\n\n", "end.", "世界", "}", "</", 'a"b', "fim", "think>"]
+# Added tokens a model may emit besides the markers: BOS, EOS, <think>, fim, EOT, a placeholder.
+ADDED_IDS = [0, 1, 128821, 128800, 128805, 128000]
 WORDS = [
     "hello",
     " world",
@@ -151,6 +153,8 @@ def example(seed: int) -> dict:
         chunks.append(("ready", rng.randint(0, 50), rng.randint(0, 5), rng.choice([None, "fp"])))
     if use_tokens:
         ids = tokenizer().encode(text)
+        for _ in range(rng.randint(0, 3) if rng.random() < 0.3 else 0):
+            ids.insert(rng.randint(0, len(ids)), rng.choice(ADDED_IDS))
         bounds = [0, *cut(rng, len(ids)), len(ids)]
         with_logprobs = rng.random() < 0.5
         for a, b in zip(bounds, bounds[1:], strict=False):
