@@ -1,12 +1,13 @@
 """Random conversations rendered and encoded by deepseek_recipe and by us give identical results.
 
-Prompt, special ranges, image sources and token ids, V4 and V4.1 (V4.1 ids with the assumed
-tokenizer). The default profile runs a quick sample; `-m slow` runs thousands.
+Prompt, special ranges, image sources and token ids (or the same error), V4 and V4.1 (V4.1
+ids with the assumed tokenizer), with default and custom special-token spellings. The default profile runs a quick sample; `-m slow` runs thousands.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 
 import deepseek_recipe as dr
 import pytest
@@ -221,6 +222,15 @@ conversations = st.fixed_dictionaries(
         "reasoning_effort": st.sampled_from([None, "low", "high", "xhigh", "max"]),
         "format": st.sampled_from(["text", "json_object", "schema", "regex"]),
         "schema": st.dictionaries(text, json_values, max_size=2),
+        "special_tokens": st.sampled_from(
+            [
+                None,
+                None,
+                {"user": "<|user|>", "assistant": "<|assistant|>", "thinking_end": "</t>"},
+                {"dsml": "|DSML|", "ref": "[ref]", "box_end": "[/box]", "eos": "<eos>"},
+                {"system": "<｜User｜>", "latest_reminder": "<think>", "bos": "hello"},
+            ]
+        ),
     }
 )
 
@@ -283,26 +293,40 @@ def _rendered(encoding, conv) -> tuple:
     return r.prompt, [tuple(x) for x in r.special_ranges], [s.url for s in r.image_sources]
 
 
+@cache
+def encoding_pairs(special_tokens: tuple | None) -> list[tuple]:
+    """(reference, ours) encodings with tokenizers attached, made once per spelling set:
+    the reference's with_tokenizer copies the whole tokenizer (tens of ms)."""
+    pairs = [
+        (
+            dr.DeepseekV4Encoding().with_tokenizer(REF_V4_TOKENIZER),
+            ours.DeepseekV4Encoding().with_tokenizer(v4_tokenizer()),
+        ),
+        (
+            dr.DeepseekV41Encoding().with_tokenizer(REF_V41_TOKENIZER),
+            ours.DeepseekV41Encoding().with_tokenizer(v41_assumed_tokenizer()),
+        ),
+    ]
+    if special_tokens is None:
+        return pairs
+    spellings = dict(special_tokens)
+    return [
+        (
+            reference.with_special_tokens(dr.SpecialTokens(**spellings)),
+            mine.with_special_tokens(ours.SpecialTokens(**spellings)),
+        )
+        for reference, mine in pairs
+    ]
+
+
 def check_same(spec: dict) -> None:
     reference_conv = build(dr, spec)
     our_conv = build(ours, spec)
-    pairs = [
-        (dr.DeepseekV4Encoding(), ours.DeepseekV4Encoding(), REF_V4_TOKENIZER, v4_tokenizer()),
-        (
-            dr.DeepseekV41Encoding(),
-            ours.DeepseekV41Encoding(),
-            REF_V41_TOKENIZER,
-            v41_assumed_tokenizer(),
-        ),
-    ]
-    for reference, mine, reference_tokenizer, our_tokenizer in pairs:
+    spellings = spec["special_tokens"]
+    for reference, mine in encoding_pairs(None if spellings is None else tuple(spellings.items())):
         assert _rendered(mine, our_conv) == _rendered(reference, reference_conv)
-        assert _outcome(lambda m=mine, t=our_tokenizer: m.with_tokenizer(t).encode(our_conv)) == (
-            _outcome(
-                lambda r=reference, t=reference_tokenizer: r.with_tokenizer(t).encode(
-                    reference_conv
-                )
-            )
+        assert _outcome(lambda m=mine: m.encode(our_conv)) == _outcome(
+            lambda r=reference: r.encode(reference_conv)
         )
 
 
