@@ -217,6 +217,165 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# --- generate ---
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a .gguf file or a directory with config.json + safetensors "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="compute dtype (default: bfloat16; float32 for exact comparisons)",
+    )
+    parser.add_argument(
+        "--memory-gib",
+        type=float,
+        default=4.0,
+        help="memory budget for weights plus KV cache, in GiB (default: 4)",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=1024,
+        help="token budget of one engine step (default: 1024)",
+    )
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+
+
+def _engine_args(args: argparse.Namespace, **overrides):
+    from deepwell.engine import EngineArgs
+
+    return EngineArgs(
+        model=args.model,
+        dtype=args.dtype,
+        memory_gib=args.memory_gib,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.threads,
+        **overrides,
+    )
+
+
+def _configure_generate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the user message")
+    parser.add_argument(
+        "--raw", action="store_true", help="complete the text as is, without the chat template"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default: 1)")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    _add_engine_arguments(parser)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from deepwell.engine import LLM, EngineError, SamplingParams
+
+    try:
+        print("loading model …", file=sys.stderr, flush=True)
+        llm = LLM(**vars(_engine_args(args)))
+        stop_ids: list[int] = []
+        prompt = args.prompt
+        if not args.raw:
+            if llm.core.chat_template is None:
+                print(
+                    "deepwell generate: the model has no chat template; use --raw", file=sys.stderr
+                )
+                return 2
+            from deepwell.recipe import ChatMLEncoding, Conversation, UserMessage
+
+            encoding = ChatMLEncoding.from_chat_template(llm.core.chat_template)
+            prompt = encoding.render_conversation(Conversation([UserMessage(prompt)])).prompt
+            stop_ids = [llm.tokenizer.token_to_id(token) for token in encoding.stop_tokens]
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop_token_ids=[i for i in stop_ids if i is not None],
+        )
+        (completion,) = llm.generate(prompt, params, use_tqdm=False)
+    except (EngineError, ValueError) as error:
+        print(f"deepwell generate: {error}", file=sys.stderr)
+        return 1
+    text = completion.text
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        text = text.removesuffix(token)
+    print(text)
+    return 0
+
+
+# --- bench ---
+
+
+def _configure_bench(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--num-requests", type=int, default=64, help="requests to run (default: 64)"
+    )
+    parser.add_argument(
+        "--input-len",
+        type=int,
+        nargs=2,
+        default=(64, 512),
+        metavar=("MIN", "MAX"),
+        help="prompt length range, inclusive (default: 64 512)",
+    )
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=(64, 256),
+        metavar=("MIN", "MAX"),
+        help="output length range, inclusive; EOS is ignored (default: 64 256)",
+    )
+    parser.add_argument(
+        "--decode-num-requests",
+        type=int,
+        default=64,
+        help="requests decoding at once; 1 = latency mode (default: 64)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    parser.add_argument("--output-json", metavar="PATH", help="also write the result as JSON here")
+    _add_engine_arguments(parser)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deepwell.engine import EngineError
+    from deepwell.engine.bench import BenchConfig, format_result, run_bench, write_result
+
+    config = BenchConfig(
+        num_requests=args.num_requests,
+        input_len=tuple(args.input_len),
+        output_len=tuple(args.output_len),
+        decode_num_requests=args.decode_num_requests,
+        seed=args.seed,
+    )
+    engine_args = _engine_args(args)
+    try:
+        print("loading model …", file=sys.stderr, flush=True)
+        result = run_bench(engine_args, config)
+    except (EngineError, ValueError) as error:
+        print(f"deepwell bench: {error}", file=sys.stderr)
+        return 1
+    print(format_result(result))
+    if args.output_json:
+        write_result(Path(args.output_json), engine_args, config, result)
+    return 0
+
+
 # Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
 # one line here.
 COMMANDS: list[Command] = [
@@ -237,6 +396,18 @@ COMMANDS: list[Command] = [
         "encode text with a tokenizer.json (or decode ids)",
         _configure_tokenize,
         _run_tokenize,
+    ),
+    Command(
+        "generate",
+        "answer one chat message with a local model (default: the embedded SmolLM2)",
+        _configure_generate,
+        _run_generate,
+    ),
+    Command(
+        "bench",
+        "offline throughput / latency benchmark on random requests",
+        _configure_bench,
+        _run_bench,
     ),
 ]
 

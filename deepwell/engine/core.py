@@ -37,6 +37,14 @@ class EngineStats:
     num_preemptions: int
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """What the last step computed: prefill tokens (chunks) and decode tokens."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
         if args.num_threads:
@@ -47,7 +55,7 @@ class EngineCore:
             checkpoint.architecture, checkpoint.hf_config, TorchPagedAttention, args.torch_dtype
         )
         model.load_weights(checkpoint.tensors)
-        model.to(args.torch_dtype).eval()
+        model.eval()
         self.model_config = model.config
         self.model_name = checkpoint.path.stem
         self.architecture = checkpoint.architecture
@@ -87,6 +95,7 @@ class EngineCore:
         self._seeds = random.Random(args.seed)
         self.num_steps = 0
         self.num_preemptions = 0
+        self.last_step = StepStats()
         logger.info(
             "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
             checkpoint.path.name,
@@ -172,6 +181,8 @@ class EngineCore:
         self.num_preemptions += len(plan.preempted)
         if not plan.chunks:
             return outputs
+        decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
+        self.last_step = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
         tokens, logprobs = self.runner.execute(plan.chunks)
         self.num_steps += 1
         sampled = iter(zip(tokens, logprobs, strict=True))

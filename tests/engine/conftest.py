@@ -3,10 +3,15 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from deepwell.engine import EngineArgs, EngineCore
 
 from .tiny_llama import write_tiny_llama
+
+# The test machine's 2 cores are shared: with 2 threads, a busy neighbour stalls every
+# parallel region (measured 50x slower matmuls); one thread degrades gracefully.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

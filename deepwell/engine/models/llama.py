@@ -99,8 +99,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, x, rope, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The residual stream stays float32; only matmul inputs drop to the compute dtype.
+        # This keeps bf16 runs close to float32 for the cost of a few elementwise casts.
+        dtype = self.mlp.down_proj.weight.dtype
+        x = x + self.self_attn(self.input_layernorm(x).to(dtype), rope, meta, kv_cache).float()
+        return x + self.mlp(self.post_attention_layernorm(x).to(dtype)).float()
 
 
 class LlamaForCausalLM(nn.Module):
@@ -111,6 +114,7 @@ class LlamaForCausalLM(nn.Module):
     ):
         super().__init__()
         self.config = config
+        self.dtype = dtype
         backend = backend_class(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim
         )
@@ -137,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: KVCache):
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids).float()
         rope = self.rotary.lookup(positions)
         caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)
         for layer, layer_cache in zip(self.layers, caches, strict=True):
@@ -145,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -188,3 +192,7 @@ class LlamaForCausalLM(nn.Module):
                 put(prefix + target, torch.cat(pieces, dim=0))
         if unset:
             raise ModelLoadError(f"checkpoint lacks tensors: {sorted(unset)[:5]}")
+        # Matmul weights in the compute dtype; norm weights stay float32 (see the layer).
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.to(self.dtype)
