@@ -21,7 +21,11 @@ from deepwell.recipe.options import (
     ParsingOptions,
     ThinkingInitialStage,
 )
-from deepwell.recipe.schema import check_parameters_schema, normalize_strict_schema
+from deepwell.recipe.schema import (
+    check_parameters_schema,
+    check_response_schema,
+    normalize_strict_schema,
+)
 
 DEFAULT_MAX_TOKENS_UPPER_BOUND = 393216
 DEFAULT_MODEL_VERSIONS = {
@@ -40,6 +44,7 @@ EFFORTS = {
 }
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _MAX_STOP_SEQUENCES = 16
+_TOP_P_FLOOR = to_f32(0.95)
 
 
 class _NamedEnum(enum.Enum):
@@ -143,7 +148,8 @@ def resolve_thinking(
 ) -> tuple[bool, str | None]:
     """(thinking_mode, reasoning_effort) from the dialect's switch and requested effort."""
     if enabled is None:
-        enabled = options.default_thinking_mode if effort != "none" else False
+        # A requested effort implies thinking; only `none` switches it off.
+        enabled = options.default_thinking_mode if effort is None else effort != "none"
     if not enabled:
         return False, None
     return True, EFFORTS.get(effort or "", "high")
@@ -167,13 +173,18 @@ def resolve_temperature(value: float | None, thinking: bool) -> float:
     return 1.0 if thinking or value is None else value
 
 
-def resolve_top_p(value: float | None, thinking: bool, version: ModelVersion) -> float:
+def resolve_top_p(
+    value: float | None, thinking: bool, version: ModelVersion, tools_active: bool
+) -> float:
     if version is ModelVersion.DeepseekV41Flash:
         # V4.1-Flash floors top_p at 0.95 when thinking and ignores it otherwise (spec §6.1).
         if thinking and value is not None:
-            return max(value, to_f32(0.95))
+            return max(value, _TOP_P_FLOOR)
         return 1.0
-    return 1.0 if thinking or value is None else value
+    if thinking:
+        # V4-Pro samples agentic (tool-using) thinking at 0.95, whatever was asked.
+        return _TOP_P_FLOOR if tools_active else 1.0
+    return 1.0 if value is None else value
 
 
 def max_tokens_bound(thinking: bool, options: ConversionOptions) -> int:
@@ -189,13 +200,15 @@ def check_max_tokens(value: int | None, bound: int) -> None:
         )
 
 
-def check_stop(stop: Sequence[str]) -> None:
+def check_stop(stop: Sequence[str], *, single: bool = False) -> None:
+    """`single`: the request spelled stop as one string rather than a list."""
     if len(stop) > _MAX_STOP_SEQUENCES:
         raise ConversionError(f"Stop string array too long: {len(stop)}")
     for index, item in enumerate(stop):
         if item == "":
+            where = "stop" if single else f"stop[{index}]"
             raise ConversionError(
-                f"Invalid 'stop[{index}]': empty string. Expected a string with minimum "
+                f"Invalid '{where}': empty string. Expected a string with minimum "
                 "length 1, but got an empty string instead."
             )
 
@@ -206,22 +219,25 @@ def apply_reasoning_history(
     thinking: bool,
     options: ConversionOptions,
     reject_message: str,
+    *,
+    tools_declared: bool,
 ) -> None:
-    """Fill or clear assistant reasoning; optionally insist on it for the current tool turn."""
+    """Fill or clear assistant reasoning; with `Reject`, insist on it in the current turn.
+
+    The current turn is what follows the last user message. There, an assistant message
+    must bring its reasoning if it calls tools or the request declares any tools.
+    """
     if not thinking:
         for message in messages:
             if isinstance(message, AssistantMessage):
                 message.reasoning_content = None
         return
-    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    turn_start = 1 + max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    reject = options.reasoning_content_behavior is ReasoningContentBehavior.Reject
     for index, message in enumerate(messages):
         if not isinstance(message, AssistantMessage) or message.reasoning_content is not None:
             continue
-        if (
-            options.reasoning_content_behavior is ReasoningContentBehavior.Reject
-            and message.tool_calls
-            and index > last_user
-        ):
+        if reject and index >= turn_start and (message.tool_calls or tools_declared):
             raise ConversionError(reject_message)
         message.reasoning_content = ""
 
@@ -240,9 +256,16 @@ def check_tool_name(name: str, path: str) -> None:
         )
 
 
-def check_unique_names(names: Sequence[str], message: str = "Tool names must be unique.") -> None:
+def check_unique_names(names: Sequence[str], message: str) -> None:
     if len(set(names)) != len(names):
         raise ConversionError(message)
+
+
+def claim_tool_name(name: str, seen: set[str]) -> None:
+    """Tools are checked one by one: a repeated name fails before that tool's schema does."""
+    if name in seen:
+        raise ConversionError("Tool names must be unique.")
+    seen.add(name)
 
 
 def check_strict_consistency(tools: Sequence[ToolDefinition]) -> None:
@@ -255,7 +278,7 @@ def prepare_parameters(name: str, parameters: JsonValue, strict: bool | None) ->
     """Validate (non-strict) or normalise (strict) a function's parameter schema."""
     if strict:
         if parameters is None:
-            return None
+            parameters = {"type": "object"}
         return normalize_strict_schema(parameters, tool=True)
     if parameters is None:
         return {}
@@ -263,8 +286,12 @@ def prepare_parameters(name: str, parameters: JsonValue, strict: bool | None) ->
     return parameters
 
 
-def normalize_response_schema(schema: JsonValue) -> JsonValue:
-    return normalize_strict_schema(schema, tool=False)
+def response_constraint_schema(schema: JsonValue, strict: bool | None) -> JsonValue:
+    """The schema a `json_schema` response format constrains output to (checked first)."""
+    if strict:
+        return normalize_strict_schema(schema, tool=False)
+    check_response_schema(schema)
+    return schema
 
 
 @dataclass
@@ -276,17 +303,23 @@ class ToolSelection:
 
 
 def apply_tool_choice(
-    tools: list[ToolDefinition], choice: str, named: str | None, thinking: bool
+    tools: list[ToolDefinition],
+    choice: str,
+    named: str | None,
+    thinking: bool,
+    *,
+    declared: bool | None = None,
 ) -> ToolSelection:
-    """`choice` is none/auto/required; `named` is a forced function (choice required)."""
+    """`choice` is none/auto/required; `named` is a forced function (choice required).
+
+    Without tools a forced choice means nothing; `declared` says whether the request named
+    any tools at all (Messages counts tools it dropped), by default whether `tools` is set.
+    """
     if choice == "none":
         return ToolSelection([], "none")
-    if choice == "auto":
+    if choice == "auto" or not (tools if declared is None else declared):
         return ToolSelection(tools, "auto")
-    if thinking:
-        raise ConversionError("Thinking mode does not support this tool_choice")
-    if not tools:
-        return ToolSelection([], "auto")
+    chosen = tools
     if named is not None:
         chosen = [tool for tool in tools if tool.name == named]
         if not chosen:
@@ -294,8 +327,9 @@ def apply_tool_choice(
                 f"Invalid value for 'tool_call': no function named '{named}' was specified "
                 "in the 'tools' parameter."
             )
-        return ToolSelection(chosen, "required")
-    return ToolSelection(tools, "required")
+    if thinking:
+        raise ConversionError("Thinking mode does not support this tool_choice")
+    return ToolSelection(chosen, "required")
 
 
 def output_constraint(

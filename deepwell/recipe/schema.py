@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from urllib.parse import unquote
 
 from deepwell.recipe.dialects.body import BodyError, describe
 from deepwell.recipe.errors import ConversionError
@@ -246,10 +247,85 @@ def _schema_or_strings(value: JsonValue) -> None:
             ) from None
 
 
+def check_response_schema(schema: JsonValue) -> None:
+    """A (non-strict) `json_schema` response format: any valid JSON Schema."""
+    try:
+        _schema(schema)
+        _check_references(schema, schema)
+    except _Invalid as error:
+        raise ConversionError(f"Invalid json schema: {error}") from None
+
+
+# Keywords whose value is a subschema, a list of them, or a map of them.
+_SUBSCHEMA = (
+    "items", "contains", "additionalProperties", "propertyNames", "if", "then", "else", "not",
+    "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+)  # fmt: skip
+_SUBSCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _check_references(node: JsonValue, root: JsonValue) -> None:
+    """Every `$ref` resolves inside the document (nothing is fetched)."""
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        _resolve(ref, root)
+    for key in _SUBSCHEMA:
+        if key in node:
+            _check_references(node[key], root)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            for item in node[key]:
+                _check_references(item, root)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            for item in node[key].values():
+                _check_references(item, root)
+
+
+def _resolve(ref: str, root: JsonValue) -> None:
+    if not ref.startswith("#"):
+        reason = (
+            f"Retrieval is disabled, cannot fetch {ref}"
+            if "://" in ref
+            else "No base URI is available"
+        )
+        raise _Invalid(
+            f"Resource '{ref}' is not present in a registry and retrieving it failed: {reason}"
+        )
+    pointer = ref[1:]
+    if pointer and not pointer.startswith("/"):
+        if not _has_anchor(root, pointer):
+            raise _Invalid(f"Anchor '{pointer}' does not exist")
+        return
+    target = root
+    for token in pointer.split("/")[1:]:
+        token = unquote(token).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            raise _Invalid(f"Pointer '{pointer}' does not exist")
+
+
+def _has_anchor(node: JsonValue, name: str) -> bool:
+    if isinstance(node, dict):
+        if node.get("$anchor") == name:
+            return True
+        return any(_has_anchor(value, name) for value in node.values())
+    if isinstance(node, list):
+        return any(_has_anchor(value, name) for value in node)
+    return False
+
+
 def check_parameters_schema(function: str, parameters: JsonValue) -> None:
     """A non-strict tool's parameters: a valid JSON Schema whose type is `object`."""
     try:
         _schema(parameters)
+        _check_references(parameters, parameters)
     except _Invalid as error:
         raise ConversionError(f"Invalid schema for function '{function}': {error}") from None
     declared = parameters.get("type") if isinstance(parameters, dict) else None
@@ -271,23 +347,29 @@ def normalize_strict_schema(schema: JsonValue, *, tool: bool) -> JsonValue:
     A tool's parameters must be an object at the top; a response format may be any node.
     """
     try:
-        normalized = _strict_node(schema, nested=False)
+        # The whole tree is read (type errors) before any rule is checked.
+        _strict_node(schema, nested=not tool, check=False)
     except BodyError as error:
-        raise ConversionError(f"Invalid tool parameters schema : {error}") from None
+        prefix = "Invalid tool parameters schema : " if tool else "Invalid json schema: "
+        raise ConversionError(f"{prefix}{error}") from None
+    # Only a tool's top-level object may be empty (a function without parameters).
+    normalized = _strict_node(schema, nested=not tool, check=True)
     if tool and normalized.get("type") != "object":
         raise ConversionError("The top level of the function parameters schema must be an object.")
     return normalized
 
 
-def _strict_node(node: JsonValue, *, nested: bool) -> dict:
+def _strict_node(node: JsonValue, *, nested: bool, check: bool) -> dict:
     if isinstance(node, dict):
         if "type" in node:
-            return _strict_typed(node, nested)
+            return _strict_typed(node, nested, check)
         if "anyOf" in node:
             options = node["anyOf"]
             if not isinstance(options, list):
                 raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
-            out: dict = {"anyOf": [_strict_node(item, nested=True) for item in options]}
+            out: dict = {
+                "anyOf": [_strict_node(item, nested=True, check=check) for item in options]
+            }
             _copy_description(node, out)
             return out
         if "$ref" in node:
@@ -295,18 +377,18 @@ def _strict_node(node: JsonValue, *, nested: bool) -> dict:
     raise BodyError("one of `type`, `anyOf`, `$ref` field is required")
 
 
-def _strict_typed(node: dict, nested: bool) -> dict:
+def _strict_typed(node: dict, nested: bool, check: bool) -> dict:
     kind = node["type"]
     if isinstance(kind, list):
         return {"type": kind}
     if not isinstance(kind, str):
-        raise BodyError(f"invalid type: {describe(kind)}, expected a string")
+        raise BodyError(f"invalid type: {describe(kind)}, expected variant identifier")
     if kind not in _STRICT_TYPES:
         listed = ", ".join(f"`{name}`" for name in _STRICT_TYPES)
         raise BodyError(f"unknown variant `{kind}`, expected one of {listed}")
     out: dict = {"type": kind}
     if kind == "object":
-        return _strict_object(node, nested)
+        return _strict_object(node, nested, check)
     _copy_description(node, out)
     if kind == "string":
         for key in ("pattern", "format"):
@@ -336,18 +418,21 @@ def _strict_typed(node: dict, nested: bool) -> dict:
     elif kind == "array":
         if "items" not in node:
             raise BodyError("missing field `items`")
-        out = {"type": kind, "items": _strict_node(node["items"], nested=True)}
+        out = {"type": kind, "items": _strict_node(node["items"], nested=True, check=check)}
         _copy_description(node, out)
     return out
 
 
-def _strict_object(node: dict, nested: bool) -> dict:
+def _strict_object(node: dict, nested: bool, check: bool) -> dict:
+    """`check`: apply the strict-mode rules (else only read the fields)."""
     properties = node.get("properties")
     if properties is None:
         properties = {}
     if not isinstance(properties, dict):
         raise BodyError(f"invalid type: {describe(properties)}, expected a map")
-    normalized = {name: _strict_node(value, nested=True) for name, value in properties.items()}
+    normalized = {
+        name: _strict_node(value, nested=True, check=check) for name, value in properties.items()
+    }
     additional = node.get("additionalProperties")
     if additional is not None and not isinstance(additional, bool):
         raise BodyError(f"invalid type: {describe(additional)}, expected a boolean")
@@ -361,20 +446,8 @@ def _strict_object(node: dict, nested: bool) -> dict:
         names = [_strict_string(name) for name in required]
     else:
         names = None
-    if additional is True:
-        raise ConversionError("additionalProperties should not be true")
-    if names is not None:
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise ConversionError(f"Duplicate required property '{name}'")
-            seen.add(name)
-            if name not in normalized:
-                raise ConversionError(f"Required property '{name}' not found in object")
-        if len(seen) != len(normalized):
-            raise ConversionError("Required properties must match all properties in the object")
-    if nested and not normalized:
-        raise ConversionError("An object with no properties is not allowed.")
+    if check:
+        _check_object(normalized, names, additional, nested)
     out: dict = {
         "type": "object",
         "properties": normalized,
@@ -384,6 +457,25 @@ def _strict_object(node: dict, nested: bool) -> dict:
     if description is not None:
         out["description"] = description
     return out
+
+
+def _check_object(
+    properties: dict, required: list[str] | None, additional: bool | None, nested: bool
+) -> None:
+    if nested and not properties:
+        raise ConversionError("An object with no properties is not allowed.")
+    if required is not None:
+        seen: set[str] = set()
+        for name in required:
+            if name not in properties:
+                raise ConversionError(f"Required property '{name}' not found in object")
+            if name in seen:
+                raise ConversionError(f"Duplicate required property '{name}'")
+            seen.add(name)
+        if len(seen) != len(properties):
+            raise ConversionError("Required properties must match all properties in the object")
+    if additional is True:
+        raise ConversionError("additionalProperties should not be true")
 
 
 def _copy_description(node: dict, out: dict) -> None:

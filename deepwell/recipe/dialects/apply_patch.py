@@ -76,6 +76,8 @@ APPLY_PATCH_DESCRIPTION = (
     "- File references can only be relative, NEVER ABSOLUTE.\n"
     ""
 )
+# The V4-Pro wording has no blank line after the envelope's introduction.
+APPLY_PATCH_DESCRIPTION_V4 = APPLY_PATCH_DESCRIPTION.replace("envelope:\n\n", "envelope:\n", 1)
 APPLY_PATCH_PARAMETERS = {
     "type": "object",
     "additionalProperties": False,

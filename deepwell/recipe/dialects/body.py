@@ -186,6 +186,18 @@ def f32(value: JsonValue) -> float:
     return to_f32(float(value))
 
 
+def in_field(key: str, reader: Reader) -> Reader:
+    """A reader whose errors name the field (`field `x`: …`), as hand-written serde code does."""
+
+    def read(value: JsonValue) -> Any:
+        try:
+            return reader(value)
+        except BodyError as error:
+            raise BodyError(f"field `{key}`: {error}") from None
+
+    return read
+
+
 def optional(reader: Reader) -> Reader:
     def read(value: JsonValue) -> Any:
         return None if value is None else reader(value)
@@ -246,19 +258,15 @@ class Struct:
 
     def _from_sequence(self, items: list) -> dict[str, Any]:
         # serde fills struct fields positionally from a sequence.
+        count = len(self.fields)
+        expected = f"struct {self.name} with {count} element{'' if count == 1 else 's'}"
         out: dict[str, Any] = dict.fromkeys(self.fields)
         for index, (key, reader) in enumerate(self.fields.items()):
             if index >= len(items):
-                raise BodyError(
-                    f"invalid length {index}, expected struct {self.name} "
-                    f"with {len(self.fields)} elements"
-                )
+                raise BodyError(f"invalid length {index}, expected {expected}")
             out[key] = reader(items[index])
-        if len(items) > len(self.fields):
-            raise BodyError(
-                f"invalid length {len(items)}, expected struct {self.name} "
-                f"with {len(self.fields)} elements"
-            )
+        if len(items) > count:
+            raise BodyError(f"invalid length {len(items)}, expected {expected}")
         return out
 
 
@@ -266,17 +274,24 @@ class Tagged:
     """An enum whose variant is named by a field of the object (`type`, `role`)."""
 
     def __init__(
-        self, name: str, tag: str, readers: dict[str, Reader], kind: str = "internally"
+        self,
+        name: str,
+        tag: str,
+        readers: dict[str, Reader],
+        *,
+        other: Reader | None = None,
     ) -> None:
+        """`other` reads variants not listed (serde's `#[serde(other)]`); else they fail."""
         self.name = name
         self.tag = tag
         self.readers = readers
-        self.kind = kind
+        self.other = other
 
     def __call__(self, value: JsonValue) -> tuple[str, Any]:
         if isinstance(value, list):
+            # serde reads the tag from the first element of a sequence.
             if not value:
-                raise BodyError("invalid length 0, expected tuple of 2 elements")
+                raise BodyError(f"missing field `{self.tag}`")
             tag, rest = value[0], {}
         elif isinstance(value, dict):
             if self.tag not in value:
@@ -284,9 +299,10 @@ class Tagged:
             tag = value[self.tag]
             rest = {k: v for k, v in value.items() if k != self.tag}
         else:
-            raise invalid_type(value, f"{self.kind} tagged enum {self.name}")
+            raise invalid_type(value, f"internally tagged enum {self.name}")
         if not isinstance(tag, str):
             raise invalid_type(tag, "variant identifier")
-        if tag not in self.readers:
+        reader = self.readers.get(tag, self.other)
+        if reader is None:
             raise unknown_variant(tag, tuple(self.readers))
-        return tag, self.readers[tag](rest)
+        return tag, reader(rest)

@@ -5,6 +5,7 @@ Fields, message rules and error texts follow spec/recipe.md §6.1–§6.2.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from deepwell.recipe import conversion as rules
@@ -24,14 +25,16 @@ from deepwell.recipe.conversion import ConversionOptions
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
 from deepwell.recipe.dialects.chat_output import ChatCompletionChunkGenerator
-from deepwell.recipe.dialects.images import image_source
+from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy, image_source
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
-from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue
 from deepwell.recipe.options import InferenceOptions, ThinkingInitialStage
 from deepwell.recipe.request import ConversationRequest
 
+_ORPHAN_TOOL = (
+    "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
+)
 _IMAGE_DETAIL = b.variants("low", "high", "original", "auto")
 _BLOCK = Tagged(
     "ChatCompletionRequestContentBlock",
@@ -72,7 +75,7 @@ _FUNCTION_CALL = Struct(
     ("name", "arguments"),
 )
 _TOOL_CALL = Struct(
-    "ChatCompletionMessageToolCall",
+    "ChatCompletionRequestToolCall",
     {"id": b.string, "type": b.variants("function"), "function": _FUNCTION_CALL},
     ("id", "type", "function"),
 )
@@ -147,13 +150,9 @@ _RESPONSE_FORMAT = Tagged(
         "text": Struct("ChatCompletionTextFormat", {}),
     },
 )
-_NAMED_CHOICE = Struct(
-    "ChatCompletionNamedToolChoice",
-    {
-        "type": b.variants("function"),
-        "function": Struct("ChatCompletionFunctionName", {"name": b.string}, ("name",)),
-    },
-    ("type", "function"),
+_CHOICE_TYPE = b.in_field("type", b.variants("function"))
+_CHOICE_FUNCTION = b.in_field(
+    "function", Struct("ChatCompletionToolChoiceFunction", {"name": b.string}, ("name",))
 )
 
 
@@ -161,20 +160,14 @@ def _tool_choice(value: JsonValue) -> str | tuple[str, str]:
     if value in ("none", "auto", "required"):
         return value
     if isinstance(value, dict) and "type" in value:
-        tag = value["type"]
-        if isinstance(tag, str) and tag != "function":
-            raise BodyError(f"field `type`: unknown variant `{tag}`, expected `function`")
-        try:
-            choice = _NAMED_CHOICE(value)
-        except BodyError:
-            raise BodyError("expected one of `none`, `auto`, `required` or a tool") from None
-        return ("function", choice["function"]["name"])
+        _CHOICE_TYPE(value["type"])
+        return ("function", _CHOICE_FUNCTION(value.get("function"))["name"])
     raise BodyError("expected one of `none`, `auto`, `required` or a tool")
 
 
-def _stop(value: JsonValue) -> list[str]:
+def _stop(value: JsonValue) -> str | list[str]:
     if isinstance(value, str):
-        return [value]
+        return value
     if isinstance(value, list):
         return [b.string(item) for item in value]
     raise BodyError("expected a string or a list")
@@ -238,14 +231,23 @@ class ChatCompletionRequest(ProtocolRequest):
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
     version = rules.resolve_model(f["model"], options)
-    tools = _tools(f["tools"] or [])
+    _check_tool_names(f["tools"] or [])
     raw_messages = f["messages"]
     if not raw_messages:
         raise ConversionError("Empty input messages")
-    image_token = options.special_tokens.token(SpecialToken.Image)
-    messages = [_message(i, role, m, image_token) for i, (role, m) in enumerate(raw_messages)]
-    _check_tool_results(messages)
+    images = ImagePolicy.for_model(version, options)
+    messages = _messages(raw_messages, images)
     _check_prefix(messages)
+    thinking_switch = f["thinking"]
+    enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
+    thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
+    rules.apply_reasoning_history(
+        messages,
+        thinking,
+        options,
+        "The `reasoning_content` in the thinking mode must be passed back to the API.",
+        tools_declared=bool(f["tools"]),
+    )
 
     fmt, schema, regex = _response_format(f["response_format"])
     if fmt == "json_object" and not rules.mentions_json([m.content for m in messages]):
@@ -253,25 +255,36 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
             "Prompt must contain the word 'json' in some form to use 'response_format' "
             "of type 'json_object'."
         )
-    thinking_switch = f["thinking"]
-    enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
-    thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
+    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
+    tools = [] if f["tool_choice"] == "none" else _tools(f["tools"] or [])
 
     choice = f["tool_choice"] or "auto"
     named = choice[1] if isinstance(choice, tuple) else None
     selection = rules.apply_tool_choice(tools, "required" if named else choice, named, thinking)
     is_prefix = bool(messages) and messages[-1].prefix
-    if is_prefix and selection.tools:
+    # Declared tools (even unused) or calls in the history rule out a prefix continuation.
+    if is_prefix and (f["tools"] or any(m.tool_calls for m in messages)):
         raise ConversionError("Function call should not be used with prefix")
     if is_prefix and fmt == "json_object":
         raise ConversionError("response_format json_object should not be used with prefix")
-    if any(tool.strict for tool in selection.tools) and fmt != "text":
-        raise ConversionError("response_format should not be used with tools")
 
-    stop = f["stop"] or []
-    rules.check_stop(stop)
+    stop = f["stop"]
+    if isinstance(stop, str):
+        rules.check_stop([stop], single=True)
+        stop = [stop]
+    else:
+        stop = stop or []
+        rules.check_stop(stop)
     if f["stream_options"] is not None and not f["stream"]:
         raise ConversionError("stream_options should be set along with stream = true")
+    constraint_schema = schema
+    if fmt == "json_schema":
+        strict = f["response_format"][1]["json_schema"]["strict"]
+        constraint_schema = rules.response_constraint_schema(schema, strict)
+    rules.check_strict_consistency(tools)
+    # Any response_format, even an explicit `text`, rules out strict tools here.
+    if any(tool.strict for tool in selection.tools) and f["response_format"] is not None:
+        raise ConversionError("response_format should not be used with tools")
     if f["n"] is not None and f["n"] != 1:
         raise ConversionError("Invalid n value (currently only n = 1 is supported)")
     rules.check_range(f["presence_penalty"], -2.0, 2.0, "presence_penalty", "[-2, 2]")
@@ -295,12 +308,6 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     if seed is not None and seed >= 2**63:
         raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
 
-    rules.apply_reasoning_history(
-        messages,
-        thinking,
-        options,
-        "The `reasoning_content` in the thinking mode must be passed back to the API.",
-    )
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
@@ -311,14 +318,11 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         response_schema=schema,
         response_regex=regex,
     )
-    constraint_schema = schema
-    if fmt == "json_schema" and f["response_format"][1]["json_schema"]["strict"]:
-        constraint_schema = rules.normalize_response_schema(schema)
     tools_active = bool(selection.tools) and selection.tool_choice != "none"
     inference = InferenceOptions(
         max_tokens=f["max_tokens"],
         temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version),
+        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         seed=seed,
@@ -344,12 +348,18 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     )
 
 
-def _tools(declared: list[dict]) -> list[ToolDefinition]:
+def _check_tool_names(declared: list[dict]) -> None:
     for index, tool in enumerate(declared):
         rules.check_tool_name(tool["function"]["name"], f"tools[{index}].function.name")
+
+
+def _tools(declared: list[dict]) -> list[ToolDefinition]:
+    """Tool definitions; parameter schemas checked (or normalised, when strict)."""
     tools = []
+    seen: set[str] = set()
     for tool in declared:
         function = tool["function"]
+        rules.claim_tool_name(function["name"], seen)
         parameters = rules.prepare_parameters(
             function["name"], function["parameters"], function["strict"]
         )
@@ -358,98 +368,124 @@ def _tools(declared: list[dict]) -> list[ToolDefinition]:
                 function["name"], function["description"], parameters, function["strict"]
             )
         )
-    rules.check_unique_names([tool.name for tool in tools])
-    rules.check_strict_consistency(tools)
     return tools
 
 
 def _blocks(
-    content: str | list, path: str, image_token: str, allow_images: bool
+    content: str | list, path: str, images: ImagePolicy, allow_images: bool
 ) -> tuple[str, list[ImageSource]]:
     if isinstance(content, str):
         return content, []
+    if images.supported and any(kind == "file" for kind, _ in content):
+        raise ConversionError(f"{path}: file must have a file_id or file_data")
     parts: list[str] = []
-    images: list[ImageSource] = []
+    sources: list[ImageSource] = []
     for kind, block in content:
         if kind == "text":
             parts.append(block["text"])
+        elif not images.supported:
+            # V4-Pro: any non-text block is a stand-in text, never checked (spec §15.9).
+            parts.append(UNSUPPORTED_IMAGE_TEXT)
         elif kind == "image_url":
             if not allow_images:
                 raise ConversionError("Image in assistant message is not supported")
             url = block["image_url"]
-            images.append(image_source(url["url"], url["detail"], path))
-            parts.append(image_token)
-        else:
-            raise ConversionError(f"{path}: file must have a file_id or file_data")
-    return "\n\n".join(parts), images
+            parts.append(images.place(image_source(url["url"], url["detail"], path), sources))
+    return "\n\n".join(parts), sources
 
 
-def _message(index: int, role: str, m: dict, image_token: str) -> Message:
+def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:
     path = f".messages[{index}]"
     if role == "latest_reminder":
         return LatestReminderMessage(m["content"])
     if role == "assistant":
-        if m["content"] is None and m["tool_calls"] is None:
-            raise ConversionError("Invalid assistant message: content or tool_calls must be set")
         content = ""
         if m["content"] is not None:
-            content, _ = _blocks(m["content"], path, image_token, allow_images=False)
+            content, _ = _blocks(m["content"], path, images, allow_images=False)
         calls = m["tool_calls"]
-        if calls is not None and not calls:
-            raise ConversionError(
-                f"Invalid 'messages[{index}].tool_calls': empty array. Expected an array with "
-                "minimum length 1, but got an empty array instead."
-            )
         tool_calls = None
         if calls:
             tool_calls = [
                 ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls
             ]
         return AssistantMessage(content, m["reasoning_content"], tool_calls, bool(m["prefix"]))
-    content, images = _blocks(m["content"], path, image_token, allow_images=True)
+    content, sources = _blocks(m["content"], path, images, allow_images=True)
     if role == "system":
-        return SystemMessage(content, images, image_token=image_token)
+        return SystemMessage(content, sources, image_token=images.token)
     if role == "user":
-        return UserMessage(content, images, image_token=image_token)
-    return ToolMessage(content, m["tool_call_id"], images, image_token=image_token)
+        return UserMessage(content, sources, image_token=images.token)
+    return ToolMessage(content, m["tool_call_id"], sources, image_token=images.token)
 
 
-def _check_tool_results(messages: list[Message]) -> None:
-    """Every call answered by the tool messages right after it; no stray tool messages."""
-    index = 0
-    while index < len(messages):
-        message = messages[index]
-        if message.role == "tool":
-            raise ConversionError(
-                "Messages with role 'tool' must be a response to a preceding message with "
-                "'tool_calls'"
-            )
-        index += 1
-        if message.role != "assistant" or not message.tool_calls:
-            continue
-        ids = [call.id for call in message.tool_calls]
-        for call_id in ids:
-            if ids.count(call_id) > 1:
-                raise ConversionError(
-                    f"Duplicate value for 'tool_call_id' of {call_id} in message[{index - 1}]"
-                )
-        results = []
-        while index < len(messages) and messages[index].role == "tool" and len(results) < len(ids):
-            results.append(messages[index])
-            index += 1
-        if len(results) < len(ids):
+@dataclass
+class _PendingCalls:
+    """An assistant's tool calls, and the tool messages answering them so far."""
+
+    index: int
+    ids: list[str]
+    answers: list[str] = field(default_factory=list)
+
+    def check_complete(self) -> None:
+        if len(self.answers) < len(self.ids):
             raise ConversionError(
                 "An assistant message with 'tool_calls' must be followed by tool messages "
                 "responding to each 'tool_call_id'. (insufficient tool messages following "
                 "tool_calls message)"
             )
-        unknown = [r.tool_call_id for r in results if r.tool_call_id not in ids]
+        unknown = [answer for answer in self.answers if answer not in self.ids]
         if unknown:
             raise ConversionError(
                 "An assistant message with 'tool_calls' must be followed by tool messages "
                 "responding to each 'tool_call_id', The following tool_call_ids did not have "
                 f"response messages: {', '.join(unknown)}"
             )
+
+
+def _check_assistant(index: int, fields: dict) -> None:
+    if fields["content"] is None and fields["tool_calls"] is None:
+        raise ConversionError("Invalid assistant message: content or tool_calls must be set")
+    if fields["tool_calls"] == []:
+        raise ConversionError(
+            f"Invalid 'messages[{index}].tool_calls': empty array. Expected an array with "
+            "minimum length 1, but got an empty array instead."
+        )
+    ids = [call["id"] for call in fields["tool_calls"] or []]
+    for call_id in ids:
+        if ids.count(call_id) > 1:
+            raise ConversionError(
+                f"Duplicate value for 'tool_call_id' of {call_id} in message[{index}]"
+            )
+
+
+def _messages(raw: list[tuple[str, dict]], images: ImagePolicy) -> list[Message]:
+    """Messages in order; each assistant's calls answered by the tool messages right after.
+
+    A run of tool messages is checked against its calls when the run ends, so content
+    errors inside the run come first (as in the reference).
+    """
+    messages: list[Message] = []
+    pending: _PendingCalls | None = None
+    for index, (role, fields) in enumerate(raw):
+        if role == "tool":
+            if pending is None or len(pending.answers) == len(pending.ids):
+                raise ConversionError(_ORPHAN_TOOL)
+            messages.append(_message(index, role, fields, images))
+            pending.answers.append(fields["tool_call_id"])
+            continue
+        if pending is not None:
+            pending.check_complete()
+            pending = None
+        if role == "assistant":
+            _check_assistant(index, fields)
+            if fields["tool_calls"]:
+                pending = _PendingCalls(index, [call["id"] for call in fields["tool_calls"]])
+        message = _message(index, role, fields, images)
+        # A system message with nothing in it is left out.
+        if role != "system" or message.content:
+            messages.append(message)
+    if pending is not None:
+        pending.check_complete()
+    return messages
 
 
 def _check_prefix(messages: list[Message]) -> None:
@@ -475,8 +511,8 @@ def _response_format(
 
 
 def _initial_stage(messages: list[Message]) -> ThinkingInitialStage:
-    last = messages[-1]
-    if not last.prefix:
+    last = messages[-1] if messages else None
+    if last is None or not last.prefix:
         return ThinkingInitialStage.ReasoningStart
     if last.content:
         return ThinkingInitialStage.ContentContinuation

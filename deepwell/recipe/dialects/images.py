@@ -6,15 +6,41 @@ Accepts `data:` URLs with base64 bodies and http(s) URLs (spec §6.1, §15.9).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from deepwell.recipe.conversation import DataUrlImageSource, ImageSource, UrlImageSource
+from deepwell.recipe.conversion import ConversionOptions
+from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.options import ModelVersion
 
 UNSUPPORTED_IMAGE = (
     "You have uploaded an unsupported image. Please make sure your image is valid and has "
     "one of the following formats: webp, png, jpeg, and gif."
 )
 _BASE64_BODY = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+# V4-Pro has no vision: images become this text and carry no source (spec §15.9).
+UNSUPPORTED_IMAGE_TEXT = "[Unsupported Image]"
+
+
+@dataclass(frozen=True)
+class ImagePolicy:
+    """How the target model takes images: placeholders with sources, or a text stand-in."""
+
+    token: str
+    supported: bool
+
+    @classmethod
+    def for_model(cls, version: ModelVersion, options: ConversionOptions) -> ImagePolicy:
+        return cls(
+            options.special_tokens.token(SpecialToken.Image),
+            version is not ModelVersion.DeepseekV4Pro,
+        )
+
+    def place(self, source: ImageSource, sources: list[ImageSource]) -> str:
+        """The placeholder for a supported image; records its source."""
+        sources.append(source)
+        return self.token
 
 
 def image_source(url: str, detail: str | None, path: str) -> ImageSource:

@@ -5,6 +5,10 @@ Blocks, tool_use/tool_result pairing, deferred tools and errors per spec §6.4.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from deepwell.recipe import conversion as rules
@@ -12,48 +16,46 @@ from deepwell.recipe.conversation import (
     AssistantMessage,
     Conversation,
     DataUrlImageSource,
+    ImageSource,
     Message,
     SystemMessage,
     ToolCall,
     ToolDefinition,
     ToolMessage,
+    UrlImageSource,
     UserMessage,
 )
 from deepwell.recipe.conversion import ConversionOptions, WebSearchBehavior
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
-from deepwell.recipe.dialects.images import image_source
+from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy
 from deepwell.recipe.dialects.messages_output import MessagesChunkGenerator
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
-from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, py_json
-from deepwell.recipe.options import InferenceOptions
+from deepwell.recipe.options import InferenceOptions, ModelVersion
 from deepwell.recipe.request import ConversationRequest
 from deepwell.recipe.schema import check_parameters_schema
 
 _SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result")
+_BASE64_MEDIA_TYPES = ("image/jpeg", "image/jpg", "image/png", "image/gif", "image/webp")
 _IMAGE_SOURCE = Tagged(
     "MessagesImageSource",
     "type",
     {
         "base64": Struct(
             "MessagesBase64Source",
-            {
-                "media_type": b.variants(
-                    "image/jpeg", "image/jpg", "image/png", "image/gif", "image/webp", "data"
-                ),
-                "data": b.string,
-            },
+            {"media_type": b.variants(*_BASE64_MEDIA_TYPES), "data": b.string},
             ("media_type", "data"),
         ),
         "url": Struct("MessagesUrlSource", {"url": b.string}, ("url",)),
     },
 )
-_TOOL_REFERENCE = Struct(
-    "MessagesToolReference",
-    {"type": b.variants("tool_reference"), "name": b.string},
-    ("type", "name"),
+_IMAGE = Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",))
+_DOCUMENT = Struct(
+    "MessagesDocumentBlock",
+    {"source": Struct("MessagesDocumentSource", {"media_type": b.optional(b.string)})},
+    ("source",),
 )
 _TEXT = Struct("MessagesTextBlock", {"text": b.string}, ("text",))
 _RESULT_BLOCK = Tagged(
@@ -61,8 +63,11 @@ _RESULT_BLOCK = Tagged(
     "type",
     {
         "text": _TEXT,
-        "image": Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",)),
-        "tool_reference": Struct("MessagesToolReferenceBlock", {"name": b.string}, ("name",)),
+        "image": _IMAGE,
+        "document": _DOCUMENT,
+        "tool_reference": Struct(
+            "MessagesToolReferenceBlock", {"tool_name": b.string}, ("tool_name",)
+        ),
     },
 )
 
@@ -80,12 +85,17 @@ _BLOCK = Tagged(
     "type",
     {
         "text": _TEXT,
-        "image": Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",)),
-        "document": Struct("MessagesDocumentBlock", {"source": b.any_value}),
+        "image": _IMAGE,
+        "document": _DOCUMENT,
         "thinking": Struct(
             "MessagesThinkingBlock",
             {"thinking": b.string, "signature": b.optional(b.string)},
             ("thinking",),
+        ),
+        "server_tool_use": Struct(
+            "MessagesServerToolUseBlock",
+            {"id": b.string, "name": b.string, "input": b.any_value},
+            ("id", "name", "input"),
         ),
         "tool_use": Struct(
             "MessagesToolUseBlock",
@@ -101,9 +111,22 @@ _BLOCK = Tagged(
             },
             ("tool_use_id",),
         ),
-        "server_tool_use": Struct("MessagesServerToolUse", {}),
-        "web_search_tool_result": Struct("MessagesWebSearchToolResult", {}),
-        "tool_addition": Struct("MessagesToolAddition", {"tool": _TOOL_REFERENCE}, ("tool",)),
+        "web_search_tool_result": Struct(
+            "MessagesWebSearchToolResultBlock",
+            {"tool_use_id": b.string, "content": b.any_value},
+            ("tool_use_id", "content"),
+        ),
+        "tool_addition": Struct(
+            "MessagesToolAdditionBlock",
+            {
+                "tool": Struct(
+                    "MessagesToolReference",
+                    {"type": b.variants("tool_reference"), "name": b.string},
+                    ("type", "name"),
+                )
+            },
+            ("tool",),
+        ),
     },
 )
 
@@ -117,6 +140,7 @@ def _content(value: JsonValue) -> str | list:
 
 
 def _message(value: JsonValue) -> tuple[str, str | list]:
+    # Adjacently tagged: `role` names the variant, `content` carries it.
     if not isinstance(value, dict):
         raise b.invalid_type(value, "adjacently tagged enum MessagesMessage")
     if "role" not in value:
@@ -127,35 +151,34 @@ def _message(value: JsonValue) -> tuple[str, str | list]:
     return role, _content(value["content"])
 
 
+_SYSTEM_BLOCK = Tagged("MessagesSystemBlock", "type", {"text": _TEXT})
+
+
 def _system(value: JsonValue) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        block = Tagged("MessagesSystemBlock", "type", {"text": _TEXT})
-        return "\n\n".join(block(item)[1]["text"] for item in value)
+        return "\n\n".join(_SYSTEM_BLOCK(item)[1]["text"] for item in value)
     raise BodyError("expected a string or a list")
 
 
-_TOOL_FIELDS = Struct(
-    "MessagesTool",
-    {
-        "name": b.string,
-        "description": b.optional(b.string),
-        "input_schema": b.any_value,
-        "strict": b.optional(b.boolean),
-        "defer_loading": b.optional(b.boolean),
-    },
-    ("name",),
-)
+_TOOL_FIELDS = {
+    "name": b.in_field("name", b.string),
+    "description": b.in_field("description", b.optional(b.string)),
+    "defer_loading": b.in_field("defer_loading", b.optional(b.boolean)),
+}
 
 
 def _tool(value: JsonValue) -> dict:
-    if not isinstance(value, dict):
+    """A tool entry; `type` marks server tools, `strict` is not read (spec §14)."""
+    if isinstance(value, dict) and "type" in value:
+        # A typed (server) tool: its name, when given, must be a string.
+        kind = b.string(value["type"])
+        return {"type": kind, "name": b.optional(b.string)(value.get("name"))}
+    if not isinstance(value, dict) or "name" not in value:
         raise BodyError("missing field `name`")
-    tool = _TOOL_FIELDS(value)
-    kind = value.get("type")
-    tool["type"] = kind if isinstance(kind, str) else None
-    return tool
+    tool = {key: reader(value.get(key)) for key, reader in _TOOL_FIELDS.items()}
+    return {"type": None, **tool, "input_schema": value.get("input_schema")}
 
 
 _TOOL_CHOICE = Tagged(
@@ -168,6 +191,7 @@ _TOOL_CHOICE = Tagged(
         "none": Struct("MessagesToolChoiceNone", {}),
     },
 )
+_EFFORT = b.variants("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 _REQUEST = Struct(
     "MessagesRequest",
     {
@@ -179,23 +203,14 @@ _REQUEST = Struct(
             Struct(
                 "MessagesThinking",
                 {
-                    "type": b.variants("enabled", "disabled", "adaptive"),
+                    "type": b.variants("adaptive", "enabled", "disabled"),
                     "budget_tokens": b.optional(b.u32),
                 },
                 ("type",),
             )
         ),
         "output_config": b.optional(
-            Struct(
-                "MessagesOutputConfig",
-                {
-                    "effort": b.optional(
-                        b.variants(
-                            "none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"
-                        )
-                    )
-                },
-            )
+            Struct("MessagesOutputConfig", {"effort": b.optional(_EFFORT)})
         ),
         "temperature": b.optional(b.f32),
         "top_p": b.optional(b.f32),
@@ -226,41 +241,55 @@ class MessagesRequest(ProtocolRequest):
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
     version = rules.resolve_model(f["model"], options)
-    tools = _tools(f["tools"] or [], options)
-    if not f["messages"]:
+    # Only V4.1 loads tools lazily; V4-Pro treats deferred tools as ordinary ones.
+    deferral = version is ModelVersion.DeepseekV41Flash
+    declared = _declared_tools(f["tools"] or [], options, deferral)
+    raw = f["messages"]
+    if not raw:
         raise ConversionError("messages: at least one message is required")
-    image_token = options.special_tokens.token(SpecialToken.Image)
+    _check_messages(raw)
+    images = ImagePolicy.for_model(version, options)
     messages: list[Message] = []
     if f["system"] is not None:
         messages.append(SystemMessage(f["system"]))
-    _check_pairing(f["messages"])
-    for index, (role, content) in enumerate(f["messages"]):
-        messages.extend(_convert_message(index, role, content, tools, image_token, options))
+    context = _Context([_definition(tool) for tool in declared], images, options, version)
+    for index, (role, content) in enumerate(raw):
+        messages.extend(_convert_message(index, role, content, context))
 
     switch = f["thinking"]
     enabled = None if switch is None else switch["type"] != "disabled"
     effort = (f["output_config"] or {}).get("effort")
     thinking, conversation_effort = rules.resolve_thinking(enabled, effort, options)
-    choice = f["tool_choice"]
-    kind = "auto" if choice is None else choice[0]
-    named = choice[1]["name"] if kind == "tool" else None
-    selection = rules.apply_tool_choice(
-        tools, {"any": "auto", "tool": "required"}.get(kind, kind), named, thinking
-    )
-    rules.check_temperature(f["temperature"])
-    rules.check_top_p(f["top_p"])
-    bound = rules.max_tokens_bound(thinking, options)
-    max_tokens = f["max_tokens"]
-    if max_tokens is not None:
-        # Messages clamps an over-large max_tokens instead of refusing it (spec §6.1).
-        rules.check_max_tokens(max_tokens, max(bound, max_tokens))
-        max_tokens = min(max_tokens, bound)
     rules.apply_reasoning_history(
         messages,
         thinking,
         options,
         "The `content[].thinking` in the thinking mode must be passed back to the API.",
+        tools_declared=bool(f["tools"]),
     )
+    choice = f["tool_choice"]
+    kind = "auto" if choice is None else choice[0]
+    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
+    tools = [] if kind == "none" else _tool_definitions(declared)
+    named = choice[1]["name"] if kind == "tool" else None
+    # `any` only asks for some tool call; the reference treats it as `auto` (spec §6.4).
+    selection = rules.apply_tool_choice(
+        tools,
+        {"any": "auto", "tool": "required"}.get(kind, kind),
+        named,
+        thinking,
+        declared=bool(f["tools"]),
+    )
+    stop = f["stop_sequences"] or []
+    rules.check_stop(stop)
+    rules.check_temperature(f["temperature"])
+    rules.check_top_p(f["top_p"])
+    max_tokens = f["max_tokens"]
+    if max_tokens is not None:
+        # Messages clamps an over-large max_tokens instead of refusing it (spec §6.1).
+        bound = rules.max_tokens_bound(thinking, options)
+        max_tokens = min(max_tokens, bound)
+        rules.check_max_tokens(max_tokens, bound)
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
@@ -269,11 +298,10 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         reasoning_effort=conversation_effort,
     )
     tools_active = bool(selection.tools) and selection.tool_choice != "none"
-    stop = f["stop_sequences"] or []
     inference = InferenceOptions(
         max_tokens=max_tokens,
         temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version),
+        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
         output_constraint=rules.output_constraint(
             selection.tools, selection.tool_choice, "text", None, None
         ),
@@ -295,183 +323,277 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     )
 
 
-def _tools(declared: list[dict], options: ConversionOptions) -> list[ToolDefinition]:
-    tools: list[ToolDefinition] = []
+def _declared_tools(declared: list[dict], options: ConversionOptions, deferral: bool) -> list[dict]:
+    """Function tools with checked names; typed (server) tools dropped or refused."""
+    kept: list[dict] = []
     for index, tool in enumerate(declared):
         kind = tool["type"]
         if kind is not None:
-            if (
-                kind.startswith("web_search")
-                and options.messages_web_search is WebSearchBehavior.Drop
+            # Typed tools run on Anthropic's side; only web search may be dropped by option.
+            if kind.startswith("web_search") and (
+                options.messages_web_search is WebSearchBehavior.Drop
             ):
                 continue
             raise ConversionError(f"tools[{index}]: server tools are not supported")
         rules.check_tool_name(tool["name"], f"tools[{index}].name")
-    for tool in declared:
-        if tool["type"] is not None:
-            continue
-        check_parameters_schema(tool["name"], tool["input_schema"])
-        tools.append(
-            ToolDefinition(
-                tool["name"],
-                tool["description"],
-                tool["input_schema"],
-                None,
-                bool(tool["defer_loading"]),
-            )
-        )
-    rules.check_unique_names([tool.name for tool in tools])
-    if tools and all(tool.defer_loading for tool in tools):
+        kept.append({**tool, "defer_loading": deferral and bool(tool["defer_loading"])})
+    if kept and all(tool["defer_loading"] for tool in kept):
         raise ConversionError(
             "tools: at least one tool must have defer_loading=false. All tools cannot be deferred."
         )
-    return tools
+    return kept
 
 
-def _check_pairing(messages: list[tuple[str, str | list]]) -> None:
-    """Each assistant tool_use answered by a tool_result in the very next message."""
+def _definition(tool: dict) -> ToolDefinition:
+    # `strict` is accepted but not applied in this dialect (spec §14).
+    return ToolDefinition(
+        tool["name"], tool["description"], tool["input_schema"], None, bool(tool["defer_loading"])
+    )
+
+
+def _tool_definitions(declared: list[dict]) -> list[ToolDefinition]:
+    """The request's tools, each checked: a repeated name, then its input schema."""
+    seen: set[str] = set()
+    for tool in declared:
+        rules.claim_tool_name(tool["name"], seen)
+        check_parameters_schema(tool["name"], tool["input_schema"])
+    return [_definition(tool) for tool in declared]
+
+
+def _leading_results(content: str | list) -> list[tuple[int, str]]:
+    """(position, tool_use_id) of the tool_result blocks that open a message."""
+    out = []
+    if isinstance(content, list):
+        for position, (kind, block) in enumerate(content):
+            if kind != "tool_result":
+                break
+            out.append((position, block["tool_use_id"]))
+    return out
+
+
+def _check_messages(messages: list[tuple[str, str | list]]) -> None:
+    """Message shapes, in order: non-empty, blocks in their roles, and every assistant
+    tool_use answered once by tool_result blocks opening the next message."""
+    previous_ids: list[str] = []
     for index, (role, content) in enumerate(messages):
-        if role != "assistant" or isinstance(content, str):
-            continue
-        ids = [block["id"] for kind, block in content if kind == "tool_use"]
-        if not ids:
-            continue
-        following = messages[index + 1] if index + 1 < len(messages) else None
-        answered: list[str] = []
-        if following is not None and not isinstance(following[1], str):
-            answered = [
-                block["tool_use_id"] for kind, block in following[1] if kind == "tool_result"
-            ]
-        missing = [i for i in ids if i not in answered]
+        if isinstance(content, list):
+            if not content and role != "system":
+                raise ConversionError(f"messages.{index}: all messages must have non-empty content")
+            _check_block_roles(index, role, content)
+        results = _leading_results(content) if role == "user" else []
+        if previous_ids and not results:
+            raise _unanswered(f"messages.{index}: ", previous_ids)
+        seen: set[str] = set()
+        for position, tool_use_id in results:
+            if tool_use_id not in previous_ids:
+                raise ConversionError(
+                    f"unexpected `messages.{index}.content.{position}: tool_use_id` found in "
+                    f"`tool_result` blocks: {tool_use_id}. Each `tool_result` block must have "
+                    "a corresponding `tool_use` block in the previous message."
+                )
+            if tool_use_id in seen:
+                raise ConversionError(
+                    f"messages.{index}.content.{position}: each tool_use must have a single "
+                    f"result. Found multiple `tool_result` blocks with id: {tool_use_id}"
+                )
+            seen.add(tool_use_id)
+        missing = [i for i in previous_ids if i not in seen]
         if missing:
-            where = f"messages.{index + 1}: " if following is not None else f"messages.{index}:"
+            # A message of only (too few) results is blamed on the assistant, written with no
+            # space after the colon; one with other blocks too is blamed itself.
+            if len(results) == len(content):
+                raise _unanswered(f"messages.{index - 1}:", missing)
+            raise _unanswered(f"messages.{index}: ", missing)
+        previous_ids = []
+        if role == "assistant" and isinstance(content, list):
+            previous_ids = [block["id"] for kind, block in content if kind == "tool_use"]
+    if previous_ids:
+        raise _unanswered(f"messages.{len(messages) - 1}:", previous_ids)
+
+
+def _check_block_roles(index: int, role: str, content: list) -> None:
+    for kind, _ in content:
+        if kind == "tool_result" and role != "user":
             raise ConversionError(
-                f"{where}`tool_use` ids were found without `tool_result` blocks immediately "
-                f"after: {', '.join(missing)}. Each `tool_use` block must have a "
-                "corresponding `tool_result` block in the next message."
+                f"messages.{index}: `tool_result` blocks can only be in `user` messages"
+            )
+        if kind == "tool_use" and role != "assistant":
+            raise ConversionError(
+                f"messages.{index}: `tool_use` blocks can only be in `assistant` messages"
+            )
+        if kind == "tool_addition" and role != "system":
+            raise ConversionError(
+                f"messages.{index}: `tool_addition` blocks can only be in `system` messages"
+            )
+        if kind == "thinking" and role != "assistant":
+            raise ConversionError(
+                f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
             )
 
 
-def _convert_message(
-    index: int,
-    role: str,
-    content: str | list,
-    tools: list[ToolDefinition],
-    image_token: str,
-    options: ConversionOptions,
-) -> list[Message]:
+def _unanswered(where: str, ids: list[str]) -> ConversionError:
+    return ConversionError(
+        f"{where}`tool_use` ids were found without `tool_result` blocks immediately after: "
+        f"{', '.join(ids)}. Each `tool_use` block must have a corresponding `tool_result` "
+        "block in the next message."
+    )
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What converting one message needs from the request."""
+
+    tools: list[ToolDefinition]
+    images: ImagePolicy
+    options: ConversionOptions
+    version: ModelVersion
+
+
+def _convert_message(index: int, role: str, content: str | list, ctx: _Context) -> list[Message]:
+    tools, images, options = ctx.tools, ctx.images, ctx.options
     if isinstance(content, str):
         if role == "assistant":
             return [AssistantMessage(content)]
         if role == "system":
-            return [SystemMessage(content)]
+            return _system(SystemMessage(content), ctx.version)
         return [UserMessage(content)]
-    if not content:
-        raise ConversionError(f"messages.{index}: all messages must have non-empty content")
     if role == "assistant":
-        return [_assistant(index, content, options)]
-    out: list[Message] = []
+        return [_assistant(content, images, options)]
+    if role == "system":
+        return _system(_system_message(index, content, tools), ctx.version)
     results: list[Message] = []
-    trailing: list[Message] = []
+    out: list[Message] = []
+    announced: list[Message] = []
     for position, (kind, block) in enumerate(content):
         path = f"messages.{index}.content[{position}]"
         if kind == "text":
-            out.append(
-                SystemMessage(block["text"]) if role == "system" else UserMessage(block["text"])
-            )
+            out.append(UserMessage(block["text"]))
         elif kind == "image":
-            out.append(_image(block["source"], path, image_token))
+            out.append(_image_message(block["source"], path, images))
         elif kind == "document":
-            out.append(UserMessage("[Unsupported document type: text/plain]"))
-        elif kind == "thinking":
-            raise ConversionError(
-                f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
-            )
+            out.append(UserMessage(_unsupported_document(block)))
         elif kind == "tool_result":
-            tool_message, announced = _tool_result(index, position, block, tools, image_token)
-            results.append(tool_message)
-            trailing.extend(announced)
-        elif kind == "tool_addition":
-            name = block["tool"]["name"]
-            added = [tool for tool in tools if tool.name == name]
-            out.append(SystemMessage("", tools=added))
-        elif kind in _SERVER_BLOCKS:
-            if options.messages_web_search is not WebSearchBehavior.Drop:
-                raise ConversionError("Unsupported content block: server tools are not supported")
-        elif kind == "tool_use":
-            raise ConversionError(
-                f"messages.{index}.content: tool_use blocks may only be in `assistant` messages"
+            where = f"messages.{index}.content.{position}.tool_result"
+            message, added = _tool_result(
+                block, where, tools, images, ctx.version is ModelVersion.DeepseekV41Flash
             )
-    if role == "system":
-        out = _merge_system(out)
-    return results + out + trailing
+            results.append(message)
+            announced.extend(added)
+        elif options.messages_web_search is not WebSearchBehavior.Drop:
+            raise ConversionError("Unsupported content block: server tools are not supported")
+    return results + out + announced
 
 
-def _merge_system(messages: list[Message]) -> list[Message]:
-    texts = [m.content for m in messages if not m.tools]
-    added = [tool for m in messages if m.tools for tool in m.tools]
-    return [SystemMessage("\n\n".join(texts), tools=added or None)]
+def _system(message: SystemMessage, version: ModelVersion) -> list[Message]:
+    """A system-role message in place; V4-Pro gets its text as a user-side reminder instead."""
+    if version is not ModelVersion.DeepseekV4Pro:
+        return [message]
+    if not message.content:
+        return []
+    return [UserMessage(f"<system-reminder>\n{message.content}\n</system-reminder>")]
 
 
-def _assistant(index: int, content: list, options: ConversionOptions) -> AssistantMessage:
+def _system_message(index: int, content: list, tools: list[ToolDefinition]) -> SystemMessage:
     texts: list[str] = []
-    reasoning: str | None = None
+    added: list[ToolDefinition] = []
+    for position, (kind, block) in enumerate(content):
+        if kind == "text":
+            texts.append(block["text"])
+            continue
+        name = block["tool"]["name"]
+        found = [tool for tool in tools if tool.name == name]
+        if not found:
+            raise ConversionError(
+                f"messages.{index}.content.{position}: `tool_addition` references unknown "
+                f"tool '{name}'"
+            )
+        added.extend(found)
+    return SystemMessage("\n\n".join(texts), tools=added or None)
+
+
+def _assistant(content: list, images: ImagePolicy, options: ConversionOptions) -> AssistantMessage:
+    texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     for kind, block in content:
         if kind == "text":
-            texts.append(block["text"])
+            # Empty text blocks leave no trace in an assistant turn.
+            if block["text"]:
+                texts.append(block["text"])
         elif kind == "thinking":
-            reasoning = (reasoning or "") + block["thinking"]
+            thoughts.append(block["thinking"])
         elif kind == "tool_use":
             calls.append(ToolCall(block["id"], block["name"], py_json(block["input"])))
-        elif kind in _SERVER_BLOCKS:
-            if options.messages_web_search is not WebSearchBehavior.Drop:
-                raise ConversionError("Unsupported content block: server tools are not supported")
         elif kind == "image":
-            raise ConversionError("Image in assistant message is not supported")
+            if images.supported:
+                raise ConversionError("Image in assistant message is unsupported")
+            texts.append(UNSUPPORTED_IMAGE_TEXT)
+        elif kind in _SERVER_BLOCKS and options.messages_web_search is not WebSearchBehavior.Drop:
+            raise ConversionError("Unsupported content block: server tools are not supported")
+    reasoning = "\n\n".join(thoughts) if thoughts else None
     return AssistantMessage("\n\n".join(texts), reasoning, calls or None)
 
 
-def _image(source: tuple[str, dict], path: str, image_token: str) -> UserMessage:
+def _unsupported_document(block: dict) -> str:
+    return f"[Unsupported document type: {block['source']['media_type'] or 'unknown'}]"
+
+
+def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> UserMessage:
+    if not images.supported:
+        # V4-Pro: an image is a stand-in text, never checked (spec §15.9).
+        return UserMessage(UNSUPPORTED_IMAGE_TEXT)
+    sources: list[ImageSource] = []
+    text = images.place(_image(source, path), sources)
+    return UserMessage(text, sources, image_token=images.token)
+
+
+def _image(source: tuple[str, dict], path: str) -> ImageSource:
     kind, fields = source
     if kind == "base64":
-        url = f"data:{fields['media_type']};base64,{fields['data']}"
-        image = DataUrlImageSource(url, path=path)
-    else:
-        image = image_source(fields["url"], None, path)
-    return UserMessage(image_token, [image], image_token=image_token)
+        if not _is_base64(fields["data"]):
+            raise ConversionError(f"{path}: base64 decode error")
+        return DataUrlImageSource(f"data:{fields['media_type']};base64,{fields['data']}", path=path)
+    url = fields["url"]
+    if not url.lower().startswith(("http://", "https://")):
+        raise ConversionError(f"{path}: invalid url: {json.dumps(url, ensure_ascii=False)}")
+    return UrlImageSource(url, path=path)
+
+
+def _is_base64(data: str) -> bool:
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        return False
+    return True
 
 
 def _tool_result(
-    index: int,
-    position: int,
-    block: dict,
-    tools: list[ToolDefinition],
-    image_token: str,
+    block: dict, path: str, tools: list[ToolDefinition], images: ImagePolicy, deferral: bool
 ) -> tuple[ToolMessage, list[Message]]:
     content = block["content"]
-    path = f"messages.{index}.content.{position}.tool_result"
-    announced: list[Message] = []
-    if content is None:
-        return ToolMessage("", block["tool_use_id"]), announced
-    if isinstance(content, str):
-        return ToolMessage(content, block["tool_use_id"]), announced
+    tool_use_id = block["tool_use_id"]
+    if content is None or isinstance(content, str):
+        return ToolMessage(content or "", tool_use_id), []
     parts: list[str] = []
-    images = []
+    sources: list[ImageSource] = []
+    announced: list[Message] = []
     for kind, item in content:
         if kind == "text":
             parts.append(item["text"])
         elif kind == "image":
-            source_kind, fields = item["source"]
-            if source_kind == "base64":
-                url = f"data:{fields['media_type']};base64,{fields['data']}"
-                images.append(DataUrlImageSource(url, path=path))
+            if images.supported:
+                parts.append(images.place(_image(item["source"], path), sources))
             else:
-                images.append(image_source(fields["url"], None, path))
-            parts.append(image_token)
+                parts.append(UNSUPPORTED_IMAGE_TEXT)
+        elif kind == "document":
+            parts.append(_unsupported_document(item))
         else:
-            parts.append(item["name"])
-            found = [tool for tool in tools if tool.name == item["name"]]
-            announced.append(SystemMessage("", tools=found))
-    message = ToolMessage("\n\n".join(parts), block["tool_use_id"], images, image_token=image_token)
+            # A tool_reference loads a deferred tool: its name is the result, and (where
+            # tools load lazily) a system message announces the tool after the results.
+            name = item["tool_name"]
+            parts.append(name)
+            if deferral:
+                found = [tool for tool in tools if tool.name == name]
+                announced.append(SystemMessage("", tools=found))
+    message = ToolMessage("\n\n".join(parts), tool_use_id, sources, image_token=images.token)
     return message, announced

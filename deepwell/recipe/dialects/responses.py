@@ -5,6 +5,7 @@ Input items, tools (functions, namespaces, apply_patch, server tools) and errors
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from deepwell.recipe import conversion as rules
@@ -23,14 +24,14 @@ from deepwell.recipe.conversion import ConversionOptions, WebSearchBehavior
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.apply_patch import (
     APPLY_PATCH_DESCRIPTION,
+    APPLY_PATCH_DESCRIPTION_V4,
     APPLY_PATCH_NAME,
     APPLY_PATCH_PARAMETERS,
 )
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
-from deepwell.recipe.dialects.images import image_source
+from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy, image_source
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.dialects.responses_output import ResponsesChunkGenerator
-from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, compact_json
 from deepwell.recipe.options import InferenceOptions, ModelVersion
@@ -43,10 +44,12 @@ SERVER_TOOLS = (
     "tool_search",
     "file_search",
 )
+# Only these server tools are refused under `WebSearchBehavior.Reject`; others are dropped.
+WEB_SEARCH_TOOLS = ("web_search", "web_search_2025_08_26")
 _UNSUPPORTED_DOCUMENT = "[Unsupported Document]"
 
 _BLOCK = Tagged(
-    "ResponsesInputContent",
+    "ResponsesContentBlock",
     "type",
     {
         "input_text": Struct("ResponsesInputText", {"text": b.string}, ("text",)),
@@ -73,7 +76,7 @@ def _content(value: JsonValue) -> str | list:
 
 
 _OUTPUT_BLOCK = Tagged(
-    "ResponsesOutputContent",
+    "ResponsesToolCallOutputItem",
     "type",
     {k: v for k, v in _BLOCK.readers.items() if k != "output_text"},
 )
@@ -124,14 +127,10 @@ _ITEMS = {
         {
             "content": b.optional(
                 b.sequence(
-                    Tagged(
+                    Struct(
                         "ResponsesReasoningContent",
-                        "type",
-                        {
-                            "reasoning_text": Struct(
-                                "ResponsesReasoningText", {"text": b.string}, ("text",)
-                            )
-                        },
+                        {"type": b.optional(b.string), "text": b.string},
+                        ("text",),
                     )
                 )
             )
@@ -143,12 +142,14 @@ _ITEMS = {
 def _item(value: JsonValue) -> tuple[str, dict] | None:
     """One input item, or None for item kinds the conversion drops."""
     if isinstance(value, dict):
-        kind = value.get("type")
-        if kind is None and "role" in value:
-            kind = "message"
-        if isinstance(kind, str):
+        if "type" in value:
+            kind = value["type"]
+            if not isinstance(kind, str):
+                raise b.invalid_type(kind, "variant identifier")
             reader = _ITEMS.get(kind)
             return None if reader is None else (kind, reader(value))
+        if "role" in value:
+            return "message", _MESSAGE(value)
     raise BodyError("invalid input item")
 
 
@@ -196,6 +197,8 @@ _TOOL = Tagged(
         ),
         **dict.fromkeys(SERVER_TOOLS, _SERVER_TOOL),
     },
+    # Tool types this dialect does not know are accepted and dropped.
+    other=_SERVER_TOOL,
 )
 _CHOICE_MESSAGE = "expected one of `none`, `auto`, `required` or a tool choice object"
 _NAMED_CHOICE = Struct("ResponsesNamedToolChoice", {"name": b.string}, ("name",))
@@ -206,14 +209,12 @@ def _tool_choice(value: JsonValue) -> JsonValue:
         return value
     if isinstance(value, dict) and isinstance(value.get("type"), str):
         kind = value["type"]
-        try:
-            if kind in ("function", "custom"):
-                _NAMED_CHOICE(value)
-                return value
-        except BodyError:
-            pass
-        if kind in ("web_search", "web_search_2025_08_26"):
+        if kind in ("function", "custom"):
+            _NAMED_CHOICE(value)
             return value
+        if kind in WEB_SEARCH_TOOLS:
+            return value
+        raise b.unknown_variant(kind, ("function", *WEB_SEARCH_TOOLS, "custom"))
     raise BodyError(_CHOICE_MESSAGE)
 
 
@@ -222,17 +223,17 @@ _FORMAT = Tagged(
     "type",
     {
         "text": Struct("ResponsesTextFormatText", {}),
-        "json_object": Struct("ResponsesTextFormatJsonObject", {}),
         "json_schema": Struct(
             "ResponsesTextFormatJsonSchema",
             {
-                "name": b.optional(b.string),
+                "name": b.string,
                 "description": b.optional(b.string),
                 "schema": b.any_value,
                 "strict": b.optional(b.boolean),
             },
-            ("schema",),
+            ("name", "schema"),
         ),
+        "json_object": Struct("ResponsesTextFormatJsonObject", {}),
     },
 )
 _EFFORT = b.variants("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
@@ -246,13 +247,20 @@ _REQUEST = Struct(
         "reasoning": b.optional(
             Struct(
                 "ResponsesReasoningConfig",
-                {"effort": b.optional(_EFFORT), "summary": b.optional(b.string)},
+                {
+                    "effort": b.optional(_EFFORT),
+                    "summary": b.optional(b.variants("auto", "concise", "detailed")),
+                    "generate_summary": b.optional(b.variants("auto", "concise", "detailed")),
+                },
             )
         ),
         "text": b.optional(
             Struct(
                 "ResponsesTextConfig",
-                {"format": b.optional(_FORMAT), "verbosity": b.optional(b.string)},
+                {
+                    "format": b.optional(_FORMAT),
+                    "verbosity": b.optional(b.variants("low", "medium", "high")),
+                },
             )
         ),
         "tools": b.optional(b.sequence(_TOOL)),
@@ -279,16 +287,9 @@ class ResponsesRequest(ProtocolRequest):
 
     def namespace_tool_map(self, options: ConversionOptions) -> dict[str, tuple[str, str]]:
         """Conversation tool names that stand for `namespace` members → (namespace, name)."""
-        separator = _separator(options.model_versions_by_name.get(self.model))
-        out: dict[str, tuple[str, str]] = {}
-        for kind, tool in self._fields["tools"] or []:
-            if kind != "namespace":
-                continue
-            for member_kind, member in tool["tools"]:
-                if member_kind == "function":
-                    name = f"{tool['name']}{separator}{member['name']}"
-                    out[name] = (tool["name"], member["name"])
-        return out
+        separator = _separator(rules.resolve_model(self.model, options))
+        tools = self._fields["tools"] or []
+        return _declare_tools(tools, separator, options, check_kinds=False)[1]
 
     def echo(self) -> ResponsesEcho:
         return self._echo
@@ -368,9 +369,8 @@ def _convert(
     f: dict[str, Any], echo: ResponsesEcho, options: ConversionOptions
 ) -> ConversationRequest:
     version = rules.resolve_model(f["model"], options)
-    namespace_map: dict[str, tuple[str, str]] = {}
-    tools = _tools(f["tools"] or [], _separator(version), options, namespace_map)
-    image_token = options.special_tokens.token(SpecialToken.Image)
+    declared, namespace_map = _declare_tools(f["tools"] or [], _separator(version), options)
+    images = ImagePolicy.for_model(version, options)
     raw_input = f["input"]
     # An empty `instructions` string counts as absent.
     instructions = f["instructions"] or None
@@ -384,32 +384,43 @@ def _convert(
     if isinstance(raw_input, str):
         messages.append(UserMessage(raw_input))
     elif raw_input is not None:
-        messages.extend(_items(raw_input, image_token, _separator(version)))
-
-    format_kind, schema = _text_format(f["text"])
-    if format_kind == "json_object" and not rules.mentions_json([m.content for m in messages]):
-        raise ConversionError(
-            "Response input messages must contain the word 'json' in some form to use "
-            "'text.format' of type 'json_object'."
+        messages.extend(
+            _items(
+                raw_input,
+                images,
+                _separator(version),
+                developer_is_system=version is not ModelVersion.DeepseekV4Pro,
+            )
         )
+    choice, named = _choice(f["tool_choice"], options)
+    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
+    tools = [] if f["tool_choice"] == "none" else _tool_definitions(declared)
     effort = (f["reasoning"] or {}).get("effort")
     thinking, conversation_effort = rules.resolve_thinking(None, effort, options)
-    choice, named = _choice(f["tool_choice"])
-    selection = rules.apply_tool_choice(tools, choice, named, thinking)
-    if any(tool.strict for tool in selection.tools) and format_kind != "text":
-        raise ConversionError("response_format should not be used with tools")
-    rules.check_temperature(f["temperature"])
-    rules.check_top_p(f["top_p"])
-    rules.check_max_tokens(f["max_output_tokens"], rules.max_tokens_bound(thinking, options))
     rules.apply_reasoning_history(
         messages,
         thinking,
         options,
         "The `reasoning_text` in the thinking mode must be passed back to the API.",
+        tools_declared=bool(f["tools"]),
     )
+
+    format_kind, schema, strict = _text_format(f["text"])
+    selection = rules.apply_tool_choice(tools, choice, named, thinking)
     constraint_schema = schema
     if format_kind == "json_schema":
-        constraint_schema = schema = rules.normalize_response_schema(schema)
+        constraint_schema = rules.response_constraint_schema(schema, strict)
+    if format_kind == "json_object" and not rules.mentions_json([m.content for m in messages]):
+        raise ConversionError(
+            "Response input messages must contain the word 'json' in some form to use "
+            "'text.format' of type 'json_object'."
+        )
+    rules.check_strict_consistency(tools)
+    if any(tool.strict for tool in selection.tools) and format_kind != "text":
+        raise ConversionError("response_format should not be used with tools")
+    rules.check_temperature(f["temperature"])
+    rules.check_top_p(f["top_p"])
+    rules.check_max_tokens(f["max_output_tokens"], rules.max_tokens_bound(thinking, options))
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
@@ -424,7 +435,7 @@ def _convert(
     inference = InferenceOptions(
         max_tokens=f["max_output_tokens"],
         temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version),
+        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
         logprobs=top_logprobs is not None,
         top_logprobs=top_logprobs,
         output_constraint=rules.output_constraint(
@@ -450,43 +461,86 @@ def _convert(
     )
 
 
-def _tools(
+@dataclass
+class _DeclaredTool:
+    """A conversation tool named and described, its parameter schema not yet checked."""
+
+    name: str
+    description: str | None
+    parameters: JsonValue
+    strict: bool | None
+    checked: bool = False
+    # Namespace members are not part of the request-level uniqueness check.
+    member: bool = False
+
+
+def _declare_tools(
     declared: list[tuple[str, dict]],
     separator: str,
     options: ConversionOptions,
-    namespace_map: dict[str, tuple[str, str]],
-) -> list[ToolDefinition]:
-    """Conversation tools; records each namespace member's name in `namespace_map`."""
-    tools: list[ToolDefinition] = []
+    *,
+    check_kinds: bool = True,
+) -> tuple[list[_DeclaredTool], dict[str, tuple[str, str]]]:
+    """Names checked; namespace members flattened and mapped.
+
+    With `check_kinds`, unsupported custom tools and rejected server tools fail too.
+    """
+    tools: list[_DeclaredTool] = []
+    namespace_map: dict[str, tuple[str, str]] = {}
+    # Namespaced names yield to declared ones; clashes get `_1`, `_2`, … appended.
+    taken = {tool["name"] for kind, tool in declared if kind in ("function", "custom")}
     for index, (kind, tool) in enumerate(declared):
         if kind == "function":
             rules.check_tool_name(tool["name"], f"tools[{index}].name")
-            tools.append(_function(tool["name"], tool["description"], tool))
+            tools.append(
+                _DeclaredTool(tool["name"], tool["description"], tool["parameters"], tool["strict"])
+            )
         elif kind == "custom":
-            if tool["name"] != APPLY_PATCH_NAME:
+            if tool["name"] != APPLY_PATCH_NAME and check_kinds:
                 raise ConversionError(
                     f"Unsupported custom tool: '{tool['name']}'. Only 'apply_patch' is supported."
                 )
             tools.append(
-                ToolDefinition(APPLY_PATCH_NAME, APPLY_PATCH_DESCRIPTION, APPLY_PATCH_PARAMETERS)
+                _DeclaredTool(
+                    APPLY_PATCH_NAME,
+                    APPLY_PATCH_DESCRIPTION_V4 if separator == "__" else APPLY_PATCH_DESCRIPTION,
+                    APPLY_PATCH_PARAMETERS,
+                    None,
+                    checked=True,
+                )
             )
         elif kind == "namespace":
-            tools.extend(_namespace(index, tool, separator, namespace_map))
-        elif options.responses_web_search is WebSearchBehavior.Reject:
+            for member in _namespace_members(index, tool):
+                name = _free_name(f"{tool['name']}{separator}{member['name']}", taken)
+                description = member["description"]
+                # V4.1 prefixes the namespace's description; V4-Pro keeps the member's own.
+                if tool["description"] and separator == "::":
+                    description = f"{tool['description']}\n{description or ''}"
+                tools.append(
+                    _DeclaredTool(
+                        name, description, member["parameters"], member["strict"], member=True
+                    )
+                )
+                namespace_map[name] = (tool["name"], member["name"])
+        elif (
+            check_kinds
+            and kind in WEB_SEARCH_TOOLS
+            and options.responses_web_search is WebSearchBehavior.Reject
+        ):
             raise ConversionError("Server tools are not supported")
-    rules.check_unique_names([tool.name for tool in tools])
-    rules.check_strict_consistency(tools)
-    return tools
+    return tools, namespace_map
 
 
-def _function(name: str, description: str | None, tool: dict) -> ToolDefinition:
-    parameters = rules.prepare_parameters(tool["name"], tool["parameters"], tool["strict"])
-    return ToolDefinition(name, description, parameters, tool["strict"])
+def _free_name(name: str, taken: set[str]) -> str:
+    candidate, suffix = name, 0
+    while candidate in taken:
+        suffix += 1
+        candidate = f"{name}_{suffix}"
+    taken.add(candidate)
+    return candidate
 
 
-def _namespace(
-    index: int, namespace: dict, separator: str, namespace_map: dict[str, tuple[str, str]]
-) -> list[ToolDefinition]:
+def _namespace_members(index: int, namespace: dict) -> list[dict]:
     members = []
     for position, (kind, member) in enumerate(namespace["tools"]):
         if kind == "custom":
@@ -499,34 +553,45 @@ def _namespace(
     rules.check_unique_names(
         [m["name"] for m in members], "Tool names within a namespace must be unique."
     )
-    out = []
-    for member in members:
-        description = f"{namespace['description'] or ''}\n{member['description'] or ''}"
-        tool = _function(f"{namespace['name']}{separator}{member['name']}", description, member)
-        namespace_map[tool.name] = (namespace["name"], member["name"])
-        out.append(tool)
-    return out
+    return members
 
 
-def _choice(value: JsonValue) -> tuple[str, str | None]:
+def _tool_definitions(declared: list[_DeclaredTool]) -> list[ToolDefinition]:
+    tools = []
+    seen: set[str] = set()
+    for tool in declared:
+        if not tool.member:
+            rules.claim_tool_name(tool.name, seen)
+        parameters = tool.parameters
+        if not tool.checked:
+            parameters = rules.prepare_parameters(tool.name, parameters, tool.strict)
+        tools.append(ToolDefinition(tool.name, tool.description, parameters, tool.strict))
+    return tools
+
+
+def _choice(value: JsonValue, options: ConversionOptions) -> tuple[str, str | None]:
     if value is None:
         return "auto", None
     if isinstance(value, str):
         return value, None
     if value["type"] in ("function", "custom"):
         return "required", value["name"]
+    # A web search choice is a server tool too: ignored (auto) or refused, like the tools.
+    if options.responses_web_search is WebSearchBehavior.Reject:
+        raise ConversionError("Server tools are not supported")
     return "auto", None
 
 
-def _text_format(text: dict | None) -> tuple[str, JsonValue]:
+def _text_format(text: dict | None) -> tuple[str, JsonValue, bool | None]:
+    """(format kind, json schema, strict) of `text.format`."""
     if text is None or text["format"] is None:
-        return "text", None
+        return "text", None, None
     kind, fields = text["format"]
-    return kind, fields.get("schema")
+    return kind, fields.get("schema"), fields.get("strict")
 
 
 def _blocks(
-    content: str | list, path: str, part: str, image_token: str, *, assistant: bool = False
+    content: str | list, path: str, part: str, images: ImagePolicy, *, assistant: bool = False
 ) -> tuple[str, list[ImageSource]]:
     """Text of a content list (blocks joined by blank lines) and its images.
 
@@ -535,12 +600,15 @@ def _blocks(
     if isinstance(content, str):
         return content, []
     parts: list[str] = []
-    images: list[ImageSource] = []
+    sources: list[ImageSource] = []
     for position, (kind, block) in enumerate(content):
         if kind in ("input_text", "output_text"):
             parts.append(block["text"])
         elif kind == "input_file":
             parts.append(_UNSUPPORTED_DOCUMENT)
+        elif not images.supported:
+            # V4-Pro: an image is a stand-in text, never checked (spec §15.9).
+            parts.append(UNSUPPORTED_IMAGE_TEXT)
         else:
             where = f"{path}.{part}[{position}]"
             url, file_id = block["image_url"], block["file_id"]
@@ -557,9 +625,8 @@ def _blocks(
                 )
             if assistant:
                 raise ConversionError(f"{path}: Image in assistant message is unsupported")
-            images.append(image_source(url, block["detail"], path))
-            parts.append(image_token)
-    return "\n\n".join(parts), images
+            parts.append(images.place(image_source(url, block["detail"], path), sources))
+    return "\n\n".join(parts), sources
 
 
 class _Turn:
@@ -573,26 +640,35 @@ class _Turn:
 
     def message(self) -> AssistantMessage:
         reasoning = None if self.reasoning is None else "\n".join(self.reasoning)
-        return AssistantMessage("\n\n".join(self.texts), reasoning, self.calls or None)
+        # The reference keeps a turn's calls keyed (and so ordered) by call id.
+        calls = sorted(self.calls, key=lambda call: call.id)
+        return AssistantMessage("\n\n".join(self.texts), reasoning, calls or None)
 
 
-def _items(items: list, image_token: str, separator: str) -> list[Message]:
-    """Fold the item list into messages: adjacent reasoning, text and calls form one turn."""
+def _items(
+    items: list, images: ImagePolicy, separator: str, developer_is_system: bool
+) -> list[Message]:
+    """Fold the item list into messages: adjacent reasoning, text and calls form one turn.
+
+    Calls must be answered before the next message or reasoning item (or the end).
+    """
     messages: list[Message] = []
     turn: _Turn | None = None
-    seen_calls: set[str] = set()
+    pending: list[str] = []
+    called: set[str] = set()
+    answered: set[str] = set()
+
+    def require_answers() -> None:
+        if pending:
+            raise ConversionError(f"No tool output found for tool call {pending[0]}.")
 
     def close() -> None:
         nonlocal turn
-        if turn is None:
-            return
-        answered = {output.tool_call_id for output in turn.outputs}
-        for call in turn.calls:
-            if call.id not in answered:
-                raise ConversionError(f"No tool output found for tool call {call.id}.")
-        order = [call.id for call in turn.calls]
-        messages.append(turn.message())
-        messages.extend(sorted(turn.outputs, key=lambda m: order.index(m.tool_call_id)))
+        if turn is not None:
+            message = turn.message()
+            order = [call.id for call in message.tool_calls or []]
+            messages.append(message)
+            messages.extend(sorted(turn.outputs, key=lambda m: order.index(m.tool_call_id)))
         turn = None
 
     def current(*, fresh_if: bool) -> _Turn:
@@ -609,27 +685,34 @@ def _items(items: list, image_token: str, separator: str) -> list[Message]:
         kind, item = entry
         path = f"input[{index}]"
         if kind == "message":
+            require_answers()
             role = item["role"]
-            is_assistant = role == "assistant"
-            content, images = _blocks(
-                item["content"], path, "content", image_token, assistant=is_assistant
-            )
-            if is_assistant:
-                current(fresh_if=bool(turn and turn.calls)).texts.append(content)
+            if role == "assistant":
+                folded = current(fresh_if=bool(turn and turn.calls))
+                content, _ = _blocks(item["content"], path, "content", images, assistant=True)
+                # Adjacent assistant texts join with blank lines; empty ones leave no trace.
+                if content:
+                    folded.texts.append(content)
                 continue
             close()
-            if role == "user":
-                messages.append(UserMessage(content, images, image_token=image_token))
+            content, sources = _blocks(item["content"], path, "content", images)
+            # V4-Pro hears developer messages as the user's words; system stays system.
+            if role == "user" or (role == "developer" and not developer_is_system):
+                messages.append(UserMessage(content, sources, image_token=images.token))
             else:
-                messages.append(SystemMessage(content, images, image_token=image_token))
+                messages.append(SystemMessage(content, sources, image_token=images.token))
         elif kind == "reasoning":
-            folded = current(fresh_if=bool(turn and (turn.texts or turn.calls)))
-            texts = [part["text"] for _, part in item["content"] or []]
-            folded.reasoning = (folded.reasoning or []) + texts
+            require_answers()
+            texts = [part["text"] for part in item["content"] or [] if part["text"]]
+            if texts:
+                folded = current(fresh_if=bool(turn and (turn.texts or turn.calls)))
+                folded.reasoning = (folded.reasoning or []) + texts
         elif kind in ("function_call", "custom_tool_call"):
-            if item["call_id"] in seen_calls:
-                raise ConversionError(f"Duplicate 'call_id': {item['call_id']}.")
-            seen_calls.add(item["call_id"])
+            call_id = item["call_id"]
+            if call_id in called:
+                raise ConversionError(f"Duplicate 'call_id': {call_id}.")
+            called.add(call_id)
+            pending.append(call_id)
             if kind == "function_call":
                 name = item["name"]
                 if item["namespace"] is not None:
@@ -638,16 +721,17 @@ def _items(items: list, image_token: str, separator: str) -> list[Message]:
             else:
                 name = item["name"]
                 arguments = compact_json({"input": item["input"]})
-            current(fresh_if=False).calls.append(ToolCall(item["call_id"], name, arguments))
+            current(fresh_if=False).calls.append(ToolCall(call_id, name, arguments))
         else:
             call_id = item["call_id"]
-            if turn is not None and any(o.tool_call_id == call_id for o in turn.outputs):
+            content, sources = _blocks(item["output"], path, "output", images)
+            if call_id in answered:
                 raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
-            if turn is None or all(call.id != call_id for call in turn.calls):
-                raise ConversionError(
-                    f"No tool call found for tool output with call_id {call_id}."
-                )
-            content, images = _blocks(item["output"], path, "output", image_token)
-            turn.outputs.append(ToolMessage(content, call_id, images, image_token=image_token))
+            if call_id not in pending:
+                raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
+            pending.remove(call_id)
+            answered.add(call_id)
+            turn.outputs.append(ToolMessage(content, call_id, sources, image_token=images.token))
+    require_answers()
     close()
     return messages
