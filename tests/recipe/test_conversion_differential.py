@@ -345,10 +345,20 @@ resp_tool = st.one_of(
     st.sampled_from(
         [
             {"type": "custom", "name": "apply_patch"},
+            {
+                "type": "custom",
+                "name": "apply_patch",
+                "description": "d",
+                "format": {"type": "text"},
+            },
             {"type": "custom", "name": "shell"},
             {"type": "web_search"},
+            {"type": "web_search", "search_context_size": "low", "user_location": {"city": "P"}},
+            {"type": "web_search_2025_08_26"},
             {"type": "web_search_preview"},
             {"type": "file_search"},
+            {"type": "tool_search"},
+            {"type": "image_generation"},
         ]
     ),
     st.builds(
@@ -376,9 +386,10 @@ def resp_body(draw) -> dict:
             st.just({"type": "web_search"}),
         ),
         "reasoning": st.builds(
-            lambda e, s: _drop_none({"effort": e, "summary": s}),
+            lambda e, s, g: _drop_none({"effort": e, "summary": s, "generate_summary": g}),
             st.one_of(st.none(), effort),
             st.one_of(st.none(), st.just("auto")),
+            st.one_of(st.none(), st.just("concise")),
         ),
         "text": st.builds(
             lambda f, v: _drop_none({"format": f, "verbosity": v}),
@@ -387,7 +398,11 @@ def resp_body(draw) -> dict:
                 st.just({"type": "text"}),
                 st.just({"type": "json_object"}),
                 st.builds(
-                    lambda s: {"type": "json_schema", "name": "x", "schema": s}, object_schema
+                    lambda s, strict: _drop_none(
+                        {"type": "json_schema", "name": "x", "schema": s, "strict": strict}
+                    ),
+                    object_schema,
+                    st.sampled_from([None, True, False]),
                 ),
             ),
             st.one_of(st.none(), st.just("low")),
@@ -602,6 +617,20 @@ def _mask(record: dict) -> dict:
     )
 
 
+ECHOED = ("reasoning", "text", "tool_choice", "tools")
+
+
+def _reference_echo(converted) -> dict:
+    """What the reference's response object repeats of the request (seen through a stream)."""
+    generator = dr.ResponsesRequest.chunk_generator(converted, "resp", "model")
+    processor = dr.StreamProcessor(generator, converted.parsing_options)
+    response = dr.ResponsesResponse("resp", "model", 0, 0, 0)
+    for event in processor.push(dr.InferenceChunk.text("x", 1)) + processor.finish():
+        response.accumulate(event)
+    final = json.loads(response.to_json())
+    return {key: final[key] for key in ECHOED}
+
+
 def _check(case, options) -> None:
     dialect, body = case
     theirs, their_conv = convert_case(dr, dialect, body, options)
@@ -609,6 +638,9 @@ def _check(case, options) -> None:
     assert _mask(mine) == _mask(theirs)
     if their_conv is not None:
         assert _render(ours, my_conv.conversation) == _render(dr, their_conv.conversation)
+        if dialect == "responses":
+            echo = {key: getattr(my_conv.echo, key) for key in ECHOED}
+            assert echo == _reference_echo(their_conv)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))

@@ -12,7 +12,6 @@ from deepwell.recipe import conversion as rules
 from deepwell.recipe.conversation import (
     AssistantMessage,
     Conversation,
-    ImageSource,
     LatestReminderMessage,
     Message,
     SystemMessage,
@@ -25,7 +24,12 @@ from deepwell.recipe.conversion import ConversionOptions
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
 from deepwell.recipe.dialects.chat_output import ChatCompletionChunkGenerator
-from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy, image_source
+from deepwell.recipe.dialects.images import (
+    UNSUPPORTED_IMAGE_TEXT,
+    BlockText,
+    ImagePolicy,
+    image_source,
+)
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue
@@ -371,27 +375,25 @@ def _tools(declared: list[dict]) -> list[ToolDefinition]:
     return tools
 
 
-def _blocks(
-    content: str | list, path: str, images: ImagePolicy, allow_images: bool
-) -> tuple[str, list[ImageSource]]:
+def _blocks(content: str | list, path: str, images: ImagePolicy, allow_images: bool) -> BlockText:
+    blocks = BlockText(images)
     if isinstance(content, str):
-        return content, []
+        blocks.text(content)
+        return blocks
     if images.supported and any(kind == "file" for kind, _ in content):
         raise ConversionError(f"{path}: file must have a file_id or file_data")
-    parts: list[str] = []
-    sources: list[ImageSource] = []
     for kind, block in content:
         if kind == "text":
-            parts.append(block["text"])
+            blocks.text(block["text"])
         elif not images.supported:
             # V4-Pro: any non-text block is a stand-in text, never checked (spec §15.9).
-            parts.append(UNSUPPORTED_IMAGE_TEXT)
+            blocks.text(UNSUPPORTED_IMAGE_TEXT)
         elif kind == "image_url":
             if not allow_images:
                 raise ConversionError("Image in assistant message is not supported")
             url = block["image_url"]
-            parts.append(images.place(image_source(url["url"], url["detail"], path), sources))
-    return "\n\n".join(parts), sources
+            blocks.image(image_source(url["url"], url["detail"], path))
+    return blocks
 
 
 def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:
@@ -401,7 +403,7 @@ def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:
     if role == "assistant":
         content = ""
         if m["content"] is not None:
-            content, _ = _blocks(m["content"], path, images, allow_images=False)
+            content = _blocks(m["content"], path, images, allow_images=False).content()
         calls = m["tool_calls"]
         tool_calls = None
         if calls:
@@ -409,12 +411,13 @@ def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:
                 ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls
             ]
         return AssistantMessage(content, m["reasoning_content"], tool_calls, bool(m["prefix"]))
-    content, sources = _blocks(m["content"], path, images, allow_images=True)
+    blocks = _blocks(m["content"], path, images, allow_images=True)
+    content, sources, token = blocks.content(), blocks.sources, images.token
     if role == "system":
-        return SystemMessage(content, sources, image_token=images.token)
+        return blocks.attach(SystemMessage(content, sources, image_token=token))
     if role == "user":
-        return UserMessage(content, sources, image_token=images.token)
-    return ToolMessage(content, m["tool_call_id"], sources, image_token=images.token)
+        return blocks.attach(UserMessage(content, sources, image_token=token))
+    return blocks.attach(ToolMessage(content, m["tool_call_id"], sources, image_token=token))
 
 
 @dataclass

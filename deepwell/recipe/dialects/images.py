@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
-from deepwell.recipe.conversation import DataUrlImageSource, ImageSource, UrlImageSource
+from deepwell.recipe.conversation import DataUrlImageSource, ImageSource, Message, UrlImageSource
 from deepwell.recipe.conversion import ConversionOptions
 from deepwell.recipe.encoding.special_tokens import SpecialToken
 from deepwell.recipe.errors import ConversionError
@@ -18,7 +19,9 @@ UNSUPPORTED_IMAGE = (
     "You have uploaded an unsupported image. Please make sure your image is valid and has "
     "one of the following formats: webp, png, jpeg, and gif."
 )
+_IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp")
 _BASE64_BODY = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+M = TypeVar("M", bound=Message)
 # V4-Pro has no vision: images become this text and carry no source (spec §15.9).
 UNSUPPORTED_IMAGE_TEXT = "[Unsupported Image]"
 
@@ -37,10 +40,38 @@ class ImagePolicy:
             version is not ModelVersion.DeepseekV4Pro,
         )
 
-    def place(self, source: ImageSource, sources: list[ImageSource]) -> str:
-        """The placeholder for a supported image; records its source."""
-        sources.append(source)
-        return self.token
+
+class BlockText:
+    """The text of a block list joined by blank lines, knowing where its image placeholders
+    are (a user-typed look-alike before them stays text)."""
+
+    def __init__(self, images: ImagePolicy) -> None:
+        self.images = images
+        self.parts: list[str] = []
+        self.sources: list[ImageSource] = []
+        self._image_parts: list[int] = []
+
+    def text(self, text: str) -> None:
+        self.parts.append(text)
+
+    def image(self, source: ImageSource) -> None:
+        self._image_parts.append(len(self.parts))
+        self.parts.append(self.images.token)
+        self.sources.append(source)
+
+    def content(self) -> str:
+        return "\n\n".join(self.parts)
+
+    def attach(self, message: M) -> M:
+        """Give `message` (built from `content()` and `sources`) the placeholder positions."""
+        spans = []
+        offset = 0
+        for index, part in enumerate(self.parts):
+            if index in self._image_parts:
+                spans.append((offset, offset + len(part)))
+            offset += len(part) + 2
+        message.image_spans = tuple(spans)
+        return message
 
 
 def image_source(url: str, detail: str | None, path: str) -> ImageSource:
@@ -60,8 +91,8 @@ def check_data_url(url: str, path: str) -> None:
     if not comma or not header.endswith(";base64"):
         # Percent-encoded (non-base64) data URLs are refused outright (spec §15.9).
         raise ConversionError(f"{path}: Unsupported image_url format")
-    media_type = header[: -len(";base64")]
-    if not media_type.lower().startswith("image/"):
+    media_type = header.split(";", 1)[0].lower()
+    if media_type not in _IMAGE_MEDIA_TYPES:
         raise ConversionError(f"{path}: {UNSUPPORTED_IMAGE}")
     check_base64(body, path)
 

@@ -28,7 +28,7 @@ from deepwell.recipe.conversation import (
 from deepwell.recipe.conversion import ConversionOptions, WebSearchBehavior
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
-from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy
+from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, BlockText, ImagePolicy
 from deepwell.recipe.dialects.messages_output import MessagesChunkGenerator
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.errors import ConversionError
@@ -542,9 +542,7 @@ def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> 
     if not images.supported:
         # V4-Pro: an image is a stand-in text, never checked (spec §15.9).
         return UserMessage(UNSUPPORTED_IMAGE_TEXT)
-    sources: list[ImageSource] = []
-    text = images.place(_image(source, path), sources)
-    return UserMessage(text, sources, image_token=images.token)
+    return UserMessage(images.token, [_image(source, path)], image_token=images.token)
 
 
 def _image(source: tuple[str, dict], path: str) -> ImageSource:
@@ -574,26 +572,27 @@ def _tool_result(
     tool_use_id = block["tool_use_id"]
     if content is None or isinstance(content, str):
         return ToolMessage(content or "", tool_use_id), []
-    parts: list[str] = []
-    sources: list[ImageSource] = []
+    blocks = BlockText(images)
     announced: list[Message] = []
     for kind, item in content:
         if kind == "text":
-            parts.append(item["text"])
+            blocks.text(item["text"])
         elif kind == "image":
             if images.supported:
-                parts.append(images.place(_image(item["source"], path), sources))
+                blocks.image(_image(item["source"], path))
             else:
-                parts.append(UNSUPPORTED_IMAGE_TEXT)
+                blocks.text(UNSUPPORTED_IMAGE_TEXT)
         elif kind == "document":
-            parts.append(_unsupported_document(item))
+            blocks.text(_unsupported_document(item))
         else:
             # A tool_reference loads a deferred tool: its name is the result, and (where
             # tools load lazily) a system message announces the tool after the results.
             name = item["tool_name"]
-            parts.append(name)
+            blocks.text(name)
             if deferral:
                 found = [tool for tool in tools if tool.name == name]
                 announced.append(SystemMessage("", tools=found))
-    message = ToolMessage("\n\n".join(parts), tool_use_id, sources, image_token=images.token)
+    message = blocks.attach(
+        ToolMessage(blocks.content(), tool_use_id, blocks.sources, image_token=images.token)
+    )
     return message, announced

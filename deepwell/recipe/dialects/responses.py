@@ -12,7 +12,6 @@ from deepwell.recipe import conversion as rules
 from deepwell.recipe.conversation import (
     AssistantMessage,
     Conversation,
-    ImageSource,
     Message,
     SystemMessage,
     ToolCall,
@@ -29,7 +28,12 @@ from deepwell.recipe.dialects.apply_patch import (
     APPLY_PATCH_PARAMETERS,
 )
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
-from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, ImagePolicy, image_source
+from deepwell.recipe.dialects.images import (
+    UNSUPPORTED_IMAGE_TEXT,
+    BlockText,
+    ImagePolicy,
+    image_source,
+)
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.dialects.responses_output import ResponsesChunkGenerator
 from deepwell.recipe.errors import ConversionError
@@ -180,6 +184,22 @@ _NAMESPACE_MEMBER = Tagged(
     "ResponsesNamespaceTool", "type", {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL}
 )
 _SERVER_TOOL = Struct("ResponsesServerTool", {})
+_WEB_SEARCH_TOOL = Struct(
+    "ResponsesWebSearchTool",
+    {
+        "search_context_size": b.optional(b.variants("low", "medium", "high")),
+        "user_location": b.optional(
+            Struct(
+                "ResponsesUserLocation",
+                dict.fromkeys(("city", "country", "region", "timezone"), b.optional(b.string)),
+            )
+        ),
+    },
+)
+_TOOL_SEARCH_TOOL = Struct(
+    "ResponsesToolSearchTool",
+    {"execution": b.any_value, "description": b.optional(b.string), "parameters": b.any_value},
+)
 _TOOL = Tagged(
     "ResponsesTool",
     "type",
@@ -196,6 +216,8 @@ _TOOL = Tagged(
             ("name", "tools"),
         ),
         **dict.fromkeys(SERVER_TOOLS, _SERVER_TOOL),
+        **dict.fromkeys(WEB_SEARCH_TOOLS, _WEB_SEARCH_TOOL),
+        "tool_search": _TOOL_SEARCH_TOOL,
     },
     # Tool types this dialect does not know are accepted and dropped.
     other=_SERVER_TOOL,
@@ -314,8 +336,10 @@ def _separator(version: ModelVersion | None) -> str:
 
 
 def _echo(f: dict[str, Any]) -> ResponsesEcho:
-    reasoning = f["reasoning"] or {"effort": None, "summary": None}
+    """The request's settings as the response object spells them (spec §9.2)."""
+    reasoning = f["reasoning"] or {"effort": None, "summary": None, "generate_summary": None}
     text = f["text"] or {"format": None, "verbosity": None}
+    tools = [_tool_echo(kind, tool) for kind, tool in f["tools"] or []]
     return ResponsesEcho(
         instructions=f["instructions"],
         max_output_tokens=f["max_output_tokens"],
@@ -323,13 +347,13 @@ def _echo(f: dict[str, Any]) -> ResponsesEcho:
         top_p=1.0 if f["top_p"] is None else f["top_p"],
         top_logprobs=f["top_logprobs"] or 0,
         user=f["user"],
-        reasoning={"effort": reasoning["effort"], "summary": reasoning["summary"]},
-        text={
-            "format": _format_echo(text["format"]),
-            "verbosity": text["verbosity"],
+        reasoning={
+            "effort": reasoning["effort"],
+            "summary": reasoning["summary"] or reasoning["generate_summary"],
         },
-        tool_choice="auto" if f["tool_choice"] is None else f["tool_choice"],
-        tools=[_tool_echo(kind, tool) for kind, tool in f["tools"] or []],
+        text={"format": _format_echo(text["format"]), "verbosity": text["verbosity"]},
+        tool_choice=_tool_choice_echo(f["tool_choice"]),
+        tools=[tool for tool in tools if tool is not None],
     )
 
 
@@ -337,7 +361,20 @@ def _format_echo(value: tuple[str, dict] | None) -> JsonValue:
     if value is None:
         return {"type": "text"}
     kind, fields = value
-    return {"type": kind, **{k: v for k, v in fields.items() if v is not None}}
+    if kind != "json_schema":
+        return {"type": kind}
+    keys = ("name", "schema", "description", "strict")
+    return {"type": kind, **{key: fields[key] for key in keys}}
+
+
+def _tool_choice_echo(value: JsonValue) -> JsonValue:
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        return value
+    if value["type"] in ("function", "custom"):
+        return {"type": value["type"], "name": value["name"]}
+    return {"type": value["type"]}
 
 
 def _function_echo(tool: dict) -> dict:
@@ -351,10 +388,11 @@ def _function_echo(tool: dict) -> dict:
 
 
 def _tool_echo(kind: str, tool: dict) -> JsonValue:
+    """A declared tool as echoed; None for those the response leaves out."""
     if kind == "function":
         return _function_echo(tool)
     if kind == "custom":
-        return {"type": "custom", **{k: v for k, v in tool.items() if v is not None}}
+        return {"type": "custom", "name": tool["name"]}
     if kind == "namespace":
         return {
             "type": "namespace",
@@ -362,7 +400,16 @@ def _tool_echo(kind: str, tool: dict) -> JsonValue:
             "description": tool["description"],
             "tools": [_tool_echo(k, t) for k, t in tool["tools"]],
         }
-    return {"type": kind}
+    if kind in WEB_SEARCH_TOOLS:
+        location = tool["user_location"]
+        return {
+            "type": kind,
+            "search_context_size": tool["search_context_size"],
+            "user_location": location if location is None else dict(location),
+        }
+    if kind == "tool_search":
+        return {"type": kind, **tool}
+    return None
 
 
 def _convert(
@@ -592,41 +639,47 @@ def _text_format(text: dict | None) -> tuple[str, JsonValue, bool | None]:
 
 def _blocks(
     content: str | list, path: str, part: str, images: ImagePolicy, *, assistant: bool = False
-) -> tuple[str, list[ImageSource]]:
-    """Text of a content list (blocks joined by blank lines) and its images.
+) -> BlockText:
+    """A content list's text (blocks joined by blank lines) and its images.
 
     `part` names the list in error paths (`content` or `output`).
     """
+    blocks = BlockText(images)
     if isinstance(content, str):
-        return content, []
-    parts: list[str] = []
-    sources: list[ImageSource] = []
-    for position, (kind, block) in enumerate(content):
+        blocks.text(content)
+        return blocks
+    if images.supported:
+        _check_image_blocks(content, f"{path}.{part}")
+    for kind, block in content:
         if kind in ("input_text", "output_text"):
-            parts.append(block["text"])
+            blocks.text(block["text"])
         elif kind == "input_file":
-            parts.append(_UNSUPPORTED_DOCUMENT)
+            blocks.text(_UNSUPPORTED_DOCUMENT)
         elif not images.supported:
             # V4-Pro: an image is a stand-in text, never checked (spec §15.9).
-            parts.append(UNSUPPORTED_IMAGE_TEXT)
+            blocks.text(UNSUPPORTED_IMAGE_TEXT)
         else:
-            where = f"{path}.{part}[{position}]"
-            url, file_id = block["image_url"], block["file_id"]
-            if url is None and file_id is None:
-                raise ConversionError(f"{where}: input_image must have image_url or file_id")
-            if url is not None and file_id is not None:
-                raise ConversionError(
-                    f"{where}: input_image cannot have both image_url and file_id"
-                )
-            if file_id is not None:
-                raise ConversionError(
-                    f"{where}: file_id is not supported. Pass the image as a base64 data url "
-                    "instead."
-                )
             if assistant:
                 raise ConversionError(f"{path}: Image in assistant message is unsupported")
-            parts.append(images.place(image_source(url, block["detail"], path), sources))
-    return "\n\n".join(parts), sources
+            blocks.image(image_source(block["image_url"], block["detail"], path))
+    return blocks
+
+
+def _check_image_blocks(content: list, where: str) -> None:
+    """Every input_image names exactly one source, and not a file_id (checked before URLs)."""
+    for position, (kind, block) in enumerate(content):
+        if kind != "input_image":
+            continue
+        at = f"{where}[{position}]"
+        url, file_id = block["image_url"], block["file_id"]
+        if url is None and file_id is None:
+            raise ConversionError(f"{at}: input_image must have image_url or file_id")
+        if url is not None and file_id is not None:
+            raise ConversionError(f"{at}: input_image cannot have both image_url and file_id")
+        if file_id is not None:
+            raise ConversionError(
+                f"{at}: file_id is not supported. Pass the image as a base64 data url instead."
+            )
 
 
 class _Turn:
@@ -689,18 +742,22 @@ def _items(
             role = item["role"]
             if role == "assistant":
                 folded = current(fresh_if=bool(turn and turn.calls))
-                content, _ = _blocks(item["content"], path, "content", images, assistant=True)
+                content = _blocks(
+                    item["content"], path, "content", images, assistant=True
+                ).content()
                 # Adjacent assistant texts join with blank lines; empty ones leave no trace.
                 if content:
                     folded.texts.append(content)
                 continue
             close()
-            content, sources = _blocks(item["content"], path, "content", images)
+            blocks = _blocks(item["content"], path, "content", images)
+            content, sources = blocks.content(), blocks.sources
             # V4-Pro hears developer messages as the user's words; system stays system.
             if role == "user" or (role == "developer" and not developer_is_system):
-                messages.append(UserMessage(content, sources, image_token=images.token))
+                message = UserMessage(content, sources, image_token=images.token)
             else:
-                messages.append(SystemMessage(content, sources, image_token=images.token))
+                message = SystemMessage(content, sources, image_token=images.token)
+            messages.append(blocks.attach(message))
         elif kind == "reasoning":
             require_answers()
             texts = [part["text"] for part in item["content"] or [] if part["text"]]
@@ -724,14 +781,17 @@ def _items(
             current(fresh_if=False).calls.append(ToolCall(call_id, name, arguments))
         else:
             call_id = item["call_id"]
-            content, sources = _blocks(item["output"], path, "output", images)
+            blocks = _blocks(item["output"], path, "output", images)
             if call_id in answered:
                 raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
             if call_id not in pending:
                 raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
             pending.remove(call_id)
             answered.add(call_id)
-            turn.outputs.append(ToolMessage(content, call_id, sources, image_token=images.token))
+            output = ToolMessage(
+                blocks.content(), call_id, blocks.sources, image_token=images.token
+            )
+            turn.outputs.append(blocks.attach(output))
     require_answers()
     close()
     return messages
