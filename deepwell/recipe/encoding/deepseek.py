@@ -39,7 +39,6 @@ class DeepseekEncoding(ABC):
         self._set_special_tokens(DEFAULT_SPECIAL_TOKENS)
 
     def _set_special_tokens(self, special_tokens: SpecialTokens) -> None:
-        self._special_tokens = special_tokens
         token = special_tokens.token
         self._bos = token(SpecialToken.Bos)
         self._eos = token(SpecialToken.Eos)
@@ -62,10 +61,6 @@ class DeepseekEncoding(ABC):
         clone = copy.copy(self)
         clone._set_special_tokens(special_tokens)
         return clone
-
-    @property
-    def special_tokens(self) -> SpecialTokens:
-        return self._special_tokens
 
     @property
     def stop_tokens(self) -> list[str]:
