@@ -9,11 +9,12 @@ import deepseek_recipe as dr
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vector_cases import v4_tokenizer
+from vector_cases import TOKENIZER_PATH, v4_tokenizer
 
 from deepwell.recipe import Tokenizer
 
 USER = "<｜User｜>"
+REFERENCE_TOKENIZER = dr.Tokenizer.from_file(str(TOKENIZER_PATH))
 
 
 def test_full_encode_turns_control_spellings_into_their_ids() -> None:
@@ -106,3 +107,19 @@ def test_remembered_runs_give_the_same_ids_and_fresh_lists() -> None:
     assert tokenizer.encode_plain([long_text])[0] == first[0]
     tokenizer.clear_cache()
     assert tokenizer.encode_plain([long_text])[0] == first[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                ["<｜User｜>", "<think>", "</think>", "<｜image｜>", "｜DSML｜", " ", "\n"]
+            ),
+            st.text(max_size=10),
+        ),
+        max_size=6,
+    ).map("".join)
+)
+def test_full_encode_matches_the_reference(text: str) -> None:
+    assert v4_tokenizer().encode(text) == REFERENCE_TOKENIZER.encode(text)
