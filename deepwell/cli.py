@@ -111,7 +111,11 @@ def _run_render(args: argparse.Namespace) -> int:
     if args.ids and not args.tokenizer:
         print("deepwell render: --ids needs --tokenizer PATH", file=sys.stderr)
         return 2
-    text = _read_input(args.file)
+    try:
+        text = _read_input(args.file)
+    except OSError as error:
+        print(f"deepwell render: {error}", file=sys.stderr)
+        return 2
     if args.dialect:
         dialect = args.dialect
     else:

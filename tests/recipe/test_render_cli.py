@@ -184,3 +184,9 @@ def test_help_lists_every_subcommand(capsys) -> None:
     out = capsys.readouterr().out
     for command in cli.COMMANDS:
         assert command.name in out
+
+
+def test_unreadable_file_exits_2(capsys, tmp_path) -> None:
+    code, _, err = _run(["render", str(tmp_path / "missing.json")], capsys)
+    assert code == 2
+    assert "missing.json" in err
