@@ -1,6 +1,6 @@
 """Request conversion rules shared by the three dialects, and the options that steer them.
 
-Thinking mode, sampling validation, tools, tool_choice, output constraints and parsing options (spec §6.1).
+Thinking, sampling checks, tools, tool_choice, output constraint, parsing options (spec §6.1).
 """
 
 from __future__ import annotations

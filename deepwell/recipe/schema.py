@@ -1,6 +1,6 @@
 """Tool parameter schemas: the JSON-Schema meta-schema check and strict-mode normalisation.
 
-Messages follow the reference's validator (spec §6.1); the meta-schema is draft 2020-12, applied in its key order.
+Messages follow the reference's validator (spec §6.1); the meta-schema is draft 2020-12.
 """
 
 from __future__ import annotations

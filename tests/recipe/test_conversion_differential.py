@@ -654,3 +654,37 @@ def test_conversion_matches_reference_on_random_requests(case, options) -> None:
 @given(cases, option_specs)
 def test_conversion_matches_reference_on_many_random_requests(case, options) -> None:
     _check(case, options)
+
+
+def _python_bodies() -> list:
+    cycle: dict = {}
+    cycle["self"] = cycle
+    deep: list = []
+    for _ in range(126):
+        deep = [deep]
+    return [
+        {"model": float("nan")},
+        {"model": float("-inf")},
+        {"model": cycle},
+        {"model": [cycle]},
+        {"model": deep},
+        {"model": [deep]},
+        {"model": 2**64 - 1},
+        {"model": 2**64},
+        {"model": -(2**63) - 1},
+        {"model": b"x"},
+        {"model": (1, 2)},
+        {1: 2},
+        {"model": "\ud800"},
+        [],
+        ["m"],
+        5,
+    ]
+
+
+@pytest.mark.parametrize("body", _python_bodies(), ids=range(len(_python_bodies())))
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_python_body_values_fail_like_reference(dialect: str, body) -> None:
+    theirs, _ = convert_case(dr, dialect, body)
+    mine, _ = convert_case(ours, dialect, body)
+    assert mine == theirs

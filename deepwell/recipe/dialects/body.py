@@ -1,6 +1,6 @@
 """Typed reading of request bodies: JSON values → dialect fields, with serde's error texts.
 
-Readers raise `BodyError` whose message is what the reference puts after `invalid request body: ` (spec §1).
+A `BodyError` message is what the reference writes after `invalid request body: ` (spec §1).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ class BodyError(ValueError):
     """A body that does not fit the dialect's request shape."""
 
 
-def load_body(body: bytes | str | dict) -> JsonValue:
+def load_body(body: bytes | str | dict | list) -> JsonValue:
     """The body as a JSON value; raises ValueError with the reference's message."""
     if isinstance(body, (str, bytes, bytearray)):
         try:
             return parse_json_text(body)
         except ValueError as error:
             raise ValueError(f"invalid JSON request: {error}") from None
-    return python_to_json(body, 0)
+    return _python_to_json(body, 0, set())
 
 
-def python_to_json(value: object, depth: int) -> JsonValue:
+def _python_to_json(value: object, depth: int, open_ids: set[int]) -> JsonValue:
     """A Python object as the reference's binding converts it (its errors included)."""
     if value is None or isinstance(value, bool):
         return value
@@ -45,26 +45,34 @@ def python_to_json(value: object, depth: int) -> JsonValue:
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{value} is not a finite JSON number")
+            spelled = "NaN" if math.isnan(value) else str(value)
+            raise ValueError(f"{spelled} is not a finite JSON number")
         return value
     if isinstance(value, str):
+        # Lone surrogates fail here with the UnicodeEncodeError the binding raises.
         value.encode("utf-8")
         return value
     if isinstance(value, (dict, list, tuple)):
+        if id(value) in open_ids:
+            raise ValueError("circular reference in JSON input")
         depth += 1
         if depth > _BODY_MAX_DEPTH:
             raise RecursionError(
                 f"JSON input exceeds the maximum nesting depth of {_BODY_MAX_DEPTH}"
             )
-        if isinstance(value, dict):
-            out = {}
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise TypeError("JSON object keys must be str")
-                key.encode("utf-8")
-                out[key] = python_to_json(item, depth)
-            return out
-        return [python_to_json(item, depth) for item in value]
+        open_ids.add(id(value))
+        try:
+            if isinstance(value, dict):
+                out = {}
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise TypeError("JSON object keys must be str")
+                    key.encode("utf-8")
+                    out[key] = _python_to_json(item, depth, open_ids)
+                return out
+            return [_python_to_json(item, depth, open_ids) for item in value]
+        finally:
+            open_ids.discard(id(value))
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 

@@ -289,28 +289,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     # Any response_format, even an explicit `text`, rules out strict tools here.
     if any(tool.strict for tool in selection.tools) and f["response_format"] is not None:
         raise ConversionError("response_format should not be used with tools")
-    if f["n"] is not None and f["n"] != 1:
-        raise ConversionError("Invalid n value (currently only n = 1 is supported)")
-    rules.check_range(f["presence_penalty"], -2.0, 2.0, "presence_penalty", "[-2, 2]")
-    rules.check_range(f["frequency_penalty"], -2.0, 2.0, "frequency_penalty", "[-2, 2]")
-    rules.check_temperature(f["temperature"])
-    rules.check_top_p(f["top_p"])
-    logprobs = bool(f["logprobs"])
-    top_logprobs = f["top_logprobs"]
-    if top_logprobs is not None:
-        if not logprobs:
-            raise ConversionError(
-                "Invalid top_logprobs and logprobs value, logprobs must be set to true if "
-                "top_logprobs is used."
-            )
-        if top_logprobs > 20:
-            raise ConversionError(
-                "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
-            )
-    rules.check_max_tokens(f["max_tokens"], rules.max_tokens_bound(thinking, options))
-    seed = f["seed"]
-    if seed is not None and seed >= 2**63:
-        raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
+    _check_sampling(f, rules.max_tokens_bound(thinking, options))
 
     conversation = Conversation(
         messages,
@@ -327,9 +306,9 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         max_tokens=f["max_tokens"],
         temperature=rules.resolve_temperature(f["temperature"], thinking),
         top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        seed=seed,
+        logprobs=bool(f["logprobs"]),
+        top_logprobs=f["top_logprobs"],
+        seed=f["seed"],
         output_constraint=rules.output_constraint(
             selection.tools, selection.tool_choice, fmt, constraint_schema, regex
         ),
@@ -350,6 +329,29 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         parsing_options=parsing,
         stream=bool(f["stream"]),
     )
+
+
+def _check_sampling(f: dict[str, Any], max_tokens_bound: int) -> None:
+    """n, penalties, temperature, top_p, logprobs, max_tokens and seed, in the reference's order."""
+    if f["n"] is not None and f["n"] != 1:
+        raise ConversionError("Invalid n value (currently only n = 1 is supported)")
+    rules.check_range(f["presence_penalty"], -2.0, 2.0, "presence_penalty", "[-2, 2]")
+    rules.check_range(f["frequency_penalty"], -2.0, 2.0, "frequency_penalty", "[-2, 2]")
+    rules.check_temperature(f["temperature"])
+    rules.check_top_p(f["top_p"])
+    if f["top_logprobs"] is not None:
+        if not f["logprobs"]:
+            raise ConversionError(
+                "Invalid top_logprobs and logprobs value, logprobs must be set to true if "
+                "top_logprobs is used."
+            )
+        if f["top_logprobs"] > 20:
+            raise ConversionError(
+                "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20]."
+            )
+    rules.check_max_tokens(f["max_tokens"], max_tokens_bound)
+    if f["seed"] is not None and f["seed"] >= 2**63:
+        raise ConversionError("Invalid seed value, the valid range of seed is [0, 2^63)")
 
 
 def _check_tool_names(declared: list[dict]) -> None:

@@ -1,6 +1,6 @@
 """Request body text → JSON value, failing exactly where and how the reference's parser fails.
 
-The reference parses bodies with serde_json; its syntax errors (spec/recipe.md §1) name a cause and a byte position.
+The reference parses with serde_json; a syntax error names a cause and a byte position (§1).
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class _Parser:
             if byte == ord("\\"):
                 raw += self.data[start : self.index]
                 self.index += 1
-                raw += self.escape().encode("utf-8", "surrogatepass")
+                raw += self.escape().encode("utf-8")
                 start = self.index
             elif byte < 0x20:
                 self.index += 1

@@ -29,6 +29,7 @@ class ProtocolRequest:
         return self._fields["model"]
 
     def _take(self) -> dict[str, Any]:
+        """The parsed fields for the one conversion this request allows."""
         if self._consumed:
             raise RuntimeError("protocol request has been consumed")
         self._consumed = True

@@ -1,6 +1,6 @@
 """OpenAI Responses requests (`/v1/responses`) → ConversationRequest, namespace map and echo.
 
-Input items, tools (functions, namespaces, apply_patch, server tools) and errors per spec §6.3, §15.
+Input items, tools (functions, namespaces, apply_patch, server tools), errors: spec §6.3, §15.
 """
 
 from __future__ import annotations
@@ -417,28 +417,7 @@ def _convert(
 ) -> ConversationRequest:
     version = rules.resolve_model(f["model"], options)
     declared, namespace_map = _declare_tools(f["tools"] or [], _separator(version), options)
-    images = ImagePolicy.for_model(version, options)
-    raw_input = f["input"]
-    # An empty `instructions` string counts as absent.
-    instructions = f["instructions"] or None
-    if raw_input is None and instructions is None:
-        raise ConversionError("Either input or instructions must be provided")
-    if isinstance(raw_input, list) and not raw_input:
-        raise ConversionError("Input items array must not be empty")
-    messages: list[Message] = []
-    if instructions is not None:
-        messages.append(SystemMessage(instructions))
-    if isinstance(raw_input, str):
-        messages.append(UserMessage(raw_input))
-    elif raw_input is not None:
-        messages.extend(
-            _items(
-                raw_input,
-                images,
-                _separator(version),
-                developer_is_system=version is not ModelVersion.DeepseekV4Pro,
-            )
-        )
+    messages = _input_messages(f, version, options)
     choice, named = _choice(f["tool_choice"], options)
     # With tool_choice `none` the tools are dropped unchecked (names were checked above).
     tools = [] if f["tool_choice"] == "none" else _tool_definitions(declared)
@@ -506,6 +485,29 @@ def _convert(
         namespace_tool_map=namespace_map,
         echo=echo,
     )
+
+
+def _input_messages(
+    f: dict[str, Any], version: ModelVersion, options: ConversionOptions
+) -> list[Message]:
+    """`instructions` as a leading system message, then the input string or items."""
+    raw_input = f["input"]
+    # An empty `instructions` string counts as absent.
+    instructions = f["instructions"] or None
+    if raw_input is None and instructions is None:
+        raise ConversionError("Either input or instructions must be provided")
+    if isinstance(raw_input, list) and not raw_input:
+        raise ConversionError("Input items array must not be empty")
+    messages: list[Message] = []
+    if instructions is not None:
+        messages.append(SystemMessage(instructions))
+    if isinstance(raw_input, str):
+        messages.append(UserMessage(raw_input))
+    elif raw_input is not None:
+        images = ImagePolicy.for_model(version, options)
+        developer_is_system = version is not ModelVersion.DeepseekV4Pro
+        messages.extend(_items(raw_input, images, _separator(version), developer_is_system))
+    return messages
 
 
 @dataclass
