@@ -448,6 +448,11 @@ class _Context:
     options: ConversionOptions
     version: ModelVersion
 
+    @property
+    def deferral(self) -> bool:
+        """Only V4.1 loads tools lazily; V4-Pro treats deferred tools as ordinary ones."""
+        return self.version is ModelVersion.DeepseekV41Flash
+
 
 def _convert_message(index: int, role: str, content: str | list, ctx: _Context) -> list[Message]:
     tools, images, options = ctx.tools, ctx.images, ctx.options
@@ -474,9 +479,7 @@ def _convert_message(index: int, role: str, content: str | list, ctx: _Context) 
             out.append(UserMessage(_unsupported_document(block)))
         elif kind == "tool_result":
             where = f"messages.{index}.content.{position}.tool_result"
-            message, added = _tool_result(
-                block, where, tools, images, ctx.version is ModelVersion.DeepseekV41Flash
-            )
+            message, added = _tool_result(block, where, tools, images, ctx.deferral)
             results.append(message)
             announced.extend(added)
         elif options.messages_web_search is not WebSearchBehavior.Drop:
