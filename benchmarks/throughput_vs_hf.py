@@ -58,14 +58,18 @@ def run_deepwell(workload: list[dict], decode_prompt: list[int], decode_tokens: 
 def run_transformers(
     workload: list[dict], decode_prompt: list[int], decode_tokens: int, batch_size: int
 ) -> dict:
-    from transformers import AutoModelForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from deepwell.engine.models.loader import embedded_model_path
+    from deepwell.engine.models.loader import load_checkpoint
 
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.bfloat16
-    )
+    # The GGUF dequantised once, as deepwell does, then cast to bf16: both engines run the
+    # very same bf16 weights (transformers' own GGUF path keeps them quantised in float32).
+    checkpoint = load_checkpoint(None)
+    model = LlamaForCausalLM(LlamaConfig(**checkpoint.hf_config)).to(torch.bfloat16)
+    tensors = {name: t.to(torch.bfloat16) for name, t in checkpoint.tensors.items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
     model.eval()
     pad = 2
 
