@@ -20,7 +20,8 @@ UNSUPPORTED_IMAGE = (
     "one of the following formats: webp, png, jpeg, and gif."
 )
 _IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp")
-_BASE64_BODY = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_BASE64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_BASE64_SYMBOLS = re.compile(r"[A-Za-z0-9+/]*")
 M = TypeVar("M", bound=Message)
 # V4-Pro has no vision: images become this text and carry no source (spec §15.9).
 UNSUPPORTED_IMAGE_TEXT = "[Unsupported Image]"
@@ -98,6 +99,31 @@ def check_data_url(url: str, path: str) -> None:
 
 
 def check_base64(body: str, path: str) -> None:
-    compact = "".join(body.split())
-    if not _BASE64_BODY.fullmatch(compact) or len(compact.rstrip("=")) % 4 == 1:
+    if not lenient_base64(body):
         raise ConversionError(f"{path}: Invalid base64 data")
+
+
+def lenient_base64(text: str) -> bool:
+    """Data-URL bodies: whitespace skipped, padding optional but exact when given."""
+    compact = "".join(text.split())
+    core = compact.rstrip("=")
+    padding = len(compact) - len(core)
+    if not _BASE64_SYMBOLS.fullmatch(core) or len(core) % 4 == 1:
+        return False
+    return padding == 0 or padding == (4 - len(core) % 4) % 4 != 0
+
+
+def padded_base64(text: str) -> bool:
+    """Messages image data: padding required (extra allowed), unused trailing bits zero."""
+    core = text.rstrip("=")
+    padding = len(text) - len(core)
+    if not _BASE64_SYMBOLS.fullmatch(core) or len(core) % 4 == 1:
+        return False
+    rest = len(core) % 4
+    if rest and padding < 4 - rest:
+        return False
+    if not rest:
+        return True
+    # The last symbol carries 4 (two symbols left) or 2 (three left) bits nobody reads.
+    unused = 0b1111 if rest == 2 else 0b11
+    return _BASE64_ALPHABET.index(core[-1]) & unused == 0

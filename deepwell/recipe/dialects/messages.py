@@ -5,8 +5,6 @@ Blocks, tool_use/tool_result pairing, deferred tools and errors per spec §6.4.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +26,12 @@ from deepwell.recipe.conversation import (
 from deepwell.recipe.conversion import ConversionOptions, WebSearchBehavior
 from deepwell.recipe.dialects import body as b
 from deepwell.recipe.dialects.body import BodyError, Struct, Tagged
-from deepwell.recipe.dialects.images import UNSUPPORTED_IMAGE_TEXT, BlockText, ImagePolicy
+from deepwell.recipe.dialects.images import (
+    UNSUPPORTED_IMAGE_TEXT,
+    BlockText,
+    ImagePolicy,
+    padded_base64,
+)
 from deepwell.recipe.dialects.messages_output import MessagesChunkGenerator
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
 from deepwell.recipe.errors import ConversionError
@@ -247,14 +250,16 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     raw = f["messages"]
     if not raw:
         raise ConversionError("messages: at least one message is required")
-    _check_messages(raw)
     images = ImagePolicy.for_model(version, options)
     messages: list[Message] = []
     if f["system"] is not None:
         messages.append(SystemMessage(f["system"]))
     context = _Context([_definition(tool) for tool in declared], images, options, version)
+    shapes = _ShapeCheck()
     for index, (role, content) in enumerate(raw):
+        shapes.check(index, role, content)
         messages.extend(_convert_message(index, role, content, context))
+    shapes.finish(len(raw))
 
     switch = f["thinking"]
     enabled = None if switch is None else switch["type"] != "disabled"
@@ -371,21 +376,24 @@ def _leading_results(content: str | list) -> list[tuple[int, str]]:
     return out
 
 
-def _check_messages(messages: list[tuple[str, str | list]]) -> None:
-    """Message shapes, in order: non-empty, blocks in their roles, and every assistant
-    tool_use answered once by tool_result blocks opening the next message."""
-    previous_ids: list[str] = []
-    for index, (role, content) in enumerate(messages):
+class _ShapeCheck:
+    """Message shapes, checked in order as messages are converted: non-empty, blocks in their
+    roles, and every assistant tool_use answered once by tool_results opening the next one."""
+
+    def __init__(self) -> None:
+        self.previous_ids: list[str] = []
+
+    def check(self, index: int, role: str, content: str | list) -> None:
         if isinstance(content, list):
             if not content and role != "system":
                 raise ConversionError(f"messages.{index}: all messages must have non-empty content")
             _check_block_roles(index, role, content)
         results = _leading_results(content) if role == "user" else []
-        if previous_ids and not results:
-            raise _unanswered(f"messages.{index}: ", previous_ids)
+        if self.previous_ids and not results:
+            raise _unanswered(f"messages.{index}: ", self.previous_ids)
         seen: set[str] = set()
         for position, tool_use_id in results:
-            if tool_use_id not in previous_ids:
+            if tool_use_id not in self.previous_ids:
                 raise ConversionError(
                     f"unexpected `messages.{index}.content.{position}: tool_use_id` found in "
                     f"`tool_result` blocks: {tool_use_id}. Each `tool_result` block must have "
@@ -397,18 +405,20 @@ def _check_messages(messages: list[tuple[str, str | list]]) -> None:
                     f"result. Found multiple `tool_result` blocks with id: {tool_use_id}"
                 )
             seen.add(tool_use_id)
-        missing = [i for i in previous_ids if i not in seen]
+        missing = [i for i in self.previous_ids if i not in seen]
         if missing:
             # A message of only (too few) results is blamed on the assistant, written with no
             # space after the colon; one with other blocks too is blamed itself.
             if len(results) == len(content):
                 raise _unanswered(f"messages.{index - 1}:", missing)
             raise _unanswered(f"messages.{index}: ", missing)
-        previous_ids = []
+        self.previous_ids = []
         if role == "assistant" and isinstance(content, list):
-            previous_ids = [block["id"] for kind, block in content if kind == "tool_use"]
-    if previous_ids:
-        raise _unanswered(f"messages.{len(messages) - 1}:", previous_ids)
+            self.previous_ids = [block["id"] for kind, block in content if kind == "tool_use"]
+
+    def finish(self, count: int) -> None:
+        if self.previous_ids:
+            raise _unanswered(f"messages.{count - 1}:", self.previous_ids)
 
 
 def _check_block_roles(index: int, role: str, content: list) -> None:
@@ -551,21 +561,13 @@ def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> 
 def _image(source: tuple[str, dict], path: str) -> ImageSource:
     kind, fields = source
     if kind == "base64":
-        if not _is_base64(fields["data"]):
+        if not padded_base64(fields["data"]):
             raise ConversionError(f"{path}: base64 decode error")
         return DataUrlImageSource(f"data:{fields['media_type']};base64,{fields['data']}", path=path)
     url = fields["url"]
     if not url.lower().startswith(("http://", "https://")):
         raise ConversionError(f"{path}: invalid url: {json.dumps(url, ensure_ascii=False)}")
     return UrlImageSource(url, path=path)
-
-
-def _is_base64(data: str) -> bool:
-    try:
-        base64.b64decode(data, validate=True)
-    except binascii.Error:
-        return False
-    return True
 
 
 def _tool_result(
