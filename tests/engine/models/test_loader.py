@@ -1,0 +1,41 @@
+"""Checkpoint loading: GGUF details (rotary permutation, tied embeddings) and safetensors."""
+
+import torch
+
+from deepwell.engine.models.loader import _undo_rotary_permutation, load_checkpoint
+
+
+def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's convert_hf_to_gguf.py `permute` of q/k rows."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def test_undoing_the_rotary_permutation_restores_hf_rows():
+    weight = torch.arange(12 * 5, dtype=torch.float32).view(12, 5)
+    for heads in (1, 2, 3):
+        assert torch.equal(
+            _undo_rotary_permutation(llama_cpp_permute(weight, heads), heads), weight
+        )
+
+
+def test_embedded_gguf_loads_as_a_tied_llama():
+    checkpoint = load_checkpoint(None)
+    config = checkpoint.hf_config
+    assert checkpoint.architecture == "LlamaForCausalLM"
+    assert config["tie_word_embeddings"] and "lm_head.weight" not in checkpoint.tensors
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
+    q = checkpoint.tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert q.dtype == torch.float32 and q.shape == (576, 576)
+    assert checkpoint.chat_template and "<|im_start|>" in checkpoint.chat_template
+
+
+def test_safetensors_directory_loads_with_its_config(tiny_llama):
+    checkpoint = load_checkpoint(str(tiny_llama))
+    assert checkpoint.architecture == "LlamaForCausalLM"
+    assert checkpoint.tokenizer is None
+    assert checkpoint.tensors["lm_head.weight"].shape == (320, 64)

@@ -1,0 +1,75 @@
+"""Scheduler: token budget, chunked prefill, max_num_seqs, running before waiting."""
+
+import torch
+
+from deepwell.engine import SamplingParams
+from deepwell.engine.kv.layout import KVLayout, PagedSpec
+from deepwell.engine.kv.manager import KVCacheManager
+from deepwell.engine.request import Request, RequestStatus
+from deepwell.engine.scheduler import Scheduler
+
+LAYOUT = KVLayout(paged=(PagedSpec("key", 1, (1, 4), entry_axis=1),))
+
+
+def make(num_blocks=64, max_num_seqs=8, budget=16) -> Scheduler:
+    return Scheduler(KVCacheManager(LAYOUT, num_blocks, 4, 1), max_num_seqs, budget)
+
+
+def request(name: str, num_tokens: int) -> Request:
+    return Request(
+        name, [5] * num_tokens, SamplingParams(max_tokens=4), frozenset(), torch.Generator()
+    )
+
+
+def run(scheduler: Scheduler):
+    """Schedule one step and pretend it ran (counters advance, completing chunks sample)."""
+    plan = scheduler.schedule()
+    for chunk in plan.chunks:
+        completes = chunk.completes
+        chunk.request.num_computed_tokens += chunk.num_tokens
+        if completes:
+            chunk.request.token_ids.append(7)
+    return plan
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks():
+    scheduler = make(budget=16)
+    long = request("long", 40)
+    scheduler.add(long)
+    sizes = [run(scheduler).chunks[0].num_tokens for _ in range(3)]
+    assert sizes == [16, 16, 8]
+    assert long.num_output_tokens == 1
+
+
+def test_running_requests_come_before_waiting_ones_and_share_the_budget():
+    scheduler = make(budget=16)
+    a = request("a", 10)
+    scheduler.add(a)
+    run(scheduler)
+    b = request("b", 30)
+    scheduler.add(b)
+    plan = run(scheduler)
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("a", 1), ("b", 15)]
+    assert plan.num_tokens == 16
+
+
+def test_max_num_seqs_caps_running_requests():
+    scheduler = make(max_num_seqs=2)
+    for name in "abc":
+        scheduler.add(request(name, 3))
+    plan = run(scheduler)
+    assert {c.request.request_id for c in plan.chunks} == {"a", "b"}
+    assert scheduler.waiting[0].request_id == "c"
+
+
+def test_out_of_blocks_preempts_the_newest_and_it_restarts_from_zero():
+    scheduler = make(num_blocks=4, budget=64)
+    old, new = request("old", 8), request("new", 7)
+    scheduler.add(old)
+    scheduler.add(new)
+    run(scheduler)  # old: 2 blocks, new: 2 blocks, pool empty
+    old.token_ids += [7]  # old grows past its blocks and needs a third
+    plan = run(scheduler)
+    assert plan.preempted == [new]
+    assert new.status is RequestStatus.WAITING and new.num_computed_tokens == 0
+    assert new.block_ids == [] and new.num_preemptions == 1
