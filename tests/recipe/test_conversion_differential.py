@@ -174,6 +174,8 @@ def chat_turns(draw) -> list:
             ids = draw(st.permutations([c["id"] for c in calls]))
             if draw(st.integers(0, 6)) == 0:
                 ids = ids[:-1]
+            elif draw(st.integers(0, 6)) == 0:
+                ids = [*ids, ids[0]]
             for i in ids:
                 messages.append({"role": "tool", "tool_call_id": i, "content": draw(chat_content)})
         else:
@@ -312,6 +314,8 @@ def resp_items(draw) -> list:
             order = draw(st.permutations(ids))
             if draw(st.integers(0, 6)) == 0:
                 order = order[:-1]
+            elif draw(st.integers(0, 6)) == 0:
+                order = [*order, order[0]]
             for i in order:
                 items.append(
                     {"type": "function_call_output", "call_id": i, "output": draw(resp_content)}
@@ -482,6 +486,8 @@ def msg_turns(draw) -> list:
                 ]
                 if draw(st.integers(0, 6)) == 0:
                     results = results[:-1]
+                elif draw(st.integers(0, 6)) == 0:
+                    results = [*results, results[0]]
                 if draw(st.booleans()):
                     results.append({"type": "text", "text": draw(text)})
                 messages.append({"role": "user", "content": results})

@@ -426,9 +426,22 @@ def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:
 class _PendingCalls:
     """An assistant's tool calls, and the tool messages answering them so far."""
 
-    index: int
     ids: list[str]
     answers: list[str] = field(default_factory=list)
+
+    def answer(self, tool_call_id: str, index: int) -> None:
+        """Record tool message `index` answering `tool_call_id`."""
+        if tool_call_id not in self.ids:
+            raise ConversionError(
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id', The following tool_call_ids did not have "
+                f"response messages: {tool_call_id}"
+            )
+        if tool_call_id in self.answers:
+            raise ConversionError(
+                f"Duplicate value for 'tool_call_id' of {tool_call_id} in message[{index}]"
+            )
+        self.answers.append(tool_call_id)
 
     def check_complete(self) -> None:
         if len(self.answers) < len(self.ids):
@@ -436,13 +449,6 @@ class _PendingCalls:
                 "An assistant message with 'tool_calls' must be followed by tool messages "
                 "responding to each 'tool_call_id'. (insufficient tool messages following "
                 "tool_calls message)"
-            )
-        unknown = [answer for answer in self.answers if answer not in self.ids]
-        if unknown:
-            raise ConversionError(
-                "An assistant message with 'tool_calls' must be followed by tool messages "
-                "responding to each 'tool_call_id', The following tool_call_ids did not have "
-                f"response messages: {', '.join(unknown)}"
             )
 
 
@@ -465,8 +471,8 @@ def _check_assistant(index: int, fields: dict) -> None:
 def _messages(raw: list[tuple[str, dict]], images: ImagePolicy) -> list[Message]:
     """Messages in order; each assistant's calls answered by the tool messages right after.
 
-    A run of tool messages is checked against its calls when the run ends, so content
-    errors inside the run come first (as in the reference).
+    Each tool message must answer one of the calls (checked before its content); whether all
+    calls were answered is checked when the run of tool messages ends.
     """
     messages: list[Message] = []
     pending: _PendingCalls | None = None
@@ -474,8 +480,8 @@ def _messages(raw: list[tuple[str, dict]], images: ImagePolicy) -> list[Message]
         if role == "tool":
             if pending is None or len(pending.answers) == len(pending.ids):
                 raise ConversionError(_ORPHAN_TOOL)
+            pending.answer(fields["tool_call_id"], index)
             messages.append(_message(index, role, fields, images))
-            pending.answers.append(fields["tool_call_id"])
             continue
         if pending is not None:
             pending.check_complete()
@@ -483,7 +489,7 @@ def _messages(raw: list[tuple[str, dict]], images: ImagePolicy) -> list[Message]
         if role == "assistant":
             _check_assistant(index, fields)
             if fields["tool_calls"]:
-                pending = _PendingCalls(index, [call["id"] for call in fields["tool_calls"]])
+                pending = _PendingCalls([call["id"] for call in fields["tool_calls"]])
         message = _message(index, role, fields, images)
         # A system message with nothing in it is left out.
         if role != "system" or message.content:
