@@ -30,6 +30,16 @@ class EngineArgs:
     seed: int = 0
     # None = every core torch sees.
     num_threads: int | None = None
+    # Reuse cached KV blocks across requests with a common prefix.
+    enable_prefix_caching: bool = True
+    # A directory of KV block files shared by workers (3FS, NFS); None = memory only.
+    kv_store_path: str | None = None
+    kv_store_capacity_gib: float = 100.0
+    # How long a stored block outlives its last write or hit, per traffic class.
+    kv_store_ttl_chat_s: float = 7 * 86400.0
+    kv_store_ttl_agent_s: float = 3 * 86400.0
+    # A request whose grammar takes longer to compile fails (HTTP 400), not the engine.
+    grammar_compile_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -39,6 +49,15 @@ class EngineArgs:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.memory_gib <= 0:
             raise ValueError(f"memory_gib must be positive, got {self.memory_gib}")
+        if self.grammar_compile_timeout_s <= 0:
+            raise ValueError(
+                f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}"
+            )
+        for name in ("kv_store_capacity_gib", "kv_store_ttl_chat_s", "kv_store_ttl_agent_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.kv_store_path is not None and not self.enable_prefix_caching:
+            raise ValueError("kv_store_path needs enable_prefix_caching")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

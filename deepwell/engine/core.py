@@ -20,12 +20,20 @@ from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import build_model
 from deepwell.engine.outputs import FinishReason, RequestOutput
-from deepwell.engine.request import Request
+from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
+from deepwell.engine.structured import (
+    GrammarCompiler,
+    GrammarError,
+    PendingGrammar,
+    grammar_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
+# An idle step loop with only compiling requests sleeps at most this long per step.
+_COMPILE_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,8 @@ class EngineCore:
         self.runner = ModelRunner(model, kv_cache, args.block_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
+        self.grammars = self._grammar_compiler(args) if self.tokenizer is not None else None
+        self._compiling: dict[str, PendingGrammar] = {}
         self._seeds = random.Random(args.seed)
         self.num_steps = 0
         self.num_preemptions = 0
@@ -104,6 +114,14 @@ class EngineCore:
             time.monotonic() - started,
             num_blocks,
             args.block_size,
+        )
+
+    def _grammar_compiler(self, args: EngineArgs) -> GrammarCompiler:
+        tokenizer, vocab_size = self.tokenizer, self.vocab_size
+        eos = min(self.eos_token_ids) if self.eos_token_ids else None
+        return GrammarCompiler(
+            lambda: grammar_tokenizer(tokenizer, vocab_size, eos),
+            timeout_s=args.grammar_compile_timeout_s,
         )
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -131,6 +149,16 @@ class EngineCore:
                 f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
                 f"exceeds the context of {self.max_model_len} tokens"
             )
+        structured = params.structured_output
+        if structured is not None:
+            if self.grammars is None:
+                raise InvalidRequestError("structured output needs a model with a tokenizer")
+            marks = [*structured.trigger_token_ids, structured.bound_token_id or 0]
+            if max(marks) >= self.vocab_size:
+                raise InvalidRequestError(
+                    f"structured output trigger or bound token outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -149,15 +177,22 @@ class EngineCore:
             stop_token_ids=frozenset(stop),
             generator=torch.Generator().manual_seed(seed),
         )
+        if params.structured_output is not None:
+            # Raises GrammarError for a spec too large or malformed to start compiling.
+            self._compiling[request_id] = self.grammars.submit(params.structured_output)
+            request.status = RequestStatus.COMPILING
+        else:
+            self.scheduler.add(request)
         self.requests[request_id] = request
-        self.scheduler.add(request)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is not in flight."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
-        self.scheduler.finish(request)
+        if self._compiling.pop(request_id, None) is None:
+            self.scheduler.finish(request)
+        request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
         self._aborted.append(_output(request, [], []))
         return True
@@ -169,7 +204,7 @@ class EngineCore:
         pool = self.kv.block_pool
         return EngineStats(
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+            waiting=len(self.scheduler.waiting) + len(self._compiling),
             kv_blocks_used=pool.num_blocks - pool.num_free,
             kv_blocks_total=pool.num_blocks,
             num_preemptions=self.num_preemptions,
@@ -177,9 +212,14 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
+        if self._compiling:
+            outputs += self._admit_compiled()
         plan = self.scheduler.schedule()
         self.num_preemptions += len(plan.preempted)
         if not plan.chunks:
+            if self._compiling and not outputs:
+                # Nothing to compute: wait for a compile rather than spin.
+                self.grammars.wait(list(self._compiling.values()), _COMPILE_POLL_S)
             return outputs
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
         self.last_step = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
@@ -202,6 +242,27 @@ class EngineCore:
             outputs.append(_output(request, [token], new_logprobs))
         return outputs
 
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar is ready join scheduling; failed compiles end their request."""
+        failed = []
+        for request_id, pending in list(self._compiling.items()):
+            request = self.requests[request_id]
+            try:
+                matcher = pending.matcher(request.stop_token_ids)
+            except GrammarError as error:
+                del self._compiling[request_id], self.requests[request_id]
+                request.status = RequestStatus.FINISHED
+                request.finish_reason = FinishReason.ERROR
+                request.error = str(error)
+                failed.append(_output(request, [], []))
+                continue
+            if matcher is not None:
+                del self._compiling[request_id]
+                request.matcher = matcher
+                request.status = RequestStatus.WAITING
+                self.scheduler.add(request)
+        return failed
+
 
 def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOutput:
     return RequestOutput(
@@ -212,4 +273,5 @@ def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOut
         finish_reason=request.finish_reason,
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=request.num_output_tokens,
+        error=request.error,
     )

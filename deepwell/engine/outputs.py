@@ -11,6 +11,8 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    # The request failed on its own (e.g. its grammar did not compile); `error` says why.
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str | None = None
 
 
 @dataclass(frozen=True)

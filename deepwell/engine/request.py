@@ -6,15 +6,19 @@ decodes and recompute after preemption are all "how far is the counter".
 
 import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from deepwell.engine.outputs import FinishReason, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
+    # Its grammar compiles; it joins scheduling once the matcher is ready.
+    COMPILING = "compiling"
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -34,8 +38,24 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     # Per-sequence state slot, for layouts with rings or states.
     slot: int | None = None
+    # Traffic class: picks the KV store TTL of the blocks this request writes.
+    cache_class: str = "chat"
+    # Prefix keys of the full blocks of token_ids, extended as blocks fill (kv/prefix.py).
+    block_keys: list[bytes] = field(default_factory=list)
+    # Leading blocks already findable by key (hits, or committed after being computed).
+    num_committed_blocks: int = 0
+    # Tokens the last admission took from the prefix cache instead of computing them.
+    num_cached_tokens: int = 0
+    # Blocks the KV store had for this prompt, by key: each a list of tensors, one per
+    # paged spec and layer (KVCache.read_blocks order). Copied into the cache on admission.
+    stored_blocks: dict[bytes, list[torch.Tensor]] = field(default_factory=dict)
+    # The store read of stored_blocks, until admission collects it.
+    store_load: Future | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
+    # Why the request failed, with finish_reason ERROR.
+    error: str | None = None
+    matcher: GrammarMatcher | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_preemptions: int = 0
     first_token_time: float | None = None
@@ -67,7 +87,10 @@ class Request:
         self.token_ids.append(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
-        if token_id in self.stop_token_ids:
+        if self.matcher is not None and not self.matcher.advance(token_id):
+            self.finish_reason = FinishReason.ERROR
+            self.error = f"the output left its grammar: {self.matcher.error}"
+        elif token_id in self.stop_token_ids:
             self.finish_reason = FinishReason.STOP
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH

@@ -44,8 +44,9 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         last_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        decode_blocks: list[int] = []
+        decode_rows: list[int] = []
+        decode_padding: list[int] = []  # per decode block: keys past the context
         prefills: list[PrefillSpan] = []
         for chunk in chunks:
             request = chunk.request
@@ -59,8 +60,9 @@ class ModelRunner:
             last_rows.append(row + chunk.num_tokens - 1)
             num_blocks = -(-end // bs)
             if chunk.num_tokens == 1:
-                decode_tables.append(blocks[:num_blocks])
-                decode_lens.append(end)
+                decode_blocks += blocks[:num_blocks]
+                decode_rows += [row] * num_blocks
+                decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
                 continue
             mask = None
             if start:
@@ -68,17 +70,17 @@ class ModelRunner:
                 mask = torch.arange(end).unsqueeze(0) <= query_pos
             table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
             prefills.append(PrefillSpan(row, chunk.num_tokens, end, table, mask))
-        width = max((len(t) for t in decode_tables), default=0)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
-        lens = torch.tensor(decode_lens, dtype=torch.long)
-        padding = torch.arange(width * bs).unsqueeze(0) >= lens.unsqueeze(1)
+        # Decode rows are the first rows of the step, so a row index is its decode index.
+        valid = bs - torch.tensor(decode_padding, dtype=torch.long)
+        padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
         slot_tensor = torch.tensor(slots, dtype=torch.long)
         meta = AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
-            num_decodes=len(decode_tables),
-            decode_block_tables=tables.view(len(decode_tables), width),
-            decode_padding=padding[:, None, None],
+            num_decodes=sum(1 for c in chunks if c.num_tokens == 1),
+            decode_block_ids=torch.tensor(decode_blocks, dtype=torch.long),
+            decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
+            decode_block_padding=padding[:, None, None],
             prefills=prefills,
         )
         return (

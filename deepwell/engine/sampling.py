@@ -1,13 +1,15 @@
-"""Sampler: penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
+"""Sampler: grammar masks, penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
 
 Works on a batch of rows; each row draws from its request's own generator, so a seeded
 request's samples do not depend on its neighbours in the batch.
 """
 
+import numpy as np
 import torch
 
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
+from deepwell.engine.structured import apply_masks
 
 
 class Sampler:
@@ -17,6 +19,15 @@ class Sampler:
         """logits: [rows, vocab] float32, one row per request → token ids and logprobs."""
         wants_logprobs = any(r.params.logprobs for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+        # Only constrained rows pay for a mask; logprobs stay those of the raw model.
+        constrained = [
+            row for row, r in enumerate(requests) if r.matcher and r.matcher.constrains_next
+        ]
+        if constrained:
+            masks = np.empty((len(constrained), (logits.shape[-1] + 31) // 32), dtype=np.uint32)
+            for index, row in enumerate(constrained):
+                requests[row].matcher.fill_mask(masks[index])
+            apply_masks(logits, constrained, masks)
         if any(r.params.penalised for r in requests):
             logits = logits.clone()
             for row, request in enumerate(requests):

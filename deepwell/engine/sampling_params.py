@@ -6,6 +6,7 @@ Field names follow vLLM / DeepInfer (spec/deepinfer.md §1.5) where they overlap
 from dataclasses import dataclass, field
 
 from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.structured.spec import StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
 
@@ -31,6 +32,8 @@ class SamplingParams:
     # Return the sampled token's log-probability, plus this many top alternatives.
     logprobs: bool = False
     top_logprobs: int = 0
+    # Constrain the output to a JSON schema, regex or grammar (DeepInfer's `so_args`).
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         def bad(message: str) -> InvalidRequestError:
@@ -58,6 +61,10 @@ class SamplingParams:
             raise bad("top_logprobs needs logprobs=True")
         if self.seed is not None and self.seed < 0:
             raise bad(f"seed must be >= 0, got {self.seed}")
+        if self.structured_output is not None and not isinstance(
+            self.structured_output, StructuredOutput
+        ):
+            raise bad("structured_output must be a StructuredOutput")
 
     @property
     def greedy(self) -> bool:

@@ -2,10 +2,12 @@
 
 Every request's `num_computed_tokens` catches up with its token list; a step gives each
 running request (oldest first), then waiting ones, as many tokens as the budget allows.
-When blocks run out the newest running request is preempted and later recomputed.
+When blocks run out the newest running request is preempted and later recomputed. A
+request entering the running set starts its counter after its prefix-cache hit.
 """
 
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 from deepwell.engine.kv.manager import KVCacheManager
@@ -43,7 +45,14 @@ class Scheduler:
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:
+        self.kv.prefetch(request)
         self.waiting.append(request)
+
+    def wait_for_loads(self, timeout_s: float) -> None:
+        """Block until a waiting request's stored prefix has loaded, or `timeout_s`."""
+        pending = [r.store_load for r in self.waiting if r.store_load is not None]
+        if pending:
+            wait(pending, timeout_s, FIRST_COMPLETED)
 
     @property
     def has_work(self) -> bool:
@@ -71,15 +80,21 @@ class Scheduler:
             budget -= num_tokens
             index += 1
         # Admitting new work right after a preemption would only thrash the cache.
-        while not preempted and self.waiting and budget > 0:
+        index = 0
+        while not preempted and index < len(self.waiting) and budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
-            request = self.waiting[0]
-            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.can_allocate(request, request.num_computed_tokens + num_tokens):
+            request = self.waiting[index]
+            # Waiting requests hold no blocks (new, or preempted): look for a prefix hit.
+            hit = self.kv.find_prefix(request)
+            if hit is None:
+                index += 1  # its stored prefix is still loading; the next may go first
+                continue
+            num_tokens = min(request.num_tokens - hit.num_tokens, budget)
+            if not self.kv.can_allocate(request, hit.num_tokens + num_tokens, hit):
                 break
-            self.waiting.popleft()
-            self.kv.allocate(request, request.num_computed_tokens + num_tokens)
+            del self.waiting[index]
+            self.kv.admit(request, hit, hit.num_tokens + num_tokens)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             chunks.append(ScheduledChunk(request, num_tokens))

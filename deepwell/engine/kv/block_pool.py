@@ -1,37 +1,76 @@
-"""BlockPool: fixed-size KV blocks handed out by id, reference-counted.
+"""BlockPool: fixed-size KV blocks handed out by id, reference-counted, findable by prefix key.
 
-A block returns to the free list when its last holder frees it; prefix caching (a later
-issue) will share blocks by raising their counts and keep freed ones findable by key.
+A block whose last holder frees it stays findable by its key until it is handed out again:
+free blocks are reused in LRU order, blocks without content first (spec/deepinfer.md §1.6).
 """
 
-from collections import deque
+from collections import OrderedDict
 
 
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self.free_ids: deque[int] = deque(range(num_blocks))
+        # Free blocks, next to hand out first. Holds cached blocks too: a hit takes one out.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._key_of: list[bytes | None] = [None] * num_blocks
+        self._block_of: dict[bytes, int] = {}
+        self.num_evicted = 0
 
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
+    def lookup(self, key: bytes) -> int | None:
+        return self._block_of.get(key)
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self.free_ids):
-            raise RuntimeError(f"asked for {count} KV blocks, {len(self.free_ids)} free")
-        ids = [self.free_ids.popleft() for _ in range(count)]
-        for block_id in ids:
+        if count > len(self._free):
+            raise RuntimeError(f"asked for {count} KV blocks, {len(self._free)} free")
+        ids = []
+        for _ in range(count):
+            block_id, _ = self._free.popitem(last=False)
+            self._forget(block_id)
             self.ref_counts[block_id] = 1
+            ids.append(block_id)
         return ids
 
+    def share(self, block_ids: list[int]) -> None:
+        """Take a reference on cached blocks (a prefix hit), reviving free ones."""
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self.ref_counts[block_id] += 1
+
+    def register(self, block_id: int, key: bytes) -> bool:
+        """Make a full block findable by `key`; False when another block already holds it."""
+        if key in self._block_of or self._key_of[block_id] is not None:
+            return False
+        self._key_of[block_id] = key
+        self._block_of[key] = block_id
+        return True
+
     def free(self, block_ids: list[int]) -> None:
-        # Reverse order puts a sequence's tail blocks back first, so the head blocks stay
-        # untouched longest (they are the ones a prefix cache would reuse).
+        # Reverse order puts a sequence's tail blocks back first, so its head blocks (the
+        # ones other requests share most) are evicted last.
         for block_id in reversed(block_ids):
             count = self.ref_counts[block_id]
             if count <= 0:
                 raise RuntimeError(f"KV block {block_id} freed more often than allocated")
             self.ref_counts[block_id] = count - 1
             if count == 1:
-                self.free_ids.append(block_id)
+                self._free[block_id] = None
+                if self._key_of[block_id] is None:
+                    # Nothing to find in it: hand it out before any cached block.
+                    self._free.move_to_end(block_id, last=False)
+
+    def _forget(self, block_id: int) -> None:
+        key = self._key_of[block_id]
+        if key is not None:
+            self._key_of[block_id] = None
+            del self._block_of[key]
+            self.num_evicted += 1

@@ -51,6 +51,21 @@ class KVCache:
             },
         )
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every paged tensor, spec by spec and layer by layer: the order of a block's parts."""
+        return [tensor for tensors in self.paged.values() for tensor in tensors]
+
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """A copy of the blocks' contents: one [len(block_ids), *block_shape] per part."""
+        index = torch.tensor(block_ids, dtype=torch.long)
+        return [tensor.index_select(0, index) for tensor in self.block_tensors()]
+
+    def write_blocks(self, block_ids: list[int], blocks: list[list[torch.Tensor]]) -> None:
+        """Fill blocks from their parts (one list of `block_tensors` shapes per block)."""
+        index = torch.tensor(block_ids, dtype=torch.long)
+        for part, tensor in enumerate(self.block_tensors()):
+            tensor[index] = torch.stack([block[part] for block in blocks])
+
 
 def plan_num_blocks(
     layout: KVLayout,

@@ -78,6 +78,19 @@ class KVLayout:
                     f"compress ratio {spec.compress_ratio}"
                 )
 
+    def reusable_prefix(self, hit_tokens: int, block_size: int) -> int:
+        """Tokens a request may skip when the block cache holds its first `hit_tokens`.
+
+        Paged state is complete at every block boundary. A ring's window is not in the
+        blocks, so it is rebuilt by replaying the last `rows` tokens before the hit point
+        (SWA bounded replay, spec/deepinfer.md §1.6); the hit shrinks to the block
+        boundary at or before the replay start, and only full blocks are ever shared.
+        """
+        replay = max((ring.rows for ring in self.rings), default=0)
+        if not replay:
+            return hit_tokens
+        return max(0, hit_tokens - replay) // block_size * block_size
+
     @property
     def needs_slots(self) -> bool:
         return bool(self.rings or self.states)

@@ -1,37 +1,179 @@
-"""KVCacheManager: gives each request the blocks and state slot its tokens need.
+"""KVCacheManager: gives each request the blocks and state slot its tokens need, reusing
+cached prefix blocks (from memory, or loaded from the KV store) where their keys match.
 
 Model-agnostic: it reads only the model's KVLayout (how many specs share a block table,
-whether a per-sequence slot is needed), never the model itself.
+whether a per-sequence slot is needed, how far a hit may reach), never the model itself.
 """
 
+from dataclasses import dataclass, field
+
+import torch
+
 from deepwell.engine.kv.block_pool import BlockPool
+from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout
+from deepwell.engine.kv.prefix import chain_keys
 from deepwell.engine.kv.slot_pool import SlotPool
+from deepwell.engine.kv.store_io import StoreIO
 from deepwell.engine.request import Request
 
 
+@dataclass
+class PrefixHit:
+    """The leading blocks a request can reuse: cached in memory, then loaded from the store."""
+
+    block_ids: list[int] = field(default_factory=list)
+    stored: list[tuple[bytes, list[torch.Tensor]]] = field(default_factory=list)
+    block_size: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return (len(self.block_ids) + len(self.stored)) * self.block_size
+
+
+@dataclass
+class PrefixCounters:
+    """Prompt tokens looked up in the prefix cache at admission, and how many it supplied."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    store_hit_tokens: int = 0
+
+
 class KVCacheManager:
-    def __init__(self, layout: KVLayout, num_blocks: int, block_size: int, num_slots: int):
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        root_key: bytes | None = None,
+        cache: KVCache | None = None,
+        store: StoreIO | None = None,
+    ):
+        """`root_key` starts every request's key chain (the model fingerprint); None turns
+        prefix caching off. With a `store`, `cache` holds the blocks it reads and writes."""
         layout.check(block_size)
+        if store is not None and (cache is None or root_key is None):
+            raise ValueError("a KV store needs the cache tensors and prefix caching")
         self.layout = layout
         self.block_size = block_size
+        self.root_key = root_key
+        self.cache = cache
+        self.store = store
         self.block_pool = BlockPool(num_blocks)
         self.slot_pool = SlotPool(num_slots) if layout.needs_slots else None
+        self.counters = PrefixCounters()
+
+    def keys(self, request: Request, num_blocks: int) -> list[bytes]:
+        """Keys of the request's first `num_blocks` blocks (they must be full of tokens)."""
+        keys = request.block_keys
+        if len(keys) < num_blocks:
+            parent = keys[-1] if keys else self.root_key
+            keys += chain_keys(parent, request.token_ids, self.block_size, len(keys), num_blocks)
+        return keys[:num_blocks]
+
+    def prefetch(self, request: Request) -> None:
+        """Start reading the new request's prompt blocks that memory lacks from the store."""
+        if self.store is None:
+            return
+        keys = self.keys(request, (request.num_tokens - 1) // self.block_size)
+        cached = 0
+        while cached < len(keys) and self.block_pool.lookup(keys[cached]) is not None:
+            cached += 1
+        if cached < len(keys):
+            request.store_load = self.store.load(keys[cached:], request.cache_class)
+
+    def find_prefix(self, request: Request) -> PrefixHit | None:
+        """The longest reusable run of cached blocks, leaving at least one token to compute;
+        None while the request's stored blocks are still loading."""
+        hit = PrefixHit(block_size=self.block_size)
+        if self.root_key is None:
+            return hit
+        if request.store_load is not None:
+            if not request.store_load.done():
+                return None
+            request.stored_blocks = dict(request.store_load.result())
+            request.store_load = None
+        keys = self.keys(request, (request.num_tokens - 1) // self.block_size)
+        for key in keys:
+            block_id = self.block_pool.lookup(key)
+            if block_id is None:
+                break
+            hit.block_ids.append(block_id)
+        for key in keys[len(hit.block_ids) :]:
+            tensors = request.stored_blocks.get(key)
+            if tensors is None:
+                break
+            hit.stored.append((key, tensors))
+        usable = self.layout.reusable_prefix(hit.num_tokens, self.block_size) // self.block_size
+        del hit.block_ids[usable:]
+        del hit.stored[max(0, usable - len(hit.block_ids)) :]
+        return hit
 
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Extra blocks for `request` to hold its first `num_tokens` tokens."""
         total = -(-num_tokens // self.block_size)
         return max(0, total - len(request.block_ids))
 
-    def can_allocate(self, request: Request, num_tokens: int) -> bool:
+    def can_allocate(self, request: Request, num_tokens: int, hit: PrefixHit | None = None) -> bool:
         if self.slot_pool is not None and request.slot is None and not self.slot_pool.num_free:
             return False
-        return self.blocks_needed(request, num_tokens) <= self.block_pool.num_free
+        needed = self.blocks_needed(request, num_tokens)
+        if hit is not None:
+            # Hit blocks need no new block, but free ones leave the free list when revived.
+            revived = sum(1 for b in hit.block_ids if self.block_pool.ref_counts[b] == 0)
+            needed += revived - len(hit.block_ids)
+        return needed <= self.block_pool.num_free
+
+    def admit(self, request: Request, hit: PrefixHit, num_tokens: int) -> None:
+        """Give a waiting request its hit blocks and blocks up to `num_tokens`; its counter
+        starts after the hit."""
+        pool = self.block_pool
+        pool.share(hit.block_ids)
+        request.block_ids = list(hit.block_ids)
+        if hit.stored:
+            loaded = pool.allocate(len(hit.stored))
+            for block_id, (key, _) in zip(loaded, hit.stored, strict=True):
+                pool.register(block_id, key)
+            self.cache.write_blocks(loaded, [tensors for _, tensors in hit.stored])
+            request.block_ids += loaded
+        request.stored_blocks = {}
+        request.num_computed_tokens = request.num_cached_tokens = hit.num_tokens
+        request.num_committed_blocks = hit.num_tokens // self.block_size
+        counters = self.counters
+        counters.queried_tokens += request.num_tokens
+        counters.hit_tokens += hit.num_tokens
+        counters.store_hit_tokens += len(hit.stored) * self.block_size
+        self.allocate(request, num_tokens)
 
     def allocate(self, request: Request, num_tokens: int) -> None:
         if self.slot_pool is not None and request.slot is None:
             request.slot = self.slot_pool.allocate()
         request.block_ids += self.block_pool.allocate(self.blocks_needed(request, num_tokens))
+
+    def commit(self, request: Request) -> list[tuple[int, bytes]]:
+        """Make the request's newly computed full blocks findable; returns the (block id,
+        key) pairs that are new to the cache."""
+        if self.root_key is None:
+            return []
+        full = request.num_computed_tokens // self.block_size
+        start = request.num_committed_blocks
+        if full <= start:
+            return []
+        keys = self.keys(request, full)
+        request.num_committed_blocks = full
+        new = []
+        for index in range(start, full):
+            block_id = request.block_ids[index]
+            if self.block_pool.register(block_id, keys[index]):
+                new.append((block_id, keys[index]))
+        if self.store is not None and new:
+            # Copied now: the blocks may be reused once the request frees them.
+            parts = self.cache.read_blocks([block_id for block_id, _ in new])
+            blocks = [(key, [part[i] for part in parts]) for i, (_, key) in enumerate(new)]
+            self.store.save(blocks, request.cache_class)
+        return new
 
     def free(self, request: Request) -> None:
         self.block_pool.free(request.block_ids)

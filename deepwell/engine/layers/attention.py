@@ -35,10 +35,12 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor
     slot_offsets: torch.Tensor
     num_decodes: int
-    # [num_decodes, max_blocks] block ids, padded with block 0.
-    decode_block_tables: torch.Tensor
-    # [num_decodes, 1, 1, max_blocks * block_size] True where a key is padding, not context.
-    decode_padding: torch.Tensor
+    # The blocks of all decode rows, row by row (ragged: no padding blocks).
+    decode_block_ids: torch.Tensor
+    # Decode row each of those blocks belongs to.
+    decode_block_rows: torch.Tensor
+    # [blocks, 1, 1, block_size] True where a key lies past its row's context.
+    decode_block_padding: torch.Tensor
     prefills: list[PrefillSpan]
 
 

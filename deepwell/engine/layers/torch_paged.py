@@ -1,8 +1,8 @@
 """Paged attention on CPU in plain torch: scatter new K/V by slot, gather by block table.
 
-Decodes run batched and block-wise: keys are gathered as whole head-major blocks (one
-memcpy per block) and scored block by block, so no further copy of K/V is needed; each
-prefill chunk runs its own SDPA.
+Decodes run batched over a ragged list of blocks: keys are gathered as whole head-major
+blocks (one memcpy each, no padding blocks) and scored block by block, with the softmax
+reduced per row across its blocks; each prefill chunk runs its own SDPA.
 """
 
 import torch
@@ -44,24 +44,28 @@ class TorchPagedAttention(AttentionBackend):
         return out
 
     def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        tables = meta.decode_block_tables
-        batch, num_blocks = tables.shape
-        kv_heads, block_size = key_cache.shape[1:3]
-        ids = tables.flatten()
-        # [batch, blocks, kv_heads, block_size, head_dim]
-        keys = key_cache.index_select(0, ids).view(batch, num_blocks, kv_heads, block_size, -1)
-        values = value_cache.index_select(0, ids).view(batch, num_blocks, kv_heads, block_size, -1)
+        """All decode rows at once, block by block over their real blocks only.
+
+        Softmax runs across each row's blocks: per-row max and sum are reduced over the
+        row's blocks, so no row is padded to the longest context.
+        """
+        rows, ids = meta.decode_block_rows, meta.decode_block_ids
+        batch, kv_heads, group = meta.num_decodes, self.num_kv_heads, self.group
+        keys = key_cache.index_select(0, ids)  # [blocks, kv_heads, block_size, head_dim]
+        values = value_cache.index_select(0, ids)
         # A KV head's query heads are folded into one [group, head_dim] matrix (GQA).
-        grouped = (q * self.scale).view(batch, 1, kv_heads, self.group, self.head_dim)
-        scores = torch.matmul(grouped, keys.transpose(-1, -2))  # [b, blocks, kvh, group, bs]
-        scores = scores.float().permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, self.group, -1)
-        scores.masked_fill_(meta.decode_padding, float("-inf"))
-        probs = scores.softmax(dim=-1).to(q.dtype)
-        probs = probs.view(batch, kv_heads, self.group, num_blocks, block_size).permute(
-            0, 3, 1, 2, 4
-        )
-        out = torch.matmul(probs, values).sum(dim=1)  # [b, kvh, group, head_dim]
-        return out.reshape(batch, self.num_heads, self.head_dim)
+        grouped = (q * self.scale).view(batch, kv_heads, group, self.head_dim)
+        scores = torch.matmul(grouped.index_select(0, rows), keys.transpose(-1, -2)).float()
+        scores.masked_fill_(meta.decode_block_padding, float("-inf"))
+        index = rows.view(-1, 1, 1).expand(-1, kv_heads, group)
+        row_max = torch.full((batch, kv_heads, group), float("-inf"))
+        row_max.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
+        weights = torch.exp(scores - row_max.index_select(0, rows).unsqueeze(-1))
+        total = torch.zeros(batch, kv_heads, group).index_add_(0, rows, weights.sum(dim=-1))
+        partial = torch.matmul(weights.to(q.dtype), values).float()  # [blocks, kvh, group, dim]
+        out = torch.zeros(batch, kv_heads, group, self.head_dim).index_add_(0, rows, partial)
+        out /= total.unsqueeze(-1)
+        return out.to(q.dtype).view(batch, self.num_heads, self.head_dim)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
