@@ -126,7 +126,6 @@ def create_app(
     metrics = ServeMetrics(stats)
     frontend = Frontend(model, infer)
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.metrics = metrics
     created = int(time.time())
 
     def authorize(request: Request, shape: ErrorShape | None) -> None:
@@ -166,22 +165,18 @@ def create_app(
             return error_response(shape, error)
         try:
             prepared = await run_in_threadpool(frontend.prepare, route, body)
-        except ApiError as error:
+        except _REFUSALS as error:
             admission.leave()
-            return error_response(shape, error)
-        except ConversionError as error:
+            return _refusal(shape, error)
+        except BaseException:
             admission.leave()
-            return conversion_error_response(shape, error)
-        except (ValueError, RuntimeError, RecursionError, OverflowError) as error:
-            # What the recipe raises for bodies it cannot read or encode (spec §1).
-            admission.leave()
-            return error_response(shape, ApiError(400, str(error)))
+            raise
         timer = RequestTimer(metrics)
         if prepared.converted.stream:
-            return _stream(prepared, timer, request)
+            return _stream(prepared, timer)
         return await _complete(prepared, timer, request)
 
-    def _stream(prepared: PreparedRequest, timer: RequestTimer, request: Request) -> Response:
+    def _stream(prepared: PreparedRequest, timer: RequestTimer) -> Response:
         route = prepared.route
 
         async def frames() -> AsyncIterator[bytes]:
@@ -190,7 +185,10 @@ def create_app(
                 async for frame in sse:
                     yield frame
             except InferenceError as error:
-                yield _error_frame(route.shape, error)
+                yield _error_frame(route.shape, error.status_code, str(error))
+            except Exception as error:  # a bug: end the stream in the dialect's shape
+                logger.error("stream failed on %s", route.path, exc_info=error)
+                yield _error_frame(route.shape, 500, f"Internal error: {type(error).__name__}")
             finally:
                 await sse.aclose()
 
@@ -250,12 +248,8 @@ def create_app(
             authorize(request, shape)
             body = await read_body(request)
             count = await run_in_threadpool(frontend.count_tokens, body)
-        except ApiError as error:
-            return error_response(shape, error)
-        except ConversionError as error:
-            return conversion_error_response(shape, error)
-        except (ValueError, RuntimeError, RecursionError, OverflowError) as error:
-            return error_response(shape, ApiError(400, str(error)))
+        except _REFUSALS as error:
+            return _refusal(shape, error)
         return JSONResponse({"input_tokens": count})
 
     @app.get("/v1/models")
@@ -300,6 +294,19 @@ def create_app(
     return app
 
 
+# What a request can be refused with before it runs: the service's own checks, the recipe's
+# conversion errors, and what the recipe raises for bodies it cannot read or encode (spec §1).
+_REFUSALS = (ApiError, ConversionError, ValueError, RuntimeError, RecursionError, OverflowError)
+
+
+def _refusal(shape: ErrorShape, error: Exception) -> Response:
+    if isinstance(error, ApiError):
+        return error_response(shape, error)
+    if isinstance(error, ConversionError):
+        return conversion_error_response(shape, error)
+    return error_response(shape, ApiError(400, str(error)))
+
+
 def _shape_of(path: str) -> ErrorShape:
     return ErrorShape.ANTHROPIC if path.startswith(MESSAGES.path) else ErrorShape.OPENAI
 
@@ -309,9 +316,9 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-def _error_frame(shape: ErrorShape, error: InferenceError) -> bytes:
+def _error_frame(shape: ErrorShape, status_code: int, message: str) -> bytes:
     """The error a stream ends with when inference fails after the response has started."""
-    body = error_object(shape, error.status_code, str(error))
+    body = error_object(shape, status_code, message)
     if shape is ErrorShape.ANTHROPIC:
         return sse_frame("error", json.dumps(body))
     return sse_frame(None, json.dumps(body))

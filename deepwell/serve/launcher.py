@@ -143,7 +143,7 @@ async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.N
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     body = (
         f'{{"model": "{model.names[0]}", "messages": '
-        '[{"role": "user", "content": "What is the capital of France?"}]}'
+        '[{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64}'
     )
     auth = ' -H "Authorization: Bearer $DEEPWELL_API_KEY"' if args.api_key else ""
     print(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from servers import start_server
+from servers import MODEL_ARGS, start_server
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +15,7 @@ def mock_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("model"), "--max-num-seqs", "64")
+    server = start_server(tmp_path_factory.mktemp("model"), *MODEL_ARGS)
     yield server
     assert server.stop() == 0
 

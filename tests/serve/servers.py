@@ -17,6 +17,8 @@ import pytest
 DEEPWELL = str(Path(sys.executable).parent / "deepwell")
 REPO = Path(__file__).resolve().parents[2]
 MODEL_LOAD_TIMEOUT_S = 300
+# Enough KV cache for the tests (50 concurrent streams) without the default 4 GiB each.
+MODEL_ARGS = ("--memory-gib", "2")
 
 
 def free_port() -> int:

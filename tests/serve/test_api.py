@@ -259,12 +259,16 @@ def test_an_internal_error_is_a_500_in_the_routes_shape():
         context_limit=100,
         encoder=broken,
     )
-    app = create_app(model=model)
+    app = create_app(model=model, settings=ServeSettings(max_pending_requests=1))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
 
     async def run():
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post("/v1/messages", json=MESSAGES_BODY)
+            first = await client.post("/v1/messages", json=MESSAGES_BODY)
+            return first, await client.post("/v1/chat/completions", json=CHAT_BODY)
 
-    error = anthropic_error(asyncio.run(run()), 500)
+    first, second = asyncio.run(run())
+    error = anthropic_error(first, 500)
     assert error == {"type": "api_error", "message": "Internal error: KeyError"}
+    # The failed request gave its admission back: the next one is not refused with 429.
+    assert openai_error(second, 500)["type"] == "internal_error"

@@ -8,7 +8,7 @@ import threading
 import time
 
 import httpx
-from servers import children_of, is_running, start_server
+from servers import MODEL_ARGS, children_of, is_running, start_server
 
 
 def test_sigint_stops_a_mock_server(tmp_path):
@@ -18,7 +18,7 @@ def test_sigint_stops_a_mock_server(tmp_path):
 
 
 def test_sigterm_lets_an_in_flight_stream_finish(tmp_path):
-    server = start_server(tmp_path)
+    server = start_server(tmp_path, *MODEL_ARGS)
     body = {
         "model": server.model,
         "messages": [{"role": "user", "content": "Count to ten."}],
@@ -44,7 +44,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path):
 
 
 def test_a_dead_worker_turns_health_and_requests_into_503s(tmp_path):
-    server = start_server(tmp_path)
+    server = start_server(tmp_path, *MODEL_ARGS)
     model = server.model
     (worker,) = children_of(server.process.pid)
     os.kill(worker, signal.SIGKILL)
