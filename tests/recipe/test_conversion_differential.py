@@ -431,6 +431,11 @@ msg_image = st.one_of(
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
     ),
     st.just({"type": "image", "source": {"type": "url", "url": "https://example.invalid/a.png"}}),
+    st.just({"type": "image", "source": {"type": "url", "url": "ftp://example.invalid/a.png"}}),
+    st.just({"type": "image", "source": {"type": "file", "file_id": "f1"}}),
+    st.just(
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk"}}
+    ),
 )
 msg_user_block = st.one_of(
     st.builds(lambda t: {"type": "text", "text": t}, text),

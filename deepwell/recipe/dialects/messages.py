@@ -38,7 +38,7 @@ from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, py_json
 from deepwell.recipe.options import InferenceOptions, ModelVersion
 from deepwell.recipe.request import ConversationRequest
-from deepwell.recipe.schema import check_parameters_schema
+from deepwell.recipe.schema import check_parameters_schema, check_response_schema
 
 _SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result")
 _BASE64_MEDIA_TYPES = ("image/jpeg", "image/jpg", "image/png", "image/gif", "image/webp")
@@ -52,6 +52,7 @@ _IMAGE_SOURCE = Tagged(
             ("media_type", "data"),
         ),
         "url": Struct("MessagesUrlSource", {"url": b.string}, ("url",)),
+        "file": Struct("MessagesFileSource", {"file_id": b.string}, ("file_id",)),
     },
 )
 _IMAGE = Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",))
@@ -213,7 +214,11 @@ _REQUEST = Struct(
             )
         ),
         "output_config": b.optional(
-            Struct("MessagesOutputConfig", {"effort": b.optional(_EFFORT)})
+            Struct(
+                "MessagesOutputConfig",
+                # `format` is read only with ConversionOptions.with_structured_output.
+                {"effort": b.optional(_EFFORT), "format": b.optional(b.any_value)},
+            )
         ),
         "temperature": b.optional(b.f32),
         "top_p": b.optional(b.f32),
@@ -240,6 +245,23 @@ class MessagesRequest(ProtocolRequest):
         conversation_request: ConversationRequest, id: str, model: str
     ) -> MessagesChunkGenerator:
         return MessagesChunkGenerator(id, model, conversation_request.conversation.thinking_mode)
+
+
+def _output_schema(config: dict | None, options: ConversionOptions) -> JsonValue:
+    """The JSON schema of `output_config.format` (Anthropic structured outputs), or None.
+
+    The reference ignores the field; deepwell reads it only when the options ask for it.
+    """
+    if not options.structured_output or config is None or config["format"] is None:
+        return None
+    fmt = config["format"]
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise ConversionError("output_config.format: type must be 'json_schema'")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise ConversionError("output_config.format.schema: must be a JSON schema object")
+    check_response_schema(schema)
+    return schema
 
 
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
@@ -285,6 +307,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         thinking,
         declared=bool(f["tools"]),
     )
+    schema = _output_schema(f["output_config"], options)
     stop = f["stop_sequences"] or []
     rules.check_stop(stop)
     rules.check_temperature(f["temperature"])
@@ -301,6 +324,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         tools=selection.tools,
         tool_choice=selection.tool_choice,
         reasoning_effort=conversation_effort,
+        response_schema=schema,
     )
     tools_active = bool(selection.tools) and selection.tool_choice != "none"
     inference = InferenceOptions(
@@ -308,7 +332,11 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         temperature=rules.resolve_temperature(f["temperature"], thinking),
         top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
         output_constraint=rules.output_constraint(
-            selection.tools, selection.tool_choice, "text", None, None
+            selection.tools,
+            selection.tool_choice,
+            "text" if schema is None else "json_schema",
+            schema,
+            None,
         ),
     )
     parsing = rules.parsing_options(
@@ -564,6 +592,10 @@ def _image(source: tuple[str, dict], path: str) -> ImageSource:
         if not padded_base64(fields["data"]):
             raise ConversionError(f"{path}: base64 decode error")
         return DataUrlImageSource(f"data:{fields['media_type']};base64,{fields['data']}", path=path)
+    if kind == "file":
+        raise ConversionError(
+            f"{path}: file_id is not supported. Pass the image as a base64 data url instead."
+        )
     url = fields["url"]
     if not url.lower().startswith(("http://", "https://")):
         raise ConversionError(f"{path}: invalid url: {json.dumps(url, ensure_ascii=False)}")
