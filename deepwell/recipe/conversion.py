@@ -89,6 +89,8 @@ class ConversionOptions:
         self.non_thinking_max_tokens_upper_bound = non_thinking_max_tokens_upper_bound
         self.model_versions_by_name = dict(DEFAULT_MODEL_VERSIONS)
         self.special_tokens = DEFAULT_SPECIAL_TOKENS
+        # deepwell's extension, off as in the reference: Messages `output_config.format`.
+        self.structured_output = False
 
     def _with(self, **changes: object) -> ConversionOptions:
         copy = ConversionOptions.__new__(ConversionOptions)
@@ -129,6 +131,10 @@ class ConversionOptions:
 
     def with_non_thinking_max_tokens_upper_bound(self, bound: int) -> ConversionOptions:
         return self._with(non_thinking_max_tokens_upper_bound=bound)
+
+    def with_structured_output(self, enabled: bool) -> ConversionOptions:
+        """Accept output constraints the reference ignores (Messages `output_config.format`)."""
+        return self._with(structured_output=enabled)
 
     def __repr__(self) -> str:
         return f"ConversionOptions(default_thinking_mode={self.default_thinking_mode})"

@@ -126,6 +126,9 @@ class EngineClient:
                 output = await stream.queue.get()
                 if isinstance(output, InferenceError):
                     raise output
+                if output.finish_reason == "error":
+                    # The request itself failed in the engine (e.g. its grammar did not compile).
+                    raise RequestRejected(output.error or "the engine rejected the request")
                 yield output
                 if output.finish_reason is not None:
                     return

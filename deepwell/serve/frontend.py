@@ -24,11 +24,13 @@ from deepwell.recipe import (
     PromptUsage,
     ResponsesRequest,
     ResponsesResponse,
+    SpecialToken,
     StreamProcessor,
+    Tokenizer,
 )
 from deepwell.serve.engine_client import EngineClient
 from deepwell.serve.errors import ApiError, ErrorShape
-from deepwell.serve.messages import GenerateRequest
+from deepwell.serve.messages import GenerateRequest, StructuredOutputSpec
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
 
@@ -44,6 +46,7 @@ class InferenceRequest:
     converted: ConversationRequest
     prompt_token_ids: list[int]
     max_tokens: int
+    structured_output: StructuredOutputSpec | None = None
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
@@ -111,6 +114,7 @@ def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
                 seed=options.seed,
                 stop_token_ids=stop_token_ids,
                 top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
+                structured_output=request.structured_output,
             )
         )
         try:
@@ -172,7 +176,12 @@ class Frontend:
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
         request_id = str(uuid.uuid4())
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
-        inference = InferenceRequest(request_id, converted, prompt_token_ids, max_tokens)
+        structured = None
+        if self.model.tokenizer is not None:
+            structured = structured_output_spec(converted, parsing_options, self.model.tokenizer)
+        inference = InferenceRequest(
+            request_id, converted, prompt_token_ids, max_tokens, structured
+        )
         return PreparedRequest(route, model_name, converted, parsing_options, generator, inference)
 
     def count_tokens(self, body: bytes) -> int:
@@ -254,6 +263,33 @@ def sse_frame(event: str | None, data: str) -> bytes:
     """One server-sent event: an optional `event:` line, one `data:` line, a blank line."""
     head = f"event: {event}\n" if event is not None else ""
     return f"{head}data: {data}\n\n".encode()
+
+
+def structured_output_spec(
+    converted: ConversationRequest, parsing_options: ParsingOptions, tokenizer: Tokenizer
+) -> StructuredOutputSpec | None:
+    """The engine constraint for a request's JSON or regex output constraint, if it has one.
+
+    Tool-call constraints stay unconstrained: the stream parser reads calls from free text.
+    In thinking mode the grammar starts after the end-of-thinking token, so reasoning
+    stays free and the answer matches (spec/deepinfer.md §1.5, trigger tokens).
+    """
+    constraint = converted.inference_options.output_constraint
+    if constraint is None or constraint.kind not in ("json", "regex"):
+        return None
+    if constraint.kind == "regex":
+        kind = "regex"
+    else:
+        kind = "json_schema" if constraint.schema else "json_object"
+    trigger: list[int] = []
+    stage = parsing_options.thinking_initial_stage
+    if stage is not None and stage.starts_in_reasoning():
+        spelling = parsing_options.special_tokens.token(SpecialToken.ThinkingEnd)
+        end = tokenizer.special_token_id(spelling)
+        if end is None:
+            raise ApiError(400, f"structured output in thinking mode needs a {spelling} token")
+        trigger = [end]
+    return StructuredOutputSpec(kind, constraint.schema, trigger)
 
 
 def _declares_tools(conversation) -> bool:

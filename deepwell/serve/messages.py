@@ -28,6 +28,19 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class StructuredOutputSpec:
+    """What a request's output must match: the engine's `StructuredOutput`, on the wire.
+
+    `kind` is json_schema, json_object, regex or ebnf; the grammar applies only after
+    `trigger_token_ids` when that is not empty (thinking models: after `</think>`).
+    """
+
+    kind: str
+    spec: str
+    trigger_token_ids: list[int]
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """Frontend → worker: generate up to `max_tokens` tokens after `prompt_token_ids`."""
 
@@ -39,6 +52,7 @@ class GenerateRequest:
     seed: int | None
     stop_token_ids: list[int]
     top_logprobs: int | None
+    structured_output: StructuredOutputSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,7 @@ class Shutdown:
 class TokenOutput:
     """The tokens one request produced in one engine step.
 
-    `finish_reason` is `"stop"`, `"length"` or `"abort"` on the request's last output and
+    `finish_reason` is `"stop"`, `"length"`, `"abort"` or `"error"` on the request's last output and
     `None` before; `logprobs` holds one `(logprob, [(token_id, logprob), ...])` per token
     when the request asked for them.
     """
@@ -68,6 +82,8 @@ class TokenOutput:
     prompt_tokens: int
     cached_prompt_tokens: int
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None
+    # Why the request failed, with finish_reason `"error"` (e.g. its grammar did not compile).
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +159,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     ModelInfo,
     WorkerReady,
     WorkerFailed,
+    StructuredOutputSpec,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 

@@ -70,7 +70,11 @@ def served_model(info: ModelInfo) -> ServedModel:
     if info.architecture in _DEEPSEEK:
         encoding_type, version = _DEEPSEEK[info.architecture]
         encoding = encoding_type().with_tokenizer(tokenizer)
-        options = ConversionOptions().with_model_versions_by_name({info.name: version})
+        options = (
+            ConversionOptions()
+            .with_model_versions_by_name({info.name: version})
+            .with_structured_output(True)
+        )
         return ServedModel(
             names=(info.name,),
             conversion_options=options,
@@ -96,6 +100,7 @@ def served_model(info: ModelInfo) -> ServedModel:
         ConversionOptions()
         .with_model_versions_by_name({info.name: ModelVersion.DeepseekV4Pro})
         .with_default_thinking_mode(False)
+        .with_structured_output(True)
     )
     return ServedModel(
         names=(info.name,),

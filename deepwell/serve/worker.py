@@ -15,6 +15,7 @@ from typing import Protocol
 import zmq
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
     AbortRequest,
     GenerateRequest,
@@ -109,6 +110,7 @@ class EngineCoreAdapter:
         )
 
     def add_request(self, request: GenerateRequest) -> None:
+        structured = request.structured_output
         params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -117,6 +119,11 @@ class EngineCoreAdapter:
             stop_token_ids=list(request.stop_token_ids),
             logprobs=request.top_logprobs is not None,
             top_logprobs=request.top_logprobs or 0,
+            structured_output=None
+            if structured is None
+            else StructuredOutput(
+                structured.kind, structured.spec, tuple(structured.trigger_token_ids)
+            ),
         )
         self._core.add_request(request.request_id, request.prompt_token_ids, params)
 
@@ -137,6 +144,7 @@ class EngineCoreAdapter:
                 # The engine has no prefix cache yet, so no prompt token is a cache hit.
                 cached_prompt_tokens=0,
                 logprobs=[(lp.logprob, list(lp.top)) for lp in output.new_logprobs] or None,
+                error=output.error,
             )
             for output in self._core.step()
         ]

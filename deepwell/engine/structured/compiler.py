@@ -20,7 +20,7 @@ from deepwell.engine.structured.spec import StructuredOutput
 
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
 # Longest accepted schema / regex / grammar text.
-DEFAULT_MAX_SPEC_BYTES = 256 * 1024
+DEFAULT_MAX_SPEC_BYTES = 1024 * 1024
 _CACHE_SIZE = 256
 
 
