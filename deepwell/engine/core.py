@@ -15,7 +15,10 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.errors import InvalidRequestError, MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.manager import KVCacheManager
+from deepwell.engine.kv.prefix import fingerprint
 from deepwell.engine.kv.slot_pool import num_slots_for
+from deepwell.engine.kv.store import CACHE_CLASSES
+from deepwell.engine.kv.store_io import open_store
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import build_model
@@ -32,6 +35,8 @@ from deepwell.engine.structured import (
 )
 
 logger = logging.getLogger(__name__)
+# An idle step loop whose waiting requests all read the KV store sleeps at most this long.
+_LOAD_POLL_S = 0.005
 # An idle step loop with only compiling requests sleeps at most this long per step.
 _COMPILE_POLL_S = 0.005
 
@@ -43,6 +48,16 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    # Prompt tokens looked up in the prefix cache at admission, and those it supplied
+    # (from memory or the KV store).
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    store_hits: int = 0
+    store_misses: int = 0
+    store_read_bytes: int = 0
+    store_written_bytes: int = 0
+    # Unreadable, corrupt, truncated or foreign block files, and dropped writes.
+    store_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,20 @@ class EngineCore:
         kv_cache = KVCache.allocate(
             layout, num_blocks, args.block_size, num_slots, args.torch_dtype
         )
-        self.kv = KVCacheManager(layout, num_blocks, args.block_size, num_slots)
+        root_key = None
+        if args.enable_prefix_caching:
+            root_key = fingerprint(
+                checkpoint.architecture,
+                checkpoint.hf_config,
+                checkpoint.tensors,
+                layout,
+                args.block_size,
+                args.torch_dtype,
+            )
+        store = open_store(args, root_key, kv_cache)
+        self.kv = KVCacheManager(
+            layout, num_blocks, args.block_size, num_slots, root_key, kv_cache, store
+        )
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         self.runner = ModelRunner(model, kv_cache, args.block_size)
         self.requests: dict[str, Request] = {}
@@ -161,10 +189,19 @@ class EngineCore:
                 )
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_class: str = "chat",
     ) -> None:
+        """`cache_class` ("chat" or "agent") picks the KV store TTL of the request's blocks."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if cache_class not in CACHE_CLASSES:
+            raise InvalidRequestError(
+                f"cache class must be one of {', '.join(CACHE_CLASSES)}, got {cache_class!r}"
+            )
         self.validate(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         stop = set(params.stop_token_ids)
@@ -176,6 +213,7 @@ class EngineCore:
             params=params,
             stop_token_ids=frozenset(stop),
             generator=torch.Generator().manual_seed(seed),
+            cache_class=cache_class,
         )
         if params.structured_output is not None:
             # Raises GrammarError for a spec too large or malformed to start compiling.
@@ -197,6 +235,11 @@ class EngineCore:
         self._aborted.append(_output(request, [], []))
         return True
 
+    def close(self) -> None:
+        """Finish writing queued blocks to the KV store and stop its threads."""
+        if self.kv.store is not None:
+            self.kv.store.close()
+
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
 
@@ -208,7 +251,23 @@ class EngineCore:
             kv_blocks_used=pool.num_blocks - pool.num_free,
             kv_blocks_total=pool.num_blocks,
             num_preemptions=self.num_preemptions,
+            prefix_queried_tokens=self.kv.counters.queried_tokens,
+            prefix_hit_tokens=self.kv.counters.hit_tokens,
+            **self._store_stats(),
         )
+
+    def _store_stats(self) -> dict[str, int]:
+        store = self.kv.store
+        if store is None:
+            return {}
+        stats = store.store.stats
+        return {
+            "store_hits": stats.hits,
+            "store_misses": stats.misses,
+            "store_read_bytes": stats.read_bytes,
+            "store_written_bytes": stats.written_bytes,
+            "store_errors": stats.errors + store.dropped_writes,
+        }
 
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
@@ -217,6 +276,7 @@ class EngineCore:
         plan = self.scheduler.schedule()
         self.num_preemptions += len(plan.preempted)
         if not plan.chunks:
+            self.scheduler.wait_for_loads(_LOAD_POLL_S)
             if self._compiling and not outputs:
                 # Nothing to compute: wait for a compile rather than spin.
                 self.grammars.wait(list(self._compiling.values()), _COMPILE_POLL_S)
@@ -230,6 +290,7 @@ class EngineCore:
             request = chunk.request
             completes = chunk.completes
             request.num_computed_tokens += chunk.num_tokens
+            self.kv.commit(request)
             if not completes:
                 continue
             token, token_logprobs = next(sampled)
@@ -273,5 +334,6 @@ def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOut
         finish_reason=request.finish_reason,
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=request.num_output_tokens,
+        num_cached_tokens=request.num_cached_tokens,
         error=request.error,
     )

@@ -37,6 +37,8 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    # Prompt tokens taken from the prefix cache (memory or KV store) instead of computed.
+    num_cached_tokens: int = 0
     error: str | None = None
 
 

@@ -6,6 +6,7 @@ sweeper needs only `stat`. Point it at a shared file system (3FS, NFS) and every
 every machine reads what any of them wrote (ARCHITECTURE.md "Scale-out").
 """
 
+import contextlib
 import math
 import os
 import struct
@@ -212,7 +213,5 @@ def _entries(directory) -> list[os.DirEntry]:
 def _unlink(path: Path) -> None:
     # Another worker may have removed it already; a file we cannot remove is still never
     # used wrongly (reads verify it), so the delete is best effort.
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
-    except OSError:
-        pass

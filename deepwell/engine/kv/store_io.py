@@ -49,7 +49,9 @@ class StoreIO:
         # Bytes in the store as of the last sweep plus what was written since.
         self._estimated_bytes = 0
         self._sweep_now = threading.Event()
-        self._writer = threading.Thread(target=self._write_loop, name="deepwell-kv-write", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name="deepwell-kv-write", daemon=True
+        )
         self._sweeper = threading.Thread(
             target=self._sweep_loop, args=(sweep_interval_s,), name="deepwell-kv-sweep", daemon=True
         )
