@@ -44,6 +44,8 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         last_rows: list[int] = []
+        seq_slots: list[int] = []
+        seq_starts: list[int] = []
         decode_blocks: list[int] = []
         decode_rows: list[int] = []
         decode_padding: list[int] = []  # per decode block: keys past the context
@@ -58,6 +60,8 @@ class ModelRunner:
             positions += range(start, end)
             slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
             last_rows.append(row + chunk.num_tokens - 1)
+            seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_tokens
+            seq_starts += [request.num_cached_tokens] * chunk.num_tokens
             num_blocks = -(-end // bs)
             if chunk.num_tokens == 1:
                 decode_blocks += blocks[:num_blocks]
@@ -82,6 +86,8 @@ class ModelRunner:
             decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_padding=padding[:, None, None],
             prefills=prefills,
+            seq_slots=torch.tensor(seq_slots, dtype=torch.long),
+            seq_starts=torch.tensor(seq_starts, dtype=torch.long),
         )
         return (
             torch.tensor(input_ids, dtype=torch.long),

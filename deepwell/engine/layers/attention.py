@@ -42,6 +42,11 @@ class AttentionMetadata:
     # [blocks, 1, 1, block_size] True where a key lies past its row's context.
     decode_block_padding: torch.Tensor
     prefills: list[PrefillSpan]
+    # Per row: its sequence's state slot (-1 without one), and the position its sequence
+    # restarted from at admission (its prefix hit). A sliding-window ring holds no valid
+    # entry before that position (SWA bounded replay, spec/deepinfer.md §1.6).
+    seq_slots: torch.Tensor
+    seq_starts: torch.Tensor
 
 
 class AttentionBackend(ABC):
