@@ -240,23 +240,33 @@ def variants(*names: str) -> Reader:
 
 
 class Struct:
-    """A struct: known fields read in the body's key order, unknown keys ignored."""
+    """A struct: known fields read in the body's key order, unknown keys ignored.
+
+    `extensions` are fields deepwell reads beyond the reference's struct; they take no part
+    in positional (sequence) reading, which follows the reference's fields only.
+    """
 
     def __init__(
-        self, name: str, fields: dict[str, Reader], required: tuple[str, ...] = ()
+        self,
+        name: str,
+        fields: dict[str, Reader],
+        required: tuple[str, ...] = (),
+        *,
+        extensions: dict[str, Reader] | None = None,
     ) -> None:
         self.name = name
         self.fields = fields
         self.required = required
+        self.extensions = extensions or {}
 
     def __call__(self, value: JsonValue) -> dict[str, Any]:
         if isinstance(value, list):
             return self._from_sequence(value)
         if not isinstance(value, dict):
             raise invalid_type(value, f"struct {self.name}")
-        out: dict[str, Any] = dict.fromkeys(self.fields)
+        out: dict[str, Any] = dict.fromkeys([*self.fields, *self.extensions])
         for key, item in value.items():
-            reader = self.fields.get(key)
+            reader = self.fields.get(key) or self.extensions.get(key)
             if reader is not None:
                 out[key] = reader(item)
         for key in self.required:
@@ -268,7 +278,7 @@ class Struct:
         # serde fills struct fields positionally from a sequence.
         count = len(self.fields)
         expected = f"struct {self.name} with {count} element{'' if count == 1 else 's'}"
-        out: dict[str, Any] = dict.fromkeys(self.fields)
+        out: dict[str, Any] = dict.fromkeys([*self.fields, *self.extensions])
         for index, (key, reader) in enumerate(self.fields.items()):
             if index >= len(items):
                 raise BodyError(f"invalid length {index}, expected {expected}")

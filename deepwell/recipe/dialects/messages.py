@@ -216,8 +216,9 @@ _REQUEST = Struct(
         "output_config": b.optional(
             Struct(
                 "MessagesOutputConfig",
+                {"effort": b.optional(_EFFORT)},
                 # `format` is read only with ConversionOptions.with_structured_output.
-                {"effort": b.optional(_EFFORT), "format": b.optional(b.any_value)},
+                extensions={"format": b.optional(b.any_value)},
             )
         ),
         "temperature": b.optional(b.f32),
@@ -405,17 +406,15 @@ def _leading_results(content: str | list) -> list[tuple[int, str]]:
 
 
 class _ShapeCheck:
-    """Message shapes, checked in order as messages are converted: non-empty, blocks in their
-    roles, and every assistant tool_use answered once by tool_results opening the next one."""
+    """Message shapes, checked in order as messages are converted: non-empty, and every
+    assistant tool_use answered once by tool_results opening the next message."""
 
     def __init__(self) -> None:
         self.previous_ids: list[str] = []
 
     def check(self, index: int, role: str, content: str | list) -> None:
-        if isinstance(content, list):
-            if not content and role != "system":
-                raise ConversionError(f"messages.{index}: all messages must have non-empty content")
-            _check_block_roles(index, role, content)
+        if isinstance(content, list) and not content and role != "system":
+            raise ConversionError(f"messages.{index}: all messages must have non-empty content")
         results = _leading_results(content) if role == "user" else []
         if self.previous_ids and not results:
             raise _unanswered(f"messages.{index}: ", self.previous_ids)
@@ -449,24 +448,24 @@ class _ShapeCheck:
             raise _unanswered(f"messages.{count - 1}:", self.previous_ids)
 
 
-def _check_block_roles(index: int, role: str, content: list) -> None:
-    for kind, _ in content:
-        if kind == "tool_result" and role != "user":
-            raise ConversionError(
-                f"messages.{index}: `tool_result` blocks can only be in `user` messages"
-            )
-        if kind == "tool_use" and role != "assistant":
-            raise ConversionError(
-                f"messages.{index}: `tool_use` blocks can only be in `assistant` messages"
-            )
-        if kind == "tool_addition" and role != "system":
-            raise ConversionError(
-                f"messages.{index}: `tool_addition` blocks can only be in `system` messages"
-            )
-        if kind == "thinking" and role != "assistant":
-            raise ConversionError(
-                f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
-            )
+def _check_block_role(index: int, role: str, kind: str) -> None:
+    """A block in a message of the wrong role fails when conversion reaches it."""
+    if kind == "tool_result" and role != "user":
+        raise ConversionError(
+            f"messages.{index}: `tool_result` blocks can only be in `user` messages"
+        )
+    if kind == "tool_use" and role != "assistant":
+        raise ConversionError(
+            f"messages.{index}: `tool_use` blocks can only be in `assistant` messages"
+        )
+    if kind == "tool_addition" and role != "system":
+        raise ConversionError(
+            f"messages.{index}: `tool_addition` blocks can only be in `system` messages"
+        )
+    if kind == "thinking" and role != "assistant":
+        raise ConversionError(
+            f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
+        )
 
 
 def _unanswered(where: str, ids: list[str]) -> ConversionError:
@@ -501,13 +500,14 @@ def _convert_message(index: int, role: str, content: str | list, ctx: _Context) 
             return _system(SystemMessage(content), ctx.version)
         return [UserMessage(content)]
     if role == "assistant":
-        return [_assistant(content, images, options)]
+        return [_assistant(index, content, images, options)]
     if role == "system":
         return _system(_system_message(index, content, tools), ctx.version)
     results: list[Message] = []
     out: list[Message] = []
     announced: list[Message] = []
     for position, (kind, block) in enumerate(content):
+        _check_block_role(index, role, kind)
         path = f"messages.{index}.content[{position}]"
         if kind == "text":
             out.append(UserMessage(block["text"]))
@@ -538,8 +538,11 @@ def _system_message(index: int, content: list, tools: list[ToolDefinition]) -> S
     texts: list[str] = []
     added: list[ToolDefinition] = []
     for position, (kind, block) in enumerate(content):
+        _check_block_role(index, "system", kind)
         if kind == "text":
             texts.append(block["text"])
+            continue
+        if kind != "tool_addition":
             continue
         name = block["tool"]["name"]
         found = [tool for tool in tools if tool.name == name]
@@ -552,11 +555,14 @@ def _system_message(index: int, content: list, tools: list[ToolDefinition]) -> S
     return SystemMessage("\n\n".join(texts), tools=added or None)
 
 
-def _assistant(content: list, images: ImagePolicy, options: ConversionOptions) -> AssistantMessage:
+def _assistant(
+    index: int, content: list, images: ImagePolicy, options: ConversionOptions
+) -> AssistantMessage:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
     for kind, block in content:
+        _check_block_role(index, "assistant", kind)
         if kind == "text":
             # Empty text blocks leave no trace in an assistant turn.
             if block["text"]:
