@@ -4,6 +4,7 @@ Reports prefill and decode tok/s, avg_SPS (steps per second), TTFT/TPOT percenti
 peak RSS; `decode_num_requests=1` runs requests one at a time (latency mode).
 """
 
+import dataclasses
 import json
 import random
 import resource
@@ -70,8 +71,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = True) -> BenchResult:
-    engine_args.max_num_seqs = config.decode_num_requests
-    core = EngineCore(engine_args)
+    core = EngineCore(dataclasses.replace(engine_args, max_num_seqs=config.decode_num_requests))
     requests = random_requests(config, core.vocab_size)
     # Warm up allocator and kernels outside the measurement.
     core.add_request("warmup", requests[0][0][:16], SamplingParams(max_tokens=4, temperature=0))

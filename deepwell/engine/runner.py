@@ -6,6 +6,7 @@ sample (the last token of every chunk that reaches the end of its request).
 
 import torch
 
+from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.sampling import Sampler
@@ -13,7 +14,7 @@ from deepwell.engine.scheduler import ScheduledChunk
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache, block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, block_size: int) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size

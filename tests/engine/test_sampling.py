@@ -128,9 +128,18 @@ def test_eos_ends_a_request_unless_ignore_eos(make_core):
 
 def test_seeded_requests_repeat_exactly_and_logprobs_flow_through(make_core):
     core = make_core()
-    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, logprobs=True)
+    params = SamplingParams(
+        max_tokens=16, temperature=0.9, top_p=0.9, seed=7, logprobs=True, top_logprobs=3
+    )
     core.add_request("x", list(range(3, 20)), params)
     core.add_request("noise", list(range(30, 60)), SamplingParams(max_tokens=9, seed=1))
-    x = run_to_completion(core)["x"]
+    x, logprobs = [], []
+    while core.has_unfinished():
+        for output in core.step():
+            if output.request_id == "x":
+                x += output.new_token_ids
+                logprobs += output.new_logprobs
+    assert [lp.token_id for lp in logprobs] == x
+    assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in logprobs)
     core.add_request("y", list(range(3, 20)), params)
     assert run_to_completion(core)["y"] == x
