@@ -28,6 +28,7 @@ from deepwell.serve.errors import (
     error_response,
 )
 from deepwell.serve.frontend import (
+    CACHE_CLASS_HEADER,
     CHAT,
     MESSAGES,
     RESPONSES,
@@ -164,7 +165,8 @@ def create_app(
         except ApiError as error:
             return error_response(shape, error)
         try:
-            prepared = await run_in_threadpool(frontend.prepare, route, body)
+            cache_class = request.headers.get(CACHE_CLASS_HEADER, "chat")
+            prepared = await run_in_threadpool(frontend.prepare, route, body, cache_class)
         except _REFUSALS as error:
             admission.leave()
             return _refusal(shape, error)

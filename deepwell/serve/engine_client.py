@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import zmq
 import zmq.asyncio
@@ -102,14 +102,9 @@ class EngineClient:
         return any(w.ready and w.failure is None for w in self._workers)
 
     def stats(self) -> WorkerStats:
-        """Scheduler and KV occupancy summed over live workers."""
+        """Scheduler and KV occupancy, and KV reuse counters, summed over live workers."""
         live = [w.stats for w in self._workers if w.failure is None]
-        return WorkerStats(
-            running=sum(s.running for s in live),
-            waiting=sum(s.waiting for s in live),
-            kv_blocks_used=sum(s.kv_blocks_used for s in live),
-            kv_blocks_total=sum(s.kv_blocks_total for s in live),
-        )
+        return WorkerStats(*(sum(getattr(s, f.name) for s in live) for f in fields(WorkerStats)))
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""

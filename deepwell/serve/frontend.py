@@ -47,9 +47,16 @@ class InferenceRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     structured_output: StructuredOutputSpec | None = None
+    # Traffic class for the KV store TTL, from the CACHE_CLASS_HEADER request header.
+    cache_class: str = "chat"
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
+
+# Agent traffic (tool loops) re-reads its prefix soon or never; chat traffic comes back
+# days later. The class picks how long the KV store keeps a request's blocks.
+CACHE_CLASS_HEADER = "x-deepwell-cache-class"
+CACHE_CLASSES = ("chat", "agent")
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
                 stop_token_ids=stop_token_ids,
                 top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
                 structured_output=request.structured_output,
+                cache_class=request.cache_class,
             )
         )
         try:
@@ -152,12 +160,18 @@ class Frontend:
         self.model = model
         self._infer = infer
 
-    def prepare(self, route: Route, body: bytes) -> PreparedRequest:
+    def prepare(self, route: Route, body: bytes, cache_class: str = "chat") -> PreparedRequest:
         """Parse, convert, encode and budget a request body; CPU work, run it off the loop.
 
         Raises `ApiError` for unreadable bodies and `ConversionError` for requests the
         recipe refuses (including prompt + max_tokens beyond the context, spec §7).
         """
+        if cache_class not in CACHE_CLASSES:
+            raise ApiError(
+                400,
+                f"The {CACHE_CLASS_HEADER} header must be one of {', '.join(CACHE_CLASSES)}, "
+                f"got {cache_class!r}.",
+            )
         try:
             request = route.request_type(body)
         except ValueError as error:
@@ -180,7 +194,7 @@ class Frontend:
         if self.model.tokenizer is not None:
             structured = structured_output_spec(converted, parsing_options, self.model.tokenizer)
         inference = InferenceRequest(
-            request_id, converted, prompt_token_ids, max_tokens, structured
+            request_id, converted, prompt_token_ids, max_tokens, structured, cache_class
         )
         return PreparedRequest(route, model_name, converted, parsing_options, generator, inference)
 

@@ -68,6 +68,12 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             max_num_seqs=args.max_num_seqs,
             memory_gib=args.memory_gib,
             max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            enable_prefix_caching=not args.no_prefix_caching,
+            kv_store_path=args.kv_store,
+            kv_store_capacity_gib=args.kv_store_capacity_gib,
+            kv_store_ttl_chat_s=args.kv_store_ttl_chat,
+            kv_store_ttl_agent_s=args.kv_store_ttl_agent,
         )
         client = EngineClient(config.outbox_address, [config.inbox_address])
         worker = subprocess.Popen(

@@ -25,6 +25,13 @@ class WorkerConfig:
     max_num_seqs: int
     memory_gib: float
     max_model_len: int | None
+    # KV block size in tokens; prefix caching; the KV store shared by workers (None: off).
+    block_size: int = 128
+    enable_prefix_caching: bool = True
+    kv_store_path: str | None = None
+    kv_store_capacity_gib: float = 100.0
+    kv_store_ttl_chat_s: float = 7 * 86400.0
+    kv_store_ttl_agent_s: float = 3 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class GenerateRequest:
     stop_token_ids: list[int]
     top_logprobs: int | None
     structured_output: StructuredOutputSpec | None = None
+    # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
+    cache_class: str = "chat"
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,15 @@ class WorkerStats:
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    # Counters since the worker started: prompt tokens looked up in the prefix cache and
+    # those it supplied; KV store block hits, misses, bytes and bad files.
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    store_hits: int = 0
+    store_misses: int = 0
+    store_read_bytes: int = 0
+    store_written_bytes: int = 0
+    store_errors: int = 0
 
 
 @dataclass(frozen=True)

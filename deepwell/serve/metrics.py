@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from deepwell.serve.messages import WorkerStats
@@ -23,7 +23,7 @@ class _LoadCollector(Collector):
     def __init__(self, stats: Callable[[], WorkerStats]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         yield GaugeMetricFamily(
             "deepwell_requests_running", "Requests the engine is computing.", stats.running
@@ -41,6 +41,48 @@ class _LoadCollector(Collector):
         yield GaugeMetricFamily(
             "deepwell_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", usage
         )
+        yield from _kv_reuse_metrics(stats)
+
+
+def _kv_reuse_metrics(stats: WorkerStats) -> Iterator[Metric]:
+    """Prefix-cache hit rate in tokens, and the KV store's traffic."""
+    counters = (
+        (
+            "deepwell_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_queried_tokens,
+        ),
+        (
+            "deepwell_prefix_cache_hit_tokens",
+            "Prompt tokens the prefix cache supplied (memory or KV store).",
+            stats.prefix_hit_tokens,
+        ),
+        ("deepwell_kv_store_hits", "KV blocks read from the KV store.", stats.store_hits),
+        (
+            "deepwell_kv_store_misses",
+            "KV store lookups that found no usable block.",
+            stats.store_misses,
+        ),
+        ("deepwell_kv_store_read_bytes", "Bytes read from the KV store.", stats.store_read_bytes),
+        (
+            "deepwell_kv_store_written_bytes",
+            "Bytes written to the KV store.",
+            stats.store_written_bytes,
+        ),
+        (
+            "deepwell_kv_store_errors",
+            "Corrupt, truncated, foreign or unreadable KV store files, and dropped writes.",
+            stats.store_errors,
+        ),
+    )
+    for name, documentation, value in counters:
+        yield CounterMetricFamily(name, documentation, value)
+    queried = stats.prefix_queried_tokens
+    yield GaugeMetricFamily(
+        "deepwell_prefix_cache_hit_ratio",
+        "Prompt tokens supplied by the prefix cache over those looked up, since start.",
+        stats.prefix_hit_tokens / queried if queried else 0.0,
+    )
 
 
 class ServeMetrics:

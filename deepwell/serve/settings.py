@@ -22,6 +22,22 @@ class ServeSettings:
     retry_after_seconds: int = 1
 
 
+_SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '3600', '90s', '30m', '12h' or '7d'."""
+    unit = text[-1:].lower()
+    number = text[:-1] if unit in _SECONDS_PER else text
+    try:
+        seconds = float(number) * _SECONDS_PER.get(unit, 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r}") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"a duration must be positive, got {text!r}")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`."""
     parser.add_argument(
@@ -60,6 +76,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full instead of reusing cached KV blocks",
+    )
+    parser.add_argument(
+        "--kv-store",
+        metavar="PATH",
+        help="directory of KV block files shared by workers, e.g. on 3FS or NFS "
+        "(default: none, prefix blocks live in memory only)",
+    )
+    parser.add_argument(
+        "--kv-store-capacity-gib",
+        type=float,
+        default=100.0,
+        help="size beyond which the KV store evicts the soonest-expiring blocks (default: 100)",
+    )
+    parser.add_argument(
+        "--kv-store-ttl-chat",
+        type=parse_duration,
+        default="7d",
+        metavar="DURATION",
+        help="how long a chat request's blocks outlive their last use: seconds, or a number "
+        "with s/m/h/d (default: 7d)",
+    )
+    parser.add_argument(
+        "--kv-store-ttl-agent",
+        type=parse_duration,
+        default="3d",
+        metavar="DURATION",
+        help="the same for agent requests (header x-deepwell-cache-class: agent; default: 3d)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]

@@ -106,6 +106,12 @@ class EngineCoreAdapter:
                 max_num_seqs=config.max_num_seqs,
                 memory_gib=config.memory_gib,
                 max_model_len=config.max_model_len,
+                block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+                kv_store_path=config.kv_store_path,
+                kv_store_capacity_gib=config.kv_store_capacity_gib,
+                kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
+                kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
             )
         )
 
@@ -125,7 +131,9 @@ class EngineCoreAdapter:
                 structured.kind, structured.spec, tuple(structured.trigger_token_ids)
             ),
         )
-        self._core.add_request(request.request_id, request.prompt_token_ids, params)
+        self._core.add_request(
+            request.request_id, request.prompt_token_ids, params, request.cache_class
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -141,8 +149,7 @@ class EngineCoreAdapter:
                 token_ids=output.new_token_ids,
                 finish_reason=output.finish_reason.value if output.finish_reason else None,
                 prompt_tokens=output.num_prompt_tokens,
-                # The engine has no prefix cache yet, so no prompt token is a cache hit.
-                cached_prompt_tokens=0,
+                cached_prompt_tokens=output.num_cached_tokens,
                 logprobs=[(lp.logprob, list(lp.top)) for lp in output.new_logprobs] or None,
                 error=output.error,
             )
@@ -152,8 +159,22 @@ class EngineCoreAdapter:
     def stats(self) -> WorkerStats:
         stats = self._core.stats()
         return WorkerStats(
-            stats.running, stats.waiting, stats.kv_blocks_used, stats.kv_blocks_total
+            stats.running,
+            stats.waiting,
+            stats.kv_blocks_used,
+            stats.kv_blocks_total,
+            prefix_queried_tokens=stats.prefix_queried_tokens,
+            prefix_hit_tokens=stats.prefix_hit_tokens,
+            store_hits=stats.store_hits,
+            store_misses=stats.store_misses,
+            store_read_bytes=stats.store_read_bytes,
+            store_written_bytes=stats.store_written_bytes,
+            store_errors=stats.store_errors,
         )
+
+    def close(self) -> None:
+        """Write out queued KV store blocks; the next worker may want them."""
+        self._core.close()
 
     def model_info(self) -> ModelInfo:
         core = self._core
@@ -180,7 +201,10 @@ def main(config: WorkerConfig) -> None:
     outbox.connect(config.outbox_address)
     try:
         engine = EngineCoreAdapter(config)
-        serve_engine(engine, config.worker_id, inbox, outbox, config.parent_pid)
+        try:
+            serve_engine(engine, config.worker_id, inbox, outbox, config.parent_pid)
+        finally:
+            engine.close()
     except Exception as error:  # the frontend must learn why its worker is gone
         message = f"{type(error).__name__}: {error}"
         outbox.send(encode_message(WorkerFailed(config.worker_id, message)))
