@@ -93,10 +93,12 @@ def start_server(tmp_path: Path, *args: str, timeout: float = MODEL_LOAD_TIMEOUT
         if process.poll() is not None:
             pytest.fail(f"deepwell serve exited with {process.returncode}:\n{server.output()}")
         try:
-            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
-                return server
+            healthy = httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200
         except httpx.TransportError:
-            pass
+            healthy = False
+        # The ready banner follows the first successful bind by a moment.
+        if healthy and "deepwell is serving" in server.output():
+            return server
         time.sleep(0.1)
     process.kill()
     pytest.fail(f"deepwell serve not ready after {timeout} s:\n{server.output()}")
