@@ -50,6 +50,7 @@ class ModelRunner:
         decode_blocks: list[int] = []
         decode_rows: list[int] = []
         decode_padding: list[int] = []  # per decode block: keys past the context
+        decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
         for chunk in chunks:
             request = chunk.request
@@ -68,6 +69,7 @@ class ModelRunner:
                 decode_blocks += blocks[:num_blocks]
                 decode_rows += [row] * num_blocks
                 decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
+                decode_lens.append(end)
                 continue
             mask = None
             if start:
@@ -82,7 +84,8 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
-            num_decodes=sum(1 for c in chunks if c.num_tokens == 1),
+            num_decodes=len(decode_lens),
+            decode_context_lens=decode_lens,
             decode_block_ids=torch.tensor(decode_blocks, dtype=torch.long),
             decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_padding=padding[:, None, None],

@@ -35,6 +35,8 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor
     slot_offsets: torch.Tensor
     num_decodes: int
+    # Context length (keys to attend) of each decode row.
+    decode_context_lens: list[int]
     # The blocks of all decode rows, row by row (ragged: no padding blocks).
     decode_block_ids: torch.Tensor
     # Decode row each of those blocks belongs to.
