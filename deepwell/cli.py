@@ -253,6 +253,16 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="token budget of one engine step (default: 1024)",
     )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full instead of reusing cached KV blocks",
+    )
+    parser.add_argument(
+        "--kv-store",
+        metavar="PATH",
+        help="directory of KV block files to read prefixes from and write them to",
+    )
 
 
 def _engine_args(args: argparse.Namespace, **overrides):
@@ -265,6 +275,8 @@ def _engine_args(args: argparse.Namespace, **overrides):
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.threads,
+        enable_prefix_caching=not args.no_prefix_caching,
+        kv_store_path=args.kv_store,
         **overrides,
     )
 
@@ -310,6 +322,7 @@ def _run_generate(args: argparse.Namespace) -> int:
             stop_token_ids=[i for i in stop_ids if i is not None],
         )
         (completion,) = llm.generate(prompt, params, use_tqdm=False)
+        llm.core.close()  # writes out the KV store's queue
     except (EngineError, ValueError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 1
@@ -350,6 +363,14 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
         help="requests decoding at once; 1 = latency mode (default: 64)",
     )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="start every prompt with the same random prefix of this many tokens, so the "
+        "prefix cache has work (default: 0, no shared prefix)",
+    )
     parser.add_argument("--output-json", metavar="PATH", help="also write the result as JSON here")
     _add_engine_arguments(parser)
 
@@ -366,6 +387,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         output_len=tuple(args.output_len),
         decode_num_requests=args.decode_num_requests,
         seed=args.seed,
+        shared_prefix=args.shared_prefix,
     )
     engine_args = _engine_args(args)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.core import EngineCore
+from deepwell.engine.core import EngineCore, EngineStats
 from deepwell.engine.sampling_params import SamplingParams
 
 
@@ -29,6 +29,8 @@ class BenchConfig:
     # Requests decoding at once (the engine's max_num_seqs); 1 = latency mode.
     decode_num_requests: int = 64
     seed: int = 0
+    # Tokens of one random prefix every prompt starts with (0 = none): prefix-cache traffic.
+    shared_prefix: int = 0
 
 
 @dataclass
@@ -47,16 +49,19 @@ class BenchResult:
     tpot_ms: dict[str, float]
     peak_rss_mib: float
     num_preemptions: int
+    # Prompt tokens the prefix cache supplied over those looked up.
+    prefix_hit_rate: float = 0.0
 
 
 def random_requests(config: BenchConfig, vocab_size: int) -> list[tuple[list[int], int]]:
     rng = random.Random(config.seed)
+    # Ids below 17 are SmolLM2's control tokens; keep prompts to ordinary text ids.
+    shared = [rng.randrange(17, vocab_size) for _ in range(config.shared_prefix)]
     requests = []
     for _ in range(config.num_requests):
         prompt_len = rng.randint(*config.input_len)
         output_len = rng.randint(*config.output_len)
-        # Ids below 17 are SmolLM2's control tokens; keep prompts to ordinary text ids.
-        prompt = [rng.randrange(17, vocab_size) for _ in range(prompt_len)]
+        prompt = shared + [rng.randrange(17, vocab_size) for _ in range(prompt_len)]
         requests.append((prompt, output_len))
     return requests
 
@@ -78,6 +83,7 @@ def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = Tru
     while core.has_unfinished():
         core.step()
     core.num_steps = 0
+    before = core.stats()
 
     start = time.perf_counter()
     for index, (prompt, output_len) in enumerate(requests):
@@ -101,6 +107,7 @@ def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = Tru
                     finished[output.request_id] = now
                     bar.update(1)
     elapsed = time.perf_counter() - start
+    core.close()
 
     prompt_tokens = sum(len(p) for p, _ in requests)
     output_tokens = sum(n for _, n in requests)
@@ -127,7 +134,13 @@ def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = Tru
         tpot_ms=percentiles(tpot),
         peak_rss_mib=peak_rss_mib,
         num_preemptions=core.num_preemptions,
+        prefix_hit_rate=_hit_rate(before, core.stats()),
     )
+
+
+def _hit_rate(before: EngineStats, after: EngineStats) -> float:
+    queried = after.prefix_queried_tokens - before.prefix_queried_tokens
+    return (after.prefix_hit_tokens - before.prefix_hit_tokens) / queried if queried else 0.0
 
 
 def format_result(result: BenchResult) -> str:
@@ -146,6 +159,7 @@ def format_result(result: BenchResult) -> str:
             f"TPOT ms           {pct(result.tpot_ms)}",
             f"peak RSS MiB      {result.peak_rss_mib:.0f}",
             f"preemptions       {result.num_preemptions}",
+            f"prefix hit rate   {result.prefix_hit_rate:.1%}",
         ]
     )
 
