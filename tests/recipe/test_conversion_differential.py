@@ -328,6 +328,7 @@ def resp_items(draw) -> list:
                             {"type": "item_reference", "id": "x"},
                             {"type": "web_search_call"},
                             {"type": "function_call_output", "call_id": "c9", "output": "x"},
+                            {"type": "function_call_output", "output": "no call id"},
                         ]
                     )
                 )

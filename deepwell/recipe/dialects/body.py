@@ -242,8 +242,9 @@ def variants(*names: str) -> Reader:
 class Struct:
     """A struct: known fields read in the body's key order, unknown keys ignored.
 
-    `extensions` are fields deepwell reads beyond the reference's struct; they take no part
-    in positional (sequence) reading, which follows the reference's fields only.
+    `defaults` are fields serde fills in when a sequence runs out before them
+    (`#[serde(default)]`). `extensions` are fields deepwell reads beyond the reference's
+    struct; positional (sequence) reading follows the reference's fields only.
     """
 
     def __init__(
@@ -252,11 +253,13 @@ class Struct:
         fields: dict[str, Reader],
         required: tuple[str, ...] = (),
         *,
+        defaults: tuple[str, ...] = (),
         extensions: dict[str, Reader] | None = None,
     ) -> None:
         self.name = name
         self.fields = fields
         self.required = required
+        self.defaults = defaults
         self.extensions = extensions or {}
 
     def __call__(self, value: JsonValue) -> dict[str, Any]:
@@ -281,6 +284,8 @@ class Struct:
         out: dict[str, Any] = dict.fromkeys([*self.fields, *self.extensions])
         for index, (key, reader) in enumerate(self.fields.items()):
             if index >= len(items):
+                if key in self.defaults:
+                    continue
                 raise BodyError(f"invalid length {index}, expected {expected}")
             out[key] = reader(items[index])
         if len(items) > count:

@@ -241,7 +241,6 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         raise ConversionError("Empty input messages")
     images = ImagePolicy.for_model(version, options)
     messages = _messages(raw_messages, images)
-    _check_prefix(messages)
     thinking_switch = f["thinking"]
     enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
     thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
@@ -252,6 +251,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         "The `reasoning_content` in the thinking mode must be passed back to the API.",
         tools_declared=bool(f["tools"]),
     )
+    _check_prefix(messages)
 
     fmt, schema, regex = _response_format(f["response_format"])
     if fmt == "json_object" and not rules.mentions_json([m.content for m in messages]):
@@ -266,11 +266,11 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     named = choice[1] if isinstance(choice, tuple) else None
     selection = rules.apply_tool_choice(tools, "required" if named else choice, named, thinking)
     is_prefix = bool(messages) and messages[-1].prefix
+    if is_prefix and fmt == "json_object":
+        raise ConversionError("response_format json_object should not be used with prefix")
     # Declared tools (even unused) or calls in the history rule out a prefix continuation.
     if is_prefix and (f["tools"] or any(m.tool_calls for m in messages)):
         raise ConversionError("Function call should not be used with prefix")
-    if is_prefix and fmt == "json_object":
-        raise ConversionError("response_format json_object should not be used with prefix")
 
     stop = f["stop"]
     if isinstance(stop, str):

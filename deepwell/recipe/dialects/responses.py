@@ -113,8 +113,8 @@ _ITEMS = {
     ),
     "function_call_output": Struct(
         "ResponsesFunctionCallOutput",
-        {"call_id": b.string, "output": _output},
-        ("call_id", "output"),
+        {"call_id": b.optional(b.string), "output": _output},
+        ("output",),
     ),
     "custom_tool_call": Struct(
         "ResponsesCustomToolCall",
@@ -283,6 +283,7 @@ _REQUEST = Struct(
                     "format": b.optional(_FORMAT),
                     "verbosity": b.optional(b.variants("low", "medium", "high")),
                 },
+                defaults=("format",),
             )
         ),
         "tools": b.optional(b.sequence(_TOOL)),
@@ -736,6 +737,8 @@ def _items(
 
     for index, entry in enumerate(items):
         if entry is None:
+            # A dropped item still ends the room for outputs of earlier calls.
+            require_answers()
             continue
         kind, item = entry
         path = f"input[{index}]"
@@ -781,6 +784,13 @@ def _items(
                 name = item["name"]
                 arguments = compact_json({"input": item["input"]})
             current(fresh_if=False).calls.append(ToolCall(call_id, name, arguments))
+        elif item["call_id"] is None:
+            # An output naming no call stands alone, like a message.
+            require_answers()
+            close()
+            blocks = _blocks(item["output"], path, "output", images)
+            output = ToolMessage(blocks.content(), None, blocks.sources, image_token=images.token)
+            messages.append(blocks.attach(output))
         else:
             call_id = item["call_id"]
             blocks = _blocks(item["output"], path, "output", images)
