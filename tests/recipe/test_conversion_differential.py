@@ -558,7 +558,7 @@ WRONG = [5, -1, 1.5, 1e20, "x", True, None, [], [5], {}, {"q": 1}]
 def malformed(draw, valid):
     # Strategies may hand out shared constants (st.just): mutate a private copy.
     body = copy.deepcopy(draw(valid))
-    how = draw(st.sampled_from(["retype", "drop", "text", "nested"]))
+    how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep"]))
     if how == "retype":
         body[draw(st.sampled_from(sorted(body)))] = draw(st.sampled_from(WRONG))
         return body
@@ -570,6 +570,17 @@ def malformed(draw, valid):
             if isinstance(value, list) and value and isinstance(value[0], dict) and value[0]:
                 value[0][draw(st.sampled_from(sorted(value[0])))] = draw(st.sampled_from(WRONG))
                 break
+        return body
+    if how == "deep":
+        # Retype or remove one key of some object anywhere in the body.
+        objects = list(_objects(body))
+        target = objects[draw(st.integers(0, len(objects) - 1))]
+        if target:
+            key = draw(st.sampled_from(sorted(target)))
+            if draw(st.booleans()):
+                target[key] = draw(st.sampled_from(WRONG))
+            else:
+                del target[key]
         return body
     raw = json.dumps(body, ensure_ascii=draw(st.booleans()))
     cut = draw(st.integers(0, len(raw)))
@@ -587,6 +598,16 @@ def malformed(draw, valid):
     else:
         raw = raw[:cut] + raw[cut + 1 :]
     return raw.encode("utf-8") if draw(st.booleans()) else raw
+
+
+def _objects(value):
+    if isinstance(value, dict):
+        yield value
+        for item in value.values():
+            yield from _objects(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _objects(item)
 
 
 BODIES = {"chat": chat_body(), "responses": resp_body(), "messages": msg_body()}

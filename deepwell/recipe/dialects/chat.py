@@ -74,7 +74,7 @@ def _optional_content(value: JsonValue) -> str | list | None:
 
 
 _FUNCTION_CALL = Struct(
-    "ChatCompletionFunctionCall",
+    "ChatCompletionRequestFunctionCall",
     {"name": b.string, "arguments": b.string},
     ("name", "arguments"),
 )

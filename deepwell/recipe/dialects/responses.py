@@ -130,13 +130,7 @@ _ITEMS = {
         "ResponsesReasoningItem",
         {
             "content": b.optional(
-                b.sequence(
-                    Struct(
-                        "ResponsesReasoningContent",
-                        {"type": b.optional(b.string), "text": b.string},
-                        ("text",),
-                    )
-                )
+                b.sequence(Struct("ResponsesReasoningContent", {"text": b.string}, ("text",)))
             )
         },
     ),
@@ -280,7 +274,7 @@ _REQUEST = Struct(
             Struct(
                 "ResponsesTextConfig",
                 {
-                    "format": b.optional(_FORMAT),
+                    "format": _FORMAT,
                     "verbosity": b.optional(b.variants("low", "medium", "high")),
                 },
                 defaults=("format",),
