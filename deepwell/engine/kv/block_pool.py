@@ -15,15 +15,10 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._key_of: list[bytes | None] = [None] * num_blocks
         self._block_of: dict[bytes, int] = {}
-        self.num_evicted = 0
 
     @property
     def num_free(self) -> int:
         return len(self._free)
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._block_of)
 
     def lookup(self, key: bytes) -> int | None:
         return self._block_of.get(key)
@@ -73,4 +68,3 @@ class BlockPool:
         if key is not None:
             self._key_of[block_id] = None
             del self._block_of[key]
-            self.num_evicted += 1

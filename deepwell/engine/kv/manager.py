@@ -37,7 +37,6 @@ class PrefixCounters:
 
     queried_tokens: int = 0
     hit_tokens: int = 0
-    store_hit_tokens: int = 0
 
 
 class KVCacheManager:
@@ -144,7 +143,6 @@ class KVCacheManager:
         counters = self.counters
         counters.queried_tokens += request.num_tokens
         counters.hit_tokens += hit.num_tokens
-        counters.store_hit_tokens += len(hit.stored) * self.block_size
         self.allocate(request, num_tokens)
 
     def allocate(self, request: Request, num_tokens: int) -> None:
@@ -152,15 +150,14 @@ class KVCacheManager:
             request.slot = self.slot_pool.allocate()
         request.block_ids += self.block_pool.allocate(self.blocks_needed(request, num_tokens))
 
-    def commit(self, request: Request) -> list[tuple[int, bytes]]:
-        """Make the request's newly computed full blocks findable; returns the (block id,
-        key) pairs that are new to the cache."""
+    def commit(self, request: Request) -> None:
+        """Make the request's newly computed full blocks findable, and store the new ones."""
         if self.root_key is None:
-            return []
+            return
         full = request.num_computed_tokens // self.block_size
         start = request.num_committed_blocks
         if full <= start:
-            return []
+            return
         keys = self.keys(request, full)
         request.num_committed_blocks = full
         new = []
@@ -173,7 +170,6 @@ class KVCacheManager:
             parts = self.cache.read_blocks([block_id for block_id, _ in new])
             blocks = [(key, [part[i] for part in parts]) for i, (_, key) in enumerate(new)]
             self.store.save(blocks, request.cache_class)
-        return new
 
     def free(self, request: Request) -> None:
         self.block_pool.free(request.block_ids)
