@@ -15,3 +15,4 @@ from deepwell.engine.llm import LLM
 from deepwell.engine.outputs import Completion, FinishReason, RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stream import AsyncEngine
+from deepwell.engine.structured import GrammarError, StructuredOutput

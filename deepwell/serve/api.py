@@ -175,15 +175,32 @@ def create_app(
             raise
         timer = RequestTimer(metrics)
         if prepared.converted.stream:
-            return _stream(prepared, timer)
+            return await _stream(prepared, timer)
         return await _complete(prepared, timer, request)
 
-    def _stream(prepared: PreparedRequest, timer: RequestTimer) -> Response:
+    async def _stream(prepared: PreparedRequest, timer: RequestTimer) -> Response:
         route = prepared.route
+        sse = frontend.sse(prepared, timer)
+        first: list[bytes] = []
+        if prepared.inference.structured_output is not None:
+            # Wait until the engine has taken the request: a grammar that does not compile
+            # then answers 400 in the dialect's shape, not a 200 stream that fails.
+            try:
+                first.append(await anext(sse))
+            except InferenceError as error:
+                await sse.aclose()
+                admission.leave()
+                timer.finish(route.path, "failed")
+                return error_response(route.shape, ApiError(error.status_code, str(error)))
+            except BaseException:
+                await sse.aclose()
+                admission.leave()
+                raise
 
         async def frames() -> AsyncIterator[bytes]:
-            sse = frontend.sse(prepared, timer)
             try:
+                for frame in first:
+                    yield frame
                 async for frame in sse:
                     yield frame
             except InferenceError as error:

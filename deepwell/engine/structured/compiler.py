@@ -7,6 +7,8 @@ cannot cross a process boundary, so a process pool could only validate, not comp
 """
 
 import concurrent.futures
+import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,6 +24,9 @@ DEFAULT_COMPILE_TIMEOUT_S = 10.0
 # Longest accepted schema / regex / grammar text.
 DEFAULT_MAX_SPEC_BYTES = 1024 * 1024
 _CACHE_SIZE = 256
+# Compile threads run this much nicer than the step loop: where cores are short, the step
+# loop wins the CPU and a compile waits (DeepInfer pins its compile pool to idle CPUs).
+_COMPILE_NICENESS = 10
 
 
 class GrammarError(InvalidRequestError):
@@ -70,7 +75,9 @@ class GrammarCompiler:
         max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
     ) -> None:
         self._make_tokenizer = make_tokenizer
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "deepwell-grammar")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            workers, "deepwell-grammar", initializer=_lower_priority
+        )
         self._tokenizer: concurrent.futures.Future | None = None
         self._cache: OrderedDict[str, concurrent.futures.Future] = OrderedDict()
         self.timeout_s = timeout_s
@@ -120,3 +127,8 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"invalid {kind} constraint: {matcher.get_error()}")
         return matcher
+
+
+def _lower_priority() -> None:
+    # On Linux a thread id names one thread here, so only the compile thread is reniced.
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _COMPILE_NICENESS)

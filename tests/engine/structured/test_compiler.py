@@ -7,7 +7,7 @@ import pytest
 
 from deepwell.engine.structured import GrammarCompiler, GrammarError, StructuredOutput
 
-from .conftest import heavy_schema
+from .schemas import heavy_schema
 from .tiny_tokenizer import tiny_tokenizer
 
 
