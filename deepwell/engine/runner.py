@@ -1,7 +1,8 @@
 """ModelRunner: a scheduled batch → input tensors → model forward → sampled tokens.
 
 All tokens of a step go through one forward; logits are computed only for the rows that
-sample (the last token of every chunk that reaches the end of its request).
+sample (the last token of every chunk that reaches the end of its request) and the verify
+rows of a speculative draft.
 """
 
 import torch
@@ -11,6 +12,7 @@ from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.sampling import Sampler
 from deepwell.engine.scheduler import ScheduledChunk
+from deepwell.engine.speculative.verify import verify
 
 
 class ModelRunner:
@@ -21,21 +23,38 @@ class ModelRunner:
         self.sampler = Sampler()
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """Run one step; returns a token (and logprobs) per completing chunk, in chunk order."""
-        # Decode-shaped chunks (one token) first: they share one batched attention call.
-        ordered = sorted(chunks, key=lambda c: c.num_tokens != 1)
+    def execute(
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
+        """Run one step; returns the new tokens (and logprobs of a lone sampled token) per
+        completing chunk, in chunk order. A chunk with a draft verifies it: its tokens are
+        the accepted draft tokens and one more (speculative/verify.py)."""
+        # Decode-shaped chunks (one row) first: they share one batched attention call.
+        ordered = sorted(chunks, key=lambda c: c.num_rows != 1)
         input_ids, positions, meta, last_rows = self._prepare(ordered)
         hidden = self.model(input_ids, positions, meta, self.kv_cache)
-        sampling = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
-        if not sampling:
+        completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
+        if not completing:
             return [], []
-        rows = torch.tensor([row for row, _ in sampling])
-        logits = self.model.compute_logits(hidden[rows])
-        tokens, logprobs = self.sampler(logits, [c.request for _, c in sampling])
-        by_request = {
-            id(c.request): (t, lp) for (_, c), t, lp in zip(sampling, tokens, logprobs, strict=True)
-        }
+        sampling = [(row, c) for row, c in completing if not c.draft]
+        verifying = [(row, c) for row, c in completing if c.draft]
+        # Logits for every verify row of a drafting chunk, after the sampling rows.
+        rows = [row for row, _ in sampling] + [
+            r for row, c in verifying for r in range(row - len(c.draft), row + 1)
+        ]
+        logits = self.model.compute_logits(hidden[torch.tensor(rows)])
+        by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {}
+        if sampling:
+            requests = [c.request for _, c in sampling]
+            tokens, logprobs = self.sampler(logits[: len(sampling)], requests)
+            for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
+                by_request[id(request)] = ([token], token_logprobs)
+        offset = len(sampling)
+        for _, chunk in verifying:
+            num_rows = len(chunk.draft) + 1
+            block = logits[offset : offset + num_rows]
+            by_request[id(chunk.request)] = (verify(block, chunk.draft, chunk.request), None)
+            offset += num_rows
         results = [by_request[id(c.request)] for c in chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
 
@@ -55,17 +74,17 @@ class ModelRunner:
         for chunk in chunks:
             request = chunk.request
             start = request.num_computed_tokens
-            end = start + chunk.num_tokens
+            end = start + chunk.num_rows
             blocks = request.block_ids
             row = len(input_ids)
-            input_ids += request.token_ids[start:end]
+            input_ids += request.token_ids[start : start + chunk.num_tokens] + chunk.draft
             positions += range(start, end)
             slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
-            last_rows.append(row + chunk.num_tokens - 1)
-            seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_tokens
-            seq_starts += [request.num_cached_tokens] * chunk.num_tokens
+            last_rows.append(row + chunk.num_rows - 1)
+            seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_rows
+            seq_starts += [request.num_cached_tokens] * chunk.num_rows
             num_blocks = -(-end // bs)
-            if chunk.num_tokens == 1:
+            if chunk.num_rows == 1:
                 decode_blocks += blocks[:num_blocks]
                 decode_rows += [row] * num_blocks
                 decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
@@ -76,7 +95,7 @@ class ModelRunner:
                 query_pos = torch.arange(start, end).unsqueeze(1)
                 mask = torch.arange(end).unsqueeze(0) <= query_pos
             table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
-            prefills.append(PrefillSpan(row, chunk.num_tokens, end, table, mask))
+            prefills.append(PrefillSpan(row, chunk.num_rows, end, table, mask))
         # Decode rows are the first rows of the step, so a row index is its decode index.
         valid = bs - torch.tensor(decode_padding, dtype=torch.long)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
@@ -89,6 +108,11 @@ class ModelRunner:
             decode_block_ids=torch.tensor(decode_blocks, dtype=torch.long),
             decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_padding=padding[:, None, None],
+            decode_block_span=(
+                max(decode_blocks) + 1
+                if decode_blocks and len(set(decode_blocks)) == len(decode_blocks)
+                else None
+            ),
             prefills=prefills,
             seq_slots=torch.tensor(seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),

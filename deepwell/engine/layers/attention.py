@@ -43,6 +43,9 @@ class AttentionMetadata:
     decode_block_rows: torch.Tensor
     # [blocks, 1, 1, block_size] True where a key lies past its row's context.
     decode_block_padding: torch.Tensor
+    # Block ids below this bound hold every decode block; None when a block is shared by
+    # two decode rows (a prefix hit), which rules out scoring the pool in place.
+    decode_block_span: int | None
     prefills: list[PrefillSpan]
     # Per row: its sequence's state slot (-1 without one), and the position its sequence
     # restarted from at admission (its prefix hit). A sliding-window ring holds no valid

@@ -1,6 +1,7 @@
 """The CPU paged attention backend: every path (batch-1 decode, ragged batched decode,
 fresh and continued prefill chunks) gives the tokens of the others."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +26,8 @@ def test_alone_batched_and_chunked_runs_give_the_same_greedy_tokens(make_core):
     assert run_to_completion(core) == alone
 
 
-def test_ragged_decode_equals_dense_attention_over_each_context():
+@pytest.mark.parametrize("span", [None, 10], ids=["gathered", "in_place"])
+def test_ragged_decode_equals_dense_attention_over_each_context(span):
     torch.manual_seed(0)
     heads, kv_heads, dim, block = 4, 2, 8, 4
     backend = TorchPagedAttention(heads, kv_heads, dim)
@@ -45,6 +47,7 @@ def test_ragged_decode_equals_dense_attention_over_each_context():
         decode_block_ids=torch.tensor([b for t in tables for b in t]),
         decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
         decode_block_padding=(torch.arange(block)[None] >= valid[:, None])[:, None, None],
+        decode_block_span=span,
         prefills=[],
         seq_slots=torch.full((3,), -1),
         seq_starts=torch.zeros(3, dtype=torch.long),
