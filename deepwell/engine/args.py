@@ -3,11 +3,17 @@
 Defaults follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
 """
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def env_flag(name: str) -> bool:
+    """DeepInfer's reading of a boolean switch: set and not "0", "false" or "False"."""
+    return os.environ.get(name, "") not in ("", "0", "false", "False")
 
 
 @dataclass
@@ -40,6 +46,9 @@ class EngineArgs:
     kv_store_ttl_agent_s: float = 3 * 86400.0
     # A request whose grammar takes longer to compile fails (HTTP 400), not the engine.
     grammar_compile_timeout_s: float = 10.0
+    # A request's logits are bitwise the same whatever its batch, neighbours and prefill
+    # chunking (layers/batch_invariant.py); costs throughput. Default: DEEPWELL_BATCH_INVARIANT.
+    batch_invariant: bool = field(default_factory=lambda: env_flag("DEEPWELL_BATCH_INVARIANT"))
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

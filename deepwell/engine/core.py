@@ -19,6 +19,7 @@ from deepwell.engine.kv.prefix import fingerprint
 from deepwell.engine.kv.slot_pool import num_slots_for
 from deepwell.engine.kv.store import CACHE_CLASSES
 from deepwell.engine.kv.store_io import open_store
+from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import build_model
@@ -75,9 +76,14 @@ class EngineCore:
         started = time.monotonic()
         checkpoint = load_checkpoint(args.model)
         model = build_model(
-            checkpoint.architecture, checkpoint.hf_config, TorchPagedAttention, args.torch_dtype
+            checkpoint.architecture,
+            checkpoint.hf_config,
+            BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
+            args.torch_dtype,
         )
         model.load_weights(checkpoint.tensors)
+        if args.batch_invariant:
+            tile_linears(model)
         model.eval()
         self.model_config = model.config
         self.model_name = checkpoint.path.stem
@@ -125,7 +131,7 @@ class EngineCore:
             layout, num_blocks, args.block_size, num_slots, root_key, kv_cache, store
         )
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
-        self.runner = ModelRunner(model, kv_cache, args.block_size)
+        self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self.grammars = self._grammar_compiler(args) if self.tokenizer is not None else None
@@ -203,7 +209,7 @@ class EngineCore:
                 f"cache class must be one of {', '.join(CACHE_CLASSES)}, got {cache_class!r}"
             )
         self.validate(prompt_token_ids, params)
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.eos_token_ids
@@ -213,6 +219,7 @@ class EngineCore:
             params=params,
             stop_token_ids=frozenset(stop),
             generator=torch.Generator().manual_seed(seed),
+            seed=seed,
             cache_class=cache_class,
         )
         if params.structured_output is not None:
@@ -336,4 +343,5 @@ def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOut
         num_output_tokens=request.num_output_tokens,
         num_cached_tokens=request.num_cached_tokens,
         error=request.error,
+        seed=request.seed,
     )

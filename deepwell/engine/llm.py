@@ -59,11 +59,13 @@ class LLM:
         tokens: dict[str, list[int]] = {i: [] for i in order}
         logprobs: dict[str, list] = {i: [] for i in order}
         finished = {}
+        seeds: dict[str, int] = {}
         with tqdm(total=len(order), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while len(finished) < len(order):
                 for output in self.core.step():
                     tokens[output.request_id] += output.new_token_ids
                     logprobs[output.request_id] += output.new_logprobs
+                    seeds[output.request_id] = output.seed
                     if output.finished:
                         finished[output.request_id] = output.finish_reason
                         bar.update(1)
@@ -75,6 +77,7 @@ class LLM:
                 text=self.tokenizer.decode(tokens[i]) if self.tokenizer else "",
                 finish_reason=finished[i],
                 logprobs=logprobs[i],
+                seed=seeds[i],
             )
             for i, ids in zip(order, prompt_token_ids, strict=True)
         ]

@@ -40,6 +40,8 @@ class RequestOutput:
     # Prompt tokens taken from the prefix cache (memory or KV store) instead of computed.
     num_cached_tokens: int = 0
     error: str | None = None
+    # The request's sampling seed: its own, or the random one drawn when it gave none.
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,3 +54,5 @@ class Completion:
     text: str
     finish_reason: FinishReason
     logprobs: list[TokenLogprobs]
+    # The sampling seed used (the request's, or a random one when it gave none).
+    seed: int = 0

@@ -32,6 +32,9 @@ class Request:
     # Stop ids the request ends on: its own plus the model's EOS unless ignore_eos.
     stop_token_ids: frozenset[int]
     generator: torch.Generator
+    # 64-bit sampling seed (the caller's or a random one): with the position, it fixes
+    # every draw (sampling.uniform).
+    seed: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0

@@ -16,10 +16,14 @@ from deepwell.engine.speculative.verify import verify
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, block_size: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv_cache: KVCache, block_size: int, batch_invariant: bool
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
+        # Lay out every row decode-shaped, for layers/batch_invariant.py's attention.
+        self.batch_invariant = batch_invariant
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -84,11 +88,14 @@ class ModelRunner:
             seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_rows
             seq_starts += [request.num_cached_tokens] * chunk.num_rows
             num_blocks = -(-end // bs)
-            if chunk.num_rows == 1:
-                decode_blocks += blocks[:num_blocks]
-                decode_rows += [row] * num_blocks
-                decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
-                decode_lens.append(end)
+            if chunk.num_rows == 1 or self.batch_invariant:
+                # Each row sees the keys up to its own position.
+                for query, query_end in enumerate(range(start + 1, end + 1), row):
+                    n = -(-query_end // bs)
+                    decode_blocks += blocks[:n]
+                    decode_rows += [query] * n
+                    decode_padding += [0] * (n - 1) + [n * bs - query_end]
+                    decode_lens.append(query_end)
                 continue
             mask = None
             if start:

@@ -1,7 +1,7 @@
 """Sampler: grammar masks, penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
 
-Works on a batch of rows; each row draws from its request's own generator, so a seeded
-request's samples do not depend on its neighbours in the batch.
+Draws are counter-based (spec/deepinfer.md §1.6): a row's uniform comes from its request's
+seed and the sampled position alone, so a sample never depends on the rest of the batch.
 """
 
 import numpy as np
@@ -10,6 +10,10 @@ import torch
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
 from deepwell.engine.structured import apply_masks
+
+_MASK64 = (1 << 64) - 1
+# SplitMix64's increment, 2**64 / golden ratio; DeepInfer also uses it to spread positions.
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 
 
 class Sampler:
@@ -38,9 +42,9 @@ class Sampler:
         if sampled_rows:
             rows = torch.tensor(sampled_rows)
             probs = filtered_probs(logits[rows], [requests[i] for i in sampled_rows])
-            for offset, row in enumerate(sampled_rows):
-                draw = torch.multinomial(probs[offset], 1, generator=requests[row].generator)
-                tokens[row] = draw[0]
+            # The token drawn now takes position num_tokens in its sequence.
+            draws = [uniform(requests[i].seed, requests[i].num_tokens) for i in sampled_rows]
+            tokens[rows] = inverse_cdf(probs, draws)
         token_ids = tokens.tolist()
         logprobs = [
             token_logprobs(raw_logprobs[row], token_ids[row], r.params.top_logprobs)
@@ -49,6 +53,38 @@ class Sampler:
             for row, r in enumerate(requests)
         ]
         return token_ids, logprobs
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 output for state `x` (the state advances by the golden gamma first)."""
+    z = (x + _GOLDEN_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def uniform(seed: int, position: int, case: int = 0) -> float:
+    """The uniform in [0, 1) of a sequence's draw at `position` (spec/deepinfer.md §1.6).
+
+    `case` is 1 for a draft (next-n) prediction, 0 for the main model's sample.
+    """
+    s = ((3 * position + case) * _GOLDEN_GAMMA) & _MASK64
+    bits = splitmix64((seed + (s ^ ((s << 13) & _MASK64))) & _MASK64)
+    return (bits >> 11) * 2.0**-53
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """Per row, the first token whose float64 cumulative probability exceeds u * total.
+
+    A zero-probability token never exceeds what the token before it already reached, so it
+    is never chosen; when u * total rounds up to the total, the last token with mass is.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    targets = torch.tensor(uniforms, dtype=torch.float64).unsqueeze(1) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, targets, right=True).squeeze(1)
+    vocab = probs.shape[-1]
+    last_with_mass = vocab - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.where(index >= vocab, last_with_mass, index)
 
 
 def apply_penalties(row: torch.Tensor, request: Request) -> None:

@@ -27,7 +27,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    # Per-request seed: the request's samples depend only on it and its own tokens.
+    # Per-request 64-bit seed (other ints are masked to 64 bits, as DeepInfer does): the
+    # request's samples depend only on it and the sampled positions. None = a random seed.
     seed: int | None = None
     # Return the sampled token's log-probability, plus this many top alternatives.
     logprobs: bool = False
@@ -59,8 +60,10 @@ class SamplingParams:
             raise bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise bad("top_logprobs needs logprobs=True")
-        if self.seed is not None and self.seed < 0:
-            raise bad(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None:
+            if not isinstance(self.seed, int):
+                raise bad(f"seed must be an integer, got {self.seed!r}")
+            self.seed &= (1 << 64) - 1
         if self.structured_output is not None and not isinstance(
             self.structured_output, StructuredOutput
         ):

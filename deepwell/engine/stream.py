@@ -22,6 +22,7 @@ class _Add:
     params: SamplingParams
     outputs: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    cache_class: str
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,11 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_class: str = "chat",
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs step by step until it finishes.
 
@@ -52,7 +57,8 @@ class AsyncEngine:
         self.core.validate(prompt_token_ids, params)
         outputs: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, outputs, loop))
+        command = _Add(request_id, list(prompt_token_ids), params, outputs, loop, cache_class)
+        self._commands.put(command)
         finished = False
         try:
             while not finished:
@@ -110,7 +116,9 @@ class AsyncEngine:
             self.core.abort(command.request_id)
             return
         try:
-            self.core.add_request(command.request_id, command.prompt_token_ids, command.params)
+            self.core.add_request(
+                command.request_id, command.prompt_token_ids, command.params, command.cache_class
+            )
         except Exception as error:  # e.g. a duplicate id: the caller's stream gets the error
             command.loop.call_soon_threadsafe(command.outputs.put_nowait, error)
             return

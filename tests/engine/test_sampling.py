@@ -16,7 +16,9 @@ VOCAB = 8
 def request(prompt=(1, 2, 3), output=(), **params) -> Request:
     sampling = SamplingParams(**params)
     seed = sampling.seed if sampling.seed is not None else 0
-    r = Request("r", list(prompt), sampling, frozenset(), torch.Generator().manual_seed(seed))
+    r = Request(
+        "r", list(prompt), sampling, frozenset(), torch.Generator().manual_seed(seed), seed=seed
+    )
     r.token_ids += list(output)
     return r
 
