@@ -364,17 +364,32 @@ def _strict_node(node: JsonValue, *, nested: bool, check: bool) -> dict:
         if "type" in node:
             return _strict_typed(node, nested, check)
         if "anyOf" in node:
-            options = node["anyOf"]
-            if not isinstance(options, list):
-                raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
-            out: dict = {
-                "anyOf": [_strict_node(item, nested=True, check=check) for item in options]
-            }
+            try:
+                members = _strict_any_of(node["anyOf"], check)
+            except BodyError as error:
+                raise BodyError(f"field `anyOf`: {error}") from None
+            out: dict = {"anyOf": members}
             _copy_description(node, out)
             return out
         if "$ref" in node:
             return {"$ref": _strict_string(node["$ref"])}
     raise BodyError("one of `type`, `anyOf`, `$ref` field is required")
+
+
+def _strict_any_of(options: JsonValue, check: bool) -> list[dict]:
+    """anyOf members are typed schemas (no nested anyOf or $ref)."""
+    if not isinstance(options, list):
+        raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
+    members = []
+    for item in options:
+        if isinstance(item, list) or (isinstance(item, dict) and "type" not in item):
+            raise BodyError("missing field `type`")
+        if not isinstance(item, dict):
+            raise BodyError(
+                f"invalid type: {describe(item)}, expected internally tagged enum JsonSchemaType"
+            )
+        members.append(_strict_node(item, nested=True, check=check))
+    return members
 
 
 def _strict_typed(node: dict, nested: bool, check: bool) -> dict:

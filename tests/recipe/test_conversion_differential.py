@@ -560,7 +560,7 @@ def malformed(draw, valid):
     body = copy.deepcopy(draw(valid))
     how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep"]))
     if how == "retype":
-        body[draw(st.sampled_from(sorted(body)))] = draw(st.sampled_from(WRONG))
+        body[draw(st.sampled_from(sorted(body)))] = copy.deepcopy(draw(st.sampled_from(WRONG)))
         return body
     if how == "drop":
         body.pop(draw(st.sampled_from(sorted(body))))
@@ -568,7 +568,9 @@ def malformed(draw, valid):
     if how == "nested":
         for value in body.values():
             if isinstance(value, list) and value and isinstance(value[0], dict) and value[0]:
-                value[0][draw(st.sampled_from(sorted(value[0])))] = draw(st.sampled_from(WRONG))
+                value[0][draw(st.sampled_from(sorted(value[0])))] = copy.deepcopy(
+                    draw(st.sampled_from(WRONG))
+                )
                 break
         return body
     if how == "deep":
@@ -578,7 +580,7 @@ def malformed(draw, valid):
         if target:
             key = draw(st.sampled_from(sorted(target)))
             if draw(st.booleans()):
-                target[key] = draw(st.sampled_from(WRONG))
+                target[key] = copy.deepcopy(draw(st.sampled_from(WRONG)))
             else:
                 del target[key]
         return body

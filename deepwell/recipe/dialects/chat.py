@@ -118,7 +118,7 @@ _MESSAGE = Tagged(
     },
 )
 _FUNCTION = Struct(
-    "ChatCompletionFunction",
+    "ChatCompletionFunctionDefinition",
     {
         "name": b.string,
         "description": b.optional(b.string),
@@ -135,12 +135,12 @@ _TOOL = Struct(
 _JSON_SCHEMA = Struct(
     "ChatCompletionJsonSchema",
     {
-        "name": b.string,
+        "name": b.optional(b.string),
         "description": b.optional(b.string),
         "schema": b.any_value,
         "strict": b.optional(b.boolean),
     },
-    ("name", "schema"),
+    ("schema",),
 )
 _RESPONSE_FORMAT = Tagged(
     "ChatCompletionResponseFormat",

@@ -137,13 +137,19 @@ _ITEMS = {
 }
 
 
+# Known items that carry nothing for the prompt (but still close the window for outputs).
+_IGNORED_ITEMS = ("item_reference", "web_search_call")
+
+
 def _item(value: JsonValue) -> tuple[str, dict] | None:
-    """One input item, or None for item kinds the conversion drops."""
+    """One input item, or None for an unknown kind (skipped without a trace)."""
     if isinstance(value, dict):
         if "type" in value:
             kind = value["type"]
             if not isinstance(kind, str):
                 raise b.invalid_type(kind, "variant identifier")
+            if kind in _IGNORED_ITEMS:
+                return kind, {}
             reader = _ITEMS.get(kind)
             return None if reader is None else (kind, reader(value))
         if "role" in value:
@@ -169,11 +175,8 @@ _FUNCTION_TOOL = Struct(
     },
     ("name",),
 )
-_CUSTOM_TOOL = Struct(
-    "ResponsesCustomTool",
-    {"name": b.string, "description": b.optional(b.string), "format": b.any_value},
-    ("name",),
-)
+# Only the name of a custom tool is read (apply_patch is the one supported).
+_CUSTOM_TOOL = Struct("ResponsesCustomTool", {"name": b.string}, ("name",))
 _NAMESPACE_MEMBER = Tagged(
     "ResponsesNamespaceTool", "type", {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL}
 )
@@ -223,8 +226,10 @@ _NAMED_CHOICE = Struct("ResponsesNamedToolChoice", {"name": b.string}, ("name",)
 def _tool_choice(value: JsonValue) -> JsonValue:
     if value in ("none", "auto", "required"):
         return value
-    if isinstance(value, dict) and isinstance(value.get("type"), str):
+    if isinstance(value, dict) and "type" in value:
         kind = value["type"]
+        if not isinstance(kind, str):
+            raise b.invalid_type(kind, "variant identifier")
         if kind in ("function", "custom"):
             _NAMED_CHOICE(value)
             return value
@@ -414,8 +419,6 @@ def _convert(
     declared, namespace_map = _declare_tools(f["tools"] or [], _separator(version), options)
     messages = _input_messages(f, version, options)
     choice, named = _choice(f["tool_choice"], options)
-    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
-    tools = [] if f["tool_choice"] == "none" else _tool_definitions(declared)
     effort = (f["reasoning"] or {}).get("effort")
     thinking, conversation_effort = rules.resolve_thinking(None, effort, options)
     rules.apply_reasoning_history(
@@ -425,6 +428,8 @@ def _convert(
         "The `reasoning_text` in the thinking mode must be passed back to the API.",
         tools_declared=bool(f["tools"]),
     )
+    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
+    tools = [] if f["tool_choice"] == "none" else _tool_definitions(declared)
 
     format_kind, schema, strict = _text_format(f["text"])
     selection = rules.apply_tool_choice(tools, choice, named, thinking)
@@ -731,10 +736,11 @@ def _items(
 
     for index, entry in enumerate(items):
         if entry is None:
-            # A dropped item still ends the room for outputs of earlier calls.
-            require_answers()
             continue
         kind, item = entry
+        if kind in _IGNORED_ITEMS:
+            require_answers()
+            continue
         path = f"input[{index}]"
         if kind == "message":
             require_answers()
