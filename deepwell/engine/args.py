@@ -49,6 +49,9 @@ class EngineArgs:
     # A request's logits are bitwise the same whatever its batch, neighbours and prefill
     # chunking (layers/batch_invariant.py); costs throughput. Default: DEEPWELL_BATCH_INVARIANT.
     batch_invariant: bool = field(default_factory=lambda: env_flag("DEEPWELL_BATCH_INVARIANT"))
+    # Draft tokens per request and step (n-gram lookup, verified losslessly); 0 turns
+    # speculative decoding off.
+    num_speculative_tokens: int = 5
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -67,6 +70,10 @@ class EngineArgs:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.kv_store_path is not None and not self.enable_prefix_caching:
             raise ValueError("kv_store_path needs enable_prefix_caching")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

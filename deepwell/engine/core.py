@@ -28,6 +28,7 @@ from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
+from deepwell.engine.speculative import Speculator
 from deepwell.engine.structured import (
     GrammarCompiler,
     GrammarError,
@@ -132,6 +133,13 @@ class EngineCore:
         )
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant)
+        # Rollback overwrites rejected positions later; a sliding-window ring or state
+        # slot would need its entries restored, so speculation runs on paged layouts only.
+        self.speculator = (
+            Speculator(args.num_speculative_tokens)
+            if args.num_speculative_tokens and not layout.needs_slots
+            else None
+        )
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self.grammars = self._grammar_compiler(args) if self.tokenizer is not None else None
@@ -237,6 +245,8 @@ class EngineCore:
             return False
         if self._compiling.pop(request_id, None) is None:
             self.scheduler.finish(request)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
         self._aborted.append(_output(request, [], []))
@@ -280,6 +290,8 @@ class EngineCore:
         outputs, self._aborted = self._aborted, []
         if self._compiling:
             outputs += self._admit_compiled()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self.scheduler.max_num_batched_tokens)
         plan = self.scheduler.schedule()
         self.num_preemptions += len(plan.preempted)
         if not plan.chunks:
@@ -290,24 +302,41 @@ class EngineCore:
             return outputs
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
         self.last_step = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
+        started = time.perf_counter()
         tokens, logprobs = self.runner.execute(plan.chunks)
+        if self.speculator is not None:
+            self.speculator.record_step(plan.num_rows, time.perf_counter() - started)
         self.num_steps += 1
         sampled = iter(zip(tokens, logprobs, strict=True))
         for chunk in plan.chunks:
             request = chunk.request
             completes = chunk.completes
             request.num_computed_tokens += chunk.num_tokens
-            self.kv.commit(request)
             if not completes:
+                self.kv.commit(request)
                 continue
-            token, token_logprobs = next(sampled)
-            request.append_token(token)
+            new_tokens, token_logprobs = next(sampled)
+            if self.speculator is not None and chunk.num_tokens == 1:
+                self.speculator.observe(request, len(chunk.draft), len(new_tokens) - 1)
+            # Stops and max_tokens end an accepted run at the token that finishes it.
+            appended = []
+            for token in new_tokens:
+                request.append_token(token)
+                appended.append(token)
+                if request.finish_reason is not None:
+                    break
+            # Accepted draft tokens were computed in this step, the last new token was not;
+            # KV rows of rejected ones lie past the counter and are overwritten later.
+            request.num_computed_tokens += len(appended) - 1
+            self.kv.commit(request)
             new_logprobs = [] if token_logprobs is None else [token_logprobs]
             request.logprobs += new_logprobs
             if request.finish_reason is not None:
                 self.scheduler.finish(request)
                 del self.requests[request.request_id]
-            outputs.append(_output(request, [token], new_logprobs))
+                if self.speculator is not None:
+                    self.speculator.forget(request.request_id)
+            outputs.append(_output(request, appended, new_logprobs))
         return outputs
 
     def _admit_compiled(self) -> list[RequestOutput]:

@@ -59,6 +59,9 @@ class Request:
     # Why the request failed, with finish_reason ERROR.
     error: str | None = None
     matcher: GrammarMatcher | None = None
+    # Draft tokens to verify after the last token in the next step (speculative/); never
+    # part of token_ids, so prefix keys and the counter cover accepted tokens only.
+    draft_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_preemptions: int = 0
     first_token_time: float | None = None

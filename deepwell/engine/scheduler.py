@@ -8,7 +8,7 @@ request entering the running set starts its counter after its prefix-cache hit.
 
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.request import Request, RequestStatus
@@ -19,6 +19,12 @@ class ScheduledChunk:
     request: Request
     # Tokens token_ids[num_computed_tokens : num_computed_tokens + num_tokens] run this step.
     num_tokens: int
+    # Draft tokens verified after them (extra query rows), for a chunk that completes.
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_tokens + len(self.draft)
 
     @property
     def completes(self) -> bool:
@@ -34,6 +40,10 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(chunk.num_rows for chunk in self.chunks)
 
 
 class Scheduler:
@@ -67,6 +77,12 @@ class Scheduler:
             request = self.running[index]
             num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
             target = request.num_computed_tokens + num_tokens
+            draft = request.draft_token_ids[: budget - num_tokens] if num_tokens == 1 else []
+            # A draft never preempts anyone: it runs only where blocks are free.
+            if draft and self.kv.can_allocate(request, target + len(draft)):
+                target += len(draft)
+            else:
+                draft = []
             while not self.kv.can_allocate(request, target):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -76,8 +92,8 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 break
             self.kv.allocate(request, target)
-            chunks.append(ScheduledChunk(request, num_tokens))
-            budget -= num_tokens
+            chunks.append(ScheduledChunk(request, num_tokens, draft))
+            budget -= num_tokens + len(draft)
             index += 1
         # Admitting new work right after a preemption would only thrash the cache.
         index = 0

@@ -1,0 +1,143 @@
+"""Speculator: drafts for the running requests, their verify lengths, and the statistics.
+
+Before a step it proposes drafts, estimates each position's survival and plans how many
+positions each request verifies (`Request.draft_token_ids`); after the step it learns from
+what was accepted and how long the step took.
+"""
+
+from dataclasses import dataclass
+
+from deepwell.engine.request import Request
+from deepwell.engine.speculative.confidence import ConfidenceTable
+from deepwell.engine.speculative.drafter import Drafter
+from deepwell.engine.speculative.ngram import NgramDrafter
+from deepwell.engine.speculative.planner import plan_verify_lengths
+from deepwell.engine.speculative.step_time import StepTimeCurve
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    # Request-steps that produced tokens, and those that verified at least one draft position.
+    decode_steps: int = 0
+    verify_steps: int = 0
+    verified_tokens: int = 0
+    accepted_tokens: int = 0
+    # Per draft position: accepted / verified.
+    position_accept_rates: tuple[float, ...] = ()
+    confidence_error: float = 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted_tokens / self.verified_tokens if self.verified_tokens else 0.0
+
+    @property
+    def avg_verified_len(self) -> float:
+        """Draft positions verified per request-step that verified any."""
+        return self.verified_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def tokens_per_decode(self) -> float:
+        """Tokens a request gains per step it decodes in (1 without speculation)."""
+        if not self.decode_steps:
+            return 0.0
+        return (self.decode_steps + self.accepted_tokens) / self.decode_steps
+
+
+@dataclass
+class _Planned:
+    bucket: int
+    survival: list[float]
+    # The drafter supplied survival itself: not the table's to learn from.
+    native: bool
+
+
+class Speculator:
+    def __init__(self, num_speculative_tokens: int, drafter: Drafter | None = None) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.drafter = drafter or NgramDrafter()
+        self.confidence = ConfidenceTable(num_speculative_tokens)
+        self.curve = StepTimeCurve()
+        self._planned: dict[str, _Planned] = {}
+        self._decode_steps = 0
+        self._verify_steps = 0
+        self._verified = [0] * num_speculative_tokens
+        self._accepted = [0] * num_speculative_tokens
+
+    def propose(self, running: list[Request], budget: int) -> None:
+        """Set every running request's `draft_token_ids` for the next step."""
+        base_rows = 0
+        num_decodes = 0
+        drafting: list[tuple[Request, list[int], _Planned]] = []
+        for request in running:
+            request.draft_token_ids = []
+            pending = request.num_tokens - request.num_computed_tokens
+            base_rows += pending
+            if pending != 1:
+                continue
+            num_decodes += 1
+            params = request.params
+            # Penalties and logprobs read per-token history the verify rows do not carry;
+            # grammar masks would have to advance through the draft.
+            if request.matcher is not None or params.penalised or params.logprobs:
+                continue
+            room = min(
+                self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
+            )
+            if room <= 0:
+                continue
+            draft = self.drafter.propose(request.request_id, request.token_ids, room)
+            if draft is None or not draft.tokens:
+                continue
+            native = draft.survival is not None
+            survival = (
+                draft.survival[: len(draft.tokens)]
+                if native
+                else self.confidence.survival(draft.bucket, len(draft.tokens))
+            )
+            drafting.append((request, draft.tokens, _Planned(draft.bucket, survival, native)))
+        if not drafting:
+            return
+        lengths = plan_verify_lengths(
+            [planned.survival for _, _, planned in drafting],
+            num_decodes,
+            base_rows,
+            max(0, budget - base_rows),
+            self.curve,
+        )
+        for (request, tokens, planned), length in zip(drafting, lengths, strict=True):
+            if length:
+                request.draft_token_ids = tokens[:length]
+                planned.survival = planned.survival[:length]
+                self._planned[request.request_id] = planned
+
+    def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
+        """A decode step of `request` verified `num_verified` positions, accepting `num_accepted`."""
+        self._decode_steps += 1
+        planned = self._planned.pop(request.request_id, None)
+        if not num_verified or planned is None:
+            return
+        self._verify_steps += 1
+        for position in range(num_verified):
+            self._verified[position] += 1
+            self._accepted[position] += position < num_accepted
+        if not planned.native:
+            self.confidence.observe(planned.bucket, planned.survival[:num_verified], num_accepted)
+
+    def record_step(self, rows: int, seconds: float) -> None:
+        self.curve.record(rows, seconds)
+
+    def forget(self, request_id: str) -> None:
+        self._planned.pop(request_id, None)
+        self.drafter.forget(request_id)
+
+    def stats(self) -> SpecStats:
+        return SpecStats(
+            decode_steps=self._decode_steps,
+            verify_steps=self._verify_steps,
+            verified_tokens=sum(self._verified),
+            accepted_tokens=sum(self._accepted),
+            position_accept_rates=tuple(
+                a / v if v else 0.0 for a, v in zip(self._accepted, self._verified, strict=True)
+            ),
+            confidence_error=self.confidence.mean_error,
+        )

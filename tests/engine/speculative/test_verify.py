@@ -1,0 +1,82 @@
+"""Verification is lossless: emitted tokens follow the target distribution (chi-square over
+many seeded draws), acceptance matches p(draft), greedy accepts the argmax run."""
+
+import torch
+
+from deepwell.engine import SamplingParams
+from deepwell.engine.request import Request
+from deepwell.engine.speculative.verify import verify
+
+from ..tiny_llama import run_to_completion
+
+VOCAB = 12
+DRAWS = 4000
+# Chi-square critical value for 11 degrees of freedom at p = 0.001.
+CHI2_11_P001 = 31.26
+
+
+def _request(seed: int, **params) -> Request:
+    sampling = SamplingParams(seed=seed, **params)
+    return Request(
+        "r", [1, 2, 3], sampling, frozenset(), torch.Generator().manual_seed(seed), seed=seed
+    )
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_emitted_tokens_follow_the_target_distribution():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0)) * 1.5
+    probs = logits.softmax(dim=-1)
+    draft = [int(probs[0].argmax()), int(probs[1].argmax())]
+    first = torch.zeros(VOCAB)
+    second = torch.zeros(VOCAB)
+    accepted_first = 0
+    for seed in range(DRAWS):
+        tokens = verify(logits, draft, _request(seed))
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0]:
+            accepted_first += 1
+            second[tokens[1]] += 1
+    assert _chi_square(first, probs[0]) < CHI2_11_P001
+    # Given an accepted first position, the next token follows row 1.
+    assert _chi_square(second, probs[1]) < CHI2_11_P001
+    # Acceptance of a point-mass draft is p(draft), the rejection-sampling optimum.
+    rate = accepted_first / DRAWS
+    assert abs(rate - probs[0, draft[0]].item()) < 4 * (rate * (1 - rate) / DRAWS) ** 0.5
+
+
+def test_filters_apply_to_every_verify_row():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    top2 = [set(row.topk(2).indices.tolist()) for row in logits]
+    for seed in range(200):
+        tokens = verify(logits, [0, 1], _request(seed, top_k=2))
+        assert all(t in top2[i] for i, t in enumerate(tokens))
+
+
+def test_greedy_accepts_the_run_equal_to_the_argmax_then_adds_its_token():
+    logits = torch.full((4, VOCAB), -1.0)
+    logits[0, 5] = logits[1, 6] = logits[2, 9] = logits[3, 4] = 3.0
+    greedy = _request(0, temperature=0)
+    assert verify(logits, [5, 6, 7], greedy) == [5, 6, 9]
+    assert verify(logits, [5, 6, 9], greedy) == [5, 6, 9, 4]
+    assert verify(logits, [1, 6, 9], greedy) == [5]
+
+
+def test_seeded_sampling_is_identical_with_speculation_on_and_off(make_core):
+    prompts = [[7, 8, 9, 10] * 6, [20, 21, 22] * 5 + [20], list(range(30, 50))]
+
+    def generate(k: int) -> dict[str, list[int]]:
+        core = make_core(num_speculative_tokens=k)
+        for index, prompt in enumerate(prompts):
+            params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=index)
+            core.add_request(f"r{index}", prompt, params)
+        tokens = run_to_completion(core)
+        if k:
+            assert core.speculator.stats().verified_tokens > 0
+        return tokens
+
+    assert generate(5) == generate(0)
