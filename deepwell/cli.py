@@ -254,6 +254,12 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bitwise-identical logits for a request whatever its batch and prefill chunking, "
+        "at a throughput cost (also DEEPWELL_BATCH_INVARIANT=1)",
+    )
+    parser.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="compute every prompt in full instead of reusing cached KV blocks",
@@ -263,10 +269,18 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="directory of KV block files to read prefixes from and write them to",
     )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=5,
+        help="n-gram draft tokens verified per request and step; 0 turns speculative "
+        "decoding off (default: 5)",
+    )
 
 
 def _engine_args(args: argparse.Namespace, **overrides):
     from deepwell.engine import EngineArgs
+    from deepwell.engine.args import env_flag
 
     return EngineArgs(
         model=args.model,
@@ -277,6 +291,8 @@ def _engine_args(args: argparse.Namespace, **overrides):
         num_threads=args.threads,
         enable_prefix_caching=not args.no_prefix_caching,
         kv_store_path=args.kv_store,
+        batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
+        num_speculative_tokens=args.num_speculative_tokens,
         **overrides,
     )
 

@@ -32,6 +32,7 @@ from deepwell.serve.frontend import (
     CHAT,
     MESSAGES,
     RESPONSES,
+    SEED_HEADER,
     Frontend,
     Infer,
     PreparedRequest,
@@ -72,8 +73,13 @@ class _Admission:
 class _EventStream(StreamingResponse):
     """An SSE response that also watches for the client leaving and reports how it ended."""
 
-    def __init__(self, frames: AsyncIterator[bytes], on_close: Callable[[str], None]) -> None:
-        super().__init__(frames, media_type="text/event-stream")
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        on_close: Callable[[str], None],
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers=headers)
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,7 +172,9 @@ def create_app(
             return error_response(shape, error)
         try:
             cache_class = request.headers.get(CACHE_CLASS_HEADER, "chat")
-            prepared = await run_in_threadpool(frontend.prepare, route, body, cache_class)
+            prepared = await run_in_threadpool(
+                frontend.prepare, route, body, cache_class, request.headers.get(SEED_HEADER)
+            )
         except _REFUSALS as error:
             admission.leave()
             return _refusal(shape, error)
@@ -215,7 +223,7 @@ def create_app(
             admission.leave()
             timer.finish(route.path, outcome)
 
-        return _EventStream(frames(), on_close)
+        return _EventStream(frames(), on_close, _seed_headers(prepared))
 
     async def _complete(prepared: PreparedRequest, timer: RequestTimer, request: Request):
         route = prepared.route
@@ -232,7 +240,7 @@ def create_app(
                 outcome = "failed"
                 return error_response(route.shape, ApiError(error.status_code, str(error)))
             outcome = "completed"
-            return Response(body, media_type="application/json")
+            return Response(body, media_type="application/json", headers=_seed_headers(prepared))
         finally:
             result.cancel()
             disconnect.cancel()
@@ -316,6 +324,10 @@ def create_app(
 # What a request can be refused with before it runs: the service's own checks, the recipe's
 # conversion errors, and what the recipe raises for bodies it cannot read or encode (spec §1).
 _REFUSALS = (ApiError, ConversionError, ValueError, RuntimeError, RecursionError, OverflowError)
+
+
+def _seed_headers(prepared: PreparedRequest) -> dict[str, str]:
+    return {SEED_HEADER: str(prepared.inference.seed)}
 
 
 def _refusal(shape: ErrorShape, error: Exception) -> Response:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,8 @@ class InferenceRequest:
     structured_output: StructuredOutputSpec | None = None
     # Traffic class for the KV store TTL, from the CACHE_CLASS_HEADER request header.
     cache_class: str = "chat"
+    # The sampling seed: Chat's `seed`, else the SEED_HEADER request header, else random.
+    seed: int = 0
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
@@ -57,6 +60,12 @@ Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
 # days later. The class picks how long the KV store keeps a request's blocks.
 CACHE_CLASS_HEADER = "x-deepwell-cache-class"
 CACHE_CLASSES = ("chat", "agent")
+# Request header: the sampling seed for dialects without a `seed` field (Responses,
+# Messages; Chat's `seed` wins). Response header: the seed the request sampled with, its
+# own or a random one, so any sampled reply can be replayed.
+SEED_HEADER = "x-deepwell-seed"
+# Chat accepts seeds in [0, 2**63) (spec/recipe.md); a drawn seed must replay through it.
+SEED_LIMIT = 2**63
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,7 @@ def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
                 max_tokens=request.max_tokens,
                 temperature=1.0 if options.temperature is None else options.temperature,
                 top_p=1.0 if options.top_p is None else options.top_p,
-                seed=options.seed,
+                seed=request.seed,
                 stop_token_ids=stop_token_ids,
                 top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
                 structured_output=request.structured_output,
@@ -160,7 +169,9 @@ class Frontend:
         self.model = model
         self._infer = infer
 
-    def prepare(self, route: Route, body: bytes, cache_class: str = "chat") -> PreparedRequest:
+    def prepare(
+        self, route: Route, body: bytes, cache_class: str = "chat", seed_header: str | None = None
+    ) -> PreparedRequest:
         """Parse, convert, encode and budget a request body; CPU work, run it off the loop.
 
         Raises `ApiError` for unreadable bodies and `ConversionError` for requests the
@@ -172,6 +183,7 @@ class Frontend:
                 f"The {CACHE_CLASS_HEADER} header must be one of {', '.join(CACHE_CLASSES)}, "
                 f"got {cache_class!r}.",
             )
+        header_seed = _parse_seed_header(seed_header)
         try:
             request = route.request_type(body)
         except ValueError as error:
@@ -193,8 +205,11 @@ class Frontend:
         structured = None
         if self.model.tokenizer is not None:
             structured = structured_output_spec(converted, parsing_options, self.model.tokenizer)
+        seed = converted.inference_options.seed
+        if seed is None:
+            seed = header_seed if header_seed is not None else secrets.randbelow(SEED_LIMIT)
         inference = InferenceRequest(
-            request_id, converted, prompt_token_ids, max_tokens, structured, cache_class
+            request_id, converted, prompt_token_ids, max_tokens, structured, cache_class, seed
         )
         return PreparedRequest(route, model_name, converted, parsing_options, generator, inference)
 
@@ -310,3 +325,13 @@ def _declares_tools(conversation) -> bool:
     if conversation.tools:
         return True
     return any(getattr(message, "tools", None) for message in conversation.messages)
+
+
+def _parse_seed_header(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) >= SEED_LIMIT:
+        raise ApiError(
+            400, f"The {SEED_HEADER} header must be an integer in [0, 2^63), got {value!r}."
+        )
+    return int(value)

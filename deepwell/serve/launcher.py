@@ -70,10 +70,12 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             max_model_len=args.max_model_len,
             block_size=args.block_size,
             enable_prefix_caching=not args.no_prefix_caching,
+            num_speculative_tokens=args.num_speculative_tokens,
             kv_store_path=args.kv_store,
             kv_store_capacity_gib=args.kv_store_capacity_gib,
             kv_store_ttl_chat_s=args.kv_store_ttl_chat,
             kv_store_ttl_agent_s=args.kv_store_ttl_agent,
+            batch_invariant=args.batch_invariant,
         )
         client = EngineClient(config.outbox_address, [config.inbox_address])
         worker = subprocess.Popen(

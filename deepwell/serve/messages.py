@@ -6,7 +6,7 @@ the class and whose payload is the list of its fields in declaration order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -28,10 +28,14 @@ class WorkerConfig:
     # KV block size in tokens; prefix caching; the KV store shared by workers (None: off).
     block_size: int = 128
     enable_prefix_caching: bool = True
+    # Draft tokens per request and step; 0: no speculative decoding.
+    num_speculative_tokens: int = 5
     kv_store_path: str | None = None
     kv_store_capacity_gib: float = 100.0
     kv_store_ttl_chat_s: float = 7 * 86400.0
     kv_store_ttl_agent_s: float = 3 * 86400.0
+    # Batch-invariant kernels (EngineArgs.batch_invariant); DEEPWELL_BATCH_INVARIANT also sets it.
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,13 @@ class WorkerStats:
     store_read_bytes: int = 0
     store_written_bytes: int = 0
     store_errors: int = 0
+    # Speculative decoding counters since start: request-steps that decoded, draft positions
+    # verified and accepted; acceptance per draft position and the confidence error.
+    spec_decode_steps: int = 0
+    spec_verified_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_position_accept_rates: list[float] = field(default_factory=list)
+    spec_confidence_error: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
     )
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bitwise-identical logits for a request whatever its batch and prefill chunking, "
+        "at a throughput cost (also DEEPWELL_BATCH_INVARIANT=1)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=5,
+        help="n-gram draft tokens verified per request and step; 0 turns speculative "
+        "decoding off (default: 5)",
+    )
+    parser.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="compute every prompt in full instead of reusing cached KV blocks",

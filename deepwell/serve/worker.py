@@ -15,6 +15,7 @@ from typing import Protocol
 import zmq
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.args import env_flag
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
     AbortRequest,
@@ -108,10 +109,12 @@ class EngineCoreAdapter:
                 max_model_len=config.max_model_len,
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
+                num_speculative_tokens=config.num_speculative_tokens,
                 kv_store_path=config.kv_store_path,
                 kv_store_capacity_gib=config.kv_store_capacity_gib,
                 kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
                 kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
+                batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
             )
         )
 
@@ -170,6 +173,11 @@ class EngineCoreAdapter:
             store_read_bytes=stats.store_read_bytes,
             store_written_bytes=stats.store_written_bytes,
             store_errors=stats.store_errors,
+            spec_decode_steps=stats.spec.decode_steps,
+            spec_verified_tokens=stats.spec.verified_tokens,
+            spec_accepted_tokens=stats.spec.accepted_tokens,
+            spec_position_accept_rates=list(stats.spec.position_accept_rates),
+            spec_confidence_error=stats.spec.confidence_error,
         )
 
     def close(self) -> None:

@@ -1,0 +1,106 @@
+"""Sampling seeds through the API: Chat's `seed`, the x-deepwell-seed request header for the
+other dialects, the seed reported back in the x-deepwell-seed response header, and replay."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from servers import MODEL_ARGS, start_server
+from test_api import CHAT_NO_THINKING, MESSAGES_BODY, RESPONSES_BODY, call
+
+from deepwell.recipe import InferenceChunk, InferenceFinishReason
+from deepwell.serve.api import create_app
+
+SEED = "x-deepwell-seed"
+
+
+def recording_app():
+    """An app whose inference source records the seed each request reached it with."""
+    seen: list[int] = []
+
+    async def infer(request):
+        seen.append(request.seed)
+        yield InferenceChunk.ready()
+        yield InferenceChunk.text("ok", 1)
+        yield InferenceChunk.finish(InferenceFinishReason.Stop)
+
+    return create_app(infer=infer), seen
+
+
+def test_chat_seed_is_the_requests_seed_and_is_reported_back():
+    app, seen = recording_app()
+    for stream in (False, True):
+        body = {**CHAT_NO_THINKING, "seed": 2**63 - 1, "stream": stream}
+        response = call(app, "POST", "/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        assert response.headers[SEED] == str(2**63 - 1)
+    assert seen == [2**63 - 1] * 2
+
+
+def test_chat_seed_wins_over_the_header():
+    app, seen = recording_app()
+    body = {**CHAT_NO_THINKING, "seed": 5}
+    response = call(app, "POST", "/v1/chat/completions", json=body, headers={SEED: "9"})
+    assert response.headers[SEED] == "5" and seen == [5]
+
+
+def test_without_a_seed_a_random_one_is_drawn_and_reported():
+    app, seen = recording_app()
+    headers = [
+        call(app, "POST", "/v1/chat/completions", json=CHAT_NO_THINKING).headers[SEED]
+        for _ in range(3)
+    ]
+    assert [int(h) for h in headers] == seen
+    assert len(set(seen)) == 3 and all(0 <= s < 2**63 for s in seen)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/responses", RESPONSES_BODY), ("/v1/messages", MESSAGES_BODY)]
+)
+def test_dialects_without_a_seed_field_take_the_header(path, body):
+    app, seen = recording_app()
+    response = call(app, "POST", path, json=body, headers={SEED: "123"})
+    assert response.status_code == 200, response.text
+    assert response.headers[SEED] == "123" and seen == [123]
+    drawn = call(app, "POST", path, json=body)
+    assert int(drawn.headers[SEED]) == seen[1]
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", str(2**63), "1.5"])
+def test_a_bad_seed_header_is_a_400(value):
+    app, seen = recording_app()
+    response = call(
+        app, "POST", "/v1/chat/completions", json=CHAT_NO_THINKING, headers={SEED: value}
+    )
+    assert response.status_code == 400 and SEED in response.json()["error"]["message"]
+    assert seen == []
+
+
+@pytest.fixture(scope="module")
+def invariant_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("seed"), *MODEL_ARGS, "--batch-invariant")
+    yield server
+    assert server.stop() == 0
+
+
+def sample(server, **extra) -> httpx.Response:
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 12,
+        "temperature": 1.0,
+        **extra,
+    }
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=300)
+    response.raise_for_status()
+    return response
+
+
+def test_a_sampled_reply_replays_from_its_seed_on_a_real_model(invariant_server):
+    first = sample(invariant_server, seed=42)
+    assert first.headers[SEED] == "42"
+    again = sample(invariant_server, seed=42)
+    assert again.json()["choices"] == first.json()["choices"]
+    drawn = sample(invariant_server)
+    replay = sample(invariant_server, seed=int(drawn.headers[SEED]))
+    assert replay.json()["choices"] == drawn.json()["choices"]
