@@ -51,6 +51,12 @@ class BenchResult:
     num_preemptions: int
     # Prompt tokens the prefix cache supplied over those looked up.
     prefix_hit_rate: float = 0.0
+    # Speculative decoding: draft tokens accepted over verified, per draft position, tokens
+    # a request gains per decode step, and the mean error of the survival estimates.
+    spec_accept_rate: float = 0.0
+    spec_position_accept_rates: tuple[float, ...] = ()
+    spec_tokens_per_decode: float = 0.0
+    spec_confidence_error: float = 0.0
 
 
 def random_requests(config: BenchConfig, vocab_size: int) -> list[tuple[list[int], int]]:
@@ -108,6 +114,7 @@ def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = Tru
                     bar.update(1)
     elapsed = time.perf_counter() - start
     core.close()
+    spec = core.stats().spec
 
     prompt_tokens = sum(len(p) for p, _ in requests)
     output_tokens = sum(n for _, n in requests)
@@ -135,6 +142,10 @@ def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = Tru
         peak_rss_mib=peak_rss_mib,
         num_preemptions=core.num_preemptions,
         prefix_hit_rate=_hit_rate(before, core.stats()),
+        spec_accept_rate=spec.accept_rate,
+        spec_position_accept_rates=spec.position_accept_rates,
+        spec_tokens_per_decode=spec.tokens_per_decode,
+        spec_confidence_error=spec.confidence_error,
     )
 
 
@@ -160,6 +171,10 @@ def format_result(result: BenchResult) -> str:
             f"peak RSS MiB      {result.peak_rss_mib:.0f}",
             f"preemptions       {result.num_preemptions}",
             f"prefix hit rate   {result.prefix_hit_rate:.1%}",
+            f"spec accept rate  {result.spec_accept_rate:.1%} (per position "
+            f"{' '.join(f'{r:.2f}' for r in result.spec_position_accept_rates)}), "
+            f"{result.spec_tokens_per_decode:.2f} tokens per decode step, "
+            f"confidence error {result.spec_confidence_error:.3f}",
         ]
     )
 

@@ -7,7 +7,7 @@ wraps them for asyncio callers.
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +28,7 @@ from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
-from deepwell.engine.speculative import Speculator
+from deepwell.engine.speculative import SpecStats, Speculator
 from deepwell.engine.structured import (
     GrammarCompiler,
     GrammarError,
@@ -60,6 +60,9 @@ class EngineStats:
     store_written_bytes: int = 0
     # Unreadable, corrupt, truncated or foreign block files, and dropped writes.
     store_errors: int = 0
+    # Speculative decoding (speculative/): request-steps that decoded, draft positions
+    # verified and accepted, per-position acceptance and the confidence error.
+    spec: SpecStats = field(default_factory=SpecStats)
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ class EngineCore:
             num_preemptions=self.num_preemptions,
             prefix_queried_tokens=self.kv.counters.queried_tokens,
             prefix_hit_tokens=self.kv.counters.hit_tokens,
+            spec=self.speculator.stats() if self.speculator is not None else SpecStats(),
             **self._store_stats(),
         )
 

@@ -42,6 +42,7 @@ class _LoadCollector(Collector):
             "deepwell_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", usage
         )
         yield from _kv_reuse_metrics(stats)
+        yield from _speculative_metrics(stats)
 
 
 def _kv_reuse_metrics(stats: WorkerStats) -> Iterator[Metric]:
@@ -82,6 +83,42 @@ def _kv_reuse_metrics(stats: WorkerStats) -> Iterator[Metric]:
         "deepwell_prefix_cache_hit_ratio",
         "Prompt tokens supplied by the prefix cache over those looked up, since start.",
         stats.prefix_hit_tokens / queried if queried else 0.0,
+    )
+
+
+def _speculative_metrics(stats: WorkerStats) -> Iterator[Metric]:
+    """Speculative decoding: verified and accepted draft tokens, acceptance per position,
+    tokens per decode step and the confidence error (spec/deepinfer.md §1.6)."""
+    yield CounterMetricFamily(
+        "deepwell_spec_verified_tokens", "Draft tokens verified.", stats.spec_verified_tokens
+    )
+    yield CounterMetricFamily(
+        "deepwell_spec_accepted_tokens", "Draft tokens accepted.", stats.spec_accepted_tokens
+    )
+    verified = stats.spec_verified_tokens
+    yield GaugeMetricFamily(
+        "deepwell_spec_accept_ratio",
+        "Draft tokens accepted over those verified, since start.",
+        stats.spec_accepted_tokens / verified if verified else 0.0,
+    )
+    per_position = GaugeMetricFamily(
+        "deepwell_spec_position_accept_ratio",
+        "Acceptance of draft tokens by position in the draft (1 = first), since start.",
+        labels=["position"],
+    )
+    for position, rate in enumerate(stats.spec_position_accept_rates, start=1):
+        per_position.add_metric([str(position)], rate)
+    yield per_position
+    steps = stats.spec_decode_steps
+    yield GaugeMetricFamily(
+        "deepwell_spec_tokens_per_decode_step",
+        "Tokens a request gains per step it decodes in (1 without speculation), since start.",
+        (steps + stats.spec_accepted_tokens) / steps if steps else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "deepwell_spec_confidence_error",
+        "Mean absolute error of the draft survival estimates, since start.",
+        stats.spec_confidence_error,
     )
 
 

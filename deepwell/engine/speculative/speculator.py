@@ -76,9 +76,8 @@ class Speculator:
                 continue
             num_decodes += 1
             params = request.params
-            # Penalties and logprobs read per-token history the verify rows do not carry;
-            # grammar masks would have to advance through the draft.
-            if request.matcher is not None or params.penalised or params.logprobs:
+            # Penalties and logprobs read per-token history the verify rows do not carry.
+            if params.penalised or params.logprobs:
                 continue
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
