@@ -293,6 +293,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         thinking,
         options,
         "The `content[].thinking` in the thinking mode must be passed back to the API.",
+        # Dropped web search tools count here too (unlike in Responses).
         tools_declared=bool(f["tools"]),
     )
     choice = f["tool_choice"]

@@ -426,7 +426,8 @@ def _convert(
         thinking,
         options,
         "The `reasoning_text` in the thinking mode must be passed back to the API.",
-        tools_declared=bool(f["tools"]),
+        # Server tools, dropped, do not count.
+        tools_declared=bool(declared),
     )
     # With tool_choice `none` the tools are dropped unchecked (names were checked above).
     tools = [] if f["tool_choice"] == "none" else _tool_definitions(declared)
