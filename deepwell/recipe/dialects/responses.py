@@ -560,6 +560,7 @@ def _declare_tools(
                 )
             )
         elif kind == "namespace":
+            rules.check_tool_name(tool["name"], f"tools[{index}].name")
             for member in _namespace_members(index, tool):
                 name = _free_name(f"{tool['name']}{separator}{member['name']}", taken)
                 description = member["description"]
