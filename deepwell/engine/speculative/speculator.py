@@ -5,6 +5,8 @@ positions each request verifies (`Request.draft_token_ids`); after the step it l
 what was accepted and how long the step took.
 """
 
+import logging
+import time
 from dataclasses import dataclass
 
 from deepwell.engine.request import Request
@@ -13,6 +15,10 @@ from deepwell.engine.speculative.drafter import Drafter
 from deepwell.engine.speculative.ngram import NgramDrafter
 from deepwell.engine.speculative.planner import plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
+
+logger = logging.getLogger(__name__)
+# The stats line goes to the log at most this often.
+_LOG_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class Speculator:
         self._verify_steps = 0
         self._verified = [0] * num_speculative_tokens
         self._accepted = [0] * num_speculative_tokens
+        self._logged_at = time.monotonic()
 
     def propose(self, running: list[Request], budget: int) -> None:
         """Set every running request's `draft_token_ids` for the next step."""
@@ -124,6 +131,19 @@ class Speculator:
 
     def record_step(self, rows: int, seconds: float) -> None:
         self.curve.record(rows, seconds)
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_INTERVAL_S and self._verify_steps:
+            self._logged_at = now
+            stats = self.stats()
+            logger.info(
+                "speculative: accept rate %.2f (per position %s), %.2f verified per drafting "
+                "step, %.2f tokens per decode step, confidence error %.3f",
+                stats.accept_rate,
+                " ".join(f"{rate:.2f}" for rate in stats.position_accept_rates),
+                stats.avg_verified_len,
+                stats.tokens_per_decode,
+                stats.confidence_error,
+            )
 
     def forget(self, request_id: str) -> None:
         self._planned.pop(request_id, None)
