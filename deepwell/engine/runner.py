@@ -9,6 +9,7 @@ import torch
 
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
+from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.sampling import Sampler
 from deepwell.engine.scheduler import ScheduledChunk
@@ -22,7 +23,7 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
-        # Lay out every row decode-shaped, for layers/batch_invariant.py's attention.
+        # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
         self.batch_invariant = batch_invariant
         self.sampler = Sampler()
 
@@ -75,6 +76,7 @@ class ModelRunner:
         decode_padding: list[int] = []  # per decode block: keys past the context
         decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
+        spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
         for chunk in chunks:
             request = chunk.request
             start = request.num_computed_tokens
@@ -88,14 +90,14 @@ class ModelRunner:
             seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_rows
             seq_starts += [request.num_cached_tokens] * chunk.num_rows
             num_blocks = -(-end // bs)
-            if chunk.num_rows == 1 or self.batch_invariant:
-                # Each row sees the keys up to its own position.
-                for query, query_end in enumerate(range(start + 1, end + 1), row):
-                    n = -(-query_end // bs)
-                    decode_blocks += blocks[:n]
-                    decode_rows += [query] * n
-                    decode_padding += [0] * (n - 1) + [n * bs - query_end]
-                    decode_lens.append(query_end)
+            if self.batch_invariant:
+                spans.append((row, start, chunk.num_rows, blocks))
+                continue
+            if chunk.num_rows == 1:
+                decode_blocks += blocks[:num_blocks]
+                decode_rows += [row] * num_blocks
+                decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
+                decode_lens.append(end)
                 continue
             mask = None
             if start:
@@ -123,6 +125,7 @@ class ModelRunner:
             prefills=prefills,
             seq_slots=torch.tensor(seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
+            query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
         )
         return (
             torch.tensor(input_ids, dtype=torch.long),

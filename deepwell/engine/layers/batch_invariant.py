@@ -1,22 +1,25 @@
 """Batch-invariant kernels: a row's result is bitwise the same whatever else is in the batch.
 
 Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): matmuls over fixed
-row tiles, and attention that scores every query row, prefill or decode, block by block.
+row tiles, and attention over fixed query tiles and whole KV blocks, prefill or decode.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
+from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
 
 # CPU GEMMs (MKL for float32, oneDNN for bf16) pick a row's reduction order from the row
 # count: measured, float32 rows differ between 1, 2-7 and >= 8 rows and bf16 rows do not;
 # every multiple of 16 rows gives the same bits. Padding costs at most 15 rows per call.
 ROW_TILE = 16
-# Query-row blocks scored per attention call: bounds the gathered keys and values
-# (prefill rows each gather their whole context) at ~100 MB for SmolLM2 in bf16.
-MAX_ROW_BLOCKS = 2048
+# Query rows per attention tile: a prefill tile gathers its blocks once for this many rows;
+# a decode fills one slot of a tile, so its score matmuls do this many times the work.
+QUERY_TILE = 4
+# (tile, block) pairs scored per attention call: bounds the gathered keys and values at
+# ~100 MB for SmolLM2 in bf16, however long the contexts.
+MAX_PAIRS = 1024
 
 
 class RowTiledLinear(nn.Linear):
@@ -36,14 +39,47 @@ def tile_linears(model: nn.Module) -> None:
             module.__class__ = RowTiledLinear
 
 
-class BatchInvariantAttention(AttentionBackend):
-    """Every query row attends over its own context's blocks with fixed-shape ops.
+def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> QueryTiles:
+    """Spans of (first step row, first position, rows, block ids) → the step's QueryTiles."""
+    rows: list[list[int]] = []
+    positions: list[list[int]] = []
+    pair_tiles: list[int] = []
+    pair_blocks: list[int] = []
+    pair_starts: list[int] = []
+    tile_num_pairs: list[int] = []
+    for first_row, first_position, num_rows, block_ids in spans:
+        for offset in range(0, num_rows, QUERY_TILE):
+            used = min(QUERY_TILE, num_rows - offset)
+            padding = [-1] * (QUERY_TILE - used)
+            rows.append(list(range(first_row + offset, first_row + offset + used)) + padding)
+            first = first_position + offset
+            positions.append(list(range(first, first + used)) + padding)
+            num_blocks = (first + used - 1) // block_size + 1
+            pair_tiles += [len(rows) - 1] * num_blocks
+            pair_blocks += block_ids[:num_blocks]
+            pair_starts += range(0, num_blocks * block_size, block_size)
+            tile_num_pairs.append(num_blocks)
+    slot_positions = torch.tensor(positions, dtype=torch.long)
+    pair_tile_tensor = torch.tensor(pair_tiles, dtype=torch.long)
+    keys = torch.tensor(pair_starts, dtype=torch.long)[:, None] + torch.arange(block_size)
+    return QueryTiles(
+        rows=torch.tensor(rows, dtype=torch.long),
+        pair_tiles=pair_tile_tensor,
+        pair_blocks=torch.tensor(pair_blocks, dtype=torch.long),
+        pair_masks=keys[:, None, :] > slot_positions[pair_tile_tensor][:, :, None],
+        tile_num_pairs=tile_num_pairs,
+    )
 
-    The runner lays out every row decode-shaped (AttentionMetadata with no prefills): a
-    row's scores are per-block [group, head_dim] x [head_dim, block_size] products, its
-    softmax sums run over whole blocks then across its blocks in block order, whatever the
-    chunking of its prompt or the rows beside it. No SDPA: its kernel choice and reduction
-    order depend on the query count.
+
+class BatchInvariantAttention(AttentionBackend):
+    """Query tiles of one sequence against whole KV blocks, with fixed-shape ops.
+
+    A slot's scores are one row of a [QUERY_TILE * group, head_dim] x [head_dim, block]
+    product (the same bits at any slot of any tile, measured); softmax max and sums run
+    over whole blocks, then across the slot's blocks in block order, a block it cannot see
+    adding exact zeros. So a row's result is the same whatever the chunking of its prompt
+    or the rows beside it, and a decode is a one-row tile. No SDPA: its kernel choice and
+    reduction order depend on the query count.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -52,42 +88,54 @@ class BatchInvariantAttention(AttentionBackend):
         self.scale = head_dim**-0.5
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.prefills:
-            raise ValueError("batch-invariant attention needs every row laid out decode-shaped")
+        tiles = meta.query_tiles
+        if tiles is None:
+            raise ValueError("batch-invariant attention needs the step's query tiles")
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
         value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
-        block_size = key_cache.shape[2]
-        out = torch.empty_like(q)
-        first_row = first_block = 0
-        num_blocks = 0
-        for row, context in enumerate(meta.decode_context_lens):
-            num_blocks += -(-context // block_size)
-            last = row + 1 == len(meta.decode_context_lens)
-            if not last and num_blocks - first_block < MAX_ROW_BLOCKS:
+        # Padding slots (row -1) read and write one scratch row past the step's rows.
+        padded_q = torch.cat([q * self.scale, q.new_zeros(1, *q.shape[1:])])
+        out = q.new_empty(q.shape[0] + 1, *q.shape[1:])
+        first_tile = first_pair = 0
+        num_pairs = 0
+        for tile, count in enumerate(tiles.tile_num_pairs):
+            num_pairs += count
+            if tile + 1 < len(tiles.tile_num_pairs) and num_pairs - first_pair < MAX_PAIRS:
                 continue
-            blocks = slice(first_block, num_blocks)
-            out[first_row : row + 1] = self._attend(
-                q[first_row : row + 1],
-                key_cache.index_select(0, meta.decode_block_ids[blocks]),
-                value_cache.index_select(0, meta.decode_block_ids[blocks]),
-                meta.decode_block_rows[blocks] - first_row,
-                meta.decode_block_padding[blocks],
+            rows = tiles.rows[first_tile : tile + 1]
+            pairs = slice(first_pair, num_pairs)
+            out[rows.flatten()] = self._attend(
+                padded_q[rows],
+                key_cache.index_select(0, tiles.pair_blocks[pairs]),
+                value_cache.index_select(0, tiles.pair_blocks[pairs]),
+                tiles.pair_tiles[pairs] - first_tile,
+                tiles.pair_masks[pairs],
             )
-            first_row, first_block = row + 1, num_blocks
-        return out
+            first_tile, first_pair = tile + 1, num_pairs
+        return out[:-1]
 
-    def _attend(self, q, keys, values, rows, padding) -> torch.Tensor:
-        """q: [batch, heads, dim]; keys, values: [blocks, kv_heads, block_size, dim]."""
-        batch, kv_heads, group = q.shape[0], self.num_kv_heads, self.group
-        grouped = (q * self.scale).view(batch, kv_heads, group, self.head_dim)
-        scores = torch.matmul(grouped.index_select(0, rows), keys.transpose(-1, -2)).float()
-        scores.masked_fill_(padding, float("-inf"))
-        index = rows.view(-1, 1, 1).expand(-1, kv_heads, group)
-        row_max = torch.full((batch, kv_heads, group), float("-inf"))
+    def _attend(self, q, keys, values, pair_tiles, masks) -> torch.Tensor:
+        """q: [tiles, QUERY_TILE, heads, dim]; keys, values: [pairs, kv_heads, block, dim]."""
+        num_tiles, kv_heads, group, dim = q.shape[0], self.num_kv_heads, self.group, self.head_dim
+        # [tiles, kv_heads, QUERY_TILE * group, dim]: a KV head's query rows as one matrix.
+        grouped = q.view(num_tiles, QUERY_TILE, kv_heads, group, dim).transpose(1, 2)
+        grouped = grouped.reshape(num_tiles, kv_heads, QUERY_TILE * group, dim)
+        scores = torch.matmul(grouped.index_select(0, pair_tiles), keys.transpose(-1, -2)).float()
+        num_pairs, block = scores.shape[0], scores.shape[-1]
+        scores = scores.view(num_pairs, kv_heads, QUERY_TILE, group, block)
+        scores.masked_fill_(masks[:, None, :, None, :], float("-inf"))
+        index = pair_tiles.view(-1, 1, 1, 1).expand(-1, kv_heads, QUERY_TILE, group)
+        row_max = torch.full((num_tiles, kv_heads, QUERY_TILE, group), float("-inf"))
         row_max.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
-        weights = torch.exp(scores - row_max.index_select(0, rows).unsqueeze(-1))
-        total = torch.zeros(batch, kv_heads, group).index_add_(0, rows, weights.sum(dim=-1))
-        partial = torch.matmul(weights.to(q.dtype), values).float()
-        out = torch.zeros(batch, kv_heads, group, self.head_dim).index_add_(0, rows, partial)
-        out /= total.unsqueeze(-1)
-        return out.to(q.dtype).view(batch, self.num_heads, self.head_dim)
+        # Padding slots see nothing; a zero max keeps their weights 0 instead of NaN.
+        row_max.masked_fill_(row_max == float("-inf"), 0.0)
+        weights = torch.exp(scores - row_max.index_select(0, pair_tiles).unsqueeze(-1))
+        total = torch.zeros(num_tiles, kv_heads, QUERY_TILE, group)
+        total.index_add_(0, pair_tiles, weights.sum(dim=-1))
+        weights = weights.view(num_pairs, kv_heads, QUERY_TILE * group, block).to(q.dtype)
+        partial = torch.matmul(weights, values).float()
+        out = torch.zeros(num_tiles, kv_heads, QUERY_TILE * group, dim)
+        out.index_add_(0, pair_tiles, partial)
+        out = out.view(num_tiles, kv_heads, QUERY_TILE, group, dim)
+        out /= total.clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
+        return out.transpose(1, 2).reshape(num_tiles * QUERY_TILE, self.num_heads, dim).to(q.dtype)
