@@ -1,8 +1,9 @@
 """Per-position survival probabilities of n-gram drafts, learned online from acceptance.
 
 A position survives when it and every draft position before it are accepted. Counts are
-kept per (match length, position) with a Beta prior; the error of each estimate against
-the observed outcome is tracked (spec/deepinfer.md §1.6 `avg_confidence_error`).
+kept per (match length, position) with a Beta prior. The confidence error is that of the
+planner's input: per verification, |expected accepted (the survival sum) - accepted|
+over the positions verified (spec/deepinfer.md §1.6 `avg_confidence_error`).
 """
 
 # Beta prior of an unseen (bucket, position): mean 0.5, worth two observations.
@@ -34,11 +35,11 @@ class ConfidenceTable:
         """Record a verification of `len(predicted)` positions of which the first
         `num_accepted` were accepted; `predicted` are the survival estimates used."""
         counts = self._counts.setdefault(bucket, [[0.0, 0.0] for _ in range(self.max_positions)])
-        for position, estimate in enumerate(predicted):
-            outcome = 1.0 if position < num_accepted else 0.0
-            counts[position][0] += outcome
+        for position in range(len(predicted)):
+            counts[position][0] += position < num_accepted
             counts[position][1] += 1.0
-            self.error_sum += abs(estimate - outcome)
+        if predicted:
+            self.error_sum += abs(sum(predicted) - num_accepted) / len(predicted)
             self.error_count += 1
 
     @property
