@@ -15,8 +15,9 @@ from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
 # every multiple of 16 rows gives the same bits. Padding costs at most 15 rows per call.
 ROW_TILE = 16
 # Query rows per attention tile: a prefill tile gathers its blocks once for this many rows;
-# a decode fills one slot of a tile, so its score matmuls do this many times the work.
-QUERY_TILE = 4
+# a decode fills one slot of a tile, so its attention does this many times the work.
+# Throughput cost of invariance on benchmarks/determinism.py: 59% at 1, 14% at 2, 27% at 4.
+QUERY_TILE = 2
 # (tile, block) pairs scored per attention call: bounds the gathered keys and values at
 # ~100 MB for SmolLM2 in bf16, however long the contexts.
 MAX_PAIRS = 1024
