@@ -101,6 +101,9 @@ class EngineCore:
             model.config.max_position_embeddings,
         )
         layout = model.kv_layout()
+        if args.batch_invariant and layout.needs_slots:
+            # Rings and state slots are read by the model's own layers, outside these kernels.
+            raise ValueError("batch-invariant mode covers models with paged KV only")
         num_slots = num_slots_for(args.max_num_seqs)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         num_blocks = args.num_kv_blocks or plan_num_blocks(

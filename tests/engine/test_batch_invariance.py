@@ -7,6 +7,9 @@ import pytest
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.batch_invariant import RowTiledLinear
+from deepwell.engine.models import registry
+
+from .sliding_window import ARCHITECTURE, SlidingWindowLlama, write_sliding_window_llama
 
 TARGET = "target"
 # Draft verification still draws from a torch generator with step-time-dependent verify
@@ -101,3 +104,10 @@ def test_batch_invariant_core_tiles_every_linear(make_core):
     model = core.runner.model
     linears = [m for m in model.modules() if isinstance(m, RowTiledLinear)]
     assert len(linears) == 1 + 4 * core.model_config.num_hidden_layers
+
+
+def test_a_model_with_a_sliding_window_ring_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry.MODELS, ARCHITECTURE, SlidingWindowLlama)
+    path = write_sliding_window_llama(tmp_path)
+    with pytest.raises(ValueError, match="paged KV only"):
+        EngineCore(EngineArgs(model=str(path), dtype="float32", batch_invariant=True))
