@@ -34,9 +34,15 @@ class ModelRunner:
         """Run one step; returns the new tokens (and logprobs of a lone sampled token) per
         completing chunk, in chunk order. A chunk with a draft verifies it: its tokens are
         the accepted draft tokens and one more (speculative/verify.py)."""
-        # Decode-shaped chunks (one row) first: they share one batched attention call.
-        ordered = sorted(chunks, key=lambda c: c.num_rows != 1)
-        input_ids, positions, meta, last_rows = self._prepare(ordered)
+        # Decode-shaped chunks first: they share one batched attention call. A verify chunk
+        # joins them, a row per query, when other requests decode too: at batch 1 one SDPA
+        # over its rows is cheaper, in a batch one call beats an SDPA per drafting request.
+        decoding = sum(1 for c in chunks if c.num_rows == 1 or c.draft)
+        shaped = [c.num_rows == 1 or (decoding > 1 and bool(c.draft)) for c in chunks]
+        ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
+        num_decode_chunks = len(ordered)
+        ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
+        input_ids, positions, meta, last_rows = self._prepare(ordered, num_decode_chunks)
         hidden = self.model(input_ids, positions, meta, self.kv_cache)
         completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
         if not completing:
@@ -63,7 +69,8 @@ class ModelRunner:
         results = [by_request[id(c.request)] for c in chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
 
-    def _prepare(self, chunks: list[ScheduledChunk]):
+    def _prepare(self, chunks: list[ScheduledChunk], num_decode_chunks: int):
+        """Tensors of a step whose first `num_decode_chunks` chunks are decode-shaped."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -77,7 +84,7 @@ class ModelRunner:
         decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
         spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
-        for chunk in chunks:
+        for index, chunk in enumerate(chunks):
             request = chunk.request
             start = request.num_computed_tokens
             end = start + chunk.num_rows
@@ -93,11 +100,14 @@ class ModelRunner:
             if self.batch_invariant:
                 spans.append((row, start, chunk.num_rows, blocks))
                 continue
-            if chunk.num_rows == 1:
-                decode_blocks += blocks[:num_blocks]
-                decode_rows += [row] * num_blocks
-                decode_padding += [0] * (num_blocks - 1) + [num_blocks * bs - end]
-                decode_lens.append(end)
+            if index < num_decode_chunks:
+                # Each row sees the keys up to its own position.
+                for query, query_end in enumerate(range(start + 1, end + 1), row):
+                    n = -(-query_end // bs)
+                    decode_blocks += blocks[:n]
+                    decode_rows += [query] * n
+                    decode_padding += [0] * (n - 1) + [n * bs - query_end]
+                    decode_lens.append(query_end)
                 continue
             mask = None
             if start:
