@@ -141,9 +141,12 @@ class EngineCore:
         self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant)
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.
+        # Verify lengths follow measured step times, so they vary with load: a seeded
+        # request would not replay exactly, and batch-invariant mode does not speculate
+        # (DeepInfer likewise needs MTP_VARLEN off for determinism, spec/deepinfer.md §1.6).
         self.speculator = (
             Speculator(args.num_speculative_tokens)
-            if args.num_speculative_tokens and not layout.needs_slots
+            if args.num_speculative_tokens and not layout.needs_slots and not args.batch_invariant
             else None
         )
         self.requests: dict[str, Request] = {}

@@ -12,21 +12,12 @@ from deepwell.engine.models import registry
 from .sliding_window import ARCHITECTURE, SlidingWindowLlama, write_sliding_window_llama
 
 TARGET = "target"
-# Draft verification still draws from a torch generator with step-time-dependent verify
-# lengths (docs/engine.md, batch-invariant mode), so these runs do not speculate.
-NO_SPECULATION = 0
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> EngineCore:
     return EngineCore(
-        EngineArgs(
-            batch_invariant=True,
-            memory_gib=2.0,
-            max_model_len=512,
-            block_size=32,
-            num_speculative_tokens=NO_SPECULATION,
-        )
+        EngineArgs(batch_invariant=True, memory_gib=2.0, max_model_len=512, block_size=32)
     )
 
 
@@ -86,7 +77,7 @@ def test_request_alone_and_among_up_to_63_neighbours_in_200_trials(smollm2):
 
 def test_float32_rows_are_invariant_on_the_tiny_model(make_core):
     # float32 GEMMs change a row's reduction order with the row count; the tiles hide that.
-    core = make_core(batch_invariant=True, max_num_seqs=64, num_speculative_tokens=NO_SPECULATION)
+    core = make_core(batch_invariant=True, max_num_seqs=64)
     rng = random.Random(2)
     for trial_id in range(10):
         trial(core, rng, trial_id, max_neighbours=40)
@@ -111,3 +102,7 @@ def test_a_model_with_a_sliding_window_ring_is_refused(tmp_path, monkeypatch):
     path = write_sliding_window_llama(tmp_path)
     with pytest.raises(ValueError, match="paged KV only"):
         EngineCore(EngineArgs(model=str(path), dtype="float32", batch_invariant=True))
+
+
+def test_batch_invariant_mode_does_not_speculate(make_core):
+    assert make_core(batch_invariant=True).speculator is None

@@ -61,7 +61,7 @@ def test_seeds_are_64_bit_and_other_ints_are_masked():
 
 def test_a_request_without_seed_reports_the_random_seed_it_drew(make_core):
     # Batch-invariant, so the replay alone (and after a prefix hit) sees the same logits.
-    core = make_core(batch_invariant=True, num_speculative_tokens=0)
+    core = make_core(batch_invariant=True)
     params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
     core.add_request("a", list(range(3, 20)), params)
     core.add_request("b", list(range(3, 20)), params)
