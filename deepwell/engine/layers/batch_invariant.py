@@ -11,9 +11,10 @@ from torch import nn
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
 
 # CPU GEMMs (MKL for float32, oneDNN for bf16) pick a row's reduction order from the row
-# count: measured, float32 rows differ between 1, 2-7 and >= 8 rows and bf16 rows do not;
-# every multiple of 16 rows gives the same bits. Padding costs at most 15 rows per call.
-ROW_TILE = 16
+# count: measured, float32 rows differ between 1, 2-3 and 7 or more rows and bf16 rows
+# do not; every multiple of 8 (or 16) rows gives the same bits. A lone row padded to 8 costs
+# 1.5x its projection time (2.3x padded to 16), so 8.
+ROW_TILE = 8
 # Query rows per attention tile: a prefill tile gathers its blocks once for this many rows;
 # a decode fills one slot of a tile, so its attention does this many times the work.
 # Throughput cost of invariance on benchmarks/determinism.py: 59% at 1, 14% at 2, 27% at 4.
