@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -23,6 +23,7 @@ from deepwell.serve.messages import (
     WorkerFailed,
     WorkerReady,
     WorkerStats,
+    combine_stats,
     decode_message,
     encode_message,
 )
@@ -103,8 +104,7 @@ class EngineClient:
 
     def stats(self) -> WorkerStats:
         """Scheduler and KV occupancy, and KV reuse counters, summed over live workers."""
-        live = [w.stats for w in self._workers if w.failure is None]
-        return WorkerStats(*(sum(getattr(s, f.name) for s in live) for f in fields(WorkerStats)))
+        return combine_stats([w.stats for w in self._workers if w.failure is None])
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""

@@ -133,6 +133,35 @@ class WorkerStats:
     spec_confidence_error: float = 0.0
 
 
+# Rates and errors are averages, not counters: across workers they are weighted by how many
+# speculative steps each worker verified.
+_AVERAGED_STATS = ("spec_position_accept_rates", "spec_confidence_error")
+
+
+def combine_stats(stats: list[WorkerStats]) -> WorkerStats:
+    """The pool's view of several workers: counters summed, speculative rates averaged."""
+    counters = {
+        f.name: sum(getattr(s, f.name) for s in stats)
+        for f in fields(WorkerStats)
+        if f.name not in _AVERAGED_STATS
+    }
+    steps = counters["spec_decode_steps"]
+    if not steps:
+        return WorkerStats(**counters)
+    positions = max(len(s.spec_position_accept_rates) for s in stats)
+    rates = [
+        sum(
+            s.spec_decode_steps * s.spec_position_accept_rates[i]
+            for s in stats
+            if i < len(s.spec_position_accept_rates)
+        )
+        / steps
+        for i in range(positions)
+    ]
+    error = sum(s.spec_decode_steps * s.spec_confidence_error for s in stats) / steps
+    return WorkerStats(**counters, spec_position_accept_rates=rates, spec_confidence_error=error)
+
+
 @dataclass(frozen=True)
 class StepOutputs:
     """Worker → frontend: everything one engine step produced, plus the worker's load."""

@@ -7,6 +7,7 @@ from deepwell.serve.messages import (
     StepOutputs,
     TokenOutput,
     WorkerStats,
+    combine_stats,
     decode_message,
     encode_message,
 )
@@ -31,3 +32,30 @@ def test_messages_round_trip_with_nesting():
 def test_unknown_objects_are_refused():
     with pytest.raises(TypeError, match="cannot send set"):
         encode_message({"a", "set"})
+
+
+def test_pool_stats_sum_counters_and_weight_speculative_rates_by_steps():
+    busy = WorkerStats(
+        running=2,
+        waiting=1,
+        kv_blocks_used=5,
+        kv_blocks_total=10,
+        spec_decode_steps=3,
+        spec_position_accept_rates=[1.0, 0.5],
+        spec_confidence_error=0.2,
+    )
+    idle = WorkerStats(
+        running=0,
+        waiting=0,
+        kv_blocks_used=0,
+        kv_blocks_total=10,
+        spec_decode_steps=1,
+        spec_position_accept_rates=[0.0],
+        spec_confidence_error=0.6,
+    )
+    pool = combine_stats([busy, idle])
+    assert (pool.running, pool.kv_blocks_used, pool.kv_blocks_total) == (2, 5, 20)
+    assert pool.spec_decode_steps == 4
+    assert pool.spec_position_accept_rates == [0.75, 0.375]
+    assert abs(pool.spec_confidence_error - 0.3) < 1e-12
+    assert combine_stats([]) == WorkerStats(0, 0, 0, 0)
