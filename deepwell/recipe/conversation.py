@@ -111,9 +111,7 @@ class Message:
     # the first N occurrences of the image token, N = len(image_sources).
     image_spans: tuple[tuple[int, int], ...] = ()
 
-    def _set_images(
-        self, sources: Sequence[ImageSource] | None, image_token: str | None
-    ) -> None:
+    def _set_images(self, sources: Sequence[ImageSource] | None, image_token: str | None) -> None:
         if image_token is not None and image_token == "":
             raise ValueError("image_token must not be empty")
         self.image_sources = list(sources or [])
