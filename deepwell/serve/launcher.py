@@ -151,7 +151,9 @@ async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.N
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     body = (
         f'{{"model": "{model.names[0]}", "messages": '
-        '[{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64}'
+        '[{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 64, '
+        # Greedy, so a first try with a 135M model gives its best answer, not a sampled one.
+        '"temperature": 0}'
     )
     auth = ' -H "Authorization: Bearer $DEEPWELL_API_KEY"' if args.api_key else ""
     print(
