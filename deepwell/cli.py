@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from deepwell.engine_options import add_engine_arguments
+
 
 @dataclass(frozen=True)
 class Command:
@@ -225,26 +227,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        metavar="PATH",
-        help="a .gguf file or a directory with config.json + safetensors "
-        "(default: the embedded SmolLM2-135M-Instruct)",
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--dtype",
         choices=("bfloat16", "float32"),
         default="bfloat16",
         help="compute dtype (default: bfloat16; float32 for exact comparisons)",
-    )
-    parser.add_argument(
-        "--memory-gib",
-        type=float,
-        default=4.0,
-        help="memory budget for weights plus KV cache, in GiB (default: 4)",
-    )
-    parser.add_argument(
-        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
     )
     parser.add_argument(
         "--max-num-batched-tokens",
@@ -253,29 +241,6 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="token budget of one engine step (default: 1024)",
     )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    parser.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="bitwise-identical logits for a request whatever its batch and prefill chunking, "
-        "at a throughput cost (also DEEPWELL_BATCH_INVARIANT=1)",
-    )
-    parser.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="compute every prompt in full instead of reusing cached KV blocks",
-    )
-    parser.add_argument(
-        "--kv-store",
-        metavar="PATH",
-        help="directory of KV block files to read prefixes from and write them to",
-    )
-    parser.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=5,
-        help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        "decoding off (default: 5)",
-    )
 
 
 def _engine_args(args: argparse.Namespace, **overrides):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from deepwell.engine_options import add_engine_arguments
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -40,11 +42,7 @@ def parse_duration(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`."""
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="GGUF file or model directory (default: the embedded SmolLM2-135M-Instruct)",
-    )
+    add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -72,37 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="engine batch size limit")
     parser.add_argument(
-        "--memory-gib", type=float, default=4.0, help="memory for weights plus KV cache"
-    )
-    parser.add_argument(
         "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
-    )
-    parser.add_argument(
-        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
-    )
-    parser.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="bitwise-identical logits for a request whatever its batch and prefill chunking, "
-        "at a throughput cost (also DEEPWELL_BATCH_INVARIANT=1)",
-    )
-    parser.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=5,
-        help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        "decoding off (default: 5)",
-    )
-    parser.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="compute every prompt in full instead of reusing cached KV blocks",
-    )
-    parser.add_argument(
-        "--kv-store",
-        metavar="PATH",
-        help="directory of KV block files shared by workers, e.g. on 3FS or NFS "
-        "(default: none, prefix blocks live in memory only)",
     )
     parser.add_argument(
         "--kv-store-capacity-gib",

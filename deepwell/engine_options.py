@@ -1,0 +1,51 @@
+"""The command-line options that set the engine, shared by `generate`, `bench` and `serve`.
+
+Free of torch imports, so the HTTP process can build its parser without loading the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, KV cache, batch invariance and speculation: the options every engine user has."""
+    parser.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a .gguf file or a directory with config.json + safetensors "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--memory-gib",
+        type=float,
+        default=4.0,
+        help="memory budget for weights plus KV cache, in GiB (default: 4)",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bitwise-identical logits for a request whatever its batch and prefill chunking, "
+        "at a throughput cost (also DEEPWELL_BATCH_INVARIANT=1)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full instead of reusing cached KV blocks",
+    )
+    parser.add_argument(
+        "--kv-store",
+        metavar="PATH",
+        help="directory of KV block files shared by workers, e.g. on 3FS or NFS "
+        "(default: none, prefix blocks live in memory only)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=5,
+        help="n-gram draft tokens verified per request and step; 0 turns speculative "
+        "decoding off (default: 5)",
+    )
