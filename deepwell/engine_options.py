@@ -9,7 +9,8 @@ import argparse
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, KV cache, batch invariance and speculation: the options every engine user has."""
+    """Model, KV cache, batch invariance, speculation and step overlap: the options every
+    engine user has."""
     parser.add_argument(
         "--model",
         metavar="PATH",
@@ -48,4 +49,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=5,
         help="n-gram draft tokens verified per request and step; 0 turns speculative "
         "decoding off (default: 5)",
+    )
+    parser.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="run the step loop synchronously instead of planning the next step and handing "
+        "back tokens while the model computes (outputs are the same either way)",
     )

@@ -52,6 +52,9 @@ class EngineArgs:
     # Draft tokens per request and step (n-gram lookup, verified losslessly); 0 turns
     # speculative decoding off.
     num_speculative_tokens: int = 5
+    # Schedule step N+1 and hand back step N's tokens while step N+1 computes (core.py);
+    # outputs are the same either way.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

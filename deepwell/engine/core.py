@@ -2,16 +2,25 @@
 
 `add_request`, `abort` and `step` are called from one thread; `AsyncEngine` (stream.py)
 wraps them for asyncio callers.
+
+With asynchronous scheduling the forward runs on a compute thread: while step N computes,
+`step()` schedules and prepares step N+1 (a request's input there is the token step N is
+sampling, filled in at launch), then samples step N, launches step N+1 and hands back step
+N's tokens while N+1 computes. Requests that end meanwhile keep their blocks until the
+step in flight is done. Outputs are the same with it on or off: sampling reads only the
+request's own state, which is up to date before each sample.
 """
 
 import logging
 import random
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from deepwell.engine.args import EngineArgs
+from deepwell.engine.compute_thread import start_compute_thread
 from deepwell.engine.errors import InvalidRequestError, MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.manager import KVCacheManager
@@ -25,9 +34,9 @@ from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import build_model
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
-from deepwell.engine.runner import ModelRunner
+from deepwell.engine.runner import ModelRunner, PreparedStep
 from deepwell.engine.sampling_params import SamplingParams
-from deepwell.engine.scheduler import Scheduler
+from deepwell.engine.scheduler import Scheduler, SchedulerOutput
 from deepwell.engine.speculative import SpecStats, Speculator
 from deepwell.engine.structured import (
     GrammarCompiler,
@@ -41,6 +50,12 @@ logger = logging.getLogger(__name__)
 _LOAD_POLL_S = 0.005
 # An idle step loop with only compiling requests sleeps at most this long per step.
 _COMPILE_POLL_S = 0.005
+# With speculation and asynchronous scheduling both on, a step in flight hides its
+# requests' last tokens from the drafter, so the loop runs synchronously while drafts keep
+# coming (they come and go: a hit every other step is common). Once this many proposals
+# in a row find none, steps overlap, and every this many steps the loop drains once to
+# look for drafts again.
+_DRAFT_PROBE_INTERVAL = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,18 @@ class StepStats:
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
+
+
+@dataclass
+class _LaunchedStep:
+    """A step handed to the forward: its plan, its inputs and its logits to come."""
+
+    plan: SchedulerOutput
+    prepared: PreparedStep
+    # (logits of the step's logit rows, seconds the forward took)
+    result: Future
+    # Requests that ended while the step computed: their blocks are freed once it is done.
+    release: list[Request] = field(default_factory=list)
 
 
 class EngineCore:
@@ -149,6 +176,13 @@ class EngineCore:
             if args.num_speculative_tokens and not layout.needs_slots and not args.batch_invariant
             else None
         )
+        self.async_scheduling = args.async_scheduling
+        self._compute = start_compute_thread() if args.async_scheduling else None
+        self._in_flight: _LaunchedStep | None = None
+        self._steps_to_draft_probe = 0
+        self._proposals_without_drafts = 0
+        # Seconds of model work (forward, logits, sampling): over wall time, how busy it is.
+        self.compute_s = 0.0
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self.grammars = self._grammar_compiler(args) if self.tokenizer is not None else None
@@ -249,25 +283,29 @@ class EngineCore:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is not in flight."""
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return False
         if self._compiling.pop(request_id, None) is None:
-            self.scheduler.finish(request)
-        if self.speculator is not None:
-            self.speculator.forget(request_id)
-        request.status = RequestStatus.FINISHED
+            self._finish(request)
+        else:
+            del self.requests[request_id]
+            request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
         self._aborted.append(_output(request, [], []))
         return True
 
     def close(self) -> None:
-        """Finish writing queued blocks to the KV store and stop its threads."""
+        """Finish the step in flight, write queued blocks to the KV store, stop threads."""
+        if self._in_flight is not None:
+            self._drain()
+        if self._compute is not None:
+            self._compute.shutdown()
         if self.kv.store is not None:
             self.kv.store.close()
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._aborted)
+        return bool(self.requests) or bool(self._aborted) or self._in_flight is not None
 
     def stats(self) -> EngineStats:
         pool = self.kv.block_pool
@@ -301,31 +339,131 @@ class EngineCore:
         if self._compiling:
             outputs += self._admit_compiled()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running, self.scheduler.max_num_batched_tokens)
+            outputs += self._propose_drafts()
         plan = self.scheduler.schedule()
         self.num_preemptions += len(plan.preempted)
-        if not plan.chunks:
+        prepared = self.runner.prepare(plan.chunks) if plan.chunks else None
+        previous, self._in_flight = self._in_flight, None
+        sampled = self._collect(previous) if previous is not None else None
+        if prepared is not None:
+            self._in_flight = self._launch(plan, prepared, previous, sampled)
+        if previous is not None:
+            outputs += self._process(previous, sampled)
+            self._release(previous)
+        if self._in_flight is not None and (
+            not self.async_scheduling or any(c.draft for c in plan.chunks)
+        ):
+            # A verified draft decides how many tokens its request gains: nothing can be
+            # planned on top of it.
+            outputs += self._drain()
+        if prepared is None and previous is None:
             self.scheduler.wait_for_loads(_LOAD_POLL_S)
             if self._compiling and not outputs:
                 # Nothing to compute: wait for a compile rather than spin.
                 self.grammars.wait(list(self._compiling.values()), _COMPILE_POLL_S)
-            return outputs
+        return outputs
+
+    def _propose_drafts(self) -> list[RequestOutput]:
+        """Give running requests drafts for the next step, draining the step in flight
+        first when it is time to look for drafts again."""
+        outputs = []
+        if self._in_flight is not None:
+            if self._steps_to_draft_probe > 0:
+                self._steps_to_draft_probe -= 1
+                return outputs
+            outputs = self._drain()
+        running = self.scheduler.running
+        self.speculator.propose(running, self.scheduler.max_num_batched_tokens)
+        if any(request.draft_token_ids for request in running):
+            self._proposals_without_drafts = 0
+        else:
+            self._proposals_without_drafts += 1
+        if self._proposals_without_drafts >= _DRAFT_PROBE_INTERVAL:
+            self._steps_to_draft_probe = _DRAFT_PROBE_INTERVAL
+        return outputs
+
+    def _launch(
+        self,
+        plan: SchedulerOutput,
+        prepared: PreparedStep,
+        previous: _LaunchedStep | None,
+        sampled: tuple[list[list[int]], list] | None,
+    ) -> _LaunchedStep:
+        """Start the step's forward, its pending inputs taken from the step just sampled."""
+        pending = {}
+        if prepared.pending_rows:
+            completed = [c.request.request_id for c in previous.plan.chunks if c.completes]
+            pending = {
+                request_id: tokens[-1]
+                for request_id, tokens in zip(completed, sampled[0], strict=True)
+                if tokens
+            }
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
         self.last_step = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
-        started = time.perf_counter()
-        tokens, logprobs = self.runner.execute(plan.chunks)
-        if self.speculator is not None:
-            self.speculator.record_step(plan.num_rows, time.perf_counter() - started)
         self.num_steps += 1
-        sampled = iter(zip(tokens, logprobs, strict=True))
-        for chunk in plan.chunks:
+        if self._compute is not None:
+            result = self._compute.submit(self._forward, prepared, pending)
+        else:
+            result = Future()
+            try:
+                result.set_result(self._forward(prepared, pending))
+            except Exception as error:
+                result.set_exception(error)
+        return _LaunchedStep(plan, prepared, result)
+
+    def _forward(self, prepared: PreparedStep, pending: dict[str, int]):
+        started = time.perf_counter()
+        logits = self.runner.forward(prepared, pending)
+        return logits, time.perf_counter() - started
+
+    def _collect(self, launched: _LaunchedStep) -> tuple[list[list[int]], list]:
+        """Wait for a launched step's forward and sample it."""
+        try:
+            logits, forward_s = launched.result.result()
+        except Exception:
+            self._release(launched)
+            raise
+        started = time.perf_counter()
+        sampled = self.runner.sample(launched.prepared, logits)
+        step_s = forward_s + time.perf_counter() - started
+        self.compute_s += step_s
+        if self.speculator is not None:
+            self.speculator.record_step(launched.plan.num_rows, step_s)
+        return sampled
+
+    def _drain(self) -> list[RequestOutput]:
+        """Finish the step in flight: wait for it, sample it, hand back its tokens."""
+        launched, self._in_flight = self._in_flight, None
+        outputs = self._process(launched, self._collect(launched))
+        self._release(launched)
+        return outputs
+
+    def _release(self, launched: _LaunchedStep) -> None:
+        """Free the blocks of requests that ended while the step computed."""
+        for request in launched.release:
+            self.kv.free(request)
+
+    def _process(
+        self, launched: _LaunchedStep, sampled: tuple[list[list[int]], list]
+    ) -> list[RequestOutput]:
+        """Append a finished step's tokens, check stops, and make its KV findable."""
+        outputs = []
+        samples = iter(zip(*sampled, strict=True))
+        for chunk in launched.plan.chunks:
             request = chunk.request
-            completes = chunk.completes
-            request.num_computed_tokens += chunk.num_tokens
-            if not completes:
-                self.kv.commit(request)
+            # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
+            computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
+            if not chunk.completes:
+                if request.block_ids:
+                    self.kv.commit(request, computed)
                 continue
-            new_tokens, token_logprobs = next(sampled)
+            new_tokens, token_logprobs = next(samples)
+            if request.status is RequestStatus.FINISHED:
+                # Aborted, or ended by the step before while this one computed.
+                if request.block_ids:
+                    self.kv.commit(request, computed)
+                continue
+            request.num_pending_tokens -= 1
             if self.speculator is not None and chunk.num_tokens == 1:
                 self.speculator.observe(request, len(chunk.draft), len(new_tokens) - 1)
             # Stops and max_tokens end an accepted run at the token that finishes it.
@@ -337,17 +475,26 @@ class EngineCore:
                     break
             # Accepted draft tokens were computed in this step, the last new token was not;
             # KV rows of rejected ones lie past the counter and are overwritten later.
-            request.num_computed_tokens += len(appended) - 1
-            self.kv.commit(request)
+            accepted = len(appended) - 1
+            request.num_computed_tokens += accepted
+            if request.block_ids:
+                self.kv.commit(request, computed + accepted)
             new_logprobs = [] if token_logprobs is None else [token_logprobs]
             request.logprobs += new_logprobs
             if request.finish_reason is not None:
-                self.scheduler.finish(request)
-                del self.requests[request.request_id]
-                if self.speculator is not None:
-                    self.speculator.forget(request.request_id)
+                self._finish(request)
             outputs.append(_output(request, appended, new_logprobs))
         return outputs
+
+    def _finish(self, request: Request) -> None:
+        """Take an ended request out; a step in flight may still write its blocks."""
+        in_flight = self._in_flight
+        self.scheduler.finish(request, free_blocks=in_flight is None)
+        if in_flight is not None:
+            in_flight.release.append(request)
+        del self.requests[request.request_id]
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is ready join scheduling; failed compiles end their request."""

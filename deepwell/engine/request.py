@@ -1,7 +1,9 @@
 """Request: one generation's state, under the one contract of the scheduler.
 
 `num_computed_tokens` catches up with `token_ids` (prompt, then outputs); prefill chunks,
-decodes and recompute after preemption are all "how far is the counter".
+decodes and recompute after preemption are all "how far is the counter". The scheduler
+moves the counter when it schedules a chunk, so a step still computing counts as done,
+and a token that step will sample counts as pending (asynchronous scheduling).
 """
 
 import enum
@@ -38,6 +40,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
+    # Tokens a scheduled step will sample for this request and has not yet handed back.
+    num_pending_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     # Per-sequence state slot, for layouts with rings or states.
     slot: int | None = None
@@ -72,6 +76,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_expected_tokens(self) -> int:
+        """The token count once the pending samples land: what the scheduler plans for."""
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

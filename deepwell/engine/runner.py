@@ -2,8 +2,11 @@
 
 All tokens of a step go through one forward; logits are computed only for the rows that
 sample (the last token of every chunk that reaches the end of its request) and the verify
-rows of a speculative draft.
+rows of a speculative draft. The three stages are separate calls so that the step loop can
+prepare a step while the one before it computes (core.py).
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -11,9 +14,31 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
 from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.outputs import TokenLogprobs
+from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import verify
+
+
+@dataclass
+class PreparedStep:
+    """A scheduled step as model inputs, built while the step before it may still compute."""
+
+    chunks: list[ScheduledChunk]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    # Rows whose logits the step needs: the sampling rows, then every verify row.
+    logit_rows: torch.Tensor
+    # Completing chunks that sample one token, and those that verify a draft.
+    sampling: list[ScheduledChunk]
+    verifying: list[ScheduledChunk]
+    # Input rows holding a request's pending token, known only once the step before samples.
+    pending_rows: list[tuple[int, Request]]
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.numel()
 
 
 class ModelRunner:
@@ -27,13 +52,7 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.sampler = Sampler()
 
-    @torch.inference_mode()
-    def execute(
-        self, chunks: list[ScheduledChunk]
-    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
-        """Run one step; returns the new tokens (and logprobs of a lone sampled token) per
-        completing chunk, in chunk order. A chunk with a draft verifies it: its tokens are
-        the accepted draft tokens and one more (speculative/verify.py)."""
+    def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         # Decode-shaped chunks first: they share one batched attention call. A verify chunk
         # joins them, a row per query, when other requests decode too: at batch 1 one SDPA
         # over its rows is cheaper, in a batch one call beats an SDPA per drafting request.
@@ -42,31 +61,67 @@ class ModelRunner:
         ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
         num_decode_chunks = len(ordered)
         ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
-        input_ids, positions, meta, last_rows = self._prepare(ordered, num_decode_chunks)
-        hidden = self.model(input_ids, positions, meta, self.kv_cache)
+        input_ids, positions, meta, last_rows, pending_rows = self._prepare(
+            ordered, num_decode_chunks
+        )
         completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
-        if not completing:
-            return [], []
         sampling = [(row, c) for row, c in completing if not c.draft]
         verifying = [(row, c) for row, c in completing if c.draft]
-        # Logits for every verify row of a drafting chunk, after the sampling rows.
         rows = [row for row, _ in sampling] + [
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
-        logits = self.model.compute_logits(hidden[torch.tensor(rows)])
-        by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {}
-        if sampling:
-            requests = [c.request for _, c in sampling]
-            tokens, logprobs = self.sampler(logits[: len(sampling)], requests)
+        return PreparedStep(
+            chunks=chunks,
+            input_ids=input_ids,
+            positions=positions,
+            meta=meta,
+            logit_rows=torch.tensor(rows, dtype=torch.long),
+            sampling=[c for _, c in sampling],
+            verifying=[c for _, c in verifying],
+            pending_rows=pending_rows,
+        )
+
+    @torch.inference_mode()
+    def forward(self, step: PreparedStep, pending: dict[str, int]) -> torch.Tensor | None:
+        """The step's forward; returns the logits of its logit rows (None if it samples
+        nothing). `pending` maps a request id to its pending token, the input of its row."""
+        for row, request in step.pending_rows:
+            step.input_ids[row] = pending[request.request_id]
+        hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
+        if not step.logit_rows.numel():
+            return None
+        return self.model.compute_logits(hidden[step.logit_rows])
+
+    @torch.inference_mode()
+    def sample(
+        self, step: PreparedStep, logits: torch.Tensor | None
+    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
+        """The new tokens (and logprobs of a lone sampled token) per completing chunk, in
+        chunk order. A chunk with a draft verifies it: its tokens are the accepted draft
+        tokens and one more (speculative/verify.py)."""
+        if logits is None:
+            return [], []
+        by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {
+            id(c.request): ([], None) for c in step.chunks if c.completes
+        }
+        # A request that ended while the step computed (asynchronous scheduling) samples
+        # nothing: its grammar may be done, and nobody wants the token.
+        live = [row for row, c in enumerate(step.sampling) if not c.request.finished]
+        if live:
+            requests = [step.sampling[row].request for row in live]
+            rows = logits[: len(step.sampling)]
+            if len(live) < len(step.sampling):
+                rows = rows[torch.tensor(live)]
+            tokens, logprobs = self.sampler(rows, requests)
             for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
                 by_request[id(request)] = ([token], token_logprobs)
-        offset = len(sampling)
-        for _, chunk in verifying:
+        offset = len(step.sampling)
+        for chunk in step.verifying:
             num_rows = len(chunk.draft) + 1
             block = logits[offset : offset + num_rows]
             by_request[id(chunk.request)] = (verify(block, chunk.draft, chunk.request), None)
             offset += num_rows
-        results = [by_request[id(c.request)] for c in chunks if c.completes]
+        results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
 
     def _prepare(self, chunks: list[ScheduledChunk], num_decode_chunks: int):
@@ -84,13 +139,19 @@ class ModelRunner:
         decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
         spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
+        pending_rows: list[tuple[int, Request]] = []
         for index, chunk in enumerate(chunks):
             request = chunk.request
-            start = request.num_computed_tokens
+            start = chunk.start
             end = start + chunk.num_rows
             blocks = request.block_ids
             row = len(input_ids)
-            input_ids += request.token_ids[start : start + chunk.num_tokens] + chunk.draft
+            known = request.token_ids[start : start + chunk.num_tokens]
+            if len(known) < chunk.num_tokens:
+                # Its last input is the token the step before samples; filled in at launch.
+                pending_rows.append((row + len(known), request))
+                known.append(0)
+            input_ids += known + chunk.draft
             positions += range(start, end)
             slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
             last_rows.append(row + chunk.num_rows - 1)
@@ -142,4 +203,5 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.long),
             meta,
             last_rows,
+            pending_rows,
         )

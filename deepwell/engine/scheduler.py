@@ -4,6 +4,10 @@ Every request's `num_computed_tokens` catches up with its token list; a step giv
 running request (oldest first), then waiting ones, as many tokens as the budget allows.
 When blocks run out the newest running request is preempted and later recomputed. A
 request entering the running set starts its counter after its prefix-cache hit.
+
+Scheduling a chunk moves the counter at once, and a chunk that reaches the end of the
+token list adds a pending token: the next step can be planned while this one computes,
+with the pending token as its input (asynchronous scheduling, core.py).
 """
 
 from collections import deque
@@ -17,19 +21,17 @@ from deepwell.engine.request import Request, RequestStatus
 @dataclass
 class ScheduledChunk:
     request: Request
-    # Tokens token_ids[num_computed_tokens : num_computed_tokens + num_tokens] run this step.
+    # Positions [start, start + num_tokens) run this step; the last may be a pending token.
+    start: int
     num_tokens: int
+    # The chunk reaches the end of the token list, so the step samples a token for it.
+    completes: bool
     # Draft tokens verified after them (extra query rows), for a chunk that completes.
     draft: list[int] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
         return self.num_tokens + len(self.draft)
-
-    @property
-    def completes(self) -> bool:
-        """True when the chunk reaches the end of the token list, so a token is sampled."""
-        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
 
 
 @dataclass
@@ -75,7 +77,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_tokens + request.num_pending_tokens >= request.params.max_tokens:
+                index += 1  # its pending token is its last
+                continue
+            num_tokens = min(request.num_expected_tokens - request.num_computed_tokens, budget)
             target = request.num_computed_tokens + num_tokens
             draft = request.draft_token_ids[: budget - num_tokens] if num_tokens == 1 else []
             # A draft never preempts anyone: it runs only where blocks are free.
@@ -92,7 +97,7 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 break
             self.kv.allocate(request, target)
-            chunks.append(ScheduledChunk(request, num_tokens, draft))
+            chunks.append(self._take(request, num_tokens, draft))
             budget -= num_tokens + len(draft)
             index += 1
         # Admitting new work right after a preemption would only thrash the cache.
@@ -102,7 +107,8 @@ class Scheduler:
                 break
             request = self.waiting[index]
             # Waiting requests hold no blocks (new, or preempted): look for a prefix hit.
-            hit = self.kv.find_prefix(request)
+            # A preempted one whose last token is still being sampled waits for it.
+            hit = None if request.num_pending_tokens else self.kv.find_prefix(request)
             if hit is None:
                 index += 1  # its stored prefix is still loading; the next may go first
                 continue
@@ -113,9 +119,18 @@ class Scheduler:
             self.kv.admit(request, hit, hit.num_tokens + num_tokens)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            chunks.append(ScheduledChunk(request, num_tokens))
+            chunks.append(self._take(request, num_tokens, []))
             budget -= num_tokens
         return SchedulerOutput(chunks, preempted)
+
+    @staticmethod
+    def _take(request: Request, num_tokens: int, draft: list[int]) -> ScheduledChunk:
+        """The chunk of a request's next `num_tokens` tokens, counted as computed from now."""
+        start = request.num_computed_tokens
+        completes = start + num_tokens == request.num_expected_tokens
+        request.num_computed_tokens += num_tokens
+        request.num_pending_tokens += completes
+        return ScheduledChunk(request, start, num_tokens, completes, draft)
 
     def _preempt(self, request: Request) -> None:
         # Recompute, not swap: the tokens stay, the KV goes, the counter restarts.
@@ -125,11 +140,13 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
-    def finish(self, request: Request) -> None:
-        """Take a request out of scheduling (finished or aborted) and free its KV."""
+    def finish(self, request: Request, free_blocks: bool = True) -> None:
+        """Take a request out of scheduling (finished or aborted) and free its KV, unless
+        a step still computing writes to it: then the caller frees it afterwards."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
-        self.kv.free(request)
+        if free_blocks:
+            self.kv.free(request)
         request.status = RequestStatus.FINISHED

@@ -36,6 +36,8 @@ class WorkerConfig:
     kv_store_ttl_agent_s: float = 3 * 86400.0
     # Batch-invariant kernels (EngineArgs.batch_invariant); DEEPWELL_BATCH_INVARIANT also sets it.
     batch_invariant: bool = False
+    # Plan the next step while the model computes (EngineArgs.async_scheduling).
+    async_scheduling: bool = True
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,12 @@ def request(name: str, num_tokens: int) -> Request:
 
 
 def run(scheduler: Scheduler):
-    """Schedule one step and pretend it ran (counters advance, completing chunks sample)."""
+    """Schedule one step and pretend it ran (completing chunks sample a token)."""
     plan = scheduler.schedule()
     for chunk in plan.chunks:
-        completes = chunk.completes
-        chunk.request.num_computed_tokens += chunk.num_tokens
-        if completes:
+        if chunk.completes:
             chunk.request.token_ids.append(7)
+            chunk.request.num_pending_tokens -= 1
     return plan
 
 

@@ -150,11 +150,13 @@ class KVCacheManager:
             request.slot = self.slot_pool.allocate()
         request.block_ids += self.block_pool.allocate(self.blocks_needed(request, num_tokens))
 
-    def commit(self, request: Request) -> None:
-        """Make the request's newly computed full blocks findable, and store the new ones."""
+    def commit(self, request: Request, num_computed: int) -> None:
+        """Make the request's full blocks among its first `num_computed` tokens findable,
+        and store the new ones. `num_computed` counts tokens whose KV is written: a step
+        still computing has moved the request's counter past it."""
         if self.root_key is None:
             return
-        full = request.num_computed_tokens // self.block_size
+        full = num_computed // self.block_size
         start = request.num_committed_blocks
         if full <= start:
             return
