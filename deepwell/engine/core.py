@@ -82,7 +82,7 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What the last step computed: prefill tokens (chunks) and decode tokens."""
+    """What a step computed: prefill tokens (chunks) and decode tokens."""
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -94,6 +94,7 @@ class _LaunchedStep:
 
     plan: SchedulerOutput
     prepared: PreparedStep
+    stats: StepStats
     # (logits of the step's logit rows, seconds the forward took)
     result: Future
     # Requests that ended while the step computed: their blocks are freed once it is done.
@@ -190,6 +191,7 @@ class EngineCore:
         self._seeds = random.Random(args.seed)
         self.num_steps = 0
         self.num_preemptions = 0
+        # What the step finished by the last `step()` call computed.
         self.last_step = StepStats()
         logger.info(
             "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
@@ -399,7 +401,7 @@ class EngineCore:
                 if tokens
             }
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
-        self.last_step = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
+        stats = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
         self.num_steps += 1
         if self._compute is not None:
             result = self._compute.submit(self._forward, prepared, pending)
@@ -409,7 +411,7 @@ class EngineCore:
                 result.set_result(self._forward(prepared, pending))
             except Exception as error:
                 result.set_exception(error)
-        return _LaunchedStep(plan, prepared, result)
+        return _LaunchedStep(plan, prepared, stats, result)
 
     def _forward(self, prepared: PreparedStep, pending: dict[str, int]):
         started = time.perf_counter()
@@ -423,6 +425,7 @@ class EngineCore:
         except Exception:
             self._release(launched)
             raise
+        self.last_step = launched.stats
         started = time.perf_counter()
         sampled = self.runner.sample(launched.prepared, logits)
         step_s = forward_s + time.perf_counter() - started

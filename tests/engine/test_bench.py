@@ -22,3 +22,5 @@ def test_the_shared_prefix_workload_hits_the_prefix_cache(tiny_llama):
     result = run_bench(args, config, progress=False)
     # The first request computes the prefix; the other five take its 6 blocks.
     assert result.prefix_hit_rate > 0.6
+    # Model work is part of the wall time, and most of it even on this tiny model.
+    assert 0.3 < result.busy_fraction <= 1.0
