@@ -2,8 +2,8 @@
 
 Decodes run batched over a ragged list of blocks (no padding blocks), scored block by
 block with the softmax reduced per row across its blocks: either in place over the front
-of the pool, or on whole head-major blocks gathered with one memcpy each. Each prefill
-chunk runs its own SDPA.
+of the pool (rows sharing a block stacked over it), or on whole head-major blocks gathered
+with one memcpy each. Each prefill chunk runs its own SDPA.
 """
 
 import torch
@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
 
-# Scoring the pool in place reads `span` blocks once; gathering reads, writes and rereads
-# the decode blocks. In place wins while span <= 3 x decode blocks (measured on W).
+# Scoring the pool in place reads `span` blocks once, with `depth` stacked queries each;
+# gathering reads, writes and rereads the decode blocks. In place wins while
+# span x depth <= 3 x decode blocks (measured on W's decode steps, drafts stacked 6 deep).
 IN_PLACE_SPAN_FACTOR = 3
 
 
@@ -21,6 +22,9 @@ class TorchPagedAttention(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
+        # The decode stacking of the step being run, shared by all layers (_stacking).
+        self._stacked_meta: AttentionMetadata | None = None
+        self._stacking_of_meta: tuple[torch.Tensor, int, int] | None = None
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
@@ -69,15 +73,21 @@ class TorchPagedAttention(AttentionBackend):
             return out.view(1, self.num_heads, self.head_dim)
         # A KV head's query heads are folded into one [group, head_dim] matrix (GQA).
         grouped = (q * self.scale).view(batch, kv_heads, group, self.head_dim)
-        span = meta.decode_block_span
-        in_place = span is not None and span <= IN_PLACE_SPAN_FACTOR * ids.numel()
+        ranks, depth, span = self._stacking(meta)
+        in_place = span * depth <= IN_PLACE_SPAN_FACTOR * ids.numel()
         if in_place:
-            # Score the first `span` pool blocks where they lie (a read, no copy); rows of
-            # blocks outside this batch get a zero query and are dropped right after.
-            queries = q.new_zeros(span, kv_heads, group, self.head_dim)
-            queries.index_copy_(0, ids, grouped.index_select(0, rows))
-            scores = torch.matmul(queries, key_cache[:span].transpose(-1, -2))
-            scores = scores.index_select(0, ids).float()
+            # Score the first `span` pool blocks where they lie (a read, no copy). A block
+            # seen by several rows (a draft's verify rows, a shared prefix) gets one query
+            # per row, stacked `depth` deep; stack slots no row uses hold zero queries and
+            # are dropped right after.
+            stacked = (span, kv_heads, depth, group)
+            queries = q.new_zeros(*stacked, self.head_dim)
+            queries[ids, :, ranks] = grouped.index_select(0, rows)
+            scores = torch.matmul(
+                queries.view(span, kv_heads, depth * group, self.head_dim),
+                key_cache[:span].transpose(-1, -2),
+            )
+            scores = scores.view(*stacked, -1)[ids, :, ranks].float()
         else:
             keys = key_cache.index_select(0, ids)  # [blocks, kv_heads, block_size, head_dim]
             scores = torch.matmul(grouped.index_select(0, rows), keys.transpose(-1, -2)).float()
@@ -88,15 +98,36 @@ class TorchPagedAttention(AttentionBackend):
         weights = torch.exp(scores - row_max.index_select(0, rows).unsqueeze(-1))
         total = torch.zeros(batch, kv_heads, group).index_add_(0, rows, weights.sum(dim=-1))
         if in_place:
-            spread = weights.new_zeros(span, kv_heads, group, weights.shape[-1], dtype=q.dtype)
-            spread.index_copy_(0, ids, weights.to(q.dtype))
-            partial = torch.matmul(spread, value_cache[:span]).index_select(0, ids).float()
+            block_size = weights.shape[-1]
+            spread = weights.new_zeros(*stacked, block_size, dtype=q.dtype)
+            spread[ids, :, ranks] = weights.to(q.dtype)
+            partial = torch.matmul(
+                spread.view(span, kv_heads, depth * group, block_size), value_cache[:span]
+            )
+            partial = partial.view(*stacked, self.head_dim)[ids, :, ranks].float()
         else:
             values = value_cache.index_select(0, ids)
             partial = torch.matmul(weights.to(q.dtype), values).float()  # [blocks, kvh, group, dim]
         out = torch.zeros(batch, kv_heads, group, self.head_dim).index_add_(0, rows, partial)
         out /= total.unsqueeze(-1)
         return out.to(q.dtype).view(batch, self.num_heads, self.head_dim)
+
+    def _stacking(self, meta: AttentionMetadata) -> tuple[torch.Tensor, int, int]:
+        """Each decode block's rank among the decode blocks with its id, the highest rank
+        plus one (depth), and the span of pool blocks holding them; once per step."""
+        if meta is not self._stacked_meta:
+            ids = meta.decode_block_ids
+            if meta.decode_block_span is not None:
+                stacking = (torch.zeros_like(ids), 1, meta.decode_block_span)
+            else:
+                seen: dict[int, int] = {}
+                ranks = []
+                for block in ids.tolist():
+                    ranks.append(seen.get(block, 0))
+                    seen[block] = ranks[-1] + 1
+                stacking = (torch.tensor(ranks), max(seen.values()), max(seen) + 1)
+            self._stacked_meta, self._stacking_of_meta = meta, stacking
+        return self._stacking_of_meta
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:

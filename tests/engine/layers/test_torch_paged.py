@@ -26,15 +26,24 @@ def test_alone_batched_and_chunked_runs_give_the_same_greedy_tokens(make_core):
     assert run_to_completion(core) == alone
 
 
-@pytest.mark.parametrize("span", [None, 10], ids=["gathered", "in_place"])
-def test_ragged_decode_equals_dense_attention_over_each_context(span):
+@pytest.mark.parametrize(
+    ("tables", "lens", "span"),
+    [
+        # Block 29 puts the span far past 3x the decode blocks: gathered.
+        ([[3, 7], [1], [0, 5, 29]], [6, 2, 11], None),
+        ([[3, 7], [1], [0, 5, 9]], [6, 2, 11], 10),
+        # Rows 0-1 and 2-3 share blocks (a draft's verify rows): stacked in place.
+        ([[3, 7], [3, 7], [1], [1], [0, 5, 9]], [6, 7, 2, 3, 11], None),
+    ],
+    ids=["gathered", "in_place", "stacked"],
+)
+def test_ragged_decode_equals_dense_attention_over_each_context(tables, lens, span):
     torch.manual_seed(0)
     heads, kv_heads, dim, block = 4, 2, 8, 4
     backend = TorchPagedAttention(heads, kv_heads, dim)
-    keys = torch.randn(10, kv_heads, block, dim)
-    values = torch.randn(10, kv_heads, block, dim)
-    tables, lens = [[3, 7], [1], [0, 5, 9]], [6, 2, 11]
-    q = torch.randn(3, heads, dim)
+    keys = torch.randn(30, kv_heads, block, dim)
+    values = torch.randn(30, kv_heads, block, dim)
+    q = torch.randn(len(tables), heads, dim)
     padding = []
     for table, length in zip(tables, lens, strict=True):
         padding += [0] * (len(table) - 1) + [len(table) * block - length]
@@ -42,15 +51,15 @@ def test_ragged_decode_equals_dense_attention_over_each_context(span):
     meta = AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
-        num_decodes=3,
+        num_decodes=len(tables),
         decode_context_lens=lens,
         decode_block_ids=torch.tensor([b for t in tables for b in t]),
         decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
         decode_block_padding=(torch.arange(block)[None] >= valid[:, None])[:, None, None],
         decode_block_span=span,
         prefills=[],
-        seq_slots=torch.full((3,), -1),
-        seq_starts=torch.zeros(3, dtype=torch.long),
+        seq_slots=torch.full((len(tables),), -1),
+        seq_starts=torch.zeros(len(tables), dtype=torch.long),
     )
     out = backend._decode(q, keys, values, meta)
     for row, (table, length) in enumerate(zip(tables, lens, strict=True)):
