@@ -3,16 +3,18 @@
 `add_request`, `abort` and `step` are called from one thread; `AsyncEngine` (stream.py)
 wraps them for asyncio callers.
 
-With asynchronous scheduling the forward runs on a compute thread: while step N computes,
-`step()` schedules and prepares step N+1 (a request's input there is the token step N is
-sampling, filled in at launch), then samples step N, launches step N+1 and hands back step
-N's tokens while N+1 computes. Requests that end meanwhile keep their blocks until the
-step in flight is done. Outputs are the same with it on or off: sampling reads only the
-request's own state, which is up to date before each sample.
+With asynchronous scheduling the forward and sampling run on a compute thread: while step
+N computes, `step()` schedules and prepares step N+1 (a request's input there is the token
+step N is sampling, filled in at launch), waits for step N's tokens, launches step N+1 and
+hands back step N's tokens while N+1 computes; N+1 samples once they are appended.
+Requests that end meanwhile keep their blocks until the step in flight is done. Outputs
+are the same with it on or off: sampling reads only the request's own state, which is up
+to date before each sample.
 """
 
 import logging
 import random
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -51,10 +53,13 @@ _LOAD_POLL_S = 0.005
 # An idle step loop with only compiling requests sleeps at most this long per step.
 _COMPILE_POLL_S = 0.005
 # With speculation and asynchronous scheduling both on, a step in flight hides its
-# requests' last tokens from the drafter, so the loop runs synchronously while drafts keep
-# coming (they come and go: a hit every other step is common). Once this many proposals
-# in a row find none, steps overlap, and every this many steps the loop drains once to
-# look for drafts again.
+# requests' last tokens from the drafter, and a verify step must finish before the next is
+# planned: drafting wins, overlap takes the lulls. The loop stays synchronous while drafts
+# keep coming (they come and go: on repetitive text a hit every other step is common, and
+# overlapping after 8 misses cost a fifth of batch-1 decode speed). After this many
+# proposals in a row find none, steps overlap...
+_PROPOSALS_BEFORE_OVERLAP = 32
+# ...and every this many overlapped steps the loop drains once to look for drafts again.
 _DRAFT_PROBE_INTERVAL = 8
 
 
@@ -95,8 +100,10 @@ class _LaunchedStep:
     plan: SchedulerOutput
     prepared: PreparedStep
     stats: StepStats
-    # (logits of the step's logit rows, seconds the forward took)
+    # (sampled tokens and logprobs, seconds of forward and sampling)
     result: Future
+    # Set once the step before's tokens are appended: sampling reads the requests.
+    requests_ready: threading.Event
     # Requests that ended while the step computed: their blocks are freed once it is done.
     release: list[Request] = field(default_factory=list)
 
@@ -177,8 +184,18 @@ class EngineCore:
             if args.num_speculative_tokens and not layout.needs_slots and not args.batch_invariant
             else None
         )
-        self.async_scheduling = args.async_scheduling
-        self._compute = start_compute_thread() if args.async_scheduling else None
+        # Once two threads have run parallel torch ops, libgomp has more threads than cores
+        # and stops spinning between parallel regions, which slows every small op: on 2
+        # cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s with the
+        # forward on its own thread. So the CPU loop overlaps only with one torch thread.
+        self.async_scheduling = args.async_scheduling and torch.get_num_threads() == 1
+        if args.async_scheduling and not self.async_scheduling:
+            logger.info(
+                "asynchronous scheduling needs one torch thread on CPU (%d in use): "
+                "the step loop runs synchronously",
+                torch.get_num_threads(),
+            )
+        self._compute = start_compute_thread() if self.async_scheduling else None
         self._in_flight: _LaunchedStep | None = None
         self._steps_to_draft_probe = 0
         self._proposals_without_drafts = 0
@@ -350,7 +367,11 @@ class EngineCore:
         if prepared is not None:
             self._in_flight = self._launch(plan, prepared, previous, sampled)
         if previous is not None:
-            outputs += self._process(previous, sampled)
+            try:
+                outputs += self._process(previous, sampled)
+            finally:
+                if self._in_flight is not None:
+                    self._in_flight.requests_ready.set()
             self._release(previous)
         if self._in_flight is not None and (
             not self.async_scheduling or any(c.draft for c in plan.chunks)
@@ -380,7 +401,7 @@ class EngineCore:
             self._proposals_without_drafts = 0
         else:
             self._proposals_without_drafts += 1
-        if self._proposals_without_drafts >= _DRAFT_PROBE_INTERVAL:
+        if self._proposals_without_drafts >= _PROPOSALS_BEFORE_OVERLAP:
             self._steps_to_draft_probe = _DRAFT_PROBE_INTERVAL
         return outputs
 
@@ -403,32 +424,42 @@ class EngineCore:
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
         stats = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
         self.num_steps += 1
+        # Requests are up to date unless the step before is still to be processed.
+        requests_ready = threading.Event()
+        if previous is None:
+            requests_ready.set()
         if self._compute is not None:
-            result = self._compute.submit(self._forward, prepared, pending)
+            result = self._compute.submit(self._compute_step, prepared, pending, requests_ready)
         else:
             result = Future()
             try:
-                result.set_result(self._forward(prepared, pending))
+                result.set_result(self._compute_step(prepared, pending, requests_ready))
             except Exception as error:
                 result.set_exception(error)
-        return _LaunchedStep(plan, prepared, stats, result)
+        return _LaunchedStep(plan, prepared, stats, result, requests_ready)
 
-    def _forward(self, prepared: PreparedStep, pending: dict[str, int]):
+    def _compute_step(
+        self, prepared: PreparedStep, pending: dict[str, int], requests_ready: threading.Event
+    ) -> tuple[tuple[list[list[int]], list], float]:
+        """Forward, then sampling once the requests hold the step before's tokens: both on
+        one thread, since two threads running torch ops each keep an OpenMP team spinning
+        on the same cores (measured: batch-1 decode a third slower)."""
         started = time.perf_counter()
         logits = self.runner.forward(prepared, pending)
-        return logits, time.perf_counter() - started
+        forward_s = time.perf_counter() - started
+        requests_ready.wait()
+        started = time.perf_counter()
+        sampled = self.runner.sample(prepared, logits)
+        return sampled, forward_s + time.perf_counter() - started
 
     def _collect(self, launched: _LaunchedStep) -> tuple[list[list[int]], list]:
-        """Wait for a launched step's forward and sample it."""
+        """Wait for a launched step's tokens."""
         try:
-            logits, forward_s = launched.result.result()
+            sampled, step_s = launched.result.result()
         except Exception:
             self._release(launched)
             raise
         self.last_step = launched.stats
-        started = time.perf_counter()
-        sampled = self.runner.sample(launched.prepared, logits)
-        step_s = forward_s + time.perf_counter() - started
         self.compute_s += step_s
         if self.speculator is not None:
             self.speculator.record_step(launched.plan.num_rows, step_s)

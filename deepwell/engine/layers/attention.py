@@ -38,6 +38,9 @@ class QueryTiles:
     pair_masks: torch.Tensor
     # Pairs of each tile, to split a step into bounded pieces at tile boundaries.
     tile_num_pairs: list[int]
+    # Block ids below this bound hold every pair's block, each block in one pair only (a
+    # step of decodes): the pool's front can be scored in place. None otherwise.
+    pair_block_span: int | None = None
 
 
 @dataclass

@@ -22,6 +22,9 @@ QUERY_TILE = 2
 # (tile, block) pairs scored per attention call: bounds the gathered keys and values at
 # ~100 MB for SmolLM2 in bf16, however long the contexts.
 MAX_PAIRS = 1024
+# Scoring the first `span` pool blocks where they lie reads them once; gathering reads,
+# writes and rereads the pairs' blocks. In place while span <= 3 x pairs (as torch_paged).
+IN_PLACE_SPAN_FACTOR = 3
 
 
 class RowTiledLinear(nn.Linear):
@@ -64,12 +67,17 @@ def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) 
     slot_positions = torch.tensor(positions, dtype=torch.long)
     pair_tile_tensor = torch.tensor(pair_tiles, dtype=torch.long)
     keys = torch.tensor(pair_starts, dtype=torch.long)[:, None] + torch.arange(block_size)
+    span = max(pair_blocks, default=0) + 1
+    in_place = len(set(pair_blocks)) == len(
+        pair_blocks
+    ) <= MAX_PAIRS and span <= IN_PLACE_SPAN_FACTOR * len(pair_blocks)
     return QueryTiles(
         rows=torch.tensor(rows, dtype=torch.long),
         pair_tiles=pair_tile_tensor,
         pair_blocks=torch.tensor(pair_blocks, dtype=torch.long),
         pair_masks=keys[:, None, :] > slot_positions[pair_tile_tensor][:, :, None],
         tile_num_pairs=tile_num_pairs,
+        pair_block_span=span if in_place else None,
     )
 
 
@@ -108,21 +116,34 @@ class BatchInvariantAttention(AttentionBackend):
             pairs = slice(first_pair, num_pairs)
             out[rows.flatten()] = self._attend(
                 padded_q[rows],
-                key_cache.index_select(0, tiles.pair_blocks[pairs]),
-                value_cache.index_select(0, tiles.pair_blocks[pairs]),
+                key_cache,
+                value_cache,
+                tiles.pair_blocks[pairs],
+                tiles.pair_block_span,
                 tiles.pair_tiles[pairs] - first_tile,
                 tiles.pair_masks[pairs],
             )
             first_tile, first_pair = tile + 1, num_pairs
         return out[:-1]
 
-    def _attend(self, q, keys, values, pair_tiles, masks) -> torch.Tensor:
-        """q: [tiles, QUERY_TILE, heads, dim]; keys, values: [pairs, kv_heads, block, dim]."""
+    def _attend(self, q, key_cache, value_cache, blocks, span, pair_tiles, masks) -> torch.Tensor:
+        """q: [tiles, QUERY_TILE, heads, dim]; caches: [num_blocks, kv_heads, block, dim];
+        blocks: the block of each (tile, block) pair. With a `span`, every pair has its own
+        block below it, scored where it lies: each block's product has the same shape as
+        when gathered, so the same bits."""
         num_tiles, kv_heads, group, dim = q.shape[0], self.num_kv_heads, self.group, self.head_dim
         # [tiles, kv_heads, QUERY_TILE * group, dim]: a KV head's query rows as one matrix.
         grouped = q.view(num_tiles, QUERY_TILE, kv_heads, group, dim).transpose(1, 2)
         grouped = grouped.reshape(num_tiles, kv_heads, QUERY_TILE * group, dim)
-        scores = torch.matmul(grouped.index_select(0, pair_tiles), keys.transpose(-1, -2)).float()
+        pair_queries = grouped.index_select(0, pair_tiles)
+        if span is None:
+            keys = key_cache.index_select(0, blocks)
+            scores = torch.matmul(pair_queries, keys.transpose(-1, -2)).float()
+        else:
+            queries = pair_queries.new_zeros(span, *pair_queries.shape[1:])
+            queries.index_copy_(0, blocks, pair_queries)
+            scores = torch.matmul(queries, key_cache[:span].transpose(-1, -2))
+            scores = scores.index_select(0, blocks).float()
         num_pairs, block = scores.shape[0], scores.shape[-1]
         scores = scores.view(num_pairs, kv_heads, QUERY_TILE, group, block)
         scores.masked_fill_(masks[:, None, :, None, :], float("-inf"))
@@ -135,7 +156,12 @@ class BatchInvariantAttention(AttentionBackend):
         total = torch.zeros(num_tiles, kv_heads, QUERY_TILE, group)
         total.index_add_(0, pair_tiles, weights.sum(dim=-1))
         weights = weights.view(num_pairs, kv_heads, QUERY_TILE * group, block).to(q.dtype)
-        partial = torch.matmul(weights, values).float()
+        if span is None:
+            partial = torch.matmul(weights, value_cache.index_select(0, blocks)).float()
+        else:
+            spread = weights.new_zeros(span, *weights.shape[1:])
+            spread.index_copy_(0, blocks, weights)
+            partial = torch.matmul(spread, value_cache[:span]).index_select(0, blocks).float()
         out = torch.zeros(num_tiles, kv_heads, QUERY_TILE * group, dim)
         out.index_add_(0, pair_tiles, partial)
         out = out.view(num_tiles, kv_heads, QUERY_TILE, group, dim)
