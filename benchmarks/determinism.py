@@ -6,7 +6,7 @@ invariance. Prints output throughput, the busy fraction (model work: forward, lo
 sampling, over the wall time of the step loop), the gain of asynchronous scheduling and
 the overhead of invariance:
 
-    .venv/bin/python benchmarks/determinism.py [--requests 48] [--threads 2] [--repeats 2]
+    .venv/bin/python benchmarks/determinism.py [--requests 48] [--threads 1] [--repeats 2]
 
 Goal (issue 8): overhead ≤ 20% (SGLang reports 34%, Thinking Machines 61.5%).
 """
@@ -68,7 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-output", type=int, default=96)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default: 1; on CPU the loop overlaps only with one)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
