@@ -3,10 +3,10 @@
 `add_request`, `abort` and `step` are called from one thread; `AsyncEngine` (stream.py)
 wraps them for asyncio callers.
 
-With asynchronous scheduling the forward and sampling run on a compute thread: while step
-N computes, `step()` schedules and prepares step N+1 (a request's input there is the token
-step N is sampling, filled in at launch), waits for step N's tokens, launches step N+1 and
-hands back step N's tokens while N+1 computes; N+1 samples once they are appended.
+With asynchronous scheduling the forward runs on a compute thread: while step N computes,
+`step()` schedules and prepares step N+1 (a request's input there is the token step N is
+sampling, filled in at launch), then samples step N, launches step N+1 and hands back step
+N's tokens while N+1 computes.
 Requests that end meanwhile keep their blocks until the step in flight is done. Outputs
 are the same with it on or off: sampling reads only the request's own state, which is up
 to date before each sample.
@@ -14,7 +14,6 @@ to date before each sample.
 
 import logging
 import random
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -100,10 +99,8 @@ class _LaunchedStep:
     plan: SchedulerOutput
     prepared: PreparedStep
     stats: StepStats
-    # (sampled tokens and logprobs, seconds of forward and sampling)
+    # (logits of the step's logit rows, seconds the forward took)
     result: Future
-    # Set once the step before's tokens are appended: sampling reads the requests.
-    requests_ready: threading.Event
     # Requests that ended while the step computed: their blocks are freed once it is done.
     release: list[Request] = field(default_factory=list)
 
@@ -367,11 +364,7 @@ class EngineCore:
         if prepared is not None:
             self._in_flight = self._launch(plan, prepared, previous, sampled)
         if previous is not None:
-            try:
-                outputs += self._process(previous, sampled)
-            finally:
-                if self._in_flight is not None:
-                    self._in_flight.requests_ready.set()
+            outputs += self._process(previous, sampled)
             self._release(previous)
         if self._in_flight is not None and (
             not self.async_scheduling or any(c.draft for c in plan.chunks)
@@ -424,42 +417,34 @@ class EngineCore:
         decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
         stats = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
         self.num_steps += 1
-        # Requests are up to date unless the step before is still to be processed.
-        requests_ready = threading.Event()
-        if previous is None:
-            requests_ready.set()
         if self._compute is not None:
-            result = self._compute.submit(self._compute_step, prepared, pending, requests_ready)
+            result = self._compute.submit(self._forward, prepared, pending)
         else:
             result = Future()
             try:
-                result.set_result(self._compute_step(prepared, pending, requests_ready))
+                result.set_result(self._forward(prepared, pending))
             except Exception as error:
                 result.set_exception(error)
-        return _LaunchedStep(plan, prepared, stats, result, requests_ready)
+        return _LaunchedStep(plan, prepared, stats, result)
 
-    def _compute_step(
-        self, prepared: PreparedStep, pending: dict[str, int], requests_ready: threading.Event
-    ) -> tuple[tuple[list[list[int]], list], float]:
-        """Forward, then sampling once the requests hold the step before's tokens: both on
-        one thread, since two threads running torch ops each keep an OpenMP team spinning
-        on the same cores (measured: batch-1 decode a third slower)."""
+    def _forward(self, prepared: PreparedStep, pending: dict[str, int]):
         started = time.perf_counter()
         logits = self.runner.forward(prepared, pending)
-        forward_s = time.perf_counter() - started
-        requests_ready.wait()
-        started = time.perf_counter()
-        sampled = self.runner.sample(prepared, logits)
-        return sampled, forward_s + time.perf_counter() - started
+        return logits, time.perf_counter() - started
 
     def _collect(self, launched: _LaunchedStep) -> tuple[list[list[int]], list]:
-        """Wait for a launched step's tokens."""
+        """Wait for a launched step's forward and sample it. Sampling stays on this thread:
+        it reads the requests' grammar state, penalties and positions, which are current
+        only once the step before's tokens are appended."""
         try:
-            sampled, step_s = launched.result.result()
+            logits, forward_s = launched.result.result()
         except Exception:
             self._release(launched)
             raise
         self.last_step = launched.stats
+        started = time.perf_counter()
+        sampled = self.runner.sample(launched.prepared, logits)
+        step_s = forward_s + time.perf_counter() - started
         self.compute_s += step_s
         if self.speculator is not None:
             self.speculator.record_step(launched.plan.num_rows, step_s)
@@ -487,13 +472,9 @@ class EngineCore:
             request = chunk.request
             # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
             computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
-            if not chunk.completes:
-                if request.block_ids:
-                    self.kv.commit(request, computed)
-                continue
-            new_tokens, token_logprobs = next(samples)
-            if request.status is RequestStatus.FINISHED:
-                # Aborted, or ended by the step before while this one computed.
+            new_tokens, token_logprobs = next(samples) if chunk.completes else ([], None)
+            # A prefill chunk, or a request aborted or ended while the step computed.
+            if not chunk.completes or request.status is RequestStatus.FINISHED:
                 if request.block_ids:
                     self.kv.commit(request, computed)
                 continue
