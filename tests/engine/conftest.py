@@ -7,6 +7,7 @@ import torch
 
 from deepwell.engine import EngineArgs, EngineCore
 
+from .structured.tiny_tokenizer import tiny_tokenizer
 from .tiny_llama import write_tiny_llama
 
 # The test machine's 2 cores are shared: with 2 threads, a busy neighbour stalls every
@@ -17,6 +18,14 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_with_tokenizer(tmp_path_factory) -> Path:
+    """The tiny Llama with a byte-level tokenizer, for grammars and text."""
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny_llama_tokenizer"))
+    tiny_tokenizer().save(str(path / "tokenizer.json"))
+    return path
 
 
 @pytest.fixture

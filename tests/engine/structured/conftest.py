@@ -1,21 +1,12 @@
-"""Fixtures for structured output: the tiny random Llama with a byte-level tokenizer."""
-
-from pathlib import Path
+"""Fixtures for structured output: cores on the tiny Llama with its byte-level tokenizer."""
 
 import llguidance
 import pytest
 
 from deepwell.engine import EngineArgs, EngineCore
 
-from ..tiny_llama import TINY_CONFIG, write_tiny_llama
+from ..tiny_llama import TINY_CONFIG
 from .tiny_tokenizer import EOS_ID, tiny_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_with_tokenizer(tmp_path_factory) -> Path:
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny_llama_tokenizer"))
-    tiny_tokenizer().save(str(path / "tokenizer.json"))
-    return path
 
 
 @pytest.fixture(scope="session")
