@@ -26,15 +26,16 @@ class PrefillSpan:
 
 @dataclass
 class QueryTiles:
-    """Batch-invariant layout: query rows in tiles of QUERY_TILE rows of one sequence, each
-    tile paired with every KV block its last row sees (layers/batch_invariant.py)."""
+    """Batch-invariant layout of a step's rows of one kind, one-row (decodes) or chunk tiles:
+    tiles of one sequence's rows, each paired with every KV block its last row sees
+    (layers/batch_invariant.py)."""
 
-    # [tiles, QUERY_TILE] step row of each tile slot; -1 for a padding slot.
+    # [tiles, width] step row of each tile slot; -1 for a padding slot.
     rows: torch.Tensor
     # Per (tile, block) pair, tiles in order and each tile's blocks in block order.
     pair_tiles: torch.Tensor
     pair_blocks: torch.Tensor
-    # [pairs, QUERY_TILE, block_size] True where a key lies past the slot's position.
+    # [pairs, width, block_size] True where a key lies past the slot's position.
     pair_masks: torch.Tensor
     # Pairs of each tile, to split a step into bounded pieces at tile boundaries.
     tile_num_pairs: list[int]
@@ -72,7 +73,7 @@ class AttentionMetadata:
     seq_slots: torch.Tensor
     seq_starts: torch.Tensor
     # Set in batch-invariant mode, which lays out no decode rows or prefill spans.
-    query_tiles: QueryTiles | None = None
+    query_tiles: list[QueryTiles] | None = None
 
 
 class AttentionBackend(ABC):

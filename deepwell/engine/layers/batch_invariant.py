@@ -15,13 +15,17 @@ from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
 # do not; every multiple of 8 (or 16) rows gives the same bits. A lone row padded to 8 costs
 # 1.5x its projection time (2.3x padded to 16), so 8.
 ROW_TILE = 8
-# Query rows per attention tile: a prefill tile gathers its blocks once for this many rows;
-# a decode fills one slot of a tile, so its attention does this many times the work.
-# Throughput cost of invariance on benchmarks/determinism.py: 59% at 1, 14% at 2, 27% at 4.
-QUERY_TILE = 2
-# (tile, block) pairs scored per attention call: bounds the gathered keys and values at
-# ~100 MB for SmolLM2 in bf16, however long the contexts.
-MAX_PAIRS = 1024
+# Rows of an attention product from which a row's bits depend neither on the row count nor
+# on the row's place (measured with torch 2.13's CPU kernels: bfloat16 from one row, float32
+# from 6; tests/engine/layers/test_batch_invariant.py checks it where the tests run). So a
+# decode is a one-row tile, and a prefill chunk's rows go in tiles as long as pays.
+MIN_PRODUCT_ROWS = {torch.bfloat16: 1, torch.float32: 8}
+# Rows per tile of a prefill chunk: a tile gathers each KV block it sees once for all its
+# rows, and its chunk's last tile is mostly padding.
+CHUNK_TILE = 16
+# (tile, block) pairs times tile rows scored per attention call: bounds the scores and the
+# gathered keys and values at ~100 MB for SmolLM2 in bf16, however long the contexts.
+MAX_PAIR_ROWS = 2048
 # Scoring the first `span` pool blocks where they lie reads them once; gathering reads,
 # writes and rereads the pairs' blocks. In place while span <= 3 x pairs (as torch_paged).
 IN_PLACE_SPAN_FACTOR = 3
@@ -44,8 +48,21 @@ def tile_linears(model: nn.Module) -> None:
             module.__class__ = RowTiledLinear
 
 
-def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> QueryTiles:
-    """Spans of (first step row, first position, rows, block ids) → the step's QueryTiles."""
+def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> list[QueryTiles]:
+    """Spans of (first step row, first position, rows, block ids) → the step's one-row tiles
+    (decodes, one-token chunks) and its chunk tiles, each kind laid out apart."""
+    one_row = [span for span in spans if span[2] == 1]
+    chunks = [span for span in spans if span[2] > 1]
+    return [
+        _lay_out(spans, width, block_size)
+        for spans, width in ((one_row, 1), (chunks, CHUNK_TILE))
+        if spans
+    ]
+
+
+def _lay_out(
+    spans: list[tuple[int, int, int, list[int]]], width: int, block_size: int
+) -> QueryTiles:
     rows: list[list[int]] = []
     positions: list[list[int]] = []
     pair_tiles: list[int] = []
@@ -53,9 +70,9 @@ def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) 
     pair_starts: list[int] = []
     tile_num_pairs: list[int] = []
     for first_row, first_position, num_rows, block_ids in spans:
-        for offset in range(0, num_rows, QUERY_TILE):
-            used = min(QUERY_TILE, num_rows - offset)
-            padding = [-1] * (QUERY_TILE - used)
+        for offset in range(0, num_rows, width):
+            used = min(width, num_rows - offset)
+            padding = [-1] * (width - used)
             rows.append(list(range(first_row + offset, first_row + offset + used)) + padding)
             first = first_position + offset
             positions.append(list(range(first, first + used)) + padding)
@@ -67,29 +84,31 @@ def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) 
     slot_positions = torch.tensor(positions, dtype=torch.long)
     pair_tile_tensor = torch.tensor(pair_tiles, dtype=torch.long)
     keys = torch.tensor(pair_starts, dtype=torch.long)[:, None] + torch.arange(block_size)
-    span = max(pair_blocks, default=0) + 1
-    in_place = len(set(pair_blocks)) == len(
+    span = max(pair_blocks) + 1
+    in_place = len(set(pair_blocks)) == len(pair_blocks) and span <= IN_PLACE_SPAN_FACTOR * len(
         pair_blocks
-    ) <= MAX_PAIRS and span <= IN_PLACE_SPAN_FACTOR * len(pair_blocks)
+    )
     return QueryTiles(
         rows=torch.tensor(rows, dtype=torch.long),
         pair_tiles=pair_tile_tensor,
         pair_blocks=torch.tensor(pair_blocks, dtype=torch.long),
         pair_masks=keys[:, None, :] > slot_positions[pair_tile_tensor][:, :, None],
         tile_num_pairs=tile_num_pairs,
-        pair_block_span=span if in_place else None,
+        # In place when one call takes every pair, or each call would score the whole span.
+        pair_block_span=span if in_place and len(pair_blocks) * width <= MAX_PAIR_ROWS else None,
     )
 
 
 class BatchInvariantAttention(AttentionBackend):
     """Query tiles of one sequence against whole KV blocks, with fixed-shape ops.
 
-    A slot's scores are one row of a [QUERY_TILE * group, head_dim] x [head_dim, block]
-    product (the same bits at any slot of any tile, measured); softmax max and sums run
-    over whole blocks, then across the slot's blocks in block order, a block it cannot see
-    adding exact zeros. So a row's result is the same whatever the chunking of its prompt
-    or the rows beside it, and a decode is a one-row tile. No SDPA: its kernel choice and
-    reduction order depend on the query count.
+    A row's scores are one row of a [rows, head_dim] x [head_dim, block] product, its output
+    one row of a [rows, block] x [block, head_dim] one: from MIN_PRODUCT_ROWS rows on, the
+    same bits whatever the row count and the row's place. Softmax max and sums run over
+    whole blocks, then across the row's blocks in block order, a block it cannot see adding
+    exact zeros. So a row's result is the same whatever the chunking of its prompt or the
+    rows beside it, and a decode is a one-row tile. No SDPA: its kernel choice and reduction
+    order depend on the query count.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -98,72 +117,78 @@ class BatchInvariantAttention(AttentionBackend):
         self.scale = head_dim**-0.5
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        tiles = meta.query_tiles
-        if tiles is None:
+        if meta.query_tiles is None:
             raise ValueError("batch-invariant attention needs the step's query tiles")
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
         value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
         # Padding slots (row -1) read and write one scratch row past the step's rows.
         padded_q = torch.cat([q * self.scale, q.new_zeros(1, *q.shape[1:])])
         out = q.new_empty(q.shape[0] + 1, *q.shape[1:])
-        first_tile = first_pair = 0
-        num_pairs = 0
-        for tile, count in enumerate(tiles.tile_num_pairs):
-            num_pairs += count
-            if tile + 1 < len(tiles.tile_num_pairs) and num_pairs - first_pair < MAX_PAIRS:
-                continue
-            rows = tiles.rows[first_tile : tile + 1]
-            pairs = slice(first_pair, num_pairs)
-            out[rows.flatten()] = self._attend(
-                padded_q[rows],
-                key_cache,
-                value_cache,
-                tiles.pair_blocks[pairs],
-                tiles.pair_block_span,
-                tiles.pair_tiles[pairs] - first_tile,
-                tiles.pair_masks[pairs],
-            )
-            first_tile, first_pair = tile + 1, num_pairs
+        for tiles in meta.query_tiles:
+            max_pairs = MAX_PAIR_ROWS // tiles.rows.shape[1]
+            first_tile = first_pair = num_pairs = 0
+            for tile, count in enumerate(tiles.tile_num_pairs):
+                num_pairs += count
+                if tile + 1 < len(tiles.tile_num_pairs) and num_pairs - first_pair < max_pairs:
+                    continue
+                rows = tiles.rows[first_tile : tile + 1]
+                pairs = slice(first_pair, num_pairs)
+                out[rows.flatten()] = self._attend(
+                    padded_q[rows],
+                    key_cache,
+                    value_cache,
+                    tiles.pair_blocks[pairs],
+                    tiles.pair_block_span,
+                    tiles.pair_tiles[pairs] - first_tile,
+                    tiles.pair_masks[pairs],
+                )
+                first_tile, first_pair = tile + 1, num_pairs
         return out[:-1]
 
     def _attend(self, q, key_cache, value_cache, blocks, span, pair_tiles, masks) -> torch.Tensor:
-        """q: [tiles, QUERY_TILE, heads, dim]; caches: [num_blocks, kv_heads, block, dim];
+        """q: [tiles, width, heads, dim]; caches: [num_blocks, kv_heads, block, dim];
         blocks: the block of each (tile, block) pair. With a `span`, every pair has its own
         block below it, scored where it lies: each block's product has the same shape as
         when gathered, so the same bits."""
-        num_tiles, kv_heads, group, dim = q.shape[0], self.num_kv_heads, self.group, self.head_dim
-        # [tiles, kv_heads, QUERY_TILE * group, dim]: a KV head's query rows as one matrix.
-        grouped = q.view(num_tiles, QUERY_TILE, kv_heads, group, dim).transpose(1, 2)
-        grouped = grouped.reshape(num_tiles, kv_heads, QUERY_TILE * group, dim)
+        num_tiles, width = q.shape[:2]
+        kv_heads, group, dim = self.num_kv_heads, self.group, self.head_dim
+        tile_rows = width * group
+        # [tiles, kv_heads, width * group, dim]: a KV head's query rows as one matrix, with
+        # zero rows up to the product rows whose bits do not depend on the count.
+        grouped = q.view(num_tiles, width, kv_heads, group, dim).transpose(1, 2)
+        grouped = grouped.reshape(num_tiles, kv_heads, tile_rows, dim)
+        padding_rows = max(MIN_PRODUCT_ROWS[q.dtype] - tile_rows, 0)
+        grouped = F.pad(grouped, (0, 0, 0, padding_rows))
         pair_queries = grouped.index_select(0, pair_tiles)
         if span is None:
             keys = key_cache.index_select(0, blocks)
-            scores = torch.matmul(pair_queries, keys.transpose(-1, -2)).float()
+            scores = torch.matmul(pair_queries, keys.transpose(-1, -2))
         else:
             queries = pair_queries.new_zeros(span, *pair_queries.shape[1:])
             queries.index_copy_(0, blocks, pair_queries)
             scores = torch.matmul(queries, key_cache[:span].transpose(-1, -2))
-            scores = scores.index_select(0, blocks).float()
+            scores = scores.index_select(0, blocks)
         num_pairs, block = scores.shape[0], scores.shape[-1]
-        scores = scores.view(num_pairs, kv_heads, QUERY_TILE, group, block)
+        scores = scores[:, :, :tile_rows].float().view(num_pairs, kv_heads, width, group, block)
         scores.masked_fill_(masks[:, None, :, None, :], float("-inf"))
-        index = pair_tiles.view(-1, 1, 1, 1).expand(-1, kv_heads, QUERY_TILE, group)
-        row_max = torch.full((num_tiles, kv_heads, QUERY_TILE, group), float("-inf"))
+        index = pair_tiles.view(-1, 1, 1, 1).expand(-1, kv_heads, width, group)
+        row_max = torch.full((num_tiles, kv_heads, width, group), float("-inf"))
         row_max.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
         # Padding slots see nothing; a zero max keeps their weights 0 instead of NaN.
         row_max.masked_fill_(row_max == float("-inf"), 0.0)
         weights = torch.exp(scores - row_max.index_select(0, pair_tiles).unsqueeze(-1))
-        total = torch.zeros(num_tiles, kv_heads, QUERY_TILE, group)
+        total = torch.zeros(num_tiles, kv_heads, width, group)
         total.index_add_(0, pair_tiles, weights.sum(dim=-1))
-        weights = weights.view(num_pairs, kv_heads, QUERY_TILE * group, block).to(q.dtype)
+        weights = weights.view(num_pairs, kv_heads, tile_rows, block).to(q.dtype)
         if span is None:
-            partial = torch.matmul(weights, value_cache.index_select(0, blocks)).float()
+            weights = F.pad(weights, (0, 0, 0, padding_rows))
+            partial = torch.matmul(weights, value_cache.index_select(0, blocks))
         else:
-            spread = weights.new_zeros(span, *weights.shape[1:])
-            spread.index_copy_(0, blocks, weights)
-            partial = torch.matmul(spread, value_cache[:span]).index_select(0, blocks).float()
-        out = torch.zeros(num_tiles, kv_heads, QUERY_TILE * group, dim)
-        out.index_add_(0, pair_tiles, partial)
-        out = out.view(num_tiles, kv_heads, QUERY_TILE, group, dim)
+            spread = weights.new_zeros(span, kv_heads, tile_rows + padding_rows, block)
+            spread[blocks, :, :tile_rows] = weights
+            partial = torch.matmul(spread, value_cache[:span]).index_select(0, blocks)
+        out = torch.zeros(num_tiles, kv_heads, tile_rows, dim)
+        out.index_add_(0, pair_tiles, partial[:, :, :tile_rows].float())
+        out = out.view(num_tiles, kv_heads, width, group, dim)
         out /= total.clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
-        return out.transpose(1, 2).reshape(num_tiles * QUERY_TILE, self.num_heads, dim).to(q.dtype)
+        return out.transpose(1, 2).reshape(num_tiles * width, self.num_heads, dim).to(q.dtype)
