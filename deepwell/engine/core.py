@@ -30,6 +30,7 @@ from deepwell.engine.kv.slot_pool import num_slots_for
 from deepwell.engine.kv.store import CACHE_CLASSES
 from deepwell.engine.kv.store_io import open_store
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
+from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import build_model
@@ -120,6 +121,8 @@ class EngineCore:
         model.load_weights(checkpoint.tensors)
         if args.batch_invariant:
             tile_linears(model)
+        else:
+            pack_linears(model)
         model.eval()
         self.model_config = model.config
         self.model_name = checkpoint.path.stem
@@ -137,7 +140,10 @@ class EngineCore:
             # Rings and state slots are read by the model's own layers, outside these kernels.
             raise ValueError("batch-invariant mode covers models with paged KV only")
         num_slots = num_slots_for(args.max_num_seqs)
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Buffers count: rotary tables and packed linear weights (layers/packed_linear.py).
+        model_bytes = sum(
+            t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+        )
         num_blocks = args.num_kv_blocks or plan_num_blocks(
             layout,
             memory_gib=args.memory_gib,

@@ -1,0 +1,61 @@
+"""Packed bf16 linears: the same bits as F.linear at any row count, and only where they
+can run (bf16 on CPU, not batch-invariant mode, whose row tiles rest on F.linear)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepwell.engine.layers.batch_invariant import RowTiledLinear
+from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(
+    not can_pack(torch.empty(0, dtype=torch.bfloat16)), reason="oneDNN bf16 is unavailable"
+)
+
+
+# SmolLM2's projections (qkv, o, gate_up, down) and one small odd shape.
+@pytest.mark.parametrize(
+    ("features", "exact"),
+    [
+        ((576, 960), True),
+        ((576, 576), True),
+        ((576, 3072), True),
+        ((1536, 576), True),
+        ((960, 40), False),
+    ],
+)
+def test_packed_linear_computes_f_linear_at_any_row_count(features, exact):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(*features, bias=not exact)).to(torch.bfloat16)
+    weight, bias = model[0].weight.clone(), model[0].bias
+    pack_linears(model)
+    assert type(model[0]) is PackedLinear
+    for rows in (1, 2, 3, 7, 8, 63, 64, 65, 231, 1024, 2049):
+        x = torch.randn(rows, features[0]).to(torch.bfloat16)
+        expected = F.linear(x, weight, bias)
+        if exact:
+            # The kernel F.linear runs for these shapes, without re-packing per call.
+            assert torch.equal(model[0](x), expected), rows
+        else:
+            torch.testing.assert_close(model[0](x), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_float32_linears_stay_plain():
+    model = nn.Sequential(nn.Linear(8, 8))
+    pack_linears(model)
+    assert type(model[0]) is nn.Linear
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"dtype": "bfloat16"}, PackedLinear),
+        ({"dtype": "float32"}, nn.Linear),
+        ({"dtype": "bfloat16", "batch_invariant": True}, RowTiledLinear),
+    ],
+)
+def test_the_core_packs_only_default_bf16_linears(make_core, kwargs, expected):
+    core = make_core(**kwargs)
+    linears = [m for m in core.runner.model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is expected for m in linears)
