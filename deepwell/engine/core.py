@@ -119,10 +119,9 @@ class EngineCore:
             args.torch_dtype,
         )
         model.load_weights(checkpoint.tensors)
+        pack_linears(model)
         if args.batch_invariant:
             tile_linears(model)
-        else:
-            pack_linears(model)
         model.eval()
         self.model_config = model.config
         self.model_name = checkpoint.path.stem

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
+from deepwell.engine.layers.packed_linear import PackedLinear
 
 # CPU GEMMs (MKL for float32, oneDNN for bf16) pick a row's reduction order from the row
 # count: measured, float32 rows differ between 1, 2-3 and 7 or more rows and bf16 rows
@@ -32,20 +33,26 @@ IN_PLACE_SPAN_FACTOR = 3
 
 
 class RowTiledLinear(nn.Linear):
-    """nn.Linear over rows zero-padded to a multiple of ROW_TILE."""
+    """A linear over rows zero-padded to a multiple of ROW_TILE."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         padded = x.new_zeros(-(-rows // ROW_TILE) * ROW_TILE, x.shape[1])
         padded[:rows] = x
-        return F.linear(padded, self.weight, self.bias)[:rows]
+        return super().forward(padded)[:rows]
+
+
+class RowTiledPackedLinear(RowTiledLinear, PackedLinear):
+    """Packed bf16 rows do not vary with the row count at all (measured); tiled all the same,
+    so that every linear follows one rule."""
 
 
 def tile_linears(model: nn.Module) -> None:
-    """Turn the model's nn.Linear layers into RowTiledLinear in place (weights untouched)."""
+    """Row-tile the model's linears in place (plain or packed; weights untouched)."""
+    tiled = {nn.Linear: RowTiledLinear, PackedLinear: RowTiledPackedLinear}
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = RowTiledLinear
+        if type(module) in tiled:
+            module.__class__ = tiled[type(module)]
 
 
 def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> list[QueryTiles]:
