@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from deepwell.engine.kv.cache import KVCache
-from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
+from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
@@ -180,6 +180,7 @@ class ModelRunner:
         valid = bs - torch.tensor(decode_padding, dtype=torch.long)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
         slot_tensor = torch.tensor(slots, dtype=torch.long)
+        ranks, depth, span = stack_decode_blocks(decode_blocks)
         meta = AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
@@ -188,11 +189,9 @@ class ModelRunner:
             decode_block_ids=torch.tensor(decode_blocks, dtype=torch.long),
             decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_padding=padding[:, None, None],
-            decode_block_span=(
-                max(decode_blocks) + 1
-                if decode_blocks and len(set(decode_blocks)) == len(decode_blocks)
-                else None
-            ),
+            decode_block_ranks=ranks,
+            decode_stack_depth=depth,
+            decode_block_span=span,
             prefills=prefills,
             seq_slots=torch.tensor(seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),

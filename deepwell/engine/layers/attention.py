@@ -63,9 +63,12 @@ class AttentionMetadata:
     decode_block_rows: torch.Tensor
     # [blocks, 1, 1, block_size] True where a key lies past its row's context.
     decode_block_padding: torch.Tensor
-    # Block ids below this bound hold every decode block; None when a block is shared by
-    # two decode rows (a prefix hit), which rules out scoring the pool in place.
-    decode_block_span: int | None
+    # Per decode block, how many decode blocks before it have its id (rows sharing a block:
+    # a draft's verify rows, a shared prefix); the highest plus one (the stacking depth);
+    # and the bound below which all decode block ids lie.
+    decode_block_ranks: torch.Tensor
+    decode_stack_depth: int
+    decode_block_span: int
     prefills: list[PrefillSpan]
     # Per row: its sequence's state slot (-1 without one), and the position its sequence
     # restarted from at admission (its prefix hit). A sliding-window ring holds no valid
@@ -74,6 +77,20 @@ class AttentionMetadata:
     seq_starts: torch.Tensor
     # Set in batch-invariant mode, which lays out no decode rows or prefill spans.
     query_tiles: list[QueryTiles] | None = None
+
+
+def stack_decode_blocks(block_ids: list[int]) -> tuple[torch.Tensor, int, int]:
+    """AttentionMetadata's decode_block_ranks, decode_stack_depth and decode_block_span."""
+    seen: dict[int, int] = {}
+    ranks = []
+    for block in block_ids:
+        ranks.append(seen.get(block, 0))
+        seen[block] = ranks[-1] + 1
+    return (
+        torch.tensor(ranks, dtype=torch.long),
+        max(seen.values(), default=1),
+        max(seen, default=-1) + 1,
+    )
 
 
 class AttentionBackend(ABC):

@@ -22,9 +22,6 @@ class TorchPagedAttention(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
-        # The decode stacking of the step being run, shared by all layers (_stacking).
-        self._stacked_meta: AttentionMetadata | None = None
-        self._stacking_of_meta: tuple[torch.Tensor, int, int] | None = None
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
@@ -73,7 +70,11 @@ class TorchPagedAttention(AttentionBackend):
             return out.view(1, self.num_heads, self.head_dim)
         # A KV head's query heads are folded into one [group, head_dim] matrix (GQA).
         grouped = (q * self.scale).view(batch, kv_heads, group, self.head_dim)
-        ranks, depth, span = self._stacking(meta)
+        ranks, depth, span = (
+            meta.decode_block_ranks,
+            meta.decode_stack_depth,
+            meta.decode_block_span,
+        )
         in_place = span * depth <= IN_PLACE_SPAN_FACTOR * ids.numel()
         if in_place:
             # Score the first `span` pool blocks where they lie (a read, no copy). A block
@@ -111,23 +112,6 @@ class TorchPagedAttention(AttentionBackend):
         out = torch.zeros(batch, kv_heads, group, self.head_dim).index_add_(0, rows, partial)
         out /= total.unsqueeze(-1)
         return out.to(q.dtype).view(batch, self.num_heads, self.head_dim)
-
-    def _stacking(self, meta: AttentionMetadata) -> tuple[torch.Tensor, int, int]:
-        """Each decode block's rank among the decode blocks with its id, the highest rank
-        plus one (depth), and the span of pool blocks holding them; once per step."""
-        if meta is not self._stacked_meta:
-            ids = meta.decode_block_ids
-            if meta.decode_block_span is not None:
-                stacking = (torch.zeros_like(ids), 1, meta.decode_block_span)
-            else:
-                seen: dict[int, int] = {}
-                ranks = []
-                for block in ids.tolist():
-                    ranks.append(seen.get(block, 0))
-                    seen[block] = ranks[-1] + 1
-                stacking = (torch.tensor(ranks), max(seen.values()), max(seen) + 1)
-            self._stacked_meta, self._stacking_of_meta = meta, stacking
-        return self._stacking_of_meta
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from deepwell.engine import SamplingParams
-from deepwell.engine.layers.attention import AttentionMetadata
-from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.torch_paged import IN_PLACE_SPAN_FACTOR, TorchPagedAttention
 
 from ..tiny_llama import run_to_completion
 
@@ -27,17 +27,17 @@ def test_alone_batched_and_chunked_runs_give_the_same_greedy_tokens(make_core):
 
 
 @pytest.mark.parametrize(
-    ("tables", "lens", "span"),
+    ("tables", "lens", "in_place"),
     [
         # Block 29 puts the span far past 3x the decode blocks: gathered.
-        ([[3, 7], [1], [0, 5, 29]], [6, 2, 11], None),
-        ([[3, 7], [1], [0, 5, 9]], [6, 2, 11], 10),
+        ([[3, 7], [1], [0, 5, 29]], [6, 2, 11], False),
+        ([[3, 7], [1], [0, 5, 9]], [6, 2, 11], True),
         # Rows 0-1 and 2-3 share blocks (a draft's verify rows): stacked in place.
-        ([[3, 7], [3, 7], [1], [1], [0, 5, 9]], [6, 7, 2, 3, 11], None),
+        ([[3, 7], [3, 7], [1], [1], [0, 5, 9]], [6, 7, 2, 3, 11], True),
     ],
     ids=["gathered", "in_place", "stacked"],
 )
-def test_ragged_decode_equals_dense_attention_over_each_context(tables, lens, span):
+def test_ragged_decode_equals_dense_attention_over_each_context(tables, lens, in_place):
     torch.manual_seed(0)
     heads, kv_heads, dim, block = 4, 2, 8, 4
     backend = TorchPagedAttention(heads, kv_heads, dim)
@@ -48,14 +48,19 @@ def test_ragged_decode_equals_dense_attention_over_each_context(tables, lens, sp
     for table, length in zip(tables, lens, strict=True):
         padding += [0] * (len(table) - 1) + [len(table) * block - length]
     valid = block - torch.tensor(padding)
+    block_ids = [b for t in tables for b in t]
+    ranks, depth, span = stack_decode_blocks(block_ids)
+    assert (span * depth <= IN_PLACE_SPAN_FACTOR * len(block_ids)) == in_place
     meta = AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
         num_decodes=len(tables),
         decode_context_lens=lens,
-        decode_block_ids=torch.tensor([b for t in tables for b in t]),
+        decode_block_ids=torch.tensor(block_ids),
         decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
         decode_block_padding=(torch.arange(block)[None] >= valid[:, None])[:, None, None],
+        decode_block_ranks=ranks,
+        decode_stack_depth=depth,
         decode_block_span=span,
         prefills=[],
         seq_slots=torch.full((len(tables),), -1),
