@@ -95,9 +95,8 @@ class StepStats:
 
 @dataclass
 class _LaunchedStep:
-    """A step handed to the forward: its plan, its inputs and its logits to come."""
+    """A step handed to the forward: its inputs and its logits to come."""
 
-    plan: SchedulerOutput
     prepared: PreparedStep
     stats: StepStats
     # (logits of the step's logit rows, seconds the forward took)
@@ -367,7 +366,7 @@ class EngineCore:
         previous, self._in_flight = self._in_flight, None
         sampled = self._collect(previous) if previous is not None else None
         if prepared is not None:
-            self._in_flight = self._launch(plan, prepared, previous, sampled)
+            self._in_flight = self._launch(prepared, _step_stats(plan), previous, sampled)
         if previous is not None:
             outputs += self._process(previous, sampled)
             self._release(previous)
@@ -405,22 +404,20 @@ class EngineCore:
 
     def _launch(
         self,
-        plan: SchedulerOutput,
         prepared: PreparedStep,
+        stats: StepStats,
         previous: _LaunchedStep | None,
         sampled: tuple[list[list[int]], list] | None,
     ) -> _LaunchedStep:
         """Start the step's forward, its pending inputs taken from the step just sampled."""
         pending = {}
         if prepared.pending_rows:
-            completed = [c.request.request_id for c in previous.plan.chunks if c.completes]
+            completed = [c.request.request_id for c in previous.prepared.chunks if c.completes]
             pending = {
                 request_id: tokens[-1]
                 for request_id, tokens in zip(completed, sampled[0], strict=True)
                 if tokens
             }
-        decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
-        stats = StepStats(plan.num_tokens - decode_tokens, decode_tokens)
         self.num_steps += 1
         if self._compute is not None:
             result = self._compute.submit(self._forward, prepared, pending)
@@ -430,7 +427,7 @@ class EngineCore:
                 result.set_result(self._forward(prepared, pending))
             except Exception as error:
                 result.set_exception(error)
-        return _LaunchedStep(plan, prepared, stats, result)
+        return _LaunchedStep(prepared, stats, result)
 
     def _forward(self, prepared: PreparedStep, pending: dict[str, int]):
         started = time.perf_counter()
@@ -452,7 +449,7 @@ class EngineCore:
         step_s = forward_s + time.perf_counter() - started
         self.compute_s += step_s
         if self.speculator is not None:
-            self.speculator.record_step(launched.plan.num_rows, step_s)
+            self.speculator.record_step(launched.prepared.num_rows, step_s)
         return sampled
 
     def _drain(self) -> list[RequestOutput]:
@@ -473,7 +470,7 @@ class EngineCore:
         """Append a finished step's tokens, check stops, and make its KV findable."""
         outputs = []
         samples = iter(zip(*sampled, strict=True))
-        for chunk in launched.plan.chunks:
+        for chunk in launched.prepared.chunks:
             request = chunk.request
             # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
             computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
@@ -536,6 +533,11 @@ class EngineCore:
                 request.status = RequestStatus.WAITING
                 self.scheduler.add(request)
         return failed
+
+
+def _step_stats(plan: SchedulerOutput) -> StepStats:
+    decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
+    return StepStats(plan.num_tokens - decode_tokens, decode_tokens)
 
 
 def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOutput:
