@@ -18,8 +18,9 @@ from deepwell.engine.layers.packed_linear import PackedLinear
 ROW_TILE = 8
 # Rows of an attention product from which a row's bits depend neither on the row count nor
 # on the row's place (measured with torch 2.13's CPU kernels: bfloat16 from one row, float32
-# from 6; tests/engine/layers/test_batch_invariant.py checks it where the tests run). So a
-# decode is a one-row tile, and a prefill chunk's rows go in tiles as long as pays.
+# from 6, padded to 8 here; tests/engine/layers/test_batch_invariant.py checks it where the
+# tests run). So a decode is a one-row tile, and a prefill chunk's rows go in tiles as long
+# as pays.
 MIN_PRODUCT_ROWS = {torch.bfloat16: 1, torch.float32: 8}
 # Rows per tile of a prefill chunk: a tile gathers each KV block it sees once for all its
 # rows, and its chunk's last tile is mostly padding.
@@ -165,7 +166,8 @@ class BatchInvariantAttention(AttentionBackend):
         grouped = q.view(num_tiles, width, kv_heads, group, dim).transpose(1, 2)
         grouped = grouped.reshape(num_tiles, kv_heads, tile_rows, dim)
         padding_rows = max(MIN_PRODUCT_ROWS[q.dtype] - tile_rows, 0)
-        grouped = F.pad(grouped, (0, 0, 0, padding_rows))
+        if padding_rows:
+            grouped = F.pad(grouped, (0, 0, 0, padding_rows))
         pair_queries = grouped.index_select(0, pair_tiles)
         if span is None:
             keys = key_cache.index_select(0, blocks)
@@ -188,7 +190,8 @@ class BatchInvariantAttention(AttentionBackend):
         total.index_add_(0, pair_tiles, weights.sum(dim=-1))
         weights = weights.view(num_pairs, kv_heads, tile_rows, block).to(q.dtype)
         if span is None:
-            weights = F.pad(weights, (0, 0, 0, padding_rows))
+            if padding_rows:
+                weights = F.pad(weights, (0, 0, 0, padding_rows))
             partial = torch.matmul(weights, value_cache.index_select(0, blocks))
         else:
             spread = weights.new_zeros(span, kv_heads, tile_rows + padding_rows, block)
