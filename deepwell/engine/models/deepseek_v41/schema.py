@@ -1,0 +1,178 @@
+"""Every tensor a released DeepSeek-V4.1 checkpoint holds, derived from its text config.
+
+Names, logical shapes and storage formats follow spec §3.8 and nemo-automodel 0.7.0's
+state-dict adapter (no `model.` prefix; draft stages under `mtp.K`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deepwell.engine.models.deepseek_v41.weight_formats import WeightFormat
+
+ARCHITECTURE = "DeepseekV41ForCausalLM"
+MODEL_TYPE = "deepseek_v41"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One released tensor: its name, its logical (dequantised) shape, how it is stored."""
+
+    name: str
+    shape: tuple[int, ...]
+    format: WeightFormat
+
+    @property
+    def scale_name(self) -> str | None:
+        """The name of its `.scale` companion, for quantised formats."""
+        if not self.format.quantized:
+            return None
+        return self.name.removesuffix(".weight") + ".scale"
+
+
+def is_deepseek_v41_config(config: Mapping[str, Any]) -> bool:
+    """Whether a config.json describes a DeepSeek-V4.1 checkpoint."""
+    return config.get("model_type") == MODEL_TYPE or ARCHITECTURE in (
+        config.get("architectures") or []
+    )
+
+
+def tensor_schema(text_config: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    """Name → spec for every tensor of the checkpoint, backbone then draft stages.
+
+    Raises KeyError naming a config key the schema needs and does not find, ValueError
+    for inconsistent Engram lists.
+    """
+    c = text_config
+    hidden = c["hidden_size"]
+    specs = [
+        TensorSpec("embed.weight", (c["vocab_size"], hidden), WeightFormat.BF16),
+        TensorSpec("norm.weight", (hidden,), WeightFormat.BF16),
+        # nemo keeps the head in fp32 (spec §1.3); spec §3.8's table says BF16. The loader
+        # accepts either for every unquantised tensor.
+        TensorSpec("head.weight", (c["vocab_size"], hidden), WeightFormat.F32),
+    ]
+    if len(c["engram_layer_ids"]) != len(c["engram_num_embeddings"]):
+        raise ValueError("engram_num_embeddings needs one row count per engram_layer_ids entry")
+    engram_rows = dict(zip(c["engram_layer_ids"], c["engram_num_embeddings"], strict=True))
+    for layer in range(c["num_hidden_layers"]):
+        prefix = f"layers.{layer}"
+        specs += _block(c, prefix, experts=c["n_routed_experts"])
+        specs += _compressed_attention(c, prefix, layer)
+        if layer in engram_rows:
+            specs += _engram(c, prefix, engram_rows[layer])
+    stages = c["num_nextn_predict_layers"]
+    for stage in range(stages):
+        prefix = f"mtp.{stage}"
+        specs += _block(c, prefix, experts=c["dspark_n_routed_experts"])
+        if stage == 0:
+            targets = len(c["dspark_target_layer_ids"])
+            specs += [
+                TensorSpec(f"{prefix}.main_proj.weight", (hidden, targets * hidden), _FP8),
+                TensorSpec(f"{prefix}.main_norm.weight", (hidden,), WeightFormat.BF16),
+            ]
+        if stage == stages - 1:
+            rank = c["dspark_markov_rank"]
+            specs += [
+                TensorSpec(f"{prefix}.norm.weight", (hidden,), WeightFormat.BF16),
+                TensorSpec(
+                    f"{prefix}.markov_head.embed.weight", (c["vocab_size"], rank), WeightFormat.BF16
+                ),
+                TensorSpec(
+                    f"{prefix}.markov_head.head.weight", (c["vocab_size"], rank), WeightFormat.BF16
+                ),
+                TensorSpec(
+                    f"{prefix}.confidence_head.proj.weight", (1, hidden + rank), WeightFormat.F32
+                ),
+            ]
+    return {spec.name: spec for spec in specs}
+
+
+_FP8 = WeightFormat.FP8_BLOCKS
+
+
+def _block(c: Mapping[str, Any], prefix: str, *, experts: int) -> list[TensorSpec]:
+    """What every backbone layer and draft stage has: window attention, MoE, mHC, norms."""
+    hidden, heads, head_dim = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
+    q_rank, groups, o_rank = c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
+    inter, hc = c["moe_intermediate_size"], c["hc_mult"]
+    mixes = (2 + hc) * hc  # pre [hc] + post [hc] + comb [hc, hc]  (spec §3.2)
+    attn, ffn = f"{prefix}.attn", f"{prefix}.ffn"
+    specs = [
+        TensorSpec(f"{prefix}.attn_norm.weight", (hidden,), WeightFormat.BF16),
+        TensorSpec(f"{prefix}.ffn_norm.weight", (hidden,), WeightFormat.BF16),
+        TensorSpec(f"{attn}.wq_a.weight", (q_rank, hidden), _FP8),
+        TensorSpec(f"{attn}.q_norm.weight", (q_rank,), WeightFormat.BF16),
+        TensorSpec(f"{attn}.wq_b.weight", (heads * head_dim, q_rank), _FP8),
+        TensorSpec(f"{attn}.wkv.weight", (head_dim, hidden), _FP8),
+        TensorSpec(f"{attn}.kv_norm.weight", (head_dim,), WeightFormat.BF16),
+        TensorSpec(f"{attn}.wo_a.weight", (groups * o_rank, heads * head_dim // groups), _FP8),
+        TensorSpec(f"{attn}.wo_b.weight", (hidden, groups * o_rank), _FP8),
+        TensorSpec(f"{attn}.attn_sink", (heads,), WeightFormat.F32),
+        TensorSpec(f"{ffn}.gate.weight", (experts, hidden), WeightFormat.BF16),
+        TensorSpec(f"{ffn}.gate.bias", (experts,), WeightFormat.F32),
+        TensorSpec(f"{ffn}.gate.bias_vl", (experts,), WeightFormat.F32),
+        TensorSpec(f"{ffn}.shared_experts.w1.weight", (inter, hidden), _FP8),
+        TensorSpec(f"{ffn}.shared_experts.w3.weight", (inter, hidden), _FP8),
+        TensorSpec(f"{ffn}.shared_experts.w2.weight", (hidden, inter), _FP8),
+    ]
+    for expert in range(experts):
+        name = f"{ffn}.experts.{expert}"
+        specs += [
+            TensorSpec(f"{name}.w1.weight", (inter, hidden), WeightFormat.MXFP4),
+            TensorSpec(f"{name}.w3.weight", (inter, hidden), WeightFormat.MXFP4),
+            TensorSpec(f"{name}.w2.weight", (hidden, inter), WeightFormat.MXFP4),
+        ]
+    for sublayer in ("attn", "ffn"):
+        specs += [
+            TensorSpec(f"{prefix}.hc_{sublayer}_fn", (mixes, hc * hidden), WeightFormat.F32),
+            TensorSpec(f"{prefix}.hc_{sublayer}_base", (mixes,), WeightFormat.F32),
+            TensorSpec(f"{prefix}.hc_{sublayer}_scale", (3,), WeightFormat.F32),
+        ]
+    return specs
+
+
+def _compressed_attention(c: Mapping[str, Any], prefix: str, layer: int) -> list[TensorSpec]:
+    """A KV source's compressor and index keys; an index source's own index queries."""
+    hidden, head_dim = c["hidden_size"], c["head_dim"]
+    index_heads, index_dim = c["index_n_heads"], c["index_head_dim"]
+    attn = f"{prefix}.attn"
+    specs = []
+    if layer in c["kv_source_layer_ids"]:
+        specs += [
+            TensorSpec(f"{attn}.compressor.wkv.weight", (head_dim, hidden), WeightFormat.F32),
+            TensorSpec(f"{attn}.compressor.norm.weight", (head_dim,), WeightFormat.BF16),
+            TensorSpec(f"{attn}.indexer.wk.weight", (index_dim, head_dim), WeightFormat.BF16),
+            TensorSpec(f"{attn}.indexer.k_norm.weight", (index_dim,), WeightFormat.BF16),
+        ]
+        # Ratio 2 pools token pairs with a learned softmax gate; ratio 1 projects each token.
+        if c["compress_ratios"][layer] > 1:
+            specs.append(
+                TensorSpec(f"{attn}.compressor.wgate.weight", (head_dim, hidden), WeightFormat.F32)
+            )
+    if layer in c["index_source_layer_ids"]:
+        specs += [
+            TensorSpec(
+                f"{attn}.indexer.wq_b.weight", (index_heads * index_dim, c["q_lora_rank"]), _FP8
+            ),
+            TensorSpec(
+                f"{attn}.indexer.weights_proj.weight", (index_heads, hidden), WeightFormat.BF16
+            ),
+        ]
+    return specs
+
+
+def _engram(c: Mapping[str, Any], prefix: str, rows: int) -> list[TensorSpec]:
+    """The n-gram table and its read (spec §3.5)."""
+    hidden, hc = c["hidden_size"], c["hc_mult"]
+    width = (c["engram_max_ngram_size"] - 1) * c["engram_n_heads"] * c["engram_head_dim"]
+    engram = f"{prefix}.engram"
+    return [
+        TensorSpec(f"{engram}.embed.weight", (rows, c["engram_head_dim"]), WeightFormat.FP8_ROWS),
+        # key for each of the hc streams, then one value
+        TensorSpec(f"{engram}.wkv.weight", ((hc + 1) * hidden, width), _FP8),
+        TensorSpec(f"{engram}.q_weight", (hc, hidden), WeightFormat.BF16),
+        TensorSpec(f"{engram}.k_weight", (hc, hidden), WeightFormat.BF16),
+    ]
