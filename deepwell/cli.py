@@ -384,6 +384,59 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- tiny-checkpoint ---
+
+# deepwell.engine.models.deepseek_v41.writer.PRESETS, named here so that building the
+# parser does not load torch (a test keeps them equal).
+TINY_CHECKPOINT_PRESETS = ("tiny", "small")
+
+
+def _configure_tiny_checkpoint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", metavar="DIR", help="directory to write (created if needed)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the random weights (default: 0)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json to copy, e.g. DeepSeek's own; the vocabulary and the Engram "
+        "sizes follow it (default: a byte-level tokenizer with DeepSeek's control tokens)",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=TINY_CHECKPOINT_PRESETS,
+        default="tiny",
+        help="model size: tiny = the 8-layer, 64-wide config of spec/deepseek_v41.md §1.3 "
+        "(every layer kind of the release); small = the same schedule 256 wide "
+        "(default: tiny)",
+    )
+
+
+def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
+    from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
+
+    try:
+        written = write_tiny_checkpoint(
+            args.dir,
+            seed=args.seed,
+            text_config=PRESETS[args.preset],
+            tokenizer_json=args.tokenizer,
+        )
+    except (OSError, ValueError) as error:
+        print(f"deepwell tiny-checkpoint: {error}", file=sys.stderr)
+        return 1
+    text = written.config["text_config"]
+    params = sum(weight.numel() for weight in written.weights.values())
+    print(
+        f"wrote a random DeepSeek-V4.1 checkpoint to {written.path}: "
+        f"{len(written.weights)} tensors, {params:,} parameters, {len(written.shards)} shards, "
+        f"vocabulary {text['vocab_size']}, {text['num_hidden_layers']} layers + "
+        f"{text['num_nextn_predict_layers']} draft stages (preset {args.preset}, seed {args.seed})"
+    )
+    print(f"next: deepwell generate --model {written.path} --raw 'Hello'")
+    return 0
+
+
 # Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
 # one line here.
 COMMANDS: list[Command] = [
@@ -416,6 +469,12 @@ COMMANDS: list[Command] = [
         "offline throughput / latency benchmark on random requests",
         _configure_bench,
         _run_bench,
+    ),
+    Command(
+        "tiny-checkpoint",
+        "write a tiny random DeepSeek-V4.1 checkpoint in the released format",
+        _configure_tiny_checkpoint,
+        _run_tiny_checkpoint,
     ),
 ]
 
