@@ -193,8 +193,11 @@ def write_tiny_checkpoint(
         tokenizer = byte_level_tokenizer()
         tokenizer.save(str(path / "tokenizer.json"))
     else:
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as error:  # tokenizers raises a bare Exception on bad files
+            raise ValueError(f"cannot read tokenizer {str(tokenizer_json)!r}: {error}") from error
         shutil.copyfile(tokenizer_json, path / "tokenizer.json")
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     text = _fit_to_tokenizer(
         dict(TINY_TEXT_CONFIG if text_config is None else text_config), tokenizer
     )

@@ -142,5 +142,7 @@ def test_the_cli_writes_a_checkpoint_and_says_what_to_run_next(tmp_path, capsys)
 
 
 def test_the_cli_reports_an_unreadable_tokenizer(tmp_path, capsys) -> None:
-    code = cli.main(["tiny-checkpoint", str(tmp_path / "x"), "--tokenizer", str(tmp_path / "none")])
-    assert code == 1 and "deepwell tiny-checkpoint:" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    for tokenizer in (tmp_path / "none", tmp_path / "bad.json"):
+        code = cli.main(["tiny-checkpoint", str(tmp_path / "x"), "--tokenizer", str(tokenizer)])
+        assert code == 1 and f"{tokenizer}" in capsys.readouterr().err
