@@ -11,8 +11,16 @@ from dataclasses import dataclass
 import torch
 
 from deepwell.engine.kv.cache import KVCache
+from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import tile_queries
+from deepwell.engine.layers.step_metadata import (
+    SequenceSpan,
+    StepMetadata,
+    plan_compressed,
+    plan_tails,
+    plan_windows,
+)
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler
@@ -27,7 +35,7 @@ class PreparedStep:
     chunks: list[ScheduledChunk]
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: StepMetadata
     # Rows whose logits the step needs: the sampling rows, then every verify row.
     logit_rows: torch.Tensor
     # Completing chunks that sample one token, and those that verify a draft.
@@ -35,6 +43,8 @@ class PreparedStep:
     verifying: list[ScheduledChunk]
     # Input rows holding a request's pending token, known only once the step before samples.
     pending_rows: list[tuple[int, Request]]
+    # (row, column) of token-history entries that are a request's pending token.
+    pending_history: list[tuple[int, int, Request]]
 
     @property
     def num_rows(self) -> int:
@@ -43,11 +53,20 @@ class PreparedStep:
 
 class ModelRunner:
     def __init__(
-        self, model: torch.nn.Module, kv_cache: KVCache, block_size: int, batch_invariant: bool
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        block_size: int,
+        batch_invariant: bool,
+        layout: KVLayout,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
+        self.layout = layout
+        # Earlier token ids each row carries (KVLayout.token_history).
+        self.token_history = layout.token_history
+        self.full_attention = any(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
         # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
         self.batch_invariant = batch_invariant
         self.sampler = Sampler()
@@ -61,7 +80,7 @@ class ModelRunner:
         ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
         num_decode_chunks = len(ordered)
         ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
-        input_ids, positions, meta, last_rows, pending_rows = self._prepare(
+        input_ids, positions, meta, last_rows, pending_rows, pending_history = self._prepare(
             ordered, num_decode_chunks
         )
         completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
@@ -79,6 +98,7 @@ class ModelRunner:
             sampling=[c for _, c in sampling],
             verifying=[c for _, c in verifying],
             pending_rows=pending_rows,
+            pending_history=pending_history,
         )
 
     @torch.inference_mode()
@@ -87,6 +107,8 @@ class ModelRunner:
         nothing). `pending` maps a request id to its pending token, the input of its row."""
         for row, request in step.pending_rows:
             step.input_ids[row] = pending[request.request_id]
+        for row, column, request in step.pending_history:
+            step.meta.token_history[row, column] = pending[request.request_id]
         hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
         if not step.logit_rows.numel():
             return None
@@ -140,6 +162,9 @@ class ModelRunner:
         prefills: list[PrefillSpan] = []
         spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
         pending_rows: list[tuple[int, Request]] = []
+        sequences: list[SequenceSpan] = []
+        history: list[list[int]] = []
+        pending_history: list[tuple[int, int, Request]] = []
         for index, chunk in enumerate(chunks):
             request = chunk.request
             start = chunk.start
@@ -147,17 +172,26 @@ class ModelRunner:
             blocks = request.block_ids
             row = len(input_ids)
             known = request.token_ids[start : start + chunk.num_tokens]
+            pending_position = None
             if len(known) < chunk.num_tokens:
                 # Its last input is the token the step before samples; filled in at launch.
                 pending_rows.append((row + len(known), request))
+                pending_position = start + len(known)
                 known.append(0)
             input_ids += known + chunk.draft
+            if self.token_history:
+                history += self._history(
+                    request, start, known + chunk.draft, pending_position, row, pending_history
+                )
             positions += range(start, end)
             slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
             last_rows.append(row + chunk.num_rows - 1)
             seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_rows
             seq_starts += [request.num_cached_tokens] * chunk.num_rows
             num_blocks = -(-end // bs)
+            table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
+            slot = -1 if request.slot is None else request.slot
+            sequences.append(SequenceSpan(row, chunk.num_rows, start, slot, table))
             if self.batch_invariant:
                 spans.append((row, start, chunk.num_rows, blocks))
                 continue
@@ -174,14 +208,13 @@ class ModelRunner:
             if start:
                 query_pos = torch.arange(start, end).unsqueeze(1)
                 mask = torch.arange(end).unsqueeze(0) <= query_pos
-            table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
             prefills.append(PrefillSpan(row, chunk.num_rows, end, table, mask))
         # Decode rows are the first rows of the step, so a row index is its decode index.
         valid = bs - torch.tensor(decode_padding, dtype=torch.long)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
         slot_tensor = torch.tensor(slots, dtype=torch.long)
         ranks, depth, span = stack_decode_blocks(decode_blocks)
-        meta = AttentionMetadata(
+        paged = AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
             num_decodes=len(decode_lens),
@@ -197,10 +230,56 @@ class ModelRunner:
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
             query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
         )
+        meta = self._step_metadata(sequences, paged)
+        if self.token_history:
+            meta.token_history = torch.tensor(history, dtype=torch.long).view(
+                -1, self.token_history
+            )
         return (
             torch.tensor(input_ids, dtype=torch.long),
             torch.tensor(positions, dtype=torch.long),
             meta,
             last_rows,
             pending_rows,
+            pending_history,
         )
+
+    def _step_metadata(
+        self, sequences: list[SequenceSpan], paged: AttentionMetadata
+    ) -> StepMetadata:
+        """Metadata once per kind of cache the layout declares (layers/step_metadata.py)."""
+        layout = self.layout
+        meta = StepMetadata(sequences, paged=paged if self.full_attention else None)
+        for ring in layout.rings:
+            if ring.role is CacheRole.WINDOW:
+                meta.windows[ring.name] = plan_windows(sequences, ring.window, ring.rows)
+            else:
+                ratio = ring.window + 1
+                meta.tails[ratio] = plan_tails(sequences, ratio, ring.rows)
+        ratios = {s.compress_ratio for s in layout.paged if s.role is CacheRole.COMPRESSED}
+        for ratio in sorted(ratios):
+            meta.compressed[ratio] = plan_compressed(sequences, ratio, self.block_size)
+        return meta
+
+    def _history(
+        self,
+        request: Request,
+        start: int,
+        inputs: list[int],
+        pending_position: int | None,
+        row: int,
+        pending_history: list[tuple[int, int, Request]],
+    ) -> list[list[int]]:
+        """Each input row's earlier token ids, newest first (-1 before position 0); entries
+        that are the pending token are recorded to be filled in at launch."""
+        depth = self.token_history
+        earlier = request.token_ids[max(0, start - depth) : start]
+        tokens = [-1] * (depth - len(earlier)) + earlier + inputs
+        rows = []
+        for offset in range(len(inputs)):
+            position = start + offset
+            rows.append(tokens[offset : offset + depth][::-1])
+            if pending_position is not None and 0 < position - pending_position <= depth:
+                column = position - pending_position - 1
+                pending_history.append((row + offset, column, request))
+        return rows

@@ -17,6 +17,7 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout, PagedSpec, RingSpec
 from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.rotary import apply_rotary
+from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.llama import LlamaConfig, LlamaForCausalLM
 
 from .tiny_llama import write_tiny_llama
@@ -86,14 +87,14 @@ class SlidingWindowLlama(LlamaForCausalLM):
             ),
         )
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: KVCache):
+    def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         x = self.embed_tokens(input_ids).float()
         rope = self.rotary.lookup(positions)
         caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)
         for layer, layer_cache in zip(self.layers[:-1], caches, strict=True):
-            x = layer(x, rope, meta, layer_cache)
+            x = layer(x, rope, meta.paged, layer_cache)
         ring = (kv_cache.rings["swa_key"][0], kv_cache.rings["swa_value"][0], positions)
-        x = self.layers[-1](x, rope, meta, ring)
+        x = self.layers[-1](x, rope, meta.paged, ring)
         return self.norm(x)
 
 

@@ -33,22 +33,13 @@ class KVCache:
         num_slots: int,
         dtype: torch.dtype,
     ) -> "KVCache":
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype)
+        def zeros(spec, *shape: int) -> list[torch.Tensor]:
+            return [torch.zeros(shape, dtype=spec.dtype or dtype) for _ in range(spec.num_layers)]
 
         return cls(
-            paged={
-                s.name: [zeros(num_blocks, *s.block_shape(block_size)) for _ in range(s.num_layers)]
-                for s in layout.paged
-            },
-            rings={
-                r.name: [zeros(num_slots, r.rows, *r.entry_shape) for _ in range(r.num_layers)]
-                for r in layout.rings
-            },
-            states={
-                s.name: [zeros(num_slots, *s.state_shape) for _ in range(s.num_layers)]
-                for s in layout.states
-            },
+            paged={s.name: zeros(s, num_blocks, *s.block_shape(block_size)) for s in layout.paged},
+            rings={r.name: zeros(r, num_slots, r.rows, *r.entry_shape) for r in layout.rings},
+            states={s.name: zeros(s, num_slots, *s.state_shape) for s in layout.states},
         )
 
     def block_tensors(self) -> list[torch.Tensor]:
@@ -78,10 +69,9 @@ def plan_num_blocks(
     max_model_len: int,
 ) -> int:
     """Blocks that fit beside the weights; at least one full-length sequence must fit."""
-    element_bytes = torch.finfo(dtype).bits // 8
     budget = int(memory_gib * GIB * (1 - ACTIVATION_RESERVE))
-    available = budget - model_bytes - num_slots * layout.slot_bytes(element_bytes)
-    block_bytes = layout.block_bytes(block_size, element_bytes)
+    available = budget - model_bytes - num_slots * layout.slot_bytes(dtype)
+    block_bytes = layout.block_bytes(block_size, dtype)
     num_blocks = max(0, available // block_bytes)
     needed = -(-max_model_len // block_size)
     if num_blocks < needed:

@@ -6,6 +6,24 @@ A model declares its layout; the cache manager allocates from it without knowing
 
 import math
 from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class CacheRole(Enum):
+    """What a spec's entries are, which decides the step metadata its readers get
+    (layers/step_metadata.py)."""
+
+    # Paged: one key or value entry per token, read by full attention (AttentionBackend).
+    FULL_ATTENTION = "full_attention"
+    # Paged: one entry per `compress_ratio` tokens (compressed KV, index keys).
+    COMPRESSED = "compressed"
+    # Ring: the last `window` positions' keys.
+    WINDOW = "window"
+    # Ring: projections of the positions of a compression group not yet complete; its
+    # `window` is the group size minus one.
+    COMPRESSOR_TAIL = "compressor_tail"
 
 
 @dataclass(frozen=True)
@@ -22,6 +40,9 @@ class PagedSpec:
     # Shape of one entry in one layer, e.g. (kv_heads, head_dim) for attention keys.
     entry_shape: tuple[int, ...]
     compress_ratio: int = 1
+    role: CacheRole = CacheRole.FULL_ATTENTION
+    # None: the cache's dtype (the engine's compute dtype).
+    dtype: torch.dtype | None = None
     # Where a block's entry axis sits among the entry dims: 0 is token-major; 1 after a
     # head axis makes each head's rows of a block contiguous, which CPU attention wants.
     entry_axis: int = 0
@@ -49,6 +70,8 @@ class RingSpec:
     entry_shape: tuple[int, ...]
     window: int
     max_backtrack: int
+    dtype: torch.dtype | None = None
+    role: CacheRole = CacheRole.WINDOW
 
     @property
     def rows(self) -> int:
@@ -62,6 +85,7 @@ class StateSpec:
     name: str
     num_layers: int
     state_shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +93,13 @@ class KVLayout:
     paged: tuple[PagedSpec, ...]
     rings: tuple[RingSpec, ...] = ()
     states: tuple[StateSpec, ...] = ()
+    # Whether replaying the last ring rows' tokens rebuilds the rings exactly. True when one
+    # ring layer reads exact paged states (tests' sliding-window Llama); stacked ring layers
+    # (V4.1) make bounded replay an approximation, so a prefix hit then reuses nothing.
+    exact_ring_replay: bool = True
+    # How many earlier token ids each step row carries besides its own (V4.1's Engram
+    # hashes n-grams of the last tokens; spec/deepseek_v41.md §3.5).
+    token_history: int = 0
 
     def check(self, block_size: int) -> None:
         for spec in self.paged:
@@ -89,22 +120,34 @@ class KVLayout:
         replay = max((ring.rows for ring in self.rings), default=0)
         if not replay:
             return hit_tokens
+        if not self.exact_ring_replay:
+            return 0
         return max(0, hit_tokens - replay) // block_size * block_size
 
     @property
     def needs_slots(self) -> bool:
         return bool(self.rings or self.states)
 
-    def block_bytes(self, block_size: int, element_bytes: int) -> int:
+    def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
         return sum(
             spec.num_layers
             * spec.entries_per_block(block_size)
             * math.prod(spec.entry_shape)
-            * element_bytes
+            * _element_bytes(spec.dtype or dtype)
             for spec in self.paged
         )
 
-    def slot_bytes(self, element_bytes: int) -> int:
-        rings = sum(r.num_layers * r.rows * math.prod(r.entry_shape) for r in self.rings)
-        states = sum(s.num_layers * math.prod(s.state_shape) for s in self.states)
-        return (rings + states) * element_bytes
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        rings = sum(
+            r.num_layers * r.rows * math.prod(r.entry_shape) * _element_bytes(r.dtype or dtype)
+            for r in self.rings
+        )
+        states = sum(
+            s.num_layers * math.prod(s.state_shape) * _element_bytes(s.dtype or dtype)
+            for s in self.states
+        )
+        return rings + states
+
+
+def _element_bytes(dtype: torch.dtype) -> int:
+    return dtype.itemsize

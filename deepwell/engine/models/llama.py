@@ -13,9 +13,10 @@ from torch import nn
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout, PagedSpec
-from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
+from deepwell.engine.layers.attention import AttentionBackend
 from deepwell.engine.layers.norm import RMSNorm
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from deepwell.engine.layers.step_metadata import StepMetadata
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,12 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @classmethod
+    def from_checkpoint(cls, checkpoint, options) -> "LlamaForCausalLM":
+        return cls(
+            cls.config_class.from_hf(checkpoint.hf_config), options.backend_class, options.dtype
+        )
+
     def kv_layout(self) -> KVLayout:
         c = self.config
         entry = (c.num_key_value_heads, c.head_dim)
@@ -140,12 +147,12 @@ class LlamaForCausalLM(nn.Module):
             )
         )
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: KVCache):
+    def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         x = self.embed_tokens(input_ids).float()
         rope = self.rotary.lookup(positions)
         caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)
         for layer, layer_cache in zip(self.layers, caches, strict=True):
-            x = layer(x, rope, meta, layer_cache)
+            x = layer(x, rope, meta.paged, layer_cache)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -28,8 +28,23 @@ def request(num_tokens: int) -> Request:
 def test_block_and_slot_sizes_follow_the_declared_specs():
     element = 2
     # per 16-token block: 3 layers x 8 entries x 8 + 1 layer x 16 entries x 8
-    assert V41_LIKE.block_bytes(16, element) == (3 * 8 * 8 + 16 * 8) * element
-    assert V41_LIKE.slot_bytes(element) == (4 * 22 * 8 + 3 * 2 * 8) * element
+    assert V41_LIKE.block_bytes(16, torch.bfloat16) == (3 * 8 * 8 + 16 * 8) * element
+    assert V41_LIKE.slot_bytes(torch.bfloat16) == (4 * 22 * 8 + 3 * 2 * 8) * element
+
+
+def test_a_spec_with_its_own_dtype_is_sized_and_allocated_in_it():
+    tail = StateSpec("compressor_tail", num_layers=3, state_shape=(2, 8), dtype=torch.float32)
+    layout = KVLayout(paged=V41_LIKE.paged, rings=V41_LIKE.rings, states=(tail,))
+    assert layout.slot_bytes(torch.bfloat16) == 4 * 22 * 8 * 2 + 3 * 2 * 8 * 4
+    cache = KVCache.allocate(layout, num_blocks=2, block_size=16, num_slots=3, dtype=torch.bfloat16)
+    assert cache.states["compressor_tail"][0].dtype == torch.float32
+    assert cache.rings["window"][0].dtype == torch.bfloat16
+
+
+def test_stacked_rings_without_exact_replay_reuse_no_prefix():
+    layout = KVLayout(paged=V41_LIKE.paged, rings=V41_LIKE.rings, exact_ring_replay=False)
+    assert layout.reusable_prefix(96, 16) == 0
+    assert V41_LIKE.reusable_prefix(96, 16) == 64
 
 
 def test_cache_tensors_have_blocks_and_slots_leading():

@@ -1,0 +1,148 @@
+"""StepMetadata: what a model's layers read about a step, built by the runner once per step
+per kind of cache the model declared (kv/layout.py), never per layer.
+
+- full-attention paged K/V (Llama): `AttentionMetadata`, for `AttentionBackend`s;
+- sliding-window rings: one `WindowPlan` per sequence, per ring geometry;
+- compressed paged entries at ratio r: one `CompressedPlan` per sequence, per ratio;
+- compressor tails (rings holding an incomplete group's projections): one `TailPlan` per
+  sequence, per ratio.
+Every plan is built from the step's `SequenceSpan`s, so a new cache kind adds a plan here
+and the scheduler, block manager and runner stay as they are.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepwell.engine.layers.attention import AttentionMetadata
+
+
+@dataclass
+class SequenceSpan:
+    """One sequence's rows in a step: rows [row, row + num_rows) hold its positions
+    [start, start + num_rows), in order."""
+
+    row: int
+    num_rows: int
+    start: int
+    # The sequence's state slot (-1 without one) and the block ids covering its positions.
+    slot: int
+    block_table: torch.Tensor
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.row, self.row + self.num_rows)
+
+
+@dataclass
+class WindowPlan:
+    """One sequence's window keys: ring rows of the positions before its chunk (oldest
+    first), then the chunk's own rows."""
+
+    ring_rows: torch.Tensor
+    # [rows, len(ring_rows) + rows]: key within the query's window and not after it.
+    visible: torch.Tensor
+    # The chunk's last positions that the ring keeps: their ring rows, from chunk row
+    # `write_from` on.
+    write_rows: torch.Tensor
+    write_from: int
+
+
+@dataclass
+class CompressedPlan:
+    """One sequence's compressed entries at ratio r: entry j pools positions [j·r, j·r + r)
+    and is visible to queries at p ≥ j·r + r − 1."""
+
+    first_new: int
+    num_entries: int
+    # Where the chunk's new entries go: block ids and offsets within the block.
+    new_blocks: torch.Tensor
+    new_offsets: torch.Tensor
+    # Position of each new entry's first token (its rotary position).
+    new_positions: torch.Tensor
+    # Blocks holding entries [0, num_entries), in order.
+    blocks: torch.Tensor
+    # [rows]: entries each query sees.
+    visible_counts: torch.Tensor
+
+
+@dataclass
+class TailPlan:
+    """One sequence's compressor tail at ratio r: the chunk starts inside a group whose first
+    positions' projections wait in the ring (`read_rows`, oldest first); the ring then keeps
+    the chunk's last positions."""
+
+    read_rows: torch.Tensor
+    write_rows: torch.Tensor
+    write_from: int
+
+
+@dataclass
+class StepMetadata:
+    sequences: list[SequenceSpan]
+    # [rows, depth]: token ids of the positions just before each row's (column s-1 holds
+    # position p - s), -1 before the sequence starts; None when the layout asks for none.
+    token_history: torch.Tensor | None = None
+    # Full-attention paged K/V, when the layout has any.
+    paged: AttentionMetadata | None = None
+    # ring spec name → one plan per sequence
+    windows: dict[str, list[WindowPlan]] = field(default_factory=dict)
+    # compress ratio → one plan per sequence
+    compressed: dict[int, list[CompressedPlan]] = field(default_factory=dict)
+    tails: dict[int, list[TailPlan]] = field(default_factory=dict)
+
+
+def plan_windows(sequences: list[SequenceSpan], window: int, ring_rows: int) -> list[WindowPlan]:
+    plans = []
+    for seq in sequences:
+        start, end = seq.start, seq.start + seq.num_rows
+        before = torch.arange(max(0, start - window + 1), start)
+        keys = torch.cat((before, torch.arange(start, end))).unsqueeze(0)
+        queries = torch.arange(start, end).unsqueeze(1)
+        kept = min(seq.num_rows, ring_rows)
+        plans.append(
+            WindowPlan(
+                ring_rows=before % ring_rows,
+                visible=(keys <= queries) & (keys > queries - window),
+                write_rows=torch.arange(end - kept, end) % ring_rows,
+                write_from=seq.num_rows - kept,
+            )
+        )
+    return plans
+
+
+def plan_compressed(
+    sequences: list[SequenceSpan], ratio: int, block_size: int
+) -> list[CompressedPlan]:
+    per_block = block_size // ratio
+    plans = []
+    for seq in sequences:
+        start, end = seq.start, seq.start + seq.num_rows
+        new = torch.arange(start // ratio, end // ratio)
+        plans.append(
+            CompressedPlan(
+                first_new=start // ratio,
+                num_entries=end // ratio,
+                new_blocks=seq.block_table[new // per_block],
+                new_offsets=new % per_block,
+                new_positions=new * ratio,
+                blocks=seq.block_table[: -(-(end // ratio) // per_block)],
+                visible_counts=torch.arange(start + 1, end + 1) // ratio,
+            )
+        )
+    return plans
+
+
+def plan_tails(sequences: list[SequenceSpan], ratio: int, ring_rows: int) -> list[TailPlan]:
+    plans = []
+    for seq in sequences:
+        start, end = seq.start, seq.start + seq.num_rows
+        kept = min(seq.num_rows, ring_rows)
+        plans.append(
+            TailPlan(
+                read_rows=torch.arange(start - start % ratio, start) % ring_rows,
+                write_rows=torch.arange(end - kept, end) % ring_rows,
+                write_from=seq.num_rows - kept,
+            )
+        )
+    return plans
