@@ -55,6 +55,10 @@ class EngineArgs:
     # Schedule step N+1 and hand back step N's tokens while step N+1 computes (core.py);
     # outputs are the same either way.
     async_scheduling: bool = True
+    # DeepSeek-V4.1 keeps its caches in the quantised formats it was trained with (fp8
+    # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
+    # them in the engine dtype, for exact comparisons against a reference without them.
+    quantize_kv_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -33,7 +33,7 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
-from deepwell.engine.models.registry import build_model
+from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner, PreparedStep
@@ -112,10 +112,14 @@ class EngineCore:
         started = time.monotonic()
         checkpoint = load_checkpoint(args.model)
         model = build_model(
-            checkpoint.architecture,
-            checkpoint.hf_config,
-            BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
-            args.torch_dtype,
+            checkpoint,
+            ModelOptions(
+                dtype=args.torch_dtype,
+                backend_class=(
+                    BatchInvariantAttention if args.batch_invariant else TorchPagedAttention
+                ),
+                quantize_kv_cache=args.quantize_kv_cache,
+            ),
         )
         model.load_weights(checkpoint.tensors)
         pack_linears(model)
@@ -174,7 +178,7 @@ class EngineCore:
             layout, num_blocks, args.block_size, num_slots, root_key, kv_cache, store
         )
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
-        self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant)
+        self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant, layout)
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.
         # Verify lengths follow measured step times, so they vary with load: a seeded

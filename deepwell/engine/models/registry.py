@@ -1,33 +1,40 @@
 """Model registry: HF architecture name → model class.
 
-A model class takes (config, attention backend class, dtype), declares `kv_layout()`, and loads
-HF-named tensors with `load_weights`.
+A model class builds itself from a checkpoint (`from_checkpoint(checkpoint, options)`),
+declares `kv_layout()`, and loads the checkpoint's tensors with `load_weights`.
 """
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.attention import AttentionBackend
+from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.llama import LlamaForCausalLM
+from deepwell.engine.models.loader import Checkpoint
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    dtype: torch.dtype
+    # Paged attention backend of full-attention layers (Llama).
+    backend_class: type[AttentionBackend]
+    # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
+    quantize_kv_cache: bool = True
+
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "DeepseekV41ForCausalLM": DeepseekV41ForCausalLM,
 }
 
 
-def build_model(
-    architecture: str,
-    hf_config: dict[str, Any],
-    backend_class: type[AttentionBackend],
-    dtype: torch.dtype,
-) -> nn.Module:
-    model_class = MODELS.get(architecture)
+def build_model(checkpoint: Checkpoint, options: ModelOptions) -> nn.Module:
+    model_class = MODELS.get(checkpoint.architecture)
     if model_class is None:
         raise ModelLoadError(
-            f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}"
+            f"unsupported architecture {checkpoint.architecture!r}; supported: {sorted(MODELS)}"
         )
-    config = model_class.config_class.from_hf(hf_config)
-    return model_class(config, backend_class, dtype)
+    return model_class.from_checkpoint(checkpoint, options)

@@ -1,0 +1,298 @@
+"""DeepSeek-V4.1 for the engine: blocks of CSA2 attention and MoE on a 4-stream mHC
+residual, Engram memory reads, and the KV layout holding all per-sequence state.
+
+Every cache lives in the engine's layout (spec/deepseek_v41.md §4): the window rows of every
+layer and the ratio-2 compressor tails in per-sequence rings, the compressed entries and
+index keys of the KV sources in the shared paged blocks. Chunked prefill, decode and mixed
+batches therefore run as they do for Llama. The DSpark draft stages (`mtp.*`) load with the
+checkpoint and are not built yet.
+"""
+
+import dataclasses
+import re
+
+import torch
+from torch import nn
+
+from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.kv.cache import KVCache
+from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
+from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.models.deepseek_v41.attention import (
+    CompressedCaches,
+    CSA2Attention,
+    Norm,
+    SharedSelection,
+)
+from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
+from deepwell.engine.models.deepseek_v41.engram import Engram
+from deepwell.engine.models.deepseek_v41.engram_hash import (
+    EngramHashConfig,
+    EngramTables,
+    build_engram_tables,
+    ngram_rows,
+)
+from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse, expand
+from deepwell.engine.models.deepseek_v41.moe import MoE
+from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+
+# Rows a sequence may roll back (DeepInfer's DEEPINFER_MAX_BACKTRACKING_TOKENS, 6 with 5
+# draft tokens): the rings keep them beyond the window (spec/deepinfer.md).
+MAX_BACKTRACK = 6
+
+
+class DeepseekV41Block(nn.Module):
+    def __init__(self, config: DeepseekV41Config, plan: LayerPlan, rotary: PairRotary) -> None:
+        super().__init__()
+        self.plan = plan
+        c = config
+        self.attn = CSA2Attention(
+            c, plan, TorchSinkAttention(c.num_attention_heads, c.head_dim), rotary
+        )
+        self.ffn = MoE(
+            c.hidden_size,
+            c.moe_intermediate_size,
+            c.n_routed_experts,
+            c.num_experts_per_tok,
+            c.routed_scaling_factor,
+            c.norm_topk_prob,
+            c.swiglu_limit,
+        )
+        self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
+
+        def hyper_connection() -> HyperConnection:
+            return HyperConnection(
+                c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+            )
+
+        self.hc_attn = hyper_connection()
+        self.hc_ffn = hyper_connection()
+        self.engram = None
+        if plan.engram_slot >= 0:
+            self.engram = Engram(
+                c.engram_num_embeddings[plan.engram_slot],
+                c.engram_head_dim,
+                (c.engram_max_ngram_size - 1) * c.engram_n_heads,
+                c.hc_mult,
+                c.hidden_size,
+                c.rms_norm_eps,
+            )
+
+    def forward(self, streams, pre, rotation, meta, ring, compressed, shared, engram_rows, dtype):
+        if self.engram is not None:
+            streams = self.engram(streams, engram_rows)
+        attn_pre, post, comb = self.hc_attn(streams)
+        u = self.attn_norm(collapse(streams, pre).to(dtype))
+        attended = self.attn(u, rotation, meta, ring, compressed, shared)
+        streams = expand(attended.float(), streams, post, comb)
+        ffn_pre, post, comb = self.hc_ffn(streams)
+        u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
+        streams = expand(self.ffn(u), streams, post, comb)
+        return streams, ffn_pre
+
+
+class DeepseekV41ForCausalLM(nn.Module):
+    config_class = DeepseekV41Config
+
+    def __init__(
+        self,
+        config: DeepseekV41Config,
+        dtype: torch.dtype,
+        engram_tables: EngramTables | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.plans = config.layer_plans()
+        if any(p.engram_slot >= 0 for p in self.plans) and engram_tables is None:
+            raise ModelLoadError("DeepSeek-V4.1's Engram layers need the tokenizer's hash tables")
+        self.engram_tables = engram_tables
+        rope_dim = config.qk_rope_head_dim
+        self.plain_rotary = PairRotary(rope_dim, config.rope_theta, None)
+        self.compress_rotary = PairRotary(rope_dim, config.compress_rope_theta, config.rope_scaling)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DeepseekV41Block(
+                config, plan, self.compress_rotary if plan.compress_ratio else self.plain_rotary
+            )
+            for plan in self.plans
+        )
+        self.norm = Norm(config.hidden_size, config.rms_norm_eps)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        sources = config.kv_sources
+        # Layer → (ratio, index of its KV source among that ratio's sources).
+        self._source_slots = {
+            plan.index: (plan.compress_ratio, sources[plan.compress_ratio].index(plan.kv_source))
+            for plan in self.plans
+            if plan.compress_ratio
+        }
+        self._ratios = tuple(sorted(sources))
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
+        text_config = checkpoint.hf_config.get("text_config") or checkpoint.hf_config
+        config = dataclasses.replace(
+            DeepseekV41Config.from_hf(checkpoint.hf_config), cache_qdq=options.quantize_kv_cache
+        )
+        tables = None
+        if config.engram_layer_ids:
+            if checkpoint.tokenizer is None:
+                raise ModelLoadError(
+                    f"{checkpoint.path}: DeepSeek-V4.1's Engram hashes tokens through the "
+                    "tokenizer; put its tokenizer.json beside the weights"
+                )
+            try:
+                tables = build_engram_tables(
+                    checkpoint.tokenizer,
+                    EngramHashConfig.from_text_config(text_config),
+                    compressed_vocab_size=config.engram_compressed_vocab_size,
+                    num_embeddings=config.engram_num_embeddings,
+                )
+            except ValueError as error:
+                raise ModelLoadError(f"{checkpoint.path}: {error}") from None
+        return cls(config, options.dtype, tables)
+
+    def kv_layout(self) -> KVLayout:
+        c = self.config
+        sources = c.kv_sources
+        paged = []
+        for ratio in self._ratios:
+            count = len(sources[ratio])
+            for name, dim in (("compressed", c.head_dim), ("index_keys", c.index_head_dim)):
+                paged.append(
+                    PagedSpec(
+                        f"{name}_r{ratio}",
+                        count,
+                        (dim,),
+                        compress_ratio=ratio,
+                        role=CacheRole.COMPRESSED,
+                    )
+                )
+        rings = [
+            RingSpec("window", len(self.plans), (c.head_dim,), c.sliding_window, MAX_BACKTRACK)
+        ]
+        tails = [ratio for ratio in self._ratios if ratio > 1]
+        for ratio in tails:
+            # (kv, gate) projections of a group's first positions, kept in float32 (§4).
+            rings.append(
+                RingSpec(
+                    f"compressor_tail_r{ratio}",
+                    len(sources[ratio]),
+                    (2, c.head_dim),
+                    ratio - 1,
+                    MAX_BACKTRACK,
+                    dtype=torch.float32,
+                    role=CacheRole.COMPRESSOR_TAIL,
+                )
+            )
+        engram = any(p.engram_slot >= 0 for p in self.plans)
+        return KVLayout(
+            paged=tuple(paged),
+            rings=tuple(rings),
+            exact_ring_replay=False,
+            token_history=c.engram_max_ngram_size - 1 if engram else 0,
+        )
+
+    def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
+        c = self.config
+        rotations = {
+            False: self.plain_rotary.rotation(positions),
+            True: self.compress_rotary.rotation(positions),
+        }
+        streams = self.embed(input_ids).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
+        pre = torch.zeros(input_ids.shape[0], c.hc_mult)
+        pre[:, 0] = 1
+        history = None
+        if self.engram_tables is not None:
+            history = torch.cat((input_ids.unsqueeze(1), meta.token_history), dim=1)
+        shared: dict[int, SharedSelection] = {}
+        for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
+            plan = block.plan
+            compressed = None
+            if plan.compress_ratio:
+                ratio, source = self._source_slots[plan.index]
+                tails = kv_cache.rings.get(f"compressor_tail_r{ratio}")
+                compressed = CompressedCaches(
+                    kv_cache.paged[f"compressed_r{ratio}"][source],
+                    kv_cache.paged[f"index_keys_r{ratio}"][source],
+                    None if tails is None else tails[source],
+                )
+            engram_rows = None
+            if block.engram is not None:
+                engram_rows = ngram_rows(self.engram_tables, plan.engram_slot, history)
+            streams, pre = block(
+                streams,
+                pre,
+                rotations[bool(plan.compress_ratio)],
+                meta,
+                ring,
+                compressed,
+                shared,
+                engram_rows,
+                self.dtype,
+            )
+        return self.norm(collapse(streams, pre))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.float())
+
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy tensors under the released checkpoint's names (spec §3.8), dequantised to
+        float; every parameter must be set. `mtp.*` (DSpark) is not built yet."""
+        params = dict(self.named_parameters())
+        unset = set(params)
+
+        def put(name: str, value: torch.Tensor, source: str) -> None:
+            target = params.get(name)
+            if target is None:
+                raise ModelLoadError(f"checkpoint tensor {source!r} has no place in the model")
+            if target.shape != value.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {source!r} has shape {tuple(value.shape)}, the model "
+                    f"expects {tuple(target.shape)}"
+                )
+            target.copy_(value)
+            unset.discard(name)
+
+        halves: dict[str, dict[str, torch.Tensor]] = {}
+        for source, value in tensors.items():
+            if source.startswith("mtp.") or source.endswith(".ffn.gate.bias_vl"):
+                continue  # the DSpark drafter; image-token routing
+            name = _parameter_name(source)
+            if name.endswith((".w1", ".w3")):
+                halves.setdefault(name[:-3], {})[name[-2:]] = value
+                continue
+            put(name, value, source)
+        for prefix, parts in halves.items():
+            if set(parts) != {"w1", "w3"}:
+                raise ModelLoadError(f"checkpoint has only {sorted(parts)} of {prefix}.w1/w3")
+            put(f"{prefix}.w13.weight", torch.cat((parts["w1"], parts["w3"])), f"{prefix}.w1")
+        if unset:
+            raise ModelLoadError(f"checkpoint lacks tensors for: {sorted(unset)[:5]}")
+        # Matmul weights in the compute dtype; the head, norms, mHC, router and sinks in
+        # float32, as the reference keeps them.
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding) and name != "head":
+                module.to(self.dtype)
+
+
+_PARAMETER_NAMES = (
+    (re.compile(r"(layers\.\d+)\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
+    (re.compile(r"(layers\.\d+\.ffn)\.gate\.weight$"), r"\1.gate"),
+    (re.compile(r"(layers\.\d+\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
+    (re.compile(r"(layers\.\d+\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
+    (re.compile(r"(layers\.\d+\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
+)
+
+
+def _parameter_name(released: str) -> str:
+    """Our parameter name for a released tensor name; w1/w3 come back as their half names
+    (fused into w13 by the caller), w2 as a plain weight."""
+    for pattern, replacement in _PARAMETER_NAMES:
+        if pattern.search(released):
+            name = pattern.sub(replacement, released)
+            return name if not name.endswith(".w2") else name + ".weight"
+    return released

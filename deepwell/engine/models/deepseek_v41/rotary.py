@@ -1,0 +1,55 @@
+"""V4.1's rotary embedding: adjacent-pair rotation of the trailing rotary dims.
+
+Window-only layers use `rope_theta`; compressed layers use `compress_rope_theta` with the
+frequency-only YaRN ramp (no attention scaling) for every rotation in the layer
+(spec/deepseek_v41.md §3.1).
+"""
+
+import math
+from typing import Any
+
+import torch
+
+
+class PairRotary:
+    """Angles per position, and the rotation (or its inverse) of a tensor's last dims."""
+
+    def __init__(self, rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
+        self.rotary_dim = rotary_dim
+        freqs = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+        original = int(scaling.get("original_max_position_embeddings", 0)) if scaling else 0
+        if original > 0:
+            factor = float(scaling.get("factor", 1.0))
+            beta_fast = float(scaling.get("beta_fast", 32))
+            beta_slow = float(scaling.get("beta_slow", 1))
+
+            def dim_for(beta: float) -> float:
+                return (
+                    rotary_dim * math.log(original / (beta * 2 * math.pi)) / (2 * math.log(theta))
+                )
+
+            low = max(math.floor(dim_for(beta_fast)), 0)
+            high = min(math.ceil(dim_for(beta_slow)), rotary_dim - 1)
+            pairs = torch.arange(rotary_dim // 2, dtype=torch.float32)
+            ramp = ((pairs - low) / max(high - low, 1e-3)).clamp(0, 1)
+            freqs = freqs / factor * ramp + freqs * (1 - ramp)
+        self.freqs = freqs
+
+    def rotation(self, positions: torch.Tensor) -> torch.Tensor:
+        """Unit complex rotations [*positions.shape, rotary_dim // 2]."""
+        angles = positions.float().unsqueeze(-1) * self.freqs
+        return torch.polar(torch.ones_like(angles), angles)
+
+    def apply(self, values: torch.Tensor, rotation: torch.Tensor, inverse: bool = False):
+        """Rotate the last `rotary_dim` channels of values [rows, ..., dim]; `rotation` is
+        [rows, pairs] and broadcasts over the middle axes."""
+        dim = self.rotary_dim
+        pairs = torch.view_as_complex(
+            values[..., -dim:].float().unflatten(-1, (-1, 2)).contiguous()
+        )
+        for _ in range(values.dim() - 2):
+            rotation = rotation.unsqueeze(1)
+        if inverse:
+            rotation = rotation.conj()
+        rotated = torch.view_as_real(pairs * rotation).flatten(-2).to(values.dtype)
+        return torch.cat((values[..., :-dim], rotated), dim=-1)
