@@ -230,7 +230,7 @@ class ModelRunner:
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
             query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
         )
-        meta = self._step_metadata(sequences, paged)
+        meta = self.step_metadata(sequences, paged)
         if self.token_history:
             meta.token_history = torch.tensor(history, dtype=torch.long).view(
                 -1, self.token_history
@@ -244,7 +244,7 @@ class ModelRunner:
             pending_history,
         )
 
-    def _step_metadata(
+    def step_metadata(
         self, sequences: list[SequenceSpan], paged: AttentionMetadata
     ) -> StepMetadata:
         """Metadata once per kind of cache the layout declares (layers/step_metadata.py)."""
