@@ -8,7 +8,6 @@ DeepSeek path on a laptop and to test the loader without the real 475 GiB.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +143,7 @@ CHAT_TOKENS = (
     "<｜latest_reminder｜>",
     "｜DSML｜",
 )
+SYSTEM = "<｜System｜>"
 IMAGE = "<｜image｜>"
 GROUNDING_TOKENS = (
     "<｜ref｜>",
@@ -193,11 +193,8 @@ def write_tiny_checkpoint(
         tokenizer = byte_level_tokenizer()
         tokenizer.save(str(path / "tokenizer.json"))
     else:
-        try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_json))
-        except Exception as error:  # tokenizers raises a bare Exception on bad files
-            raise ValueError(f"cannot read tokenizer {str(tokenizer_json)!r}: {error}") from error
-        shutil.copyfile(tokenizer_json, path / "tokenizer.json")
+        tokenizer = _v41_tokenizer(Path(tokenizer_json))
+        tokenizer.save(str(path / "tokenizer.json"))
     text = _fit_to_tokenizer(
         dict(TINY_TEXT_CONFIG if text_config is None else text_config), tokenizer
     )
@@ -238,6 +235,20 @@ def byte_level_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+def _v41_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer file as V4.1 needs it. DeepSeek's V4 file has no `<｜System｜>`: V4.1
+    spells its placeholder 799 that way (spec/recipe.md §3), so a V4 file gets that one
+    token renamed; the ids stay."""
+    try:
+        text = path.read_text()
+        tokenizer = Tokenizer.from_str(text)
+    except Exception as error:  # tokenizers raises a bare Exception on bad files
+        raise ValueError(f"cannot read tokenizer {str(path)!r}: {error}") from error
+    if tokenizer.token_to_id(SYSTEM) is None and tokenizer.token_to_id(DSPARK_NOISE) is not None:
+        tokenizer = Tokenizer.from_str(text.replace(DSPARK_NOISE, SYSTEM))
+    return tokenizer
+
+
 def _fit_to_tokenizer(text: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """The text config with its tokenizer-dependent fields set from `tokenizer`."""
     ids = {spelling: tokenizer.token_to_id(spelling) for spelling in (BOS, EOS, PAD)}
@@ -245,7 +256,10 @@ def _fit_to_tokenizer(text: dict[str, Any], tokenizer: Tokenizer) -> dict[str, A
     if missing:
         raise ValueError(f"the tokenizer lacks DeepSeek's {', '.join(missing)}")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    # The released drafter's noise id (128799) is V4.1's `<｜System｜>` in a renamed V4 file.
     noise = tokenizer.token_to_id(DSPARK_NOISE)
+    if noise is None:
+        noise = tokenizer.token_to_id(SYSTEM)
     text |= dict(
         vocab_size=vocab_size,
         bos_token_id=ids[BOS],

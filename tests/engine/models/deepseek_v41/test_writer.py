@@ -125,7 +125,17 @@ def test_a_copied_tokenizer_sizes_the_vocabulary_and_the_noise_token(tmp_path) -
     assert text["vocab_size"] == 129280 and written.weights["embed.weight"].shape == (129280, 64)
     assert text["dspark_noise_token_id"] == 128799  # as released
     assert text["engram_compressed_vocab_size"] == 99092  # as released
-    assert (tmp_path / "tokenizer.json").read_bytes() == DEEPSEEK_TOKENIZER.read_bytes()
+
+
+def test_a_v4_tokenizer_gets_v41s_system_token_in_place_of_placeholder_799(tmp_path) -> None:
+    write_tiny_checkpoint(tmp_path, tokenizer_json=DEEPSEEK_TOKENIZER)
+    original = Tokenizer.from_file(str(DEEPSEEK_TOKENIZER))
+    copied = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert original.token_to_id("<｜System｜>") is None
+    assert copied.token_to_id("<｜System｜>") == 128799
+    assert copied.token_to_id("<｜place▁holder▁no▁799｜>") is None
+    text = "<｜User｜>Hello, 世界<｜Assistant｜>"
+    assert copied.encode(text).ids == original.encode(text).ids
 
 
 def test_presets_are_valid_and_named_in_the_cli() -> None:
