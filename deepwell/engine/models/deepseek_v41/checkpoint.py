@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.schema import ARCHITECTURE, TensorSpec, tensor_schema
 from deepwell.engine.models.deepseek_v41.weight_formats import dequantize
 from deepwell.engine.models.loader import Checkpoint
@@ -94,6 +95,11 @@ def _schema(config: dict[str, Any], config_path: Path) -> dict[str, TensorSpec]:
     text_config = config.get("text_config")
     if not isinstance(text_config, dict):
         raise ModelLoadError(f"{str(config_path)!r} has no text_config object")
+    try:
+        # The layer schedule first: a bad one is named as such, not as missing tensors.
+        DeepseekV41Config.from_hf(config)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{str(config_path)!r}: {error}") from None
     try:
         return tensor_schema(text_config)
     except KeyError as error:

@@ -115,7 +115,7 @@ class DeepseekV41Config:
         )
         missing = [key for key in required if key not in text]
         if missing:
-            raise ModelLoadError(f"DeepSeek-V4.1 config.json lacks {', '.join(missing)}")
+            raise ModelLoadError(f"text_config lacks {', '.join(map(repr, missing))}")
         if text.get("num_key_value_heads", 1) != 1:
             raise ModelLoadError(
                 "DeepSeek-V4.1 shares one latent KV head; num_key_value_heads != 1"
