@@ -181,3 +181,28 @@ def test_with_cache_quantisation_the_logits_stay_statistically_close(checkpoint)
     agreement = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
     cosine = torch.nn.functional.cosine_similarity(logits, reference, dim=-1).min().item()
     assert agreement >= 0.95 and cosine > 0.999, (agreement, cosine)
+
+
+def test_preempted_requests_recompute_their_window_rings_and_compressed_state(checkpoint, oracle):
+    # 10 blocks of 16 tokens cannot hold 8 requests of ~50 tokens: the newest are preempted
+    # and recomputed from scratch, rings, tails and compressed entries included.
+    llm = LLM(**vars(engine_args(checkpoint, num_kv_blocks=10, max_num_seqs=8, max_model_len=160)))
+    batch = prompts(8, [20, 25, 30, 18, 27, 22, 31, 24], seed=6)
+    completions = generate(llm, batch, 24)
+    assert llm.core.stats().num_preemptions > 0
+    for prompt, completion in zip(batch, completions, strict=True):
+        check_against_reference(oracle, prompt, completion)
+
+
+def test_bfloat16_stays_close_to_the_float32_reference(checkpoint, oracle):
+    core = EngineCore(engine_args(checkpoint, dtype="bfloat16"))
+    sequences = prompts(2, [48, 48], seed=7)
+    logits = StepDriver(core, sequences).step([(0, 0, 48), (1, 0, 48)])
+    reference = oracle_logits(oracle, torch.tensor(sequences)).flatten(0, 1)
+    agreement = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    cosines = torch.nn.functional.cosine_similarity(logits, reference, dim=-1)
+    worst, mean = cosines.min().item(), cosines.mean().item()
+    print(
+        f"bf16 vs float32: argmax agreement {agreement:.3f}, cosine mean {mean:.5f} worst {worst:.5f}"
+    )
+    assert agreement >= 0.95 and mean > 0.995 and worst > 0.98, (agreement, mean, worst)
