@@ -240,7 +240,6 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="token budget of one engine step (default: 1024)",
     )
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
 
 
 def _engine_args(args: argparse.Namespace, **overrides):

@@ -9,8 +9,8 @@ import argparse
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, KV cache, batch invariance, speculation and step overlap: the options every
-    engine user has."""
+    """Model, KV cache, batch invariance, speculation, step overlap and threads: the options
+    every engine user has."""
     parser.add_argument(
         "--model",
         metavar="PATH",
@@ -56,3 +56,4 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the step loop synchronously instead of planning the next step and handing "
         "back tokens while the model computes (outputs are the same either way)",
     )
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

@@ -127,7 +127,7 @@ class EngineCore:
             tile_linears(model)
         model.eval()
         self.model_config = model.config
-        self.model_name = checkpoint.path.stem
+        self.model_name = checkpoint.name
         self.architecture = checkpoint.architecture
         self.tokenizer = checkpoint.tokenizer
         self.chat_template = checkpoint.chat_template

@@ -27,7 +27,6 @@ from deepwell.recipe import (
     ResponsesResponse,
     SpecialToken,
     StreamProcessor,
-    Tokenizer,
 )
 from deepwell.serve.engine_client import EngineClient
 from deepwell.serve.errors import ApiError, ErrorShape
@@ -204,7 +203,7 @@ class Frontend:
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
         structured = None
         if self.model.tokenizer is not None:
-            structured = structured_output_spec(converted, parsing_options, self.model.tokenizer)
+            structured = structured_output_spec(converted, parsing_options, self.model)
         seed = converted.inference_options.seed
         if seed is None:
             seed = header_seed if header_seed is not None else secrets.randbelow(SEED_LIMIT)
@@ -295,30 +294,35 @@ def sse_frame(event: str | None, data: str) -> bytes:
 
 
 def structured_output_spec(
-    converted: ConversationRequest, parsing_options: ParsingOptions, tokenizer: Tokenizer
+    converted: ConversationRequest, parsing_options: ParsingOptions, model: ServedModel
 ) -> StructuredOutputSpec | None:
-    """The engine constraint for a request's JSON or regex output constraint, if it has one.
+    """The engine constraint for a request's output constraint, if it has one.
 
-    Tool-call constraints stay unconstrained: the stream parser reads calls from free text.
-    In thinking mode the grammar starts after the end-of-thinking token, so reasoning
-    stays free and the answer matches (spec/deepinfer.md §1.5, trigger tokens).
+    A forced tool call (`tool_call_required`) must match the model's tool-call grammar;
+    with tool_choice auto the stream parser reads calls from free text. In thinking mode the
+    grammar starts after the end-of-thinking token, so reasoning stays free and the answer
+    matches (spec/deepinfer.md §1.5, trigger tokens).
     """
     constraint = converted.inference_options.output_constraint
-    if constraint is None or constraint.kind not in ("json", "regex"):
+    if constraint is None:
         return None
-    if constraint.kind == "regex":
-        kind = "regex"
+    if constraint.kind == "tool_call_required" and model.tool_call_grammar is not None:
+        kind, spec = "ebnf", model.tool_call_grammar(converted.conversation.tools)
+    elif constraint.kind == "regex":
+        kind, spec = "regex", constraint.schema
+    elif constraint.kind == "json":
+        kind, spec = ("json_schema" if constraint.schema else "json_object"), constraint.schema
     else:
-        kind = "json_schema" if constraint.schema else "json_object"
+        return None
     trigger: list[int] = []
     stage = parsing_options.thinking_initial_stage
     if stage is not None and stage.starts_in_reasoning():
         spelling = parsing_options.special_tokens.token(SpecialToken.ThinkingEnd)
-        end = tokenizer.special_token_id(spelling)
+        end = model.tokenizer.special_token_id(spelling)
         if end is None:
             raise ApiError(400, f"structured output in thinking mode needs a {spelling} token")
         trigger = [end]
-    return StructuredOutputSpec(kind, constraint.schema, trigger)
+    return StructuredOutputSpec(kind, spec, trigger)
 
 
 def _declares_tools(conversation) -> bool:

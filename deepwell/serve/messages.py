@@ -38,6 +38,8 @@ class WorkerConfig:
     batch_invariant: bool = False
     # Plan the next step while the model computes (EngineArgs.async_scheduling).
     async_scheduling: bool = True
+    # Torch threads in the worker (None: torch's choice).
+    num_threads: int | None = None
 
 
 @dataclass(frozen=True)

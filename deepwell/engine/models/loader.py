@@ -62,6 +62,11 @@ class Checkpoint:
     # Jinja chat template shipped with the weights, if any (rendering is not the engine's job).
     chat_template: str | None = None
 
+    @property
+    def name(self) -> str:
+        """The served model name: a directory's whole name (dots and all), a file's stem."""
+        return self.path.name if self.path.is_dir() else self.path.stem
+
 
 def embedded_model_path() -> Path:
     # find_spec locates the package without importing it: its __init__ imports the `llm`

@@ -21,6 +21,7 @@ from deepwell.recipe.encoding.special_tokens import (
 from deepwell.recipe.encoding.template_json import parse_arguments, python_json
 from deepwell.recipe.encoding.templates import RESPONSE_FORMAT_HEADER, emit_tool_prompt
 from deepwell.recipe.encoding.tokenizer import Tokenizer
+from deepwell.recipe.encoding.tool_call_grammar import DsmlTags, tool_call_grammar
 from deepwell.recipe.json_value import JsonValue
 
 EncodingT = TypeVar("EncodingT", bound="DeepseekEncoding")
@@ -76,6 +77,21 @@ class DeepseekEncoding(ABC):
             raise RuntimeError("no tokenizer is attached to the encoding")
         out, _ = self._render(conversation)
         return encode_rendered(self._tokenizer, out)
+
+    def tool_call_grammar(self, tools: Sequence[ToolDefinition]) -> str:
+        """The Lark grammar a forced tool call (tool_choice required) must match.
+
+        It continues the generation suffix's opening calls tag and ends with the closing
+        one; `｜DSML｜` is matched by its id in the attached tokenizer.
+        """
+        if self._tokenizer is None:
+            raise RuntimeError("no tokenizer is attached to the encoding")
+        dsml_token_id = self._tokenizer.special_token_id(self._dsml)
+        if dsml_token_id is None:
+            raise RuntimeError(f'special token "{self._dsml}" is not in the added vocabulary')
+        calls, invoke, parameter = self.tag_names
+        tags = DsmlTags(calls, invoke, parameter, self._empty_invoke_body(), dsml_token_id)
+        return tool_call_grammar(tools, tags)
 
     @abstractmethod
     def _render(self, conversation: Conversation) -> tuple[PromptBuilder, list[ImageSource]]:

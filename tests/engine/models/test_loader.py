@@ -39,3 +39,10 @@ def test_safetensors_directory_loads_with_its_config(tiny_llama):
     assert checkpoint.architecture == "LlamaForCausalLM"
     assert checkpoint.tokenizer is None
     assert checkpoint.tensors["lm_head.weight"].shape == (320, 64)
+
+
+def test_a_checkpoint_is_named_after_its_directory_or_file(tiny_llama, tmp_path):
+    versioned = tmp_path / "DeepSeek-V4.1-Flash"
+    versioned.symlink_to(tiny_llama, target_is_directory=True)
+    assert load_checkpoint(str(versioned)).name == "DeepSeek-V4.1-Flash"
+    assert load_checkpoint(None).name == "SmolLM2-135M-Instruct.Q4_1"
