@@ -98,9 +98,16 @@ def test_all_fifty_schemas_validate(model_server, openai_client, anthropic_clien
 
 
 def test_json_object_output_parses(model_server, openai_client):
+    # A prompt the 135M model answers in a short object: "Describe a cat as a json object"
+    # nests {"looks_at_me": {...}} past any budget on AMX machines' bf16 numerics.
     completion = openai_client.chat.completions.create(
         model=model_server.model,
-        messages=[{"role": "user", "content": "Describe a cat as a json object."}],
+        messages=[
+            {
+                "role": "user",
+                "content": "Give me a JSON object describing a cat, with its name and age.",
+            }
+        ],
         max_tokens=MAX_TOKENS,
         temperature=0,
         response_format={"type": "json_object"},
