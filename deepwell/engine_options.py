@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from deepwell import engine_defaults as defaults
+
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, KV cache, batch invariance, speculation and step overlap: the options every
@@ -20,11 +22,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-gib",
         type=float,
-        default=4.0,
-        help="memory budget for weights plus KV cache, in GiB (default: 4)",
+        default=defaults.MEMORY_GIB,
+        help=f"memory budget for weights plus KV cache, in GiB (default: {defaults.MEMORY_GIB:g})",
     )
     parser.add_argument(
-        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
+        "--block-size",
+        type=int,
+        default=defaults.BLOCK_SIZE,
+        help=f"KV block size in tokens (default: {defaults.BLOCK_SIZE})",
     )
     parser.add_argument(
         "--batch-invariant",
@@ -46,9 +51,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
-        default=5,
+        default=defaults.NUM_SPECULATIVE_TOKENS,
         help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        "decoding off (default: 5)",
+        f"decoding off (default: {defaults.NUM_SPECULATIVE_TOKENS})",
     )
     parser.add_argument(
         "--no-async-scheduling",
