@@ -21,19 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.args import EngineArgs
+from deepwell.engine.build import build_engine
 from deepwell.engine.compute_thread import start_compute_thread
-from deepwell.engine.errors import InvalidRequestError, MemoryBudgetError
-from deepwell.engine.kv.cache import KVCache, plan_num_blocks
-from deepwell.engine.kv.manager import KVCacheManager
-from deepwell.engine.kv.prefix import fingerprint
-from deepwell.engine.kv.slot_pool import num_slots_for
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.kv.store import CACHE_CLASSES
-from deepwell.engine.kv.store_io import open_store
-from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
-from deepwell.engine.layers.packed_linear import pack_linears
-from deepwell.engine.layers.torch_paged import TorchPagedAttention
-from deepwell.engine.models.loader import load_checkpoint
-from deepwell.engine.models.registry import build_model
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner, PreparedStep
@@ -109,72 +100,20 @@ class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        started = time.monotonic()
-        checkpoint = load_checkpoint(args.model)
-        model = build_model(
-            checkpoint.architecture,
-            checkpoint.hf_config,
-            BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
-            args.torch_dtype,
-        )
-        model.load_weights(checkpoint.tensors)
-        pack_linears(model)
-        if args.batch_invariant:
-            tile_linears(model)
-        model.eval()
-        self.model_config = model.config
-        self.model_name = checkpoint.path.stem
-        self.architecture = checkpoint.architecture
-        self.tokenizer = checkpoint.tokenizer
-        self.chat_template = checkpoint.chat_template
-        self.vocab_size = model.config.vocab_size
-        self.eos_token_ids = frozenset(model.config.eos_token_ids)
-        self.max_model_len = min(
-            args.max_model_len or model.config.max_position_embeddings,
-            model.config.max_position_embeddings,
-        )
-        layout = model.kv_layout()
-        if args.batch_invariant and layout.needs_slots:
-            # Rings and state slots are read by the model's own layers, outside these kernels.
-            raise ValueError("batch-invariant mode covers models with paged KV only")
-        num_slots = num_slots_for(args.max_num_seqs)
-        # Buffers count: rotary tables and packed linear weights (layers/packed_linear.py).
-        model_bytes = sum(
-            t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
-        )
-        num_blocks = args.num_kv_blocks or plan_num_blocks(
-            layout,
-            memory_gib=args.memory_gib,
-            model_bytes=model_bytes,
-            block_size=args.block_size,
-            num_slots=num_slots,
-            dtype=args.torch_dtype,
-            max_model_len=self.max_model_len,
-        )
-        if num_blocks * args.block_size < self.max_model_len:
-            raise MemoryBudgetError(
-                f"{num_blocks} KV blocks of {args.block_size} tokens cannot hold one "
-                f"{self.max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
-            )
-        kv_cache = KVCache.allocate(
-            layout, num_blocks, args.block_size, num_slots, args.torch_dtype
-        )
-        root_key = None
-        if args.enable_prefix_caching:
-            root_key = fingerprint(
-                checkpoint.architecture,
-                checkpoint.hf_config,
-                checkpoint.tensors,
-                layout,
-                args.block_size,
-                args.torch_dtype,
-            )
-        store = open_store(args, root_key, kv_cache)
-        self.kv = KVCacheManager(
-            layout, num_blocks, args.block_size, num_slots, root_key, kv_cache, store
-        )
+        built = build_engine(args)
+        self.model_config = built.model_config
+        self.model_name = built.model_name
+        self.architecture = built.architecture
+        self.tokenizer = built.tokenizer
+        self.chat_template = built.chat_template
+        self.vocab_size = built.vocab_size
+        self.eos_token_ids = built.eos_token_ids
+        self.max_model_len = built.max_model_len
+        self.kv = built.kv
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
-        self.runner = ModelRunner(model, kv_cache, args.block_size, args.batch_invariant)
+        self.runner = ModelRunner(
+            built.model, built.kv_cache, args.block_size, args.batch_invariant
+        )
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.
         # Verify lengths follow measured step times, so they vary with load: a seeded
@@ -182,7 +121,9 @@ class EngineCore:
         # (DeepInfer likewise needs MTP_VARLEN off for determinism, spec/deepinfer.md §1.6).
         self.speculator = (
             Speculator(args.num_speculative_tokens)
-            if args.num_speculative_tokens and not layout.needs_slots and not args.batch_invariant
+            if args.num_speculative_tokens
+            and not built.layout.needs_slots
+            and not args.batch_invariant
             else None
         )
         # Once two threads have run parallel torch ops, libgomp has more threads than cores
@@ -211,15 +152,6 @@ class EngineCore:
         self.num_preemptions = 0
         # What the step finished by the last `step()` call computed.
         self.last_step = StepStats()
-        logger.info(
-            "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
-            checkpoint.path.name,
-            checkpoint.architecture,
-            args.dtype,
-            time.monotonic() - started,
-            num_blocks,
-            args.block_size,
-        )
 
     def _grammar_compiler(self, args: EngineArgs) -> GrammarCompiler:
         tokenizer, vocab_size = self.tokenizer, self.vocab_size
@@ -312,7 +244,7 @@ class EngineCore:
             del self.requests[request_id]
             request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
-        self._aborted.append(_output(request, [], []))
+        self._aborted.append(request.step_output([], []))
         return True
 
     def close(self) -> None:
@@ -500,7 +432,7 @@ class EngineCore:
             request.logprobs += new_logprobs
             if request.finish_reason is not None:
                 self._finish(request)
-            outputs.append(_output(request, appended, new_logprobs))
+            outputs.append(request.step_output(appended, new_logprobs))
         return outputs
 
     def _finish(self, request: Request) -> None:
@@ -525,7 +457,7 @@ class EngineCore:
                 request.status = RequestStatus.FINISHED
                 request.finish_reason = FinishReason.ERROR
                 request.error = str(error)
-                failed.append(_output(request, [], []))
+                failed.append(request.step_output([], []))
                 continue
             if matcher is not None:
                 del self._compiling[request_id]
@@ -538,18 +470,3 @@ class EngineCore:
 def _step_stats(plan: SchedulerOutput) -> StepStats:
     decode_tokens = sum(1 for c in plan.chunks if c.num_tokens == 1 and c.completes)
     return StepStats(plan.num_tokens - decode_tokens, decode_tokens)
-
-
-def _output(request: Request, new_tokens: list[int], new_logprobs) -> RequestOutput:
-    return RequestOutput(
-        request_id=request.request_id,
-        new_token_ids=new_tokens,
-        new_logprobs=new_logprobs,
-        finished=request.finish_reason is not None,
-        finish_reason=request.finish_reason,
-        num_prompt_tokens=request.num_prompt_tokens,
-        num_output_tokens=request.num_output_tokens,
-        num_cached_tokens=request.num_cached_tokens,
-        error=request.error,
-        seed=request.seed,
-    )
