@@ -13,7 +13,6 @@ to date before each sample.
 """
 
 import logging
-import random
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -23,20 +22,13 @@ import torch
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import build_engine
 from deepwell.engine.compute_thread import start_compute_thread
-from deepwell.engine.errors import InvalidRequestError
-from deepwell.engine.kv.store import CACHE_CLASSES
+from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.runner import ModelRunner, PreparedStep
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler, SchedulerOutput
 from deepwell.engine.speculative import SpecStats, Speculator
-from deepwell.engine.structured import (
-    GrammarCompiler,
-    GrammarError,
-    PendingGrammar,
-    grammar_tokenizer,
-)
 
 logger = logging.getLogger(__name__)
 # An idle step loop whose waiting requests all read the KV store sleeps at most this long.
@@ -143,59 +135,18 @@ class EngineCore:
         self._proposals_without_drafts = 0
         # Seconds of model work (forward, logits, sampling): over wall time, how busy it is.
         self.compute_s = 0.0
+        # Unfinished requests by id: intake adds them; a finished step, or an abort, ends them.
         self.requests: dict[str, Request] = {}
+        self.intake = RequestIntake(args, built, self.scheduler, self.requests)
         self._aborted: list[RequestOutput] = []
-        self.grammars = self._grammar_compiler(args) if self.tokenizer is not None else None
-        self._compiling: dict[str, PendingGrammar] = {}
-        self._seeds = random.Random(args.seed)
         self.num_steps = 0
         self.num_preemptions = 0
         # What the step finished by the last `step()` call computed.
         self.last_step = StepStats()
 
-    def _grammar_compiler(self, args: EngineArgs) -> GrammarCompiler:
-        tokenizer, vocab_size = self.tokenizer, self.vocab_size
-        eos = min(self.eos_token_ids) if self.eos_token_ids else None
-        return GrammarCompiler(
-            lambda: grammar_tokenizer(tokenizer, vocab_size, eos),
-            timeout_s=args.grammar_compile_timeout_s,
-        )
-
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError if the request cannot be served; changes nothing."""
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"expected SamplingParams, got {type(params).__name__}")
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty")
-        bad = [
-            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {self.vocab_size}), "
-                f"e.g. {bad[0]!r}"
-            )
-        total = len(prompt_token_ids) + params.max_tokens
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "
-                f"{self.max_model_len} tokens"
-            )
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"exceeds the context of {self.max_model_len} tokens"
-            )
-        structured = params.structured_output
-        if structured is not None:
-            if self.grammars is None:
-                raise InvalidRequestError("structured output needs a model with a tokenizer")
-            marks = [*structured.trigger_token_ids, structured.bound_token_id or 0]
-            if max(marks) >= self.vocab_size:
-                raise InvalidRequestError(
-                    f"structured output trigger or bound token outside the vocabulary "
-                    f"[0, {self.vocab_size})"
-                )
+        self.intake.validate(prompt_token_ids, params)
 
     def add_request(
         self,
@@ -205,44 +156,15 @@ class EngineCore:
         cache_class: str = "chat",
     ) -> None:
         """`cache_class` ("chat" or "agent") picks the KV store TTL of the request's blocks."""
-        if request_id in self.requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if cache_class not in CACHE_CLASSES:
-            raise InvalidRequestError(
-                f"cache class must be one of {', '.join(CACHE_CLASSES)}, got {cache_class!r}"
-            )
-        self.validate(prompt_token_ids, params)
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
-        stop = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop |= self.eos_token_ids
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            params=params,
-            stop_token_ids=frozenset(stop),
-            generator=torch.Generator().manual_seed(seed),
-            seed=seed,
-            cache_class=cache_class,
-        )
-        if params.structured_output is not None:
-            # Raises GrammarError for a spec too large or malformed to start compiling.
-            self._compiling[request_id] = self.grammars.submit(params.structured_output)
-            request.status = RequestStatus.COMPILING
-        else:
-            self.scheduler.add(request)
-        self.requests[request_id] = request
+        self.intake.add(request_id, prompt_token_ids, params, cache_class)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is not in flight."""
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if self._compiling.pop(request_id, None) is None:
+        if not self.intake.withdraw(request):
             self._finish(request)
-        else:
-            del self.requests[request_id]
-            request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
         self._aborted.append(request.step_output([], []))
         return True
@@ -263,7 +185,7 @@ class EngineCore:
         pool = self.kv.block_pool
         return EngineStats(
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting) + len(self._compiling),
+            waiting=len(self.scheduler.waiting) + len(self.intake.compiling),
             kv_blocks_used=pool.num_blocks - pool.num_free,
             kv_blocks_total=pool.num_blocks,
             num_preemptions=self.num_preemptions,
@@ -288,8 +210,8 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
-        if self._compiling:
-            outputs += self._admit_compiled()
+        if self.intake.compiling:
+            outputs += self.intake.admit_compiled()
         if self.speculator is not None:
             outputs += self._propose_drafts()
         plan = self.scheduler.schedule()
@@ -310,9 +232,9 @@ class EngineCore:
             outputs += self._drain()
         if prepared is None and previous is None:
             self.scheduler.wait_for_loads(_LOAD_POLL_S)
-            if self._compiling and not outputs:
+            if self.intake.compiling and not outputs:
                 # Nothing to compute: wait for a compile rather than spin.
-                self.grammars.wait(list(self._compiling.values()), _COMPILE_POLL_S)
+                self.intake.wait_for_compile(_COMPILE_POLL_S)
         return outputs
 
     def _propose_drafts(self) -> list[RequestOutput]:
@@ -444,27 +366,6 @@ class EngineCore:
         del self.requests[request.request_id]
         if self.speculator is not None:
             self.speculator.forget(request.request_id)
-
-    def _admit_compiled(self) -> list[RequestOutput]:
-        """Requests whose grammar is ready join scheduling; failed compiles end their request."""
-        failed = []
-        for request_id, pending in list(self._compiling.items()):
-            request = self.requests[request_id]
-            try:
-                matcher = pending.matcher(request.stop_token_ids)
-            except GrammarError as error:
-                del self._compiling[request_id], self.requests[request_id]
-                request.status = RequestStatus.FINISHED
-                request.finish_reason = FinishReason.ERROR
-                request.error = str(error)
-                failed.append(request.step_output([], []))
-                continue
-            if matcher is not None:
-                del self._compiling[request_id]
-                request.matcher = matcher
-                request.status = RequestStatus.WAITING
-                self.scheduler.add(request)
-        return failed
 
 
 def _step_stats(plan: SchedulerOutput) -> StepStats:
