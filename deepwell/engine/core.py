@@ -180,6 +180,8 @@ class EngineCore:
         }
 
     def step(self) -> list[RequestOutput]:
+        """One round: admit compiled requests, propose drafts, schedule, then launch the plan
+        and hand back what the step before it sampled."""
         outputs, self._aborted = self._aborted, []
         if self.intake.compiling:
             outputs += self.intake.admit_compiled()
@@ -189,9 +191,9 @@ class EngineCore:
         self.num_preemptions += len(plan.preempted)
         if plan.chunks or self.pipeline.in_flight is not None:
             return outputs + self.pipeline.advance(plan)
+        # Nothing to compute: wait for a store read or a compile rather than spin.
         self.scheduler.wait_for_loads(_LOAD_POLL_S)
         if self.intake.compiling and not outputs:
-            # Nothing to compute: wait for a compile rather than spin.
             self.intake.wait_for_compile(_COMPILE_POLL_S)
         return outputs
 
