@@ -123,7 +123,7 @@ def compile_stall(core: EngineCore, prompt: list[int]) -> dict:
     core.add_request("heavy", prompt, SamplingParams(max_tokens=4, structured_output=spec))
     during = []
     admission_ms = None
-    while "heavy" in core._compiling:
+    while "heavy" in core.intake.compiling:
         elapsed = _timed_step(core)
         if core.last_step.prefill_tokens:
             # The step that admitted the compiled request also ran its prompt: not a stall.

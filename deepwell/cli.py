@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
 
 
@@ -230,15 +231,15 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument(
         "--dtype",
-        choices=("bfloat16", "float32"),
-        default="bfloat16",
-        help="compute dtype (default: bfloat16; float32 for exact comparisons)",
+        choices=engine_defaults.DTYPES,
+        default=engine_defaults.DTYPE,
+        help=f"compute dtype (default: {engine_defaults.DTYPE}; float32 for exact comparisons)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=1024,
-        help="token budget of one engine step (default: 1024)",
+        default=engine_defaults.MAX_NUM_BATCHED_TOKENS,
+        help=f"token budget of one engine step (default: {engine_defaults.MAX_NUM_BATCHED_TOKENS})",
     )
 
 
@@ -258,6 +259,7 @@ def _engine_args(args: argparse.Namespace, **overrides):
         batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
         num_speculative_tokens=args.num_speculative_tokens,
         async_scheduling=not args.no_async_scheduling,
+        quantize_kv_cache=not args.no_kv_cache_quantization,
         **overrides,
     )
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from deepwell import engine_defaults as defaults
+
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, KV cache, batch invariance, speculation, step overlap and threads: the options
@@ -20,11 +22,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-gib",
         type=float,
-        default=4.0,
-        help="memory budget for weights plus KV cache, in GiB (default: 4)",
+        default=defaults.MEMORY_GIB,
+        help=f"memory budget for weights plus KV cache, in GiB (default: {defaults.MEMORY_GIB:g})",
     )
     parser.add_argument(
-        "--block-size", type=int, default=128, help="KV block size in tokens (default: 128)"
+        "--block-size",
+        type=int,
+        default=defaults.BLOCK_SIZE,
+        help=f"KV block size in tokens (default: {defaults.BLOCK_SIZE})",
     )
     parser.add_argument(
         "--batch-invariant",
@@ -46,14 +51,20 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
-        default=5,
+        default=defaults.NUM_SPECULATIVE_TOKENS,
         help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        "decoding off (default: 5)",
+        f"decoding off (default: {defaults.NUM_SPECULATIVE_TOKENS})",
     )
     parser.add_argument(
         "--no-async-scheduling",
         action="store_true",
         help="run the step loop synchronously instead of planning the next step and handing "
         "back tokens while the model computes (outputs are the same either way)",
+    )
+    parser.add_argument(
+        "--no-kv-cache-quantization",
+        action="store_true",
+        help="DeepSeek-V4.1: keep the caches in the engine dtype instead of the fp8/fp4 "
+        "formats the model was trained with (for exact comparisons with a reference)",
     )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

@@ -1,6 +1,6 @@
 """EngineArgs: every knob of the engine in one typed place.
 
-Defaults follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
+Its defaults live in `deepwell.engine_defaults`, which the command line and serve read too.
 """
 
 import os
@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+from deepwell import engine_defaults as defaults
+
+DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES}
 
 
 def env_flag(name: str) -> bool:
@@ -22,43 +24,43 @@ class EngineArgs:
     model: str | None = None
     # bf16 is the CPU compute dtype (fp16 matmuls are unusably slow on CPUs);
     # float32 is for exact comparisons against a reference.
-    dtype: str = "bfloat16"
-    block_size: int = 128
+    dtype: str = defaults.DTYPE
+    block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
-    memory_gib: float = 4.0
+    memory_gib: float = defaults.MEMORY_GIB
     # Fix the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
     num_kv_blocks: int | None = None
     # None = the model's own context length.
     max_model_len: int | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
     # Token budget of one step: prefill chunks and decodes together.
-    max_num_batched_tokens: int = 1024
-    seed: int = 0
+    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
+    seed: int = defaults.SEED
     # None = every core torch sees.
     num_threads: int | None = None
     # Reuse cached KV blocks across requests with a common prefix.
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = defaults.ENABLE_PREFIX_CACHING
     # A directory of KV block files shared by workers (3FS, NFS); None = memory only.
     kv_store_path: str | None = None
-    kv_store_capacity_gib: float = 100.0
+    kv_store_capacity_gib: float = defaults.KV_STORE_CAPACITY_GIB
     # How long a stored block outlives its last write or hit, per traffic class.
-    kv_store_ttl_chat_s: float = 7 * 86400.0
-    kv_store_ttl_agent_s: float = 3 * 86400.0
+    kv_store_ttl_chat_s: float = defaults.KV_STORE_TTL_CHAT_S
+    kv_store_ttl_agent_s: float = defaults.KV_STORE_TTL_AGENT_S
     # A request whose grammar takes longer to compile fails (HTTP 400), not the engine.
-    grammar_compile_timeout_s: float = 10.0
+    grammar_compile_timeout_s: float = defaults.GRAMMAR_COMPILE_TIMEOUT_S
     # A request's logits are bitwise the same whatever its batch, neighbours and prefill
     # chunking (layers/batch_invariant.py); costs throughput. Default: DEEPWELL_BATCH_INVARIANT.
     batch_invariant: bool = field(default_factory=lambda: env_flag("DEEPWELL_BATCH_INVARIANT"))
     # Draft tokens per request and step (n-gram lookup, verified losslessly); 0 turns
     # speculative decoding off.
-    num_speculative_tokens: int = 5
+    num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
     # Schedule step N+1 and hand back step N's tokens while step N+1 computes (core.py);
     # outputs are the same either way.
-    async_scheduling: bool = True
+    async_scheduling: bool = defaults.ASYNC_SCHEDULING
     # DeepSeek-V4.1 keeps its caches in the quantised formats it was trained with (fp8
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
-    quantize_kv_cache: bool = True
+    quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

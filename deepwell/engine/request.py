@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepwell.engine.outputs import FinishReason, TokenLogprobs
+from deepwell.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.structured.matcher import GrammarMatcher
 
@@ -109,3 +109,20 @@ class Request:
             self.finish_reason = FinishReason.STOP
         elif self.num_output_tokens >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH
+
+    def step_output(
+        self, new_token_ids: list[int], new_logprobs: list[TokenLogprobs]
+    ) -> RequestOutput:
+        """What the request gained in a step, and whether it has ended."""
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=new_logprobs,
+            finished=self.finish_reason is not None,
+            finish_reason=self.finish_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=self.num_output_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
+            seed=self.seed,
+        )

@@ -11,6 +11,8 @@ from typing import Any
 
 import msgpack
 
+from deepwell import engine_defaults
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -26,18 +28,20 @@ class WorkerConfig:
     memory_gib: float
     max_model_len: int | None
     # KV block size in tokens; prefix caching; the KV store shared by workers (None: off).
-    block_size: int = 128
-    enable_prefix_caching: bool = True
+    block_size: int = engine_defaults.BLOCK_SIZE
+    enable_prefix_caching: bool = engine_defaults.ENABLE_PREFIX_CACHING
     # Draft tokens per request and step; 0: no speculative decoding.
-    num_speculative_tokens: int = 5
+    num_speculative_tokens: int = engine_defaults.NUM_SPECULATIVE_TOKENS
     kv_store_path: str | None = None
-    kv_store_capacity_gib: float = 100.0
-    kv_store_ttl_chat_s: float = 7 * 86400.0
-    kv_store_ttl_agent_s: float = 3 * 86400.0
+    kv_store_capacity_gib: float = engine_defaults.KV_STORE_CAPACITY_GIB
+    kv_store_ttl_chat_s: float = engine_defaults.KV_STORE_TTL_CHAT_S
+    kv_store_ttl_agent_s: float = engine_defaults.KV_STORE_TTL_AGENT_S
     # Batch-invariant kernels (EngineArgs.batch_invariant); DEEPWELL_BATCH_INVARIANT also sets it.
     batch_invariant: bool = False
     # Plan the next step while the model computes (EngineArgs.async_scheduling).
-    async_scheduling: bool = True
+    async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
+    # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
+    quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
 
 
@@ -40,6 +41,10 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def _days(seconds: float) -> str:
+    return f"{seconds / _SECONDS_PER['d']:g}d"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`."""
     add_engine_arguments(parser)
@@ -68,30 +73,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds in-flight requests may take to finish on shutdown before being aborted",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="engine batch size limit")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=engine_defaults.MAX_NUM_SEQS,
+        help="engine batch size limit",
+    )
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
     )
     parser.add_argument(
         "--kv-store-capacity-gib",
         type=float,
-        default=100.0,
-        help="size beyond which the KV store evicts the soonest-expiring blocks (default: 100)",
+        default=engine_defaults.KV_STORE_CAPACITY_GIB,
+        help="size beyond which the KV store evicts the soonest-expiring blocks "
+        f"(default: {engine_defaults.KV_STORE_CAPACITY_GIB:g})",
     )
     parser.add_argument(
         "--kv-store-ttl-chat",
         type=parse_duration,
-        default="7d",
+        default=engine_defaults.KV_STORE_TTL_CHAT_S,
         metavar="DURATION",
         help="how long a chat request's blocks outlive their last use: seconds, or a number "
-        "with s/m/h/d (default: 7d)",
+        f"with s/m/h/d (default: {_days(engine_defaults.KV_STORE_TTL_CHAT_S)})",
     )
     parser.add_argument(
         "--kv-store-ttl-agent",
         type=parse_duration,
-        default="3d",
+        default=engine_defaults.KV_STORE_TTL_AGENT_S,
         metavar="DURATION",
-        help="the same for agent requests (header x-deepwell-cache-class: agent; default: 3d)",
+        help="the same for agent requests (header x-deepwell-cache-class: agent; "
+        f"default: {_days(engine_defaults.KV_STORE_TTL_AGENT_S)})",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]

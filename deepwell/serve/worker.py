@@ -116,6 +116,7 @@ class EngineCoreAdapter:
                 kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
                 batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
                 async_scheduling=config.async_scheduling,
+                quantize_kv_cache=config.quantize_kv_cache,
                 num_threads=config.num_threads,
             )
         )

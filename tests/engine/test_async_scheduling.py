@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine import core as core_module
+from deepwell.engine.speculative import cadence
 from deepwell.engine.structured import StructuredOutput
 
 from .structured.tiny_tokenizer import tiny_tokenizer
@@ -126,7 +126,7 @@ def test_a_step_hands_back_the_previous_steps_tokens_while_the_next_computes(cor
     core.add_request("a", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0))
     assert core.step() == []  # the prompt is computing
     first = core.step()
-    assert [len(o.new_token_ids) for o in first] == [1] and core._in_flight is not None
+    assert [len(o.new_token_ids) for o in first] == [1] and core.pipeline.in_flight is not None
     request = core.requests["a"]
     # The step in flight computes the token just handed back and samples a pending one.
     assert request.num_pending_tokens == 1
@@ -140,7 +140,7 @@ def test_an_aborted_request_keeps_its_blocks_until_its_step_is_done(cores):
     core.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=20, temperature=0))
     core.step()
     held = pool.num_blocks - pool.num_free
-    assert held == 3 and core._in_flight is not None
+    assert held == 3 and core.pipeline.in_flight is not None
     assert core.abort("a")
     # The prefill still writes those blocks: nothing is handed out before it is done.
     assert pool.num_blocks - pool.num_free == held
@@ -153,7 +153,7 @@ def test_speculation_and_grammars_give_the_same_tokens_either_way(
 ):
     # On the tiny vocabulary the drafter finds something every ~18 proposals; a shorter
     # lull before overlapping makes the loop switch between drafting and overlap here.
-    monkeypatch.setattr(core_module, "_PROPOSALS_BEFORE_OVERLAP", 4)
+    monkeypatch.setattr(cadence, "_PROPOSALS_BEFORE_OVERLAP", 4)
     tokenizer = tiny_tokenizer()
     schema = {
         "type": "object",

@@ -116,7 +116,7 @@ def test_step_loop_keeps_stepping_while_a_large_grammar_compiles(make_core):
     core.add_request("free", PROMPT, SamplingParams(max_tokens=480, ignore_eos=True))
     core.add_request("heavy", PROMPT, constrained("json_schema", json.dumps(heavy_schema())))
     steps_while_compiling = tokens_while_compiling = 0
-    while "heavy" in core._compiling and "free" in core.requests:
+    while "heavy" in core.intake.compiling and "free" in core.requests:
         outputs = core.step()
         tokens_while_compiling += sum(
             len(o.new_token_ids) for o in outputs if o.request_id == "free"

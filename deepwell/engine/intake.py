@@ -1,0 +1,159 @@
+"""RequestIntake: check a request against the model, build its state, admit it to scheduling.
+
+A request with structured output waits here while its grammar compiles off the step loop,
+and joins scheduling only once its matcher is ready: the decode loop never waits for a compile.
+"""
+
+import random
+
+import torch
+
+from deepwell.engine.args import EngineArgs
+from deepwell.engine.build import BuiltEngine
+from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.kv.store import CACHE_CLASSES
+from deepwell.engine.outputs import FinishReason, RequestOutput
+from deepwell.engine.request import Request, RequestStatus
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.scheduler import Scheduler
+from deepwell.engine.structured import (
+    GrammarCompiler,
+    GrammarError,
+    PendingGrammar,
+    grammar_tokenizer,
+)
+
+
+class RequestIntake:
+    """The way into the engine's table of unfinished requests (`requests`, shared with the core)."""
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        built: BuiltEngine,
+        scheduler: Scheduler,
+        requests: dict[str, Request],
+    ) -> None:
+        self.vocab_size = built.vocab_size
+        self.max_model_len = built.max_model_len
+        self.eos_token_ids = built.eos_token_ids
+        self.scheduler = scheduler
+        self.requests = requests
+        self.grammars = _grammar_compiler(args, built) if built.tokenizer is not None else None
+        # Requests whose grammar is compiling, by id: in `requests`, not yet scheduled.
+        self.compiling: dict[str, PendingGrammar] = {}
+        self._seeds = random.Random(args.seed)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError if the request cannot be served; changes nothing."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"expected SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty")
+        bad = [
+            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {self.vocab_size}), "
+                f"e.g. {bad[0]!r}"
+            )
+        total = len(prompt_token_ids) + params.max_tokens
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt of {len(prompt_token_ids)} tokens does not fit the context of "
+                f"{self.max_model_len} tokens"
+            )
+        if total > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                f"exceeds the context of {self.max_model_len} tokens"
+            )
+        structured = params.structured_output
+        if structured is not None:
+            if self.grammars is None:
+                raise InvalidRequestError("structured output needs a model with a tokenizer")
+            marks = [*structured.trigger_token_ids, structured.bound_token_id or 0]
+            if max(marks) >= self.vocab_size:
+                raise InvalidRequestError(
+                    f"structured output trigger or bound token outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+
+    def add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_class: str,
+    ) -> None:
+        """Validate, build the request, and schedule it (or start its grammar's compile)."""
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if cache_class not in CACHE_CLASSES:
+            raise InvalidRequestError(
+                f"cache class must be one of {', '.join(CACHE_CLASSES)}, got {cache_class!r}"
+            )
+        self.validate(prompt_token_ids, params)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.eos_token_ids
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            stop_token_ids=frozenset(stop),
+            generator=torch.Generator().manual_seed(seed),
+            seed=seed,
+            cache_class=cache_class,
+        )
+        if params.structured_output is not None:
+            # Raises GrammarError for a spec too large or malformed to start compiling.
+            self.compiling[request_id] = self.grammars.submit(params.structured_output)
+            request.status = RequestStatus.COMPILING
+        else:
+            self.scheduler.add(request)
+        self.requests[request_id] = request
+
+    def admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar is ready join scheduling; failed compiles end their request."""
+        failed = []
+        for request_id, pending in list(self.compiling.items()):
+            request = self.requests[request_id]
+            try:
+                matcher = pending.matcher(request.stop_token_ids)
+            except GrammarError as error:
+                del self.compiling[request_id], self.requests[request_id]
+                request.status = RequestStatus.FINISHED
+                request.finish_reason = FinishReason.ERROR
+                request.error = str(error)
+                failed.append(request.step_output([], []))
+                continue
+            if matcher is not None:
+                del self.compiling[request_id]
+                request.matcher = matcher
+                request.status = RequestStatus.WAITING
+                self.scheduler.add(request)
+        return failed
+
+    def withdraw(self, request: Request) -> bool:
+        """End a request still compiling its grammar; False if it is past intake."""
+        if self.compiling.pop(request.request_id, None) is None:
+            return False
+        del self.requests[request.request_id]
+        request.status = RequestStatus.FINISHED
+        return True
+
+    def wait_for_compile(self, timeout_s: float) -> None:
+        """Block until a compile finishes or `timeout_s` passes (an idle step loop)."""
+        self.grammars.wait(list(self.compiling.values()), timeout_s)
+
+
+def _grammar_compiler(args: EngineArgs, built: BuiltEngine) -> GrammarCompiler:
+    tokenizer, vocab_size = built.tokenizer, built.vocab_size
+    eos = min(built.eos_token_ids) if built.eos_token_ids else None
+    return GrammarCompiler(
+        lambda: grammar_tokenizer(tokenizer, vocab_size, eos),
+        timeout_s=args.grammar_compile_timeout_s,
+    )

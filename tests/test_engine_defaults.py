@@ -1,0 +1,89 @@
+"""Engine defaults: one torch-free source that EngineArgs, the command line and serve share."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from deepwell.cli import _engine_args, build_parser
+from deepwell.engine import EngineArgs
+from deepwell.serve.messages import WorkerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A fresh interpreter that refuses torch and the engine builds the whole command line,
+# parses the torch-free commands and imports what `deepwell serve --mock` runs.
+TORCH_FREE = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith(("torch.", "deepwell.engine.")) or (
+                name == "deepwell.engine"
+            ):
+                raise ImportError(f"{name} must not be imported here")
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+    from deepwell.cli import build_parser
+    import deepwell.engine_defaults
+    import deepwell.serve.launcher
+    import deepwell.serve.messages
+
+    parser = build_parser()
+    parser.parse_args(["serve", "--mock"])
+    parser.parse_args(["render", "-"])
+    print("ok")
+    """
+)
+
+
+def test_the_command_line_and_mock_server_import_no_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_generate_and_bench_options_default_to_engine_args() -> None:
+    parser = build_parser()
+    for command in (["bench"], ["generate", "hello"]):
+        assert _engine_args(parser.parse_args(command)) == EngineArgs()
+
+
+def test_serve_options_and_worker_config_default_to_engine_args() -> None:
+    args = build_parser().parse_args(["serve"])
+    engine = EngineArgs()
+    config = WorkerConfig(
+        worker_id=0,
+        parent_pid=0,
+        model_path=None,
+        inbox_address="",
+        outbox_address="",
+        max_num_seqs=args.max_num_seqs,
+        memory_gib=args.memory_gib,
+        max_model_len=None,
+    )
+    served = {
+        "max_num_seqs": args.max_num_seqs,
+        "memory_gib": args.memory_gib,
+        "block_size": args.block_size,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "kv_store_capacity_gib": args.kv_store_capacity_gib,
+        "kv_store_ttl_chat_s": args.kv_store_ttl_chat,
+        "kv_store_ttl_agent_s": args.kv_store_ttl_agent,
+    }
+    assert served == {name: getattr(engine, name) for name in served}
+    shared = {f.name for f in dataclasses.fields(WorkerConfig)} & {
+        f.name for f in dataclasses.fields(EngineArgs)
+    }
+    shared -= {"max_model_len", "batch_invariant"}  # None / the environment switch
+    assert {name: getattr(config, name) for name in shared} == {
+        name: getattr(engine, name) for name in shared
+    }
