@@ -11,6 +11,7 @@ from torch import nn
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.attention import AttentionBackend
+from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.loader import Checkpoint
@@ -19,8 +20,10 @@ from deepwell.engine.models.loader import Checkpoint
 @dataclass(frozen=True)
 class ModelOptions:
     dtype: torch.dtype
-    # Paged attention backend of full-attention layers (Llama).
+    # Attention backends per cache role: paged full attention (Llama), window plus
+    # selected compressed entries with a sink (DeepSeek-V4.1).
     backend_class: type[AttentionBackend]
+    sink_backend_class: type[SinkAttentionBackend] = TorchSinkAttention
     # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
     quantize_kv_cache: bool = True
 

@@ -17,7 +17,7 @@ from torch import nn
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
-from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.deepseek_v41.attention import (
     CompressedCaches,
@@ -43,13 +43,17 @@ MAX_BACKTRACK = 6
 
 
 class DeepseekV41Block(nn.Module):
-    def __init__(self, config: DeepseekV41Config, plan: LayerPlan, rotary: PairRotary) -> None:
+    def __init__(
+        self,
+        config: DeepseekV41Config,
+        plan: LayerPlan,
+        rotary: PairRotary,
+        backend: SinkAttentionBackend,
+    ) -> None:
         super().__init__()
         self.plan = plan
         c = config
-        self.attn = CSA2Attention(
-            c, plan, TorchSinkAttention(c.num_attention_heads, c.head_dim), rotary
-        )
+        self.attn = CSA2Attention(c, plan, backend, rotary)
         self.ffn = MoE(
             c.hidden_size,
             c.moe_intermediate_size,
@@ -101,6 +105,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         config: DeepseekV41Config,
         dtype: torch.dtype,
         engram_tables: EngramTables | None = None,
+        backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
     ) -> None:
         super().__init__()
         self.config = config
@@ -113,9 +118,13 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.plain_rotary = PairRotary(rope_dim, config.rope_theta, None)
         self.compress_rotary = PairRotary(rope_dim, config.compress_rope_theta, config.rope_scaling)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        backend = backend_class(config.num_attention_heads, config.head_dim)
         self.layers = nn.ModuleList(
             DeepseekV41Block(
-                config, plan, self.compress_rotary if plan.compress_ratio else self.plain_rotary
+                config,
+                plan,
+                self.compress_rotary if plan.compress_ratio else self.plain_rotary,
+                backend,
             )
             for plan in self.plans
         )
@@ -152,7 +161,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(config, options.dtype, tables)
+        return cls(config, options.dtype, tables, options.sink_backend_class)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
