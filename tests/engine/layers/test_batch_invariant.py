@@ -1,6 +1,7 @@
-"""Batch-invariant kernels: a row-tiled linear's row and an attention row have the same bits
-whether the row runs as a decode, alone or beside others, or inside prefill chunks of any
-length; and the kernel properties the attention layout rests on hold on this machine."""
+"""Batch-invariant kernels: a row's bits are the same at any row count and place in a
+row-tiled linear, and in attention whether the row runs as a decode, alone or beside
+others, or inside prefill chunks of any length; and the kernel properties the attention
+layout rests on hold on this machine."""
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def threads(request):
 @pytest.mark.parametrize(("features", "dtype"), LINEARS, ids=str)
 def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(features, dtype, threads):
     # Row counts on both sides of the kernels' switches measured on an AMX Xeon (32/33 and
-    # 36/37 rows) and on AVX-512 bf16 (10/11 rows): one packed call over the rows fails here.
+    # 36/37 rows) and on AVX-512 bf16 (10/11 rows), where one call over all the rows fails.
     generator = torch.Generator().manual_seed(0)
     model = nn.Sequential(nn.Linear(*features, bias=False)).to(dtype)
     pack_linears(model)
@@ -52,7 +53,7 @@ def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(feature
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("inner", "outer"), [(HEAD_DIM, BLOCK), (HEAD_DIM, 128), (128, HEAD_DIM)])
-def test_a_product_row_has_the_same_bits_at_any_row_count_and_place(dtype, inner, outer):
+def test_a_product_row_has_the_same_bits_at_any_row_count_and_place(dtype, inner, outer, threads):
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(5, KV_HEADS, 600, inner, generator=generator).to(dtype)
     other = torch.randn(5, KV_HEADS, inner, outer, generator=generator).to(dtype)
