@@ -11,11 +11,18 @@ from torch import nn
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
 from deepwell.engine.layers.packed_linear import PackedLinear
 
-# CPU GEMMs (MKL for float32, oneDNN for bf16) pick a row's reduction order from the row
-# count: measured, float32 rows differ between 1, 2-3 and 7 or more rows and bf16 rows
-# do not; every multiple of 8 (or 16) rows gives the same bits. A lone row padded to 8 costs
-# 1.5x its projection time (2.3x padded to 16), so 8.
-ROW_TILE = 8
+# CPU GEMMs (MKL for float32, oneDNN for bf16) pick their blocking, hence a row's reduction
+# order, from the row count. Measured: float32 rows differ between 1, 2-3 and 7 or more
+# rows, and between multiples of 8; bf16 rows on an AMX Xeon differ between up to 32 rows
+# and more (36/37 for 1536 → 576), and again between 33-768 rows and 2,048, at 1 or 2
+# threads; capped at AVX-512 bf16, 1536 → 576 rows differ between 10 and 11 rows. So a
+# batch-invariant linear never lets the row count reach the kernel: it runs ROW_TILE rows
+# per call, zero-padded, and a row's bits depend on its own values only (the rows of a call
+# do not mix; tests/engine/layers/test_batch_invariant.py checks it where the tests run).
+# 64: SmolLM2's linears (AMX Xeon, 1 thread) then take 1.45x one call's time for a lone
+# decode, 1.25x for a 32-row decode step and 2x for a 1,024-row prefill (32 rows: 1.3x,
+# 1.1x, 2.9x; 16 rows: 1x, 1.3x, 4.3x); docs/benchmarks.md.
+ROW_TILE = 64
 # Rows of an attention product from which a row's bits depend neither on the row count nor
 # on the row's place (measured with torch 2.13's CPU kernels: bfloat16 from one row, float32
 # from 6, padded to 8 here; tests/engine/layers/test_batch_invariant.py checks it where the
@@ -34,18 +41,18 @@ IN_PLACE_SPAN_FACTOR = 3
 
 
 class RowTiledLinear(nn.Linear):
-    """A linear over rows zero-padded to a multiple of ROW_TILE."""
+    """A linear over ROW_TILE-row calls, the rows zero-padded to a whole number of calls."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         padded = x.new_zeros(-(-rows // ROW_TILE) * ROW_TILE, x.shape[1])
         padded[:rows] = x
-        return super().forward(padded)[:rows]
+        linear = super().forward
+        return torch.cat([linear(tile) for tile in padded.split(ROW_TILE)])[:rows]
 
 
 class RowTiledPackedLinear(RowTiledLinear, PackedLinear):
-    """Packed bf16 rows do not vary with the row count at all (measured); tiled all the same,
-    so that every linear follows one rule."""
+    """A packed bf16 linear over ROW_TILE-row calls."""
 
 
 def tile_linears(model: nn.Module) -> None:

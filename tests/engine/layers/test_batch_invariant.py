@@ -1,24 +1,59 @@
-"""Batch-invariant attention: a row's output bits are the same whether it runs as a decode,
-alone or beside others, or inside prefill chunks of any length; and the kernel property
-that layout rests on holds on this machine."""
+"""Batch-invariant kernels: a row's bits are the same at any row count and place in a
+row-tiled linear, and in attention whether the row runs as a decode, alone or beside
+others, or inside prefill chunks of any length; and the kernel properties the attention
+layout rests on hold on this machine."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import (
     MIN_PRODUCT_ROWS,
     BatchInvariantAttention,
+    tile_linears,
     tile_queries,
 )
+from deepwell.engine.layers.packed_linear import pack_linears
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 32  # SmolLM2's heads, the tests' block size
+# SmolLM2's qkv, o, gate_up and down projections and its lm_head, in bf16 (packed where
+# oneDNN runs bf16) and, but for the lm_head, in float32 (MKL).
+PROJECTIONS = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
+LINEARS = [(f, torch.bfloat16) for f in [*PROJECTIONS, (576, 49_152)]] + [
+    (f, torch.float32) for f in PROJECTIONS
+]
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    # oneDNN splits work, and on an AMX CPU picks its kernels, by thread count as well.
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("features", "dtype"), LINEARS, ids=str)
+def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(features, dtype, threads):
+    # Row counts on both sides of the kernels' switches measured on an AMX Xeon (32/33 and
+    # 36/37 rows) and on AVX-512 bf16 (10/11 rows), where one call over all the rows fails.
+    generator = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(*features, bias=False)).to(dtype)
+    pack_linears(model)
+    tile_linears(model)
+    rows = torch.randn(300, features[0], generator=generator).to(dtype)
+    whole = model(rows)
+    for count in (1, 2, 7, 8, 10, 11, 32, 33, 37, 64, 257):
+        for first in (0, 5, 300 - count):
+            part = model(rows[first : first + count])
+            assert torch.equal(part, whole[first : first + count]), (count, first)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("inner", "outer"), [(HEAD_DIM, BLOCK), (128, HEAD_DIM)])
-def test_a_product_row_has_the_same_bits_at_any_row_count_and_place(dtype, inner, outer):
+@pytest.mark.parametrize(("inner", "outer"), [(HEAD_DIM, BLOCK), (HEAD_DIM, 128), (128, HEAD_DIM)])
+def test_a_product_row_has_the_same_bits_at_any_row_count_and_place(dtype, inner, outer, threads):
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(5, KV_HEADS, 600, inner, generator=generator).to(dtype)
     other = torch.randn(5, KV_HEADS, inner, outer, generator=generator).to(dtype)
