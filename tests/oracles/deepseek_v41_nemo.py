@@ -35,6 +35,8 @@ from nemo_automodel.components.models.deepseek_v41.model import (  # noqa: E402
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from deepwell.engine.models.deepseek_v41.writer import TINY_TEXT_CONFIG  # noqa: E402
+
 torch._dynamo.config.disable = True
 
 # spec §1.2 item 1: nemo's default backend wants TileLang/CUDA kernels.
@@ -62,72 +64,7 @@ def tiny_text_config() -> dict[str, Any]:
     DSpark stages. Window 8, top-4 and a 3x4 pool all drop entries at S=32; 16 index heads
     keep relu from zeroing every head (exact score ties).
     """
-    return dict(
-        vocab_size=256,
-        hidden_size=64,
-        moe_intermediate_size=32,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=32,
-        qk_rope_head_dim=16,
-        q_lora_rank=32,
-        o_lora_rank=16,
-        o_groups=2,
-        swiglu_limit=10.0,
-        rms_norm_eps=1e-20,
-        max_position_embeddings=1048576,
-        rope_theta=10000.0,
-        compress_rope_theta=160000.0,
-        rope_scaling={
-            "rope_type": "yarn",
-            "factor": 16,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "original_max_position_embeddings": 65536,
-        },
-        n_routed_experts=8,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        scoring_func="sqrtsoftplus",
-        topk_method="noaux_tc",
-        norm_topk_prob=True,
-        routed_scaling_factor=1.5,
-        sliding_window=8,
-        compress_ratios=[0, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0],
-        kv_source_layer_ids=[1, 3, 4],
-        index_source_layer_ids=[1, 3, 4, 6],
-        index_n_heads=16,
-        index_head_dim=32,
-        index_topk=4,
-        candidate_source_layer_id=4,
-        candidate_topk_blocks=3,
-        candidate_block_size=4,
-        hc_mult=4,
-        hc_sinkhorn_iters=20,
-        hc_eps=1e-6,
-        engram_layer_ids=[0, 3],
-        # Sums of the layers' bucket primes, 97+101+103+107 and 109+113+127+131.
-        engram_num_embeddings=[408, 480],
-        engram_max_ngram_size=3,
-        engram_vocab_size=97,
-        engram_n_heads=2,
-        engram_head_dim=16,
-        engram_pad_token_id=2,
-        # tiny_tokenizer's class count.
-        engram_compressed_vocab_size=128,
-        num_nextn_predict_layers=3,
-        dspark_block_size=4,
-        dspark_noise_token_id=255,
-        dspark_target_layer_ids=[5, 6, 7],
-        dspark_markov_rank=16,
-        dspark_n_routed_experts=4,
-        dspark_num_experts_per_tok=2,
-        dtype="float32",
-        pad_token_id=2,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
+    return dict(TINY_TEXT_CONFIG, dtype="float32")
 
 
 def tiny_tokenizer() -> Tokenizer:

@@ -18,7 +18,6 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-from nemo_automodel.components.models.common import BackendConfig  # noqa: E402
 from nemo_automodel.components.models.deepseek_v41.config import DeepseekV41Config  # noqa: E402
 from nemo_automodel.components.models.deepseek_v41.dspark import (  # noqa: E402
     DeepseekV41DSparkModel,
@@ -26,20 +25,8 @@ from nemo_automodel.components.models.deepseek_v41.dspark import (  # noqa: E402
 from nemo_automodel.components.models.deepseek_v41.model import (  # noqa: E402
     DeepseekV41ForCausalLM,
 )
+from oracles.deepseek_v41_nemo import CPU_BACKEND  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
-
-# spec §1.2 item 1
-CPU_BACKEND = BackendConfig(
-    attn="eager",
-    linear="torch",
-    rms_norm="torch_fp32",
-    rope="torch",
-    rope_fusion=False,
-    experts="torch",
-    dispatcher="torch",
-    gate_precision="float32",
-    enable_hf_state_dict_adapter=True,
-)
 
 
 def nemo_config(config_json: dict[str, Any]) -> DeepseekV41Config:
