@@ -265,7 +265,11 @@ def _engine_args(args: argparse.Namespace, **overrides):
 
 
 def _configure_generate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", help="the user message")
+    parser.add_argument(
+        "prompt",
+        help="the user message (DeepSeek models: rendered with their own chat encoding, "
+        "thinking off)",
+    )
     parser.add_argument(
         "--raw", action="store_true", help="complete the text as is, without the chat template"
     )
@@ -285,18 +289,14 @@ def _run_generate(args: argparse.Namespace) -> int:
         print("loading model …", file=sys.stderr, flush=True)
         llm = LLM(**vars(_engine_args(args)))
         stop_ids: list[int] = []
-        prompt = args.prompt
+        prompt: str | list[int] = args.prompt
         if not args.raw:
-            if llm.core.chat_template is None:
+            prompt, stop_ids = _chat_prompt(llm, args.prompt)
+            if prompt is None:
                 print(
                     "deepwell generate: the model has no chat template; use --raw", file=sys.stderr
                 )
                 return 2
-            from deepwell.recipe import ChatMLEncoding, Conversation, UserMessage
-
-            encoding = ChatMLEncoding.from_chat_template(llm.core.chat_template)
-            prompt = encoding.render_conversation(Conversation([UserMessage(prompt)])).prompt
-            stop_ids = [llm.tokenizer.token_to_id(token) for token in encoding.stop_tokens]
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -304,16 +304,49 @@ def _run_generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             stop_token_ids=[i for i in stop_ids if i is not None],
         )
-        (completion,) = llm.generate(prompt, params, use_tqdm=False)
+        if isinstance(prompt, str):
+            (completion,) = llm.generate(prompt, params, use_tqdm=False)
+        else:
+            (completion,) = llm.generate(
+                prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False
+            )
         llm.core.close()  # writes out the KV store's queue
     except (EngineError, ValueError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 1
     text = completion.text
-    for token in ("<|im_end|>", "<|endoftext|>"):
-        text = text.removesuffix(token)
+    ends = [*stop_ids, *llm.core.eos_token_ids]
+    for spelling in {llm.tokenizer.id_to_token(i) for i in ends if i is not None} - {None}:
+        text = text.removesuffix(spelling)
     print(text)
     return 0
+
+
+def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
+    """The chat-formatted prompt of one user message and the extra stop ids: DeepSeek
+    models through their own encoding (token ids, thinking off), others through their
+    chat template; None when the model has neither."""
+    from deepwell.recipe import (
+        ChatMLEncoding,
+        Conversation,
+        DeepseekV4Encoding,
+        DeepseekV41Encoding,
+        Tokenizer,
+        UserMessage,
+    )
+
+    deepseek = {
+        "DeepseekV4ForCausalLM": DeepseekV4Encoding,
+        "DeepseekV41ForCausalLM": DeepseekV41Encoding,
+    }.get(llm.core.architecture)
+    if deepseek is not None:
+        encoding = deepseek().with_tokenizer(Tokenizer.from_str(llm.tokenizer.to_str()))
+        return encoding.encode(Conversation([UserMessage(message)], thinking_mode=False)), []
+    if llm.core.chat_template is None:
+        return None, []
+    encoding = ChatMLEncoding.from_chat_template(llm.core.chat_template)
+    prompt = encoding.render_conversation(Conversation([UserMessage(message)])).prompt
+    return prompt, [llm.tokenizer.token_to_id(token) for token in encoding.stop_tokens]
 
 
 # --- bench ---
