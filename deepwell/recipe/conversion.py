@@ -25,6 +25,7 @@ from deepwell.recipe.schema import (
     check_parameters_schema,
     check_response_schema,
     normalize_strict_schema,
+    strict_output_schema,
 )
 
 DEFAULT_MAX_TOKENS_UPPER_BOUND = 393216
@@ -298,6 +299,12 @@ def response_constraint_schema(schema: JsonValue, strict: bool | None) -> JsonVa
         return normalize_strict_schema(schema, tool=False)
     check_response_schema(schema)
     return schema
+
+
+def response_output_schema(schema: JsonValue, strict: bool | None) -> JsonValue:
+    """The schema the output must match: the user's own, every keyword kept (checked first
+    by `response_constraint_schema`); strict mode closes its objects."""
+    return strict_output_schema(schema) if strict else schema
 
 
 @dataclass

@@ -58,6 +58,7 @@ class ConversationRequest:
         stream: bool = False,
         namespace_tool_map: dict[str, tuple[str, str]] | None = None,
         echo: ResponsesEcho | None = None,
+        output_schema: JsonValue = None,
     ) -> None:
         self.conversation = conversation
         self.model_version = model_version
@@ -67,6 +68,10 @@ class ConversationRequest:
         # Responses only: streamed `ns::name` tool calls are split back with this map.
         self.namespace_tool_map = dict(namespace_tool_map or {})
         self.echo = echo or ResponsesEcho()
+        # deepwell's addition: the validated JSON schema the output must match, as the user
+        # wrote it (strict mode closes its objects). The output constraint's text is the
+        # reference's normalised subset, which drops minItems, maxLength, $defs and more.
+        self.output_schema = output_schema
 
     @property
     def parsing_options(self) -> ParsingOptions:

@@ -512,3 +512,49 @@ def _strict_number(value: JsonValue, *, integer: bool) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BodyError(f"invalid type: {describe(value)}, expected f64")
     return value
+
+
+# Keywords whose values are schemas, maps of schemas or lists of schemas (draft 2020-12);
+# data keywords (const, enum, default, examples) are not walked.
+_SUBSCHEMA = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def strict_output_schema(schema: JsonValue) -> JsonValue:
+    """The user's strict schema as the output must match it: every keyword kept, objects closed.
+
+    Strict normalisation keeps a typed subset for the output constraint's text (spec §6.1);
+    what strict mode means for the output is only that each object admits exactly its
+    properties, all of them required. Applied to a copy, `$defs` included.
+    """
+    if isinstance(schema, list):
+        return [strict_output_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = strict_output_schema(out[key])
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strict_output_schema(value) for name, value in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = strict_output_schema(out[key])
+    if out.get("type") == "object":
+        properties = out.get("properties")
+        out["additionalProperties"] = False
+        out["required"] = list(properties) if isinstance(properties, dict) else []
+    return out

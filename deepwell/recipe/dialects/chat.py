@@ -281,10 +281,11 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         rules.check_stop(stop)
     if f["stream_options"] is not None and not f["stream"]:
         raise ConversionError("stream_options should be set along with stream = true")
-    constraint_schema = schema
+    constraint_schema = output_schema = schema
     if fmt == "json_schema":
         strict = f["response_format"][1]["json_schema"]["strict"]
         constraint_schema = rules.response_constraint_schema(schema, strict)
+        output_schema = rules.response_output_schema(schema, strict)
     rules.check_strict_consistency(tools)
     # Any response_format, even an explicit `text`, rules out strict tools here.
     if any(tool.strict for tool in selection.tools) and f["response_format"] is not None:
@@ -328,6 +329,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         inference_options=inference,
         parsing_options=parsing,
         stream=bool(f["stream"]),
+        output_schema=output_schema,
     )
 
 

@@ -355,6 +355,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         inference_options=inference,
         parsing_options=parsing,
         stream=bool(f["stream"]),
+        output_schema=schema,
     )
 
 

@@ -434,9 +434,10 @@ def _convert(
 
     format_kind, schema, strict = _text_format(f["text"])
     selection = rules.apply_tool_choice(tools, choice, named, thinking)
-    constraint_schema = schema
+    constraint_schema = output_schema = schema
     if format_kind == "json_schema":
         constraint_schema = rules.response_constraint_schema(schema, strict)
+        output_schema = rules.response_output_schema(schema, strict)
     if format_kind == "json_object" and not rules.mentions_json([m.content for m in messages]):
         raise ConversionError(
             "Response input messages must contain the word 'json' in some form to use "
@@ -485,6 +486,7 @@ def _convert(
         stream=bool(f["stream"]),
         namespace_tool_map=namespace_map,
         echo=echo,
+        output_schema=output_schema,
     )
 
 
