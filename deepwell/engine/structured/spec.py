@@ -13,7 +13,10 @@ from deepwell.engine.errors import InvalidRequestError
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf")
 # Compact JSON: no free whitespace between tokens, so small models cannot pad forever.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+# Lenient: a keyword llguidance cannot express (uniqueItems, contains, some formats, …) is
+# skipped, not refused, as the reference accepts such schemas; the server names them in a
+# response header (docs/serve.md, "Structured output").
+_JSON_OPTIONS = {"whitespace_flexible": False, "lenient": True}
 
 
 @dataclass(frozen=True)

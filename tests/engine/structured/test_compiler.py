@@ -73,3 +73,19 @@ def test_a_compile_past_its_timeout_fails_the_request(grammar_tokenizer):
     with pytest.raises(GrammarError, match="took longer than 0.05 s"):
         ready(pending)
     compiler.close()
+
+
+def test_a_keyword_llguidance_cannot_express_is_skipped_not_refused(compiler):
+    # The reference accepts such schemas; the server names the skipped keywords.
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "uniqueItems": True}
+    matcher = ready(compiler.submit(StructuredOutput("json_schema", json.dumps(schema))))
+    ids = tiny_tokenizer().encode("[1,1").ids
+    assert all(matcher.advance(token) for token in ids)  # uniqueItems: not enforced
+
+
+def test_min_items_is_enforced(compiler):
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2}
+    matcher = ready(compiler.submit(StructuredOutput("json_schema", json.dumps(schema))))
+    one, close = tiny_tokenizer().encode("[1]").ids[:2], tiny_tokenizer().encode("]").ids[0]
+    assert all(matcher.advance(token) for token in one)
+    assert not matcher.advance(close)
