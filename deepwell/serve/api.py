@@ -33,6 +33,7 @@ from deepwell.serve.frontend import (
     MESSAGES,
     RESPONSES,
     SEED_HEADER,
+    UNENFORCED_HEADER,
     Frontend,
     Infer,
     PreparedRequest,
@@ -223,7 +224,7 @@ def create_app(
             admission.leave()
             timer.finish(route.path, outcome)
 
-        return _EventStream(frames(), on_close, _seed_headers(prepared))
+        return _EventStream(frames(), on_close, _response_headers(prepared))
 
     async def _complete(prepared: PreparedRequest, timer: RequestTimer, request: Request):
         route = prepared.route
@@ -240,7 +241,9 @@ def create_app(
                 outcome = "failed"
                 return error_response(route.shape, ApiError(error.status_code, str(error)))
             outcome = "completed"
-            return Response(body, media_type="application/json", headers=_seed_headers(prepared))
+            return Response(
+                body, media_type="application/json", headers=_response_headers(prepared)
+            )
         finally:
             result.cancel()
             disconnect.cancel()
@@ -326,8 +329,11 @@ def create_app(
 _REFUSALS = (ApiError, ConversionError, ValueError, RuntimeError, RecursionError, OverflowError)
 
 
-def _seed_headers(prepared: PreparedRequest) -> dict[str, str]:
-    return {SEED_HEADER: str(prepared.inference.seed)}
+def _response_headers(prepared: PreparedRequest) -> dict[str, str]:
+    headers = {SEED_HEADER: str(prepared.inference.seed)}
+    if prepared.unenforced_keywords:
+        headers[UNENFORCED_HEADER] = ", ".join(prepared.unenforced_keywords)
+    return headers
 
 
 def _refusal(shape: ErrorShape, error: Exception) -> Response:

@@ -33,6 +33,7 @@ from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.messages import GenerateRequest, StructuredOutputSpec
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
+from deepwell.serve.schema_coverage import unenforced_keywords
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ CACHE_CLASSES = ("chat", "agent")
 SEED_HEADER = "x-deepwell-seed"
 # Chat accepts seeds in [0, 2**63) (spec/recipe.md); a drawn seed must replay through it.
 SEED_LIMIT = 2**63
+# Response header: the schema keywords the engine's grammar could not enforce (accepted, as
+# the reference accepts them, but not promised), comma-separated; absent when none.
+UNENFORCED_HEADER = "x-deepwell-unenforced-schema-keywords"
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class PreparedRequest:
     inference: InferenceRequest
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_usage: PromptUsage | None = None
+    # Keywords of the request's JSON schema the grammar skips (UNENFORCED_HEADER).
+    unenforced_keywords: list[str] = field(default_factory=list)
 
 
 def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
@@ -202,15 +208,26 @@ class Frontend:
         request_id = str(uuid.uuid4())
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
         structured = None
+        unenforced: list[str] = []
         if self.model.tokenizer is not None:
             structured = structured_output_spec(converted, parsing_options, self.model)
+            if structured is not None and structured.kind == "json_schema":
+                unenforced = unenforced_keywords(structured.spec)
         seed = converted.inference_options.seed
         if seed is None:
             seed = header_seed if header_seed is not None else secrets.randbelow(SEED_LIMIT)
         inference = InferenceRequest(
             request_id, converted, prompt_token_ids, max_tokens, structured, cache_class, seed
         )
-        return PreparedRequest(route, model_name, converted, parsing_options, generator, inference)
+        return PreparedRequest(
+            route,
+            model_name,
+            converted,
+            parsing_options,
+            generator,
+            inference,
+            unenforced_keywords=unenforced,
+        )
 
     def count_tokens(self, body: bytes) -> int:
         """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""
@@ -302,6 +319,10 @@ def structured_output_spec(
     with tool_choice auto the stream parser reads calls from free text. In thinking mode the
     grammar starts after the end-of-thinking token, so reasoning stays free and the answer
     matches (spec/deepinfer.md §1.5, trigger tokens).
+
+    A JSON schema is the one the user wrote (`ConversationRequest.output_schema`), so
+    keywords the reference's strict normalisation drops (minItems, maxLength, $defs, …) are
+    enforced too; the output constraint's normalised text is the fallback.
     """
     constraint = converted.inference_options.output_constraint
     if constraint is None:
@@ -310,8 +331,12 @@ def structured_output_spec(
         kind, spec = "ebnf", model.tool_call_grammar(converted.conversation.tools)
     elif constraint.kind == "regex":
         kind, spec = "regex", constraint.schema
+    elif constraint.kind == "json" and not constraint.schema:
+        kind, spec = "json_object", ""
     elif constraint.kind == "json":
-        kind, spec = ("json_schema" if constraint.schema else "json_object"), constraint.schema
+        schema = converted.output_schema
+        spec = constraint.schema if schema is None else json.dumps(schema, separators=(",", ":"))
+        kind = "json_schema"
     else:
         return None
     trigger: list[int] = []

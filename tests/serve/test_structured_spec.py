@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import tokenizers
 
@@ -93,3 +95,31 @@ def test_a_forced_tool_call_must_match_the_dsml_grammar(tool_choice):
 
 def test_tool_choice_auto_leaves_calls_unconstrained():
     assert spec(None, thinking=False, tools=[TOOL], tool_choice="auto") is None
+
+
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 3},
+        "owner": {"$ref": "#/$defs/person"},
+    },
+    "required": ["tags", "owner"],
+    "$defs": {
+        "person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}}
+    },
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_grammar_follows_the_users_schema_not_the_normalised_text(strict):
+    result = spec(
+        {"type": "json_schema", "json_schema": {"name": "s", "schema": BOUNDED, "strict": strict}},
+        thinking=False,
+    )
+    schema = json.loads(result.spec)
+    assert schema["properties"]["tags"]["minItems"] == 2
+    person = schema["$defs"]["person"]
+    assert person["properties"]["name"]["maxLength"] == 8
+    # Strict mode closes every object and requires all its properties, $defs included.
+    closed = {"additionalProperties": False, "required": ["name"]}
+    assert (person.items() >= closed.items()) is strict
