@@ -105,3 +105,55 @@ def schema(index: int) -> dict:
 
 
 SCHEMAS = [schema(i) for i in range(50)]
+
+
+# Every keyword the grammar enforces, in a schema strict mode also accepts (typed nodes,
+# closed objects, all properties required): it runs through all three dialects.
+ENFORCED_KEYWORDS = {
+    "type": "object",
+    "properties": {
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-z]{2,5}$"},
+            "minItems": 2,
+            "maxItems": 3,
+        },
+        "name": {"type": "string", "minLength": 3, "maxLength": 8},
+        "size": {"type": "string", "enum": ["S", "M", "L"]},
+        "kind": {"type": "string", "const": "pet"},
+        "age": {"type": "integer", "minimum": 1, "maximum": 20},
+        "score": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 5},
+        "owner": {"$ref": "#/$defs/person"},
+    },
+    "required": ["tags", "name", "size", "kind", "age", "score", "owner"],
+    "additionalProperties": False,
+    "$defs": {
+        "person": {
+            "type": "object",
+            "properties": {
+                "first": {"type": "string", "minLength": 1, "maxLength": 8},
+                "id": {"type": "integer", "minimum": 100, "maximum": 999},
+            },
+            "required": ["first", "id"],
+            "additionalProperties": False,
+        }
+    },
+}
+
+# Keywords llguidance cannot express, next to enforced ones; accepted, not enforced.
+UNENFORCED = ["uniqueItems", "format:uri-reference"]
+WITH_UNENFORCED_KEYWORDS = {
+    "type": "object",
+    "properties": {
+        "ids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1, "maximum": 9},
+            "minItems": 1,
+            "maxItems": 3,
+            "uniqueItems": True,
+        },
+        "link": {"type": "string", "format": "uri-reference", "maxLength": 12},
+    },
+    "required": ["ids", "link"],
+    "additionalProperties": False,
+}

@@ -15,7 +15,9 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from structured_schemas import SCHEMAS
+from structured_schemas import ENFORCED_KEYWORDS, SCHEMAS, UNENFORCED, WITH_UNENFORCED_KEYWORDS
+
+from deepwell.serve.frontend import UNENFORCED_HEADER
 
 MAX_TOKENS = 160
 PROMPT = "Write one JSON object with made-up example values."
@@ -173,3 +175,102 @@ def test_streamed_request_with_invalid_regex_is_a_400(model_server, openai_clien
             extra_body={"response_format": {"type": "regex", "regex": "(unclosed"}},
         )
     assert "unclosed group" in caught.value.body["message"]
+
+
+def raw_chat(client, model: str, schema: dict, strict: bool | None) -> tuple[str, dict]:
+    json_schema = {"name": "s", "schema": schema}
+    if strict is not None:
+        json_schema["strict"] = strict
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": json_schema},
+    )
+    return raw.parse().choices[0].message.content, raw.headers
+
+
+def raw_responses(client, model: str, schema: dict, strict: bool | None) -> tuple[str, dict]:
+    fmt = {"type": "json_schema", "name": "s", "schema": schema}
+    if strict is not None:
+        fmt["strict"] = strict
+    raw = client.responses.with_raw_response.create(
+        model=model,
+        input=PROMPT,
+        max_output_tokens=MAX_TOKENS,
+        temperature=0,
+        text={"format": fmt},
+    )
+    return raw.parse().output_text, raw.headers
+
+
+def raw_messages(client, model: str, schema: dict, strict: bool | None) -> tuple[str, dict]:
+    raw = client.messages.with_raw_response.create(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": PROMPT}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        extra_body={"temperature": 0},
+    )
+    text = "".join(block.text for block in raw.parse().content if block.type == "text")
+    return text, raw.headers
+
+
+def run_dialects(model_server, openai_client, anthropic_client, schema, calls) -> list:
+    clients = {raw_messages: anthropic_client}
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [
+            (
+                call.__name__,
+                strict,
+                pool.submit(
+                    call, clients.get(call, openai_client), model_server.model, schema, strict
+                ),
+            )
+            for call, strict in calls
+        ]
+        return [(name, strict, *future.result()) for name, strict, future in futures]
+
+
+EVERY_DIALECT = [
+    (raw_chat, None),
+    (raw_chat, True),
+    (raw_responses, None),
+    (raw_responses, True),
+    (raw_messages, None),
+]
+
+
+def test_every_enforced_keyword_holds_in_every_dialect(
+    model_server, openai_client, anthropic_client
+):
+    # minItems, maxLength, const, exclusive bounds and $defs are among what strict
+    # normalisation drops from the output constraint's text; the grammar keeps them.
+    replies = run_dialects(
+        model_server, openai_client, anthropic_client, ENFORCED_KEYWORDS, EVERY_DIALECT
+    )
+    for name, strict, text, headers in replies:
+        try:
+            jsonschema.validate(json.loads(text), ENFORCED_KEYWORDS)
+        except (ValueError, jsonschema.ValidationError) as error:
+            raise AssertionError(f"{name} strict={strict}: {text!r}: {error}") from None
+        assert UNENFORCED_HEADER not in headers
+
+
+def test_keywords_the_grammar_cannot_enforce_are_named_not_promised(
+    model_server, openai_client, anthropic_client
+):
+    # Strict normalisation refuses format uri-reference, so Chat and Responses go non-strict.
+    calls = [(raw_chat, None), (raw_responses, None), (raw_messages, None)]
+    replies = run_dialects(
+        model_server, openai_client, anthropic_client, WITH_UNENFORCED_KEYWORDS, calls
+    )
+    enforced_part = json.loads(json.dumps(WITH_UNENFORCED_KEYWORDS))
+    del enforced_part["properties"]["ids"]["uniqueItems"]
+    for name, _, text, headers in replies:
+        assert headers[UNENFORCED_HEADER].split(", ") == UNENFORCED, name
+        try:
+            jsonschema.validate(json.loads(text), enforced_part)
+        except (ValueError, jsonschema.ValidationError) as error:
+            raise AssertionError(f"{name}: {text!r}: {error}") from None
