@@ -274,3 +274,20 @@ def test_keywords_the_grammar_cannot_enforce_are_named_not_promised(
             jsonschema.validate(json.loads(text), enforced_part)
         except (ValueError, jsonschema.ValidationError) as error:
             raise AssertionError(f"{name}: {text!r}: {error}") from None
+
+
+def test_a_streamed_response_names_unenforced_keywords_too(model_server, openai_client):
+    raw = openai_client.chat.completions.with_raw_response.create(
+        model=model_server.model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "s", "schema": WITH_UNENFORCED_KEYWORDS},
+        },
+    )
+    assert raw.headers[UNENFORCED_HEADER].split(", ") == UNENFORCED
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert json.loads(text)["ids"]
