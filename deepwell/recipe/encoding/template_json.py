@@ -1,13 +1,12 @@
-"""JSON as the DeepSeek templates see it: strict parsing of tool-call arguments, Python spelling.
+"""JSON as the DeepSeek templates see it: strict parsing of tool-call arguments, V4.1's spelling.
 
-The reference parses arguments with a strict JSON parser and writes values the way Python's
-`json.dumps(ensure_ascii=False)` does, except that V4 spells small floats its own way.
+The reference parses arguments with a strict JSON parser. V4 writes values with the reference's
+own spelling (`py_json`); V4.1 with Python's `json.dumps(ensure_ascii=False)` (spec §15.4).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 from deepwell.recipe.json_value import JsonValue
 
@@ -89,50 +88,6 @@ def _has_surrogate(text: str) -> bool:
     return any("\ud800" <= ch <= "\udfff" for ch in text)
 
 
-def v4_float(value: float) -> str:
-    """V4's float spelling: Python's repr, but 1e-05 is `0.00001` and exponents are unpadded.
-
-    spec/recipe.md §15.4: `0.00001`, `1e-6`, `-2.5e-8` where Python writes `1e-05`, `1e-06`,
-    `-2.5e-08`.
-    """
-    text = repr(value)
-    mantissa, marker, exponent = text.partition("e")
-    if not marker:
-        return text
-    power = int(exponent)
-    if power == -5:
-        sign = "-" if mantissa.startswith("-") else ""
-        return f"{sign}0.0000{mantissa.lstrip('-').replace('.', '')}"
-    return f"{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"
-
-
-def python_json(value: JsonValue, float_spelling: Callable[[float], str] | None = None) -> str:
-    """`json.dumps(value, ensure_ascii=False)`, optionally with another float spelling."""
-    if float_spelling is None:
-        return json.dumps(value, ensure_ascii=False)
-    out: list[str] = []
-    _write(value, out, float_spelling)
-    return "".join(out)
-
-
-def _write(value: JsonValue, out: list[str], float_spelling: Callable[[float], str]) -> None:
-    if isinstance(value, float):
-        out.append(float_spelling(value))
-    elif isinstance(value, dict):
-        out.append("{")
-        for i, (key, item) in enumerate(value.items()):
-            if i:
-                out.append(", ")
-            out.append(json.dumps(key, ensure_ascii=False))
-            out.append(": ")
-            _write(item, out, float_spelling)
-        out.append("}")
-    elif isinstance(value, list):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(", ")
-            _write(item, out, float_spelling)
-        out.append("]")
-    else:
-        out.append(json.dumps(value, ensure_ascii=False))
+def python_json(value: JsonValue) -> str:
+    """Python's own `json.dumps(value, ensure_ascii=False)`: V4.1 spells floats this way."""
+    return json.dumps(value, ensure_ascii=False)
