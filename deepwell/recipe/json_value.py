@@ -18,7 +18,7 @@ _I64_MIN = -(2**63)
 _U64_MAX = 2**64 - 1
 
 
-def check_json_value(value: object, max_depth: int = MAX_NESTING - 1) -> JsonValue:
+def check_json_value(value: object, max_depth: int = MAX_NESTING) -> JsonValue:
     """Validate a Python object as a JSON value and return it as plain dict/list/scalars.
 
     Raises the reference's errors: circular input is a ValueError, NaN or infinity is a
