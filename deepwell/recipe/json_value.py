@@ -14,6 +14,8 @@ JsonValue = Any
 # The reference's Python→JSON bridge takes up to this many nested containers and refuses
 # deeper inputs (measured: 128 accepted, 129 raise; spec/recipe.md §15.12).
 MAX_NESTING = 128
+# serde_json, the reference's reader of JSON text, opens at most this many containers.
+TEXT_MAX_NESTING = 127
 _I64_MIN = -(2**63)
 _U64_MAX = 2**64 - 1
 
@@ -60,6 +62,54 @@ def _checked(value: object, depth: int, max_depth: int, open_ids: set[int]) -> J
         finally:
             open_ids.discard(key)
     raise ValueError(f"unsupported type for a JSON value: {type(value).__name__}")
+
+
+def json_int(digits: str) -> int | float:
+    """A JSON integer as serde_json reads it: beyond i64/u64 it is a float; `-0` is -0.0."""
+    if digits == "-0":
+        return -0.0
+    if len(digits) > 20:
+        # Outside u64 whatever the digits (and too long for `int` past 4,300 digits).
+        return float(digits)
+    value = int(digits)
+    return value if _I64_MIN <= value <= _U64_MAX else float(digits)
+
+
+def is_serde_value(value: JsonValue) -> bool:
+    """Whether a value Python's `json` read is one serde_json reads as well.
+
+    serde_json refuses what Python's reader lets through: numbers out of range (`1e400`),
+    lone surrogate escapes, more than TEXT_MAX_NESTING nested containers. The walk keeps
+    its own stack, so no input depth can exhaust Python's.
+    """
+    stack: list[tuple[JsonValue, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, (dict, list)):
+            depth += 1
+            if depth > TEXT_MAX_NESTING:
+                return False
+            if isinstance(item, dict):
+                if not all(key.isascii() or _encodable(key) for key in item):
+                    return False
+                stack.extend((child, depth) for child in item.values())
+            else:
+                stack.extend((child, depth) for child in item)
+    return True
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def format_f64(value: float) -> str:
