@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 JsonValue = Any
@@ -143,33 +144,17 @@ def compact_json(value: JsonValue) -> str:
 
 def _dumps(value: JsonValue, comma: str, colon: str) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(comma, colon))
-    # Where Python's float spelling differs from the reference's, it writes `e-0` (`1e-05`);
-    # any other text is already the reference's.
+    # Python's float spelling differs from the reference's only where it writes `e-0`
+    # (`1e-05`, `2.5e-08`); any other text is already the reference's.
     if "e-0" not in text:
         return text
-    out: list[str] = []
-    _write(value, out, comma, colon)
-    return "".join(out)
+    return _STRING_OR_PADDED_FLOAT.sub(_respell, text)
 
 
-def _write(value: JsonValue, out: list[str], comma: str, colon: str) -> None:
-    if isinstance(value, float):
-        out.append(format_f64(value))
-    elif isinstance(value, dict):
-        out.append("{")
-        for i, (key, item) in enumerate(value.items()):
-            if i:
-                out.append(comma)
-            out.append(json.dumps(key, ensure_ascii=False))
-            out.append(colon)
-            _write(item, out, comma, colon)
-        out.append("}")
-    elif isinstance(value, list):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(comma)
-            _write(item, out, comma, colon)
-        out.append("]")
-    else:
-        out.append(json.dumps(value, ensure_ascii=False))
+# In `json.dumps` text: a string literal (left as it is), or a float with a padded exponent.
+_STRING_OR_PADDED_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|-?\d+(?:\.\d+)?e-0\d')
+
+
+def _respell(match: re.Match[str]) -> str:
+    token = match.group()
+    return token if token[0] == '"' else format_f64(float(token))
