@@ -510,7 +510,8 @@ def _strict_number(value: JsonValue, *, integer: bool) -> int | float:
             raise BodyError(f"invalid type: {describe(value)}, expected i64")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BodyError(f"invalid type: {describe(value)}, expected f64")
+        # A `number` schema's numbers are kept as JSON numbers, integers included.
+        raise BodyError(f"invalid type: {describe(value)}, expected a JSON number")
     return value
 
 

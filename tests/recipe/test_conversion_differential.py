@@ -58,6 +58,56 @@ maybe_float = st.one_of(
 )
 maybe_tokens = st.one_of(st.none(), st.sampled_from([0, 1, 256, 393216, 393217]))
 
+# -- JSON numbers over the whole f64 range (subnormals to 1e308, -0.0, integral floats, the
+# spellings around 1e-5 and 1e16) and containers nested up to and past the reference's limits
+json_number = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(
+        [1e-5, 1.5e-5, 1e-6, 2.5e-8, 1e-9, 1e-10, 5e-324, 2.2250738585072014e-308, 1e-300]
+        + [1e15, 1e16, 1.5e16, 1e21, 1e22, 1e308, 1.0, 100.0, -0.0, 0.1]
+    ),
+    st.integers(-(2**63), 2**64 - 1),
+)
+# Where a body is sent as JSON text, this string default becomes one of NUMBER_LITERALS.
+NUMBER_SLOT = "#number#"
+# Numbers only JSON text can spell: exponents, `-0`, integers beyond 64 bits, under/overflow.
+NUMBER_LITERALS = [
+    "1e2",
+    "1E+2",
+    "-0",
+    "0.000010",
+    "1e-7",
+    "2.5E-8",
+    "123456789012345678901234567890",
+    "-9223372036854775809",
+    "18446744073709551616",
+    "4.9e-324",
+    "1e-400",
+    "1.7976931348623157e308",
+    "1e309",
+]
+
+
+def nested_lists(depth: int) -> list:
+    """`depth` lists, each the only item of the one around it."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def nested_items_schema(depth: int) -> dict:
+    """An array schema whose `items` nest `depth` schemas deep."""
+    value: dict = {"type": "string"}
+    for _ in range(depth - 1):
+        value = {"type": "array", "items": value}
+    return value
+
+
+# Around the limits once a schema sits 5-7 containers inside the body: JSON text opens at
+# most 127 containers, a Python dict body 128 (spec/recipe.md §15.12).
+deep_depth = st.integers(112, 126)
+
 # -- JSON schemas: valid object schemas, strict-mode shapes and invalid ones
 leaf_schema = st.one_of(
     st.sampled_from(
@@ -79,7 +129,14 @@ leaf_schema = st.one_of(
             {"type": "foo"},
             {"type": "object", "properties": {"k": {"type": "boolean"}}},
         ]
-    )
+    ),
+    st.builds(
+        lambda a, b: {"type": "number", "maximum": a, "enum": [b], "default": NUMBER_SLOT},
+        json_number,
+        json_number,
+    ),
+    deep_depth.map(lambda d: {"type": "array", "default": nested_lists(d)}),
+    deep_depth.map(nested_items_schema),
 )
 object_schema = st.builds(
     lambda props, required, extra: {
@@ -140,7 +197,12 @@ chat_tool_call = st.builds(
     lambda i, n, a: {"id": i, "type": "function", "function": {"name": n, "arguments": a}},
     call_id,
     tool_name,
-    st.sampled_from(['{"city": "Paris"}', "{}", "not-json", '{"a": [1, 2.5, true]}', "1e400"]),
+    st.one_of(
+        st.sampled_from(['{"city": "Paris"}', "{}", "not-json", '{"a": [1, 2.5, true]}', "1e400"]),
+        json_number.map(lambda n: json.dumps({"n": n, "m": [n]})),
+        st.sampled_from(NUMBER_LITERALS).map(lambda n: f'{{"n": {n}}}'),
+        st.integers(124, 129).map(lambda d: json.dumps({"deep": nested_lists(d)})),
+    ),
 )
 
 
@@ -477,7 +539,7 @@ def msg_turns(draw) -> list:
                             "type": "tool_use",
                             "id": i,
                             "name": draw(tool_name),
-                            "input": {"city": draw(text)},
+                            "input": {"city": draw(text), "n": draw(json_number)},
                         }
                     )
             messages.append({"role": "assistant", "content": blocks or draw(text)})
@@ -612,9 +674,21 @@ def _objects(value):
             yield from _objects(item)
 
 
+@st.composite
+def as_text(draw, valid):
+    """A valid body sent as JSON text, its number slots filled with literal spellings."""
+    raw = json.dumps(draw(valid), ensure_ascii=draw(st.booleans()))
+    return re.sub(
+        re.escape(json.dumps(NUMBER_SLOT)),
+        lambda _: draw(st.sampled_from(NUMBER_LITERALS)),
+        raw,
+    )
+
+
 BODIES = {"chat": chat_body(), "responses": resp_body(), "messages": msg_body()}
 cases = st.one_of(
     *[st.tuples(st.just(d), s) for d, s in BODIES.items()],
+    *[st.tuples(st.just(d), as_text(s)) for d, s in BODIES.items()],
     *[st.tuples(st.just(d), malformed(s)) for d, s in BODIES.items()],
 )
 option_specs = st.one_of(
@@ -697,6 +771,111 @@ def test_conversion_matches_reference_on_many_random_requests(case, options) -> 
     _check(case, options)
 
 
+# -- numbers and nesting: valid requests whose tool schemas, response schema and past tool
+# calls carry numbers and deep containers, sent as dicts and as JSON text
+@st.composite
+def number_parameters(draw) -> dict:
+    number = {"type": "number", "maximum": draw(json_number), "enum": [draw(json_number)]}
+    number["default"] = draw(st.one_of(json_number, st.just(NUMBER_SLOT)))
+    properties: dict = {"x": number}
+    if draw(st.booleans()):
+        properties["deep"] = {"type": "array", "default": nested_lists(draw(st.integers(115, 125)))}
+    return {"type": "object", "properties": properties}
+
+
+@st.composite
+def number_arguments(draw) -> str:
+    return draw(
+        st.one_of(
+            json_number.map(lambda n: json.dumps({"x": n, "list": [n, {"y": n}]})),
+            st.sampled_from(NUMBER_LITERALS).map(lambda n: f'{{"x": {n}}}'),
+            st.integers(124, 129).map(lambda d: json.dumps({"deep": nested_lists(d)})),
+        )
+    )
+
+
+@st.composite
+def number_body(draw) -> tuple[str, dict]:
+    dialect = draw(st.sampled_from(["chat", "responses", "messages"]))
+    model = draw(st.sampled_from(MODELS))
+    parameters = draw(number_parameters())
+    arguments = draw(number_arguments())
+    user = "reply in json"
+    if dialect == "chat":
+        body = {
+            "model": model,
+            "messages": [
+                {"role": "user", "content": user},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": arguments},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            ],
+            "thinking": {"type": draw(st.sampled_from(["enabled", "disabled"]))},
+        }
+        if draw(st.booleans()):
+            function = {"name": "f", "parameters": parameters, "strict": draw(st.booleans())}
+            body["tools"] = [{"type": "function", "function": function}]
+            body["tool_choice"] = draw(st.sampled_from(["auto", "required"]))
+        else:
+            schema = {"name": "n", "schema": parameters, "strict": draw(st.booleans())}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif dialect == "responses":
+        body = {
+            "model": model,
+            "input": [
+                {"role": "user", "content": user},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments},
+                {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            ],
+            "tools": [{"type": "function", "name": "f", "parameters": parameters}],
+        }
+        if draw(st.booleans()):
+            body["text"] = {"format": {"type": "json_schema", "name": "n", "schema": parameters}}
+    else:
+        tool_input = {"x": draw(json_number)}
+        if draw(st.booleans()):
+            tool_input["deep"] = nested_lists(draw(st.integers(118, 124)))
+        use = {"type": "tool_use", "id": "c1", "name": "f", "input": tool_input}
+        result = {"type": "tool_result", "tool_use_id": "c1", "content": "r"}
+        body = {
+            "model": model,
+            "max_tokens": 64,
+            "messages": [
+                {"role": "user", "content": user},
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            ],
+            "tools": [{"name": "f", "input_schema": parameters}],
+        }
+    if draw(st.booleans()):
+        return dialect, body
+    return dialect, draw(as_text(st.just(body)))
+
+
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+@given(number_body())
+def test_numbers_and_nesting_convert_render_and_echo_like_reference(case) -> None:
+    _check(case, {})
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(number_body())
+def test_numbers_and_nesting_convert_render_and_echo_like_reference_thoroughly(case) -> None:
+    _check(case, {})
+
+
 def _python_bodies() -> list:
     cycle: dict = {}
     cycle["self"] = cycle
@@ -729,3 +908,39 @@ def test_python_body_values_fail_like_reference(dialect: str, body) -> None:
     theirs, _ = convert_case(dr, dialect, body)
     mine, _ = convert_case(ours, dialect, body)
     assert mine == theirs
+
+
+# Containers above the payload: the body, tools, the tool (Chat: and its function) and the
+# parameters.
+_DEEP_PAYLOAD = "#payload#"
+_ABOVE_PAYLOAD = {"chat": 5, "responses": 4, "messages": 4}
+
+
+def _deep_body(dialect: str, payload: object) -> dict:
+    """A valid request whose tool parameters hold `payload` as their default."""
+    user = {"role": "user", "content": "json"}
+    parameters = {"type": "object", "default": payload}
+    if dialect == "chat":
+        tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+        return {"model": MODELS[0], "messages": [user], "tools": [tool]}
+    if dialect == "responses":
+        tool = {"type": "function", "name": "f", "parameters": parameters}
+        return {"model": MODELS[0], "input": "json", "tools": [tool]}
+    tool = {"name": "f", "input_schema": parameters}
+    return {"model": MODELS[0], "max_tokens": 8, "messages": [user], "tools": [tool]}
+
+
+@pytest.mark.parametrize("depth", [64, 127, 128, 129, 200, 1000])
+@pytest.mark.parametrize("as_json_text", [False, True])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_deeply_nested_bodies_are_taken_or_refused_like_reference(
+    dialect: str, as_json_text: bool, depth: int
+) -> None:
+    lists = depth - _ABOVE_PAYLOAD[dialect]
+    if as_json_text:
+        # Python's own writer gives up before 1000 levels: the lists go in as text.
+        text = json.dumps(_deep_body(dialect, _DEEP_PAYLOAD))
+        body: object = text.replace(json.dumps(_DEEP_PAYLOAD), "[" * lists + "]" * lists)
+    else:
+        body = _deep_body(dialect, nested_lists(lists))
+    _check((dialect, body), {})

@@ -84,8 +84,11 @@ text = st.lists(
 
 CALL_IDS = ["a", "b", "c", "call_0", "z", "", "B", "é"]
 
+# The float spellings that differ between writers: around 1e-5 and 1e16, subnormals, the
+# extremes, integral floats, -0.0.
 small_floats = st.sampled_from(
-    [1e-5, 2.5e-5, 1e-6, -2.5e-8, 1e-4, 0.1, 1.0, -0.0, 1e15, 1e16, 1e22, 1e-300, 5e-324]
+    [1e-5, 2.5e-5, 1e-6, -2.5e-8, 1e-9, 1e-10, 1e-4, 0.1, 1.0, -0.0, 100.0, 1e15, 1e16, 1.5e16]
+    + [1e21, 1e22, 1e-300, 5e-324, 2.2250738585072014e-308, 1e308, 1.7976931348623157e308]
 )
 json_scalars = st.one_of(
     st.none(),
@@ -131,6 +134,9 @@ def arguments(draw: st.DrawFn) -> str:
                     '{"x": 1}x',
                     "\ufeff{}",
                     '{"x": 0.00001, "y": 1E5, "z": 123e-7}',
+                    '{"x": 1e2, "y": 1.0, "z": -0.0, "w": 4.9e-324, "v": 1e-400}',
+                    '{"x": 18446744073709551616, "y": 1' + "0" * 400 + "}",
+                    '{"x": 1.7976931348623157e308, "y": 2.5E-8, "z": 1e-5}',
                     '{"x":' + "[" * 126 + "]" * 126 + "}",
                     '{"x":' + "[" * 127 + "]" * 127 + "}",
                 ]
@@ -143,6 +149,17 @@ def arguments(draw: st.DrawFn) -> str:
     )
 
 
+def nested(depth: int) -> dict:
+    """`depth` containers: objects and lists in turn, the outermost an object."""
+    value: object = 1.5e-5
+    for level in range(depth - 1, -1, -1):
+        value = {"v": value} if level % 2 == 0 else [value]
+    return value
+
+
+# The Python→JSON bridge takes 128 nested containers and refuses 129 (spec/recipe.md §15.12).
+deep_values = st.integers(120, 130).map(nested)
+
 tool_definitions = st.builds(
     lambda name, description, parameters, defer: {
         "name": name,
@@ -152,7 +169,7 @@ tool_definitions = st.builds(
     },
     st.sampled_from(["f", "get_weather", "g-2", "search"]),
     st.one_of(st.none(), text),
-    st.one_of(st.none(), st.dictionaries(text, json_values, max_size=3)),
+    st.one_of(st.none(), st.dictionaries(text, json_values, max_size=3), deep_values),
     st.booleans(),
 )
 
@@ -221,7 +238,7 @@ conversations = st.fixed_dictionaries(
         "tool_choice": st.sampled_from(["auto", "none", "required"]),
         "reasoning_effort": st.sampled_from([None, "low", "high", "xhigh", "max"]),
         "format": st.sampled_from(["text", "json_object", "schema", "regex"]),
-        "schema": st.dictionaries(text, json_values, max_size=2),
+        "schema": st.one_of(st.dictionaries(text, json_values, max_size=2), deep_values),
         "special_tokens": st.sampled_from(
             [
                 None,
@@ -320,8 +337,13 @@ def encoding_pairs(special_tokens: tuple | None) -> list[tuple]:
 
 
 def check_same(spec: dict) -> None:
-    reference_conv = build(dr, spec)
-    our_conv = build(ours, spec)
+    reference_conv = _outcome(lambda: build(dr, spec))
+    our_conv = _outcome(lambda: build(ours, spec))
+    if reference_conv[0] == "error":
+        assert our_conv == reference_conv
+        return
+    assert our_conv[0] == "ok", our_conv
+    reference_conv, our_conv = reference_conv[1], our_conv[1]
     spellings = spec["special_tokens"]
     for reference, mine in encoding_pairs(None if spellings is None else tuple(spellings.items())):
         assert _rendered(mine, our_conv) == _rendered(reference, reference_conv)
@@ -344,4 +366,28 @@ def test_random_conversations_render_and_encode_like_reference(spec: dict) -> No
 @THOROUGH
 @given(conversations)
 def test_random_conversations_render_and_encode_like_reference_thoroughly(spec: dict) -> None:
+    check_same(spec)
+
+
+@pytest.mark.parametrize("depth", [64, 127, 128, 129, 200, 1000])
+@pytest.mark.parametrize("where", ["tool", "response_schema"])
+def test_deeply_nested_python_values_are_taken_or_refused_like_reference(
+    where: str, depth: int
+) -> None:
+    spec = {
+        "messages": [{"role": "user", "content": "json", "images": 0}],
+        "thinking_mode": False,
+        "tools": [],
+        "tool_choice": "auto",
+        "reasoning_effort": None,
+        "format": "text",
+        "schema": {},
+        "special_tokens": None,
+    }
+    if where == "tool":
+        spec["tools"] = [
+            {"name": "f", "description": None, "parameters": nested(depth), "defer_loading": False}
+        ]
+    else:
+        spec["format"], spec["schema"] = "schema", nested(depth)
     check_same(spec)

@@ -9,16 +9,12 @@ import math
 import struct
 import unicodedata
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 from deepwell.recipe.dialects.json_text import parse_json_text
-from deepwell.recipe.json_value import JsonValue
+from deepwell.recipe.json_value import MAX_NESTING, JsonValue, format_f64
 
 Reader = Callable[[JsonValue], Any]
-
-# Python → JSON conversion of dict bodies: the body counts as one of the 128 allowed levels.
-_BODY_MAX_DEPTH = 128
 
 
 class BodyError(ValueError):
@@ -56,10 +52,9 @@ def _python_to_json(value: object, depth: int, open_ids: set[int]) -> JsonValue:
         if id(value) in open_ids:
             raise ValueError("circular reference in JSON input")
         depth += 1
-        if depth > _BODY_MAX_DEPTH:
-            raise RecursionError(
-                f"JSON input exceeds the maximum nesting depth of {_BODY_MAX_DEPTH}"
-            )
+        # The body itself is one of the MAX_NESTING levels (spec/recipe.md §15.12).
+        if depth > MAX_NESTING:
+            raise RecursionError(f"JSON input exceeds the maximum nesting depth of {MAX_NESTING}")
         open_ids.add(id(value))
         try:
             if isinstance(value, dict):
@@ -91,19 +86,6 @@ def describe(value: JsonValue) -> str:
     if isinstance(value, list):
         return "sequence"
     return "map"
-
-
-def format_f64(value: float) -> str:
-    """serde_json's float spelling: shortest digits, exponent below 1e-5 and from 1e16."""
-    text = repr(value)
-    if "e" not in text:
-        return text
-    mantissa, exponent = text.split("e")
-    power = int(exponent)
-    if -5 <= power < 16:
-        fixed = format(Decimal(text), "f")
-        return fixed if "." in fixed else fixed + ".0"
-    return f"{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"
 
 
 def rust_debug_str(text: str) -> str:

@@ -8,12 +8,8 @@ from __future__ import annotations
 import json
 import math
 
-from deepwell.recipe.json_value import JsonValue
+from deepwell.recipe.json_value import TEXT_MAX_NESTING, JsonValue, is_serde_value, json_int
 
-# serde_json gives up when a container would be the 128th open one.
-_MAX_DEPTH = 128
-_U64_MAX = 2**64 - 1
-_I64_MIN = -(2**63)
 _WHITESPACE = b" \n\t\r"
 _ESCAPES = {
     ord('"'): '"',
@@ -37,25 +33,18 @@ def parse_json_text(text: str | bytes) -> JsonValue:
     try:
         value = json.loads(
             data.decode("utf-8"),
-            parse_int=_parse_int,
+            parse_int=json_int,
             parse_constant=_reject,
             object_pairs_hook=_object,
         )
     except (ValueError, RecursionError):
         value = None
     else:
-        if _is_clean(value, 0):
+        if is_serde_value(value):
             return value
     # Python's parser is lenient where serde_json is not (NaN, lone surrogates, depth) and
     # reports other positions; the exact parser below runs only for bodies that failed.
     return _Parser(data).parse()
-
-
-def _parse_int(digits: str) -> int | float:
-    if digits == "-0":
-        return -0.0
-    value = int(digits)
-    return value if _I64_MIN <= value <= _U64_MAX else float(digits)
 
 
 def _reject(name: str) -> None:
@@ -66,36 +55,14 @@ def _object(pairs: list[tuple[str, JsonValue]]) -> dict:
     return dict(pairs)
 
 
-def _is_clean(value: JsonValue, depth: int) -> bool:
-    if isinstance(value, str):
-        return value.isascii() or _encodable(value)
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, (dict, list)):
-        depth += 1
-        if depth >= _MAX_DEPTH:
-            return False
-        if isinstance(value, dict):
-            return all(_encodable(k) and _is_clean(v, depth) for k, v in value.items())
-        return all(_is_clean(v, depth) for v in value)
-    return True
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class _Parser:
     """serde_json's `from_slice` into a `Value`, reproduced for its error messages."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.index = 0
-        self.remaining_depth = _MAX_DEPTH
+        # serde_json gives up when a container would be one more than it allows open.
+        self.remaining_depth = TEXT_MAX_NESTING + 1
 
     def parse(self) -> JsonValue:
         value = self.value()
@@ -258,10 +225,8 @@ class _Parser:
                 raise self.error("invalid number")
             self.digits()
         text = self.data[start : self.index].decode("ascii")
-        if not is_float:
-            return _parse_int(text)
-        value = float(text)
-        if math.isinf(value):
+        value = float(text) if is_float else json_int(text)
+        if isinstance(value, float) and math.isinf(value):
             raise self.error("number out of range")
         return value
 

@@ -5,9 +5,9 @@ Block order, stop reasons and usage follow spec/recipe.md §9.3.
 
 from __future__ import annotations
 
-import json
 from json.encoder import encode_basestring as _quote
 
+from deepwell.recipe.encoding.template_json import parse_arguments
 from deepwell.recipe.json_value import JsonValue, compact_json
 from deepwell.recipe.stream.chunks import CompletionUsage, LogprobEntry, PromptUsage
 
@@ -69,31 +69,9 @@ class _Block:
 
 
 def _tool_input(arguments: str) -> JsonValue:
-    """The streamed arguments as an object; text that is not strict JSON gives `{}`."""
-    try:
-        value = json.loads(
-            arguments, parse_constant=_reject, parse_int=_integer, parse_float=_float
-        )
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _reject(name: str) -> None:
-    raise ValueError(name)
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"number out of range: {text}")
-    return value
-
-
-def _integer(text: str) -> int | float:
-    # Integers outside 64 bits become floats, as a Rust JSON reader reads them.
-    value = int(text)
-    return value if -(2**63) <= value < 2**64 else float(value)
+    """The streamed arguments as an object; text that strict JSON does not read as one gives `{}`."""
+    parsed = parse_arguments(arguments)
+    return {} if parsed is None else parsed
 
 
 class _Final:

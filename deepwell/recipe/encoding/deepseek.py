@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from deepwell.recipe.conversation import Conversation, ImageSource, ToolCall, ToolDefinition
@@ -18,11 +18,11 @@ from deepwell.recipe.encoding.special_tokens import (
     SpecialToken,
     SpecialTokens,
 )
-from deepwell.recipe.encoding.template_json import parse_arguments, python_json
+from deepwell.recipe.encoding.template_json import parse_arguments
 from deepwell.recipe.encoding.templates import RESPONSE_FORMAT_HEADER, emit_tool_prompt
 from deepwell.recipe.encoding.tokenizer import Tokenizer
 from deepwell.recipe.encoding.tool_call_grammar import DsmlTags, tool_call_grammar
-from deepwell.recipe.json_value import JsonValue
+from deepwell.recipe.json_value import JsonValue, py_json
 
 EncodingT = TypeVar("EncodingT", bound="DeepseekEncoding")
 
@@ -32,8 +32,6 @@ class DeepseekEncoding(ABC):
 
     # (calls, invoke, parameter) tag names after the DSML token.
     tag_names: tuple[str, str, str]
-    # How a float inside JSON is spelled, or None for Python's repr.
-    float_spelling: Callable[[float], str] | None = None
 
     def __init__(self) -> None:
         self._tokenizer: Tokenizer | None = None
@@ -100,7 +98,8 @@ class DeepseekEncoding(ABC):
     # --- pieces both versions render the same way ---
 
     def _json(self, value: JsonValue) -> str:
-        return python_json(value, self.float_spelling)
+        """A schema or a non-string argument value as the template writes it."""
+        return py_json(value)
 
     def _schemas(self, tools: Sequence[ToolDefinition], *, with_deferred: bool) -> list[str]:
         return [

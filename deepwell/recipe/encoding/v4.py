@@ -17,7 +17,6 @@ from deepwell.recipe.conversation import (
 )
 from deepwell.recipe.encoding.deepseek import DeepseekEncoding, has_tools, needs_system_head
 from deepwell.recipe.encoding.prompt import PromptBuilder
-from deepwell.recipe.encoding.template_json import v4_float
 from deepwell.recipe.encoding.templates import V4_JSON_OBJECT_SUFFIX, v4_effort_text
 
 
@@ -45,7 +44,6 @@ class DeepseekV4Encoding(DeepseekEncoding):
     """The DeepSeek-V4-Pro prompt format."""
 
     tag_names = ("tool_calls", "invoke", "parameter")
-    float_spelling = staticmethod(v4_float)
 
     def _json_object_suffix(self) -> str:
         return V4_JSON_OBJECT_SUFFIX

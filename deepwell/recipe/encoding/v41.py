@@ -17,17 +17,23 @@ from deepwell.recipe.conversation import (
 )
 from deepwell.recipe.encoding.deepseek import DeepseekEncoding, has_tools, needs_system_head
 from deepwell.recipe.encoding.prompt import PromptBuilder
+from deepwell.recipe.encoding.template_json import python_json
 from deepwell.recipe.encoding.templates import (
     UPDATED_TOOL_SCHEMAS_HEADER,
     V41_JSON_OBJECT_SUFFIX,
     v41_effort_text,
 )
+from deepwell.recipe.json_value import JsonValue
 
 
 class DeepseekV41Encoding(DeepseekEncoding):
     """The DeepSeek-V4.1-Flash prompt format."""
 
     tag_names = (" calls", " invoke", " parameter")
+
+    def _json(self, value: JsonValue) -> str:
+        # V4.1's template writes floats as Python does (`1e-05`), unlike V4 (spec §15.4).
+        return python_json(value)
 
     def _json_object_suffix(self) -> str:
         return V41_JSON_OBJECT_SUFFIX
