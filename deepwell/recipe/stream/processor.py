@@ -354,7 +354,8 @@ class StreamProcessor:
         self._last_kind = _SILENT
         generator = self._generator
         if kind == CALL:
-            if record.decoded is not None:
+            if self._decoder is not None:
+                # A name may have begun in a token chunk and ended in a text chunk.
                 text = text.translate(self._decoder.spelling_of)
             # spec/recipe.md §15.2: `ET_` marks calls of a thinking stream with no reasoning yet.
             call_id = new_tool_call_id(self._calls, self._thinking and not self._reasoned)

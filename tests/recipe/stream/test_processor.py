@@ -116,3 +116,12 @@ def test_finish_chunk_reason_maps_to_tool_calls_after_a_call() -> None:
     final = json.loads(p.push(InferenceChunk.finish(InferenceFinishReason.Stop))[-1].to_json())
     assert final["choices"][0]["finish_reason"] == "tool_calls"
     assert final["usage"]["completion_tokens"] == 3
+
+
+def test_tool_name_begun_in_token_chunk_keeps_added_token_spelling() -> None:
+    p = processor()
+    ids = tokenizer().encode(CALL_HEAD.removesuffix('write">\n') + "wr")
+    p.push(InferenceChunk.tokens([*ids, 128805]))
+    events = p.push(InferenceChunk.text('ite">\n'))
+    name = deltas(events)[0]["tool_calls"][0]["function"]["name"]
+    assert name == "wr<|EOT|>ite"
