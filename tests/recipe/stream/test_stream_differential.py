@@ -277,8 +277,6 @@ def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
         generator, parsing, tokenizer_for_side if ex["tokenizer"] else None
     )
     response = getattr(lib, response_name)("resp-1", "m", 1700000000, 0, 0)
-    # Messages accumulates differently mid-stream (open point in docs/recipe.md).
-    midway = dialect != "messages"
     record = []
     for spec in ex["chunks"]:
         if processor.finished:
@@ -293,20 +291,19 @@ def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
             chunk = lib.InferenceChunk.tokens(spec[1], spec[2])
         else:
             chunk = lib.InferenceChunk.finish(getattr(lib.InferenceFinishReason, spec[1]))
-        record += events(processor.push(chunk), response, midway)
-    record += events(processor.finish(), response, midway)
+        record += events(processor.push(chunk), response)
+    record += events(processor.finish(), response)
     record.append(normalize(json.loads(response.to_json())))
     return record
 
 
-def events(outs: list, response: object, midway: bool) -> list:
-    """Each event, and with `midway` the accumulated response after it (a cut stream's)."""
+def events(outs: list, response: object) -> list:
+    """Each event, and the accumulated response after it (a stream may be cut anywhere)."""
     record = []
     for e in outs:
         record.append(normalize(json.loads(e.to_json())))
         response.accumulate(e)
-        if midway:
-            record.append(normalize(json.loads(response.to_json())))
+        record.append(normalize(json.loads(response.to_json())))
     return record
 
 
