@@ -110,9 +110,14 @@ class TokenDecoder:
                 f"invalid log probabilities: {len(logprobs)} log probabilities "
                 f"for {len(ids)} token IDs"
             )
-        if logprobs is not None or self._logprobs is not None:
-            old = self._logprobs if self._logprobs is not None else [None] * len(self._ids)
-            self._logprobs = old + (list(logprobs) if logprobs is not None else [None] * len(ids))
+        if not self._ids:
+            self._logprobs = None if logprobs is None else list(logprobs)
+        elif logprobs is None or self._logprobs is None:
+            # Ids decoded together share log probabilities only if every push that brought
+            # them had some; otherwise the reference gives the whole segment none.
+            self._logprobs = None
+        else:
+            self._logprobs = self._logprobs + list(logprobs)
         self._ids = self._ids + list(ids) if self._ids else list(ids)
         segments = self._segments(self._ids)
         last_text = segments[-1][1]

@@ -125,3 +125,17 @@ def test_tool_name_begun_in_token_chunk_keeps_added_token_spelling() -> None:
     events = p.push(InferenceChunk.text('ite">\n'))
     name = deltas(events)[0]["tool_calls"][0]["function"]["name"]
     assert name == "wr<|EOT|>ite"
+
+
+@pytest.mark.parametrize("first, second", [(True, False), (False, True)])
+def test_ids_decoded_together_have_no_logprobs_unless_every_push_had_them(
+    first: bool, second: bool
+) -> None:
+    p = processor(stage=ThinkingInitialStage.ReasoningStart)
+    crab = tokenizer().encode("🦀")
+    lp = (-0.5, [(5, -1.0)])
+    p.push(InferenceChunk.tokens(crab[:1], [lp] if first else None))
+    events = p.push(InferenceChunk.tokens(crab[1:], [lp] * (len(crab) - 1) if second else None))
+    last = json.loads(events[-1].to_json())["choices"][0]
+    assert last["delta"]["reasoning_content"] == "🦀"
+    assert last["logprobs"] is None
