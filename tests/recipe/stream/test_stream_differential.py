@@ -149,13 +149,15 @@ def token_chunks(rng: random.Random, text: str) -> list[tuple]:
         # Cut short, as max_tokens does: the stream may end inside any part.
         ids = ids[: rng.randint(0, len(ids))]
     bounds = [0, *cut(rng, len(ids)), len(ids)]
-    with_logprobs = rng.random() < 0.5
+    # Log probabilities with every chunk, with none, or with some (a character split across
+    # chunks then has them on one side only).
+    share = rng.choice([0.0, 1.0, 0.5])
     chunks = []
     for a, b in zip(bounds, bounds[1:], strict=False):
         piece = ids[a:b]
         logprobs = (
             [(-rng.random() * 5, [(rng.choice(ids or [5]), -rng.random() * 9)]) for _ in piece]
-            if with_logprobs
+            if rng.random() < share
             else None
         )
         chunks.append(("tokens", piece, logprobs))
