@@ -110,14 +110,9 @@ class TokenDecoder:
                 f"invalid log probabilities: {len(logprobs)} log probabilities "
                 f"for {len(ids)} token IDs"
             )
-        if not self._ids:
-            self._logprobs = None if logprobs is None else list(logprobs)
-        elif logprobs is None or self._logprobs is None:
-            # Ids decoded together share log probabilities only if every push that brought
-            # them had some; otherwise the reference gives the whole segment none.
-            self._logprobs = None
-        else:
-            self._logprobs = self._logprobs + list(logprobs)
+        if logprobs is not None or self._logprobs is not None:
+            old = self._logprobs if self._logprobs is not None else [None] * len(self._ids)
+            self._logprobs = old + (list(logprobs) if logprobs is not None else [None] * len(ids))
         self._ids = self._ids + list(ids) if self._ids else list(ids)
         segments = self._segments(self._ids)
         last_text = segments[-1][1]
@@ -137,15 +132,15 @@ class TokenDecoder:
         for segment_ids, text, starts, ends in segments:
             entries = None
             if pending_logprobs is not None:
-                entries = [
-                    self._entry(i, lp[0], lp[1]) if lp is not None else None
-                    for i, lp in zip(
-                        segment_ids,
-                        pending_logprobs[first : first + len(segment_ids)],
-                        strict=True,
-                    )
-                ]
+                given = pending_logprobs[first : first + len(segment_ids)]
                 first += len(segment_ids)
+                # A segment whose ids came from pushes with and without log probabilities
+                # has none at all, as in the reference.
+                if None not in given:
+                    entries = [
+                        self._entry(i, lp[0], lp[1])
+                        for i, lp in zip(segment_ids, given, strict=True)
+                    ]
             out.append(DecodedText(text, len(segment_ids), starts, ends, entries))
         return out
 
