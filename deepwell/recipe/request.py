@@ -66,7 +66,7 @@ class ConversationRequest:
         self._parsing_options = parsing_options or ParsingOptions()
         self.stream = stream
         # Chat only: `stream_options.include_usage`, which decides whether streamed chunks
-        # before the last one carry `"usage":null` (docs/recipe.md "Stream usage").
+        # before the last one carry `"usage":null` (docs/recipe.md "Stream usage and accumulation").
         self.include_usage = include_usage
         # Responses only: streamed `ns::name` tool calls are split back with this map.
         self.namespace_tool_map = dict(namespace_tool_map or {})

@@ -130,7 +130,7 @@ class _ItemView:
     """An item as the events so far describe it: what `ResponsesResponse` shows mid-stream.
 
     Parts only grow, so counts pin the text down; status and phase change only with
-    output_item.done (spec/recipe.md §9.2, docs/recipe.md "Responses accumulation").
+    output_item.done (spec/recipe.md §9.2, docs/recipe.md "Stream usage and accumulation").
     """
 
     __slots__ = ("item", "parts", "logprobs", "has_part", "done")

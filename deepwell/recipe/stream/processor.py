@@ -242,7 +242,7 @@ class StreamProcessor:
         if self._thinking and self._decoder is not None:
             # The reference counts reasoning tokens by encoding all reasoning text again (text
             # chunks' included), not by the ids it saw; it needs only a tokenizer, no token
-            # chunk (docs/recipe.md, "Stream usage").
+            # chunk (docs/recipe.md, "Stream usage and accumulation").
             reasoning = len(self._decoder.encode("".join(self._reasoning_text)))
         self._generator.finish(
             reason,

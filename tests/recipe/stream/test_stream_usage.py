@@ -1,6 +1,7 @@
 """Usage in streamed output: where Chat chunks carry `usage`, and how reasoning tokens count.
 
-Each expectation was read off deepseek-recipe 0.2.0 (docs/recipe.md, "Stream usage").
+Each expectation was read off deepseek-recipe 0.2.0
+(docs/recipe.md, "Stream usage and accumulation").
 """
 
 from __future__ import annotations
