@@ -175,10 +175,6 @@ class _ResponseState:
         self.items: list[_Item] = []
         self.usage: CompletionUsage | None = None
 
-    def to_json(self) -> str:
-        head, output, tail = self.snapshot()
-        return head + output + tail
-
     def snapshot(self) -> tuple[str, str, str]:
         """The object as (text before the output list, the output list, text after it)."""
         echo = self.echo
