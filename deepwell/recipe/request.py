@@ -56,6 +56,7 @@ class ConversationRequest:
         inference_options: InferenceOptions | None = None,
         parsing_options: ParsingOptions | None = None,
         stream: bool = False,
+        include_usage: bool = False,
         namespace_tool_map: dict[str, tuple[str, str]] | None = None,
         echo: ResponsesEcho | None = None,
         output_schema: JsonValue = None,
@@ -65,6 +66,9 @@ class ConversationRequest:
         self.inference_options = inference_options or InferenceOptions()
         self._parsing_options = parsing_options or ParsingOptions()
         self.stream = stream
+        # Chat only: `stream_options.include_usage`, which decides whether streamed chunks
+        # before the last one carry `"usage":null` (docs/recipe.md "Stream usage and accumulation").
+        self.include_usage = include_usage
         # Responses only: streamed `ns::name` tool calls are split back with this map.
         self.namespace_tool_map = dict(namespace_tool_map or {})
         self.echo = echo or ResponsesEcho()

@@ -228,8 +228,11 @@ class ChatCompletionRequest(ProtocolRequest):
     def chunk_generator(
         conversation_request: ConversationRequest, id: str, model: str
     ) -> ChatCompletionChunkGenerator:
+        request = conversation_request
+        # A streamed request without include_usage gets no `usage` key before the last chunk.
+        null_usage = request.include_usage or not request.stream
         return ChatCompletionChunkGenerator(
-            id, model, conversation_request.parsing_options.thinking_initial_stage
+            id, model, request.parsing_options.thinking_initial_stage, null_usage
         )
 
 
@@ -330,6 +333,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         parsing_options=parsing,
         stream=bool(f["stream"]),
         output_schema=output_schema,
+        include_usage=bool((f["stream_options"] or {}).get("include_usage")),
     )
 
 

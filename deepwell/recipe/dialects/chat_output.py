@@ -125,23 +125,42 @@ class ChatCompletionChunk:
             field = "reasoning_content" if kind == _REASONING else "content"
             logprobs = '{"' + field + '":' + logprobs_json(self._logprobs) + "}"
         finish = "null" if self._finish_reason is None else '"' + self._finish_reason + '"'
-        usage = "null" if self._usage is None else chat_usage_json(self._usage)
+        usage = (
+            generator.no_usage
+            if self._usage is None
+            else ',"usage":' + chat_usage_json(self._usage) + "}"
+        )
         return (
             f"{generator.head}{self._created}{generator.middle}{delta}"
-            f',"logprobs":{logprobs},"finish_reason":{finish}}}],"usage":{usage}}}'
+            f',"logprobs":{logprobs},"finish_reason":{finish}}}]{usage}'
         )
 
 
 class ChatCompletionChunkGenerator:
     """Turns parser output into Chat Completions chunks (obtain via `ChatCompletionRequest`)."""
 
-    __slots__ = ("id", "model", "head", "middle", "start_delta", "content_tail", "fingerprint")
+    __slots__ = (
+        "id",
+        "model",
+        "head",
+        "middle",
+        "start_delta",
+        "content_tail",
+        "fingerprint",
+        "no_usage",
+    )
 
     def __init__(
-        self, id: str, model: str, thinking_initial_stage: ThinkingInitialStage | None
+        self,
+        id: str,
+        model: str,
+        thinking_initial_stage: ThinkingInitialStage | None,
+        null_usage: bool = True,
     ) -> None:
         self.id = id
         self.model = model
+        # How a chunk without usage ends: `"usage":null`, or no usage key at all.
+        self.no_usage = ',"usage":null}' if null_usage else "}"
         self.head = '{"id":' + _quote(id) + ',"object":"chat.completion.chunk","created":'
         self.middle = ""
         self.fingerprint = None

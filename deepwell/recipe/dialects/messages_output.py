@@ -32,11 +32,14 @@ class MessagesStreamEvent:
 
     __slots__ = ("type", "_body", "_payload", "_consumed")
 
-    def __init__(self, type: str, body: str, payload: _Block | _Final | None = None) -> None:
+    def __init__(
+        self, type: str, body: str, payload: _Block | _Delta | _Final | str | int | None = None
+    ) -> None:
         self.type = type
         # JSON members after "type" (leading comma included), without the closing brace.
         self._body = body
-        # What accumulation needs: the block a start event opens, the final stop reason.
+        # What accumulation needs: the start's usage, the block a start event opens, how far
+        # a delta took its block, the index a stop closes, the final stop reason.
         self._payload = payload
         self._consumed = False
 
@@ -56,16 +59,36 @@ class _Block:
         self.call_id = ""
         self.name = ""
 
-    def to_json(self) -> str:
-        text = _quote("".join(self.parts))
+    def to_json(
+        self, parts: int | None = None, signature: str | None = None, stopped: bool = True
+    ) -> str:
+        """The block as it stands, or with only its first `parts` deltas and `signature`.
+
+        A tool_use block's input is parsed only once the block stopped; `{}` before.
+        """
+        text = "".join(self.parts[:parts])
         if self.kind == "thinking":
-            return f'{{"type":"thinking","thinking":{text},"signature":{_quote(self.signature)}}}'
+            signature = self.signature if signature is None else signature
+            return (
+                f'{{"type":"thinking","thinking":{_quote(text)},"signature":{_quote(signature)}}}'
+            )
         if self.kind == "text":
-            return f'{{"type":"text","text":{text}}}'
+            return f'{{"type":"text","text":{_quote(text)}}}'
         return (
             f'{{"type":"tool_use","id":{_quote(self.call_id)},"name":{_quote(self.name)},'
-            f'"input":{compact_json(_tool_input("".join(self.parts)))}}}'
+            f'"input":{compact_json(_tool_input(text)) if stopped else "{}"}}}'
         )
+
+
+class _Delta:
+    """A block after one delta event: its part count, or the signature a signature_delta set."""
+
+    __slots__ = ("index", "parts", "signature")
+
+    def __init__(self, index: int, parts: int, signature: str | None) -> None:
+        self.index = index
+        self.parts = parts
+        self.signature = signature
 
 
 def _tool_input(arguments: str) -> JsonValue:
@@ -108,6 +131,7 @@ class MessagesChunkGenerator:
                 f',"message":{{"id":{_quote(self._id)},"type":"message","role":"assistant",'
                 f'"model":{_quote(self._model)},"content":[],"stop_reason":null,'
                 f'"stop_sequence":null,"usage":{usage}}}',
+                usage,
             )
         )
         if self._thinking_mode:
@@ -147,9 +171,12 @@ class MessagesChunkGenerator:
                     "content_block_delta",
                     f',"index":{self._index},"delta":{{"type":"signature_delta",'
                     f'"signature":{_quote(self._signature)}}}',
+                    _Delta(self._index, len(block.parts), self._signature),
                 )
             )
-        out.append(MessagesStreamEvent("content_block_stop", f',"index":{self._index}'))
+        out.append(
+            MessagesStreamEvent("content_block_stop", f',"index":{self._index}', self._index)
+        )
 
     def _delta(self, kind: str, field: str, text: str, out: list) -> None:
         block = self._open
@@ -158,6 +185,7 @@ class MessagesChunkGenerator:
             MessagesStreamEvent(
                 "content_block_delta",
                 f',"index":{self._index},"delta":{{"type":"{kind}","{field}":{_quote(text)}}}',
+                _Delta(self._index, len(block.parts), None),
             )
         )
 
@@ -204,14 +232,19 @@ class MessagesChunkGenerator:
 
 
 class MessagesResponse:
-    """The non-streaming message: the blocks the stream opened, with the final stop reason."""
+    """The non-streaming message: the blocks as far as the accumulated events took them.
+
+    As the reference does, usage comes from `message_start` until `message_delta` replaces
+    it, and a block shows only the deltas accumulated so far (docs/recipe.md).
+    """
 
     def __init__(
         self, id: str, model: str, created: int, prompt_tokens: int, prompt_cache_hit_tokens: int
     ) -> None:
         self._id = id
         self._model = model
-        self._blocks: list[_Block] = []
+        # [block, deltas accumulated, signature so far, stopped] in index order.
+        self._blocks: list[list] = []
         self._final: _Final | None = None
         self._usage = _usage_json(prompt_tokens, prompt_cache_hit_tokens, 0)
 
@@ -227,10 +260,20 @@ class MessagesResponse:
         if event._consumed:
             raise RuntimeError("protocol chunk has been consumed")
         event._consumed = True
+        payload = event._payload
         if event.type == "content_block_start":
-            self._blocks.append(event._payload)
+            self._blocks.append([payload, 0, "", False])
+        elif event.type == "content_block_delta":
+            entry = self._blocks[payload.index]
+            entry[1] = payload.parts
+            if payload.signature is not None:
+                entry[2] = payload.signature
+        elif event.type == "content_block_stop":
+            self._blocks[payload][3] = True
+        elif event.type == "message_start":
+            self._usage = payload
         elif event.type == "message_delta":
-            self._final = event._payload
+            self._final = payload
 
     def to_json(self) -> str:
         final = self._final
@@ -241,6 +284,6 @@ class MessagesResponse:
         usage = self._usage if final is None else final.usage
         return (
             f'{{"id":{_quote(self._id)},"type":"message","role":"assistant",'
-            f'"model":{_quote(self._model)},"content":[{",".join(b.to_json() for b in self._blocks)}],'
+            f'"model":{_quote(self._model)},"content":[{",".join(b.to_json(*entry) for b, *entry in self._blocks)}],'
             f'"stop_reason":{stop_reason},"stop_sequence":{stop_sequence},"usage":{usage}}}'
         )

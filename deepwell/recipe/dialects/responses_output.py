@@ -28,18 +28,21 @@ _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content
 class ResponsesStreamEvent:
     """One Responses SSE event; its `type` is the SSE event name."""
 
-    __slots__ = ("type", "_body", "_response", "_consumed")
+    __slots__ = ("type", "_body", "_response", "_view", "_consumed")
 
     def __init__(
         self,
         type: str,
         body: str,
-        response: _ResponseState | None = None,
+        response: tuple[str, str, str] | None = None,
+        view: _ItemView | None = None,
     ) -> None:
         self.type = type
         # The JSON members after "type", already written, without the closing brace.
         self._body = body
+        # A response event's object as (head, output, tail); an item event's item as it stands.
         self._response = response
+        self._view = view
         self._consumed = False
 
     def to_json(self) -> str:
@@ -65,6 +68,7 @@ class _Item:
         "namespace",
         "status",
         "phase",
+        "has_part",
     )
 
     def __init__(self, kind: str, id: str, index: int, encrypted: str) -> None:
@@ -83,36 +87,66 @@ class _Item:
         self.namespace: str | None = None
         self.status = "in_progress"
         self.phase = "final_answer"
+        # Whether content_part.added was sent (reasoning and message items).
+        self.has_part = False
 
-    def part_json(self) -> str:
-        text = _quote("".join(self.parts))
+    def part_json(self, parts: int | None = None, logprobs: int | None = None) -> str:
+        text = _quote("".join(self.parts[:parts]))
         if self.kind == "reasoning":
             return '{"type":"reasoning_text","text":' + text + "}"
         return (
             '{"type":"output_text","annotations":[],"logprobs":'
-            + logprobs_json(self.logprobs)
+            + logprobs_json(self.logprobs[:logprobs])
             + ',"text":'
             + text
             + "}"
         )
 
     def to_json(self, done: bool) -> str:
-        head = f'{{"type":"{self.kind}","id":{_quote(self.id)},"status":"{self.status}"'
+        return self._render(self.status, self.phase, done, None, None)
+
+    def _render(
+        self, status: str, phase: str, with_part: bool, parts: int | None, logprobs: int | None
+    ) -> str:
+        head = f'{{"type":"{self.kind}","id":{_quote(self.id)},"status":"{status}"'
         if self.kind == "reasoning":
-            content = "[" + self.part_json() + "]" if done else "[]"
+            content = "[" + self.part_json(parts) + "]" if with_part else "[]"
             return (
                 f'{head},"content":{content},"summary":[],'
                 f'"encrypted_content":{_quote(self.encrypted)}}}'
             )
         if self.kind == "message":
-            content = "[" + self.part_json() + "]" if done else "[]"
-            return f'{head},"role":"assistant","phase":"{self.phase}","content":{content}}}'
+            content = "[" + self.part_json(parts, logprobs) + "]" if with_part else "[]"
+            return f'{head},"role":"assistant","phase":"{phase}","content":{content}}}'
         call = f',"call_id":{_quote(self.call_id)},"name":{_quote(self.name)}'
-        value = _quote("".join(self.parts))
+        value = _quote("".join(self.parts[:parts]))
         if self.kind == "custom_tool_call":
             return f'{head}{call},"input":{value}}}'
         namespace = "" if self.namespace is None else f',"namespace":{_quote(self.namespace)}'
         return f'{head}{call}{namespace},"arguments":{value}}}'
+
+
+class _ItemView:
+    """An item as the events so far describe it: what `ResponsesResponse` shows mid-stream.
+
+    Parts only grow, so counts pin the text down; status and phase change only with
+    output_item.done (spec/recipe.md §9.2, docs/recipe.md "Stream usage and accumulation").
+    """
+
+    __slots__ = ("item", "parts", "logprobs", "has_part", "done")
+
+    def __init__(self, item: _Item, done: bool) -> None:
+        self.item = item
+        self.parts = len(item.parts)
+        self.logprobs = len(item.logprobs)
+        self.has_part = item.has_part
+        self.done = done
+
+    def to_json(self) -> str:
+        item = self.item
+        if self.done:
+            return item._render(item.status, item.phase, item.has_part, self.parts, self.logprobs)
+        return item._render("in_progress", "final_answer", self.has_part, self.parts, self.logprobs)
 
 
 class _ResponseState:
@@ -141,7 +175,8 @@ class _ResponseState:
         self.items: list[_Item] = []
         self.usage: CompletionUsage | None = None
 
-    def to_json(self) -> str:
+    def snapshot(self) -> tuple[str, str, str]:
+        """The object as (text before the output list, the output list, text after it)."""
         echo = self.echo
         completed_at = "null" if self.completed_at is None else str(self.completed_at)
         incomplete = "null" if self.incomplete is None else f'{{"reason":"{self.incomplete}"}}'
@@ -154,15 +189,17 @@ class _ResponseState:
                 f'"output_tokens_details":{{"reasoning_tokens":{u.reasoning_tokens or 0}}},'
                 f'"total_tokens":{u.prompt_tokens + u.completion_tokens}}}'
             )
-        return (
+        head = (
             f'{{"id":{_quote(self.id)},"object":"response","created_at":{self.created_at},'
             f'"status":"{self.status}","background":false,"completed_at":{completed_at},'
             f'"content_filters":null,"error":null,"frequency_penalty":0.0,'
             f'"incomplete_details":{incomplete},"instructions":{_json(echo.instructions)},'
             f'"max_output_tokens":{_json(echo.max_output_tokens)},"max_tool_calls":null,'
-            f'"model":{_quote(self.model)},"moderation":null,'
-            f'"output":[{",".join(item.to_json(True) for item in self.items)}],'
-            f'"parallel_tool_calls":true,"presence_penalty":0.0,"previous_response_id":null,'
+            f'"model":{_quote(self.model)},"moderation":null,"output":'
+        )
+        output = "[" + ",".join(item.to_json(True) for item in self.items) + "]"
+        tail = (
+            f',"parallel_tool_calls":true,"presence_penalty":0.0,"previous_response_id":null,'
             f'"prompt_cache_key":null,"prompt_cache_retention":null,'
             f'"reasoning":{compact_json(echo.reasoning)},"safety_identifier":null,'
             f'"service_tier":"default","store":false,"temperature":{f32_json(echo.temperature)},'
@@ -171,6 +208,7 @@ class _ResponseState:
             f'"top_p":{f32_json(echo.top_p)},"truncation":"disabled","usage":{usage},'
             f'"user":{_json(echo.user)},"metadata":{{}}}}'
         )
+        return head, output, tail
 
 
 def _json(value: object) -> str:
@@ -207,18 +245,26 @@ class ResponsesChunkGenerator:
         }
         return self
 
-    def _event(self, type: str, body: str, out: list, tail: str = "") -> None:
+    def _event(
+        self, type: str, body: str, item: _Item, out: list, tail: str = "", done: bool = False
+    ) -> None:
         # Members are in key order; `tail` holds those that sort after "sequence_number".
-        out.append(ResponsesStreamEvent(type, f'{body},"sequence_number":{self._sequence}{tail}'))
-        self._sequence += 1
-
-    def _response_event(self, type: str, out: list) -> None:
-        state = self._state
         out.append(
             ResponsesStreamEvent(
                 type,
-                f'"response":{state.to_json()},"sequence_number":{self._sequence}',
-                state,
+                f'{body},"sequence_number":{self._sequence}{tail}',
+                view=_ItemView(item, done),
+            )
+        )
+        self._sequence += 1
+
+    def _response_event(self, type: str, out: list) -> None:
+        snapshot = self._state.snapshot()
+        out.append(
+            ResponsesStreamEvent(
+                type,
+                f'"response":{"".join(snapshot)},"sequence_number":{self._sequence}',
+                snapshot,
             )
         )
         self._sequence += 1
@@ -239,10 +285,12 @@ class ResponsesChunkGenerator:
         self._event(
             "response.output_item.added",
             f'"item":{item.to_json(False)},"output_index":{item.index}',
+            item,
             out,
         )
 
     def _part_added(self, item: _Item, out: list) -> None:
+        item.has_part = True
         part = (
             '{"type":"reasoning_text","text":""}'
             if item.kind == "reasoning"
@@ -251,6 +299,7 @@ class ResponsesChunkGenerator:
         self._event(
             "response.content_part.added",
             f'"content_index":0,{item.ids},"part":{part}',
+            item,
             out,
         )
 
@@ -264,11 +313,16 @@ class ResponsesChunkGenerator:
         text = _quote("".join(item.parts))
         if item.kind == "reasoning":
             self._event(
-                "response.reasoning_text.done", f'"content_index":0,{ids}', out, f',"text":{text}'
+                "response.reasoning_text.done",
+                f'"content_index":0,{ids}',
+                item,
+                out,
+                f',"text":{text}',
             )
             self._event(
                 "response.content_part.done",
                 f'"content_index":0,{ids},"part":{item.part_json()}',
+                item,
                 out,
             )
         elif item.kind == "message":
@@ -278,22 +332,28 @@ class ResponsesChunkGenerator:
                 "response.output_text.done",
                 f'"content_index":0,"item_id":{item.quoted_id},'
                 f'"logprobs":{logprobs_json(item.logprobs)},"output_index":{item.index}',
+                item,
                 out,
                 f',"text":{text}',
             )
             self._event(
                 "response.content_part.done",
                 f'"content_index":0,{ids},"part":{item.part_json()}',
+                item,
                 out,
             )
         elif item.kind == "function_call":
-            self._event("response.function_call_arguments.done", f'"arguments":{text},{ids}', out)
+            self._event(
+                "response.function_call_arguments.done", f'"arguments":{text},{ids}', item, out
+            )
         else:
-            self._event("response.custom_tool_call_input.done", f'"input":{text},{ids}', out)
+            self._event("response.custom_tool_call_input.done", f'"input":{text},{ids}', item, out)
         self._event(
             "response.output_item.done",
             f'"item":{item.to_json(True)},"output_index":{item.index}',
+            item,
             out,
+            done=True,
         )
 
     def reasoning(self, text: str, logprobs: list[LogprobEntry] | None, out: list) -> None:
@@ -307,6 +367,7 @@ class ResponsesChunkGenerator:
         self._event(
             "response.reasoning_text.delta",
             f'"content_index":0,"delta":{_quote(text)},{item.ids}',
+            item,
             out,
         )
 
@@ -326,6 +387,7 @@ class ResponsesChunkGenerator:
             "response.output_text.delta",
             f'"content_index":0,"delta":{_quote(text)},"item_id":{item.quoted_id}'
             f',"logprobs":{entries},"output_index":{item.index}',
+            item,
             out,
         )
 
@@ -351,7 +413,10 @@ class ResponsesChunkGenerator:
                 piece = _quote(piece)[1:-1]
             item.parts.append(piece)
             self._event(
-                "response.function_call_arguments.delta", f'"delta":{_quote(piece)},{ids}', out
+                "response.function_call_arguments.delta",
+                f'"delta":{_quote(piece)},{ids}',
+                item,
+                out,
             )
             return
         # A custom tool whose arguments open with a string `input` streams that string raw
@@ -378,7 +443,9 @@ class ResponsesChunkGenerator:
             # Unlike function arguments, a custom tool's input never streams an empty delta.
             return
         item.parts.append(text)
-        self._event("response.custom_tool_call_input.delta", f'"delta":{_quote(text)},{ids}', out)
+        self._event(
+            "response.custom_tool_call_input.delta", f'"delta":{_quote(text)},{ids}', item, out
+        )
 
     def finish(
         self, reason: str, stop_sequence: str | None, usage: CompletionUsage, out: list
@@ -394,12 +461,20 @@ class ResponsesChunkGenerator:
 
 
 class ResponsesResponse:
-    """The non-streaming response object: the one the final event carries."""
+    """The non-streaming response object, built from the events accumulated so far.
+
+    The latest response event gives everything but the output; the output is what the item
+    events after it have described, so a stream cut short shows its items as they stood.
+    """
 
     def __init__(
         self, id: str, model: str, created: int, prompt_tokens: int, prompt_cache_hit_tokens: int
     ) -> None:
-        self._json = _ResponseState(id, model, ResponsesEcho(), created).to_json()
+        self._head, self._output, self._tail = _ResponseState(
+            id, model, ResponsesEcho(), created
+        ).snapshot()
+        # Item views by output index, from item events after the latest response event.
+        self._views: list[_ItemView] = []
 
     @staticmethod
     def sse_event_name(event: ResponsesStreamEvent) -> str | None:
@@ -414,7 +489,19 @@ class ResponsesResponse:
             raise RuntimeError("protocol chunk has been consumed")
         event._consumed = True
         if event._response is not None:
-            self._json = event._body[len('"response":') : event._body.rindex(',"sequence_number"')]
+            self._head, self._output, self._tail = event._response
+            self._views = []
+            return
+        view = event._view
+        index = view.item.index
+        views = self._views
+        if index < len(views):
+            views[index] = view
+        else:
+            views.append(view)
 
     def to_json(self) -> str:
-        return self._json
+        if not self._views:
+            return self._head + self._output + self._tail
+        output = "[" + ",".join(view.to_json() for view in self._views) + "]"
+        return self._head + output + self._tail

@@ -85,7 +85,6 @@ class StreamProcessor:
         "_calls",
         "_completion_tokens",
         "_reasoning_text",
-        "_saw_tokens",
         "_thinking",
         "_json",
         "_token_mode",
@@ -118,9 +117,8 @@ class StreamProcessor:
         self._last_kind = _UNSET
         self._calls = 0
         self._completion_tokens = 0
-        # Reasoning text decoded from token chunks (text chunks never count as tokens).
+        # All reasoning text, from text and token chunks alike: it is encoded again at the end.
         self._reasoning_text: list[str] = []
-        self._saw_tokens = False
         stage = options.thinking_initial_stage
         self._thinking = stage is not None
         self._json = options.parse_json_output
@@ -187,7 +185,6 @@ class StreamProcessor:
         if self._decoder is None:
             self.close()
             raise RuntimeError("token chunk received without a tokenizer")
-        self._saw_tokens = True
         try:
             segments = self._decoder.push(chunk.token_ids, chunk.logprobs)
         except RuntimeError:
@@ -242,9 +239,10 @@ class StreamProcessor:
         self._records.clear()
         usage = self._prompt_usage
         reasoning = None
-        if self._thinking and self._saw_tokens:
-            # The reference counts reasoning tokens by encoding the reasoning text that came
-            # from token chunks again, not by the ids it saw (spec/recipe.md §8.4).
+        if self._thinking and self._decoder is not None:
+            # The reference counts reasoning tokens by encoding all reasoning text again (text
+            # chunks' included), not by the ids it saw; it needs only a tokenizer, no token
+            # chunk (docs/recipe.md, "Stream usage and accumulation").
             reasoning = len(self._decoder.encode("".join(self._reasoning_text)))
         self._generator.finish(
             reason,
@@ -343,8 +341,7 @@ class StreamProcessor:
         elif kind == REASONING:
             if text:
                 self._reasoned = True
-                if decoded is not None:
-                    self._reasoning_text.append(text)
+                self._reasoning_text.append(text)
             generator.reasoning(text, logprobs, out)
         elif kind == TO_SPACE:
             generator.content(" ", logprobs, out)
@@ -357,7 +354,8 @@ class StreamProcessor:
         self._last_kind = _SILENT
         generator = self._generator
         if kind == CALL:
-            if record.decoded is not None:
+            if self._decoder is not None:
+                # A name may have begun in a token chunk and ended in a text chunk.
                 text = text.translate(self._decoder.spelling_of)
             # spec/recipe.md §15.2: `ET_` marks calls of a thinking stream with no reasoning yet.
             call_id = new_tool_call_id(self._calls, self._thinking and not self._reasoned)

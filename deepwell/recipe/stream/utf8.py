@@ -132,15 +132,15 @@ class TokenDecoder:
         for segment_ids, text, starts, ends in segments:
             entries = None
             if pending_logprobs is not None:
-                entries = [
-                    self._entry(i, lp[0], lp[1]) if lp is not None else None
-                    for i, lp in zip(
-                        segment_ids,
-                        pending_logprobs[first : first + len(segment_ids)],
-                        strict=True,
-                    )
-                ]
+                given = pending_logprobs[first : first + len(segment_ids)]
                 first += len(segment_ids)
+                # A segment whose ids came from pushes with and without log probabilities
+                # has none at all, as in the reference.
+                if None not in given:
+                    entries = [
+                        self._entry(i, lp[0], lp[1])
+                        for i, lp in zip(segment_ids, given, strict=True)
+                    ]
             out.append(DecodedText(text, len(segment_ids), starts, ends, entries))
         return out
 

@@ -116,3 +116,26 @@ def test_finish_chunk_reason_maps_to_tool_calls_after_a_call() -> None:
     final = json.loads(p.push(InferenceChunk.finish(InferenceFinishReason.Stop))[-1].to_json())
     assert final["choices"][0]["finish_reason"] == "tool_calls"
     assert final["usage"]["completion_tokens"] == 3
+
+
+def test_tool_name_begun_in_token_chunk_keeps_added_token_spelling() -> None:
+    p = processor()
+    ids = tokenizer().encode(CALL_HEAD.removesuffix('write">\n') + "wr")
+    p.push(InferenceChunk.tokens([*ids, 128805]))
+    events = p.push(InferenceChunk.text('ite">\n'))
+    name = deltas(events)[0]["tool_calls"][0]["function"]["name"]
+    assert name == "wr<|EOT|>ite"
+
+
+@pytest.mark.parametrize("first, second", [(True, False), (False, True)])
+def test_ids_decoded_together_have_no_logprobs_unless_every_push_had_them(
+    first: bool, second: bool
+) -> None:
+    p = processor(stage=ThinkingInitialStage.ReasoningStart)
+    crab = tokenizer().encode("🦀")
+    lp = (-0.5, [(5, -1.0)])
+    p.push(InferenceChunk.tokens(crab[:1], [lp] if first else None))
+    events = p.push(InferenceChunk.tokens(crab[1:], [lp] * (len(crab) - 1) if second else None))
+    last = json.loads(events[-1].to_json())["choices"][0]
+    assert last["delta"]["reasoning_content"] == "🦀"
+    assert last["logprobs"] is None

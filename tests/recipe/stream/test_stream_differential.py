@@ -1,8 +1,10 @@
 """Differential test against deepseek-recipe 0.2.0: same random model output, same events.
 
 Outputs mix reasoning, content, DSML tool calls (V4 and V4.1 markup) with hostile string
-arguments, JSON mode and stop sequences; they are cut at random places into text chunks
-or token chunks. Every push, the finish call and the accumulated response must agree.
+arguments, JSON mode and stop sequences; they are cut at random places (at and across
+`</think>`) into text chunks, token chunks or a mix of both, and may stop mid-part. Chat
+requests vary `stream` and `stream_options.include_usage`. Every push, the finish call, the
+usage, and the accumulated response after every event must agree.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ RAW_VALUES = [
     "12345678901234567890123",
 ]
 STAGES = [None, "ReasoningStart", "ReasoningContinuation", "ContentContinuation"]
+# Chat `stream` / `stream_options` variants: absent, streaming without options, include_usage.
+STREAM_FLAGS = [None, False, True, (True, None), (True, True), (True, False)]
 STOPS = ["STOP", "\n\n", "end.", "世界", "}", "</", 'a"b', "fim", "think>"]
 # Added tokens a model may emit besides the markers: BOS, EOS, <think>, fim, EOT, a placeholder.
 ADDED_IDS = [0, 1, 128821, 128800, 128805, 128000]
@@ -137,6 +141,57 @@ def cut(rng: random.Random, n: int) -> list[int]:
     return sorted(points)
 
 
+def token_chunks(rng: random.Random, text: str) -> list[tuple]:
+    ids = tokenizer().encode(text)
+    for _ in range(rng.randint(0, 3) if rng.random() < 0.3 else 0):
+        ids.insert(rng.randint(0, len(ids)), rng.choice(ADDED_IDS))
+    if rng.random() < 0.3:
+        # Cut short, as max_tokens does: the stream may end inside any part.
+        ids = ids[: rng.randint(0, len(ids))]
+    bounds = [0, *cut(rng, len(ids)), len(ids)]
+    # Log probabilities with every chunk, with none, or with some (a character split across
+    # chunks then has them on one side only).
+    share = rng.choice([0.0, 1.0, 0.5])
+    chunks = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        piece = ids[a:b]
+        logprobs = (
+            [(-rng.random() * 5, [(rng.choice(ids or [5]), -rng.random() * 9)]) for _ in piece]
+            if rng.random() < share
+            else None
+        )
+        chunks.append(("tokens", piece, logprobs))
+    return chunks
+
+
+def text_chunks(rng: random.Random, text: str) -> list[tuple]:
+    if rng.random() < 0.3:
+        text = text[: rng.randint(0, len(text))]
+    bounds = [0, *cut(rng, len(text)), len(text)]
+    return [
+        ("text", text[a:b], rng.randint(0, 3)) for a, b in zip(bounds, bounds[1:], strict=False)
+    ]
+
+
+def mixed_chunks(rng: random.Random, text: str) -> list[tuple]:
+    """Text and token chunks in turn, cut at random characters (inside `</think>` too)."""
+    bounds = [0, *cut(rng, len(text)), len(text)]
+    if rng.random() < 0.3:
+        bounds = bounds[: rng.randint(1, len(bounds))]
+    chunks: list[tuple] = []
+    as_text = rng.random() < 0.5
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        # Known divergence (docs/recipe.md, open points): a `<` still pending as a possible
+        # marker when the chunk kind switches. The kind stays the same there.
+        if "<" not in text[max(0, a - 10) : a]:
+            as_text = rng.random() < 0.5
+        if as_text:
+            chunks.append(("text", text[a:b], rng.randint(0, 3)))
+        else:
+            chunks += token_chunks(rng, text[a:b])
+    return chunks
+
+
 def example(seed: int) -> dict:
     rng = random.Random(seed)
     options = {
@@ -145,36 +200,26 @@ def example(seed: int) -> dict:
         "json": rng.random() < 0.25,
         "in_calls": rng.random() < 0.05,
         "stops": rng.sample(STOPS, rng.randint(0, 2)) if rng.random() < 0.4 else [],
+        "stream": rng.choice(STREAM_FLAGS),
     }
     text = model_output(rng, options)
-    use_tokens = rng.random() < 0.4
+    mode = rng.choice(["text", "tokens", "mixed"])
     chunks: list[tuple] = []
     if rng.random() < 0.7:
         chunks.append(("ready", rng.randint(0, 50), rng.randint(0, 5), rng.choice([None, "fp"])))
-    if use_tokens:
-        ids = tokenizer().encode(text)
-        for _ in range(rng.randint(0, 3) if rng.random() < 0.3 else 0):
-            ids.insert(rng.randint(0, len(ids)), rng.choice(ADDED_IDS))
-        bounds = [0, *cut(rng, len(ids)), len(ids)]
-        with_logprobs = rng.random() < 0.5
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            piece = ids[a:b]
-            logprobs = (
-                [(-rng.random() * 5, [(rng.choice(ids or [5]), -rng.random() * 9)]) for _ in piece]
-                if with_logprobs
-                else None
-            )
-            chunks.append(("tokens", piece, logprobs))
+    if mode == "tokens":
+        chunks += token_chunks(rng, text)
+    elif mode == "text":
+        chunks += text_chunks(rng, text)
     else:
-        bounds = [0, *cut(rng, len(text)), len(text)]
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            chunks.append(("text", text[a:b], rng.randint(0, 3)))
+        chunks += mixed_chunks(rng, text)
     if rng.random() < 0.8:
         chunks.append(("finish", rng.choice(["Stop", "Stop", "Length", "ContentFilter"])))
     return {
         "options": options,
         "chunks": chunks,
-        "tokens": use_tokens,
+        # A tokenizer alone (text chunks only) still decides whether reasoning is counted.
+        "tokenizer": mode != "text" or rng.random() < 0.5,
         "dialect": rng.choice(list(REQUEST_CLASSES)),
     }
 
@@ -185,6 +230,12 @@ def body(dialect: str, options: dict) -> dict:
         b = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "x"}]}
         if not thinking:
             b["thinking"] = {"type": "disabled"}
+        stream = options["stream"]
+        if isinstance(stream, tuple):
+            b["stream"] = stream[0]
+            b["stream_options"] = {"include_usage": stream[1]}
+        elif stream is not None:
+            b["stream"] = stream
     elif dialect == "responses":
         b = {
             "model": "DeepSeek-V4.1-Flash",
@@ -230,7 +281,7 @@ def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
         stop_sequences=o["stops"],
     )
     processor = lib.StreamProcessor(
-        generator, parsing, tokenizer_for_side if ex["tokens"] else None
+        generator, parsing, tokenizer_for_side if ex["tokenizer"] else None
     )
     response = getattr(lib, response_name)("resp-1", "m", 1700000000, 0, 0)
     record = []
@@ -247,15 +298,19 @@ def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
             chunk = lib.InferenceChunk.tokens(spec[1], spec[2])
         else:
             chunk = lib.InferenceChunk.finish(getattr(lib.InferenceFinishReason, spec[1]))
-        outs = processor.push(chunk)
-        record.append([normalize(json.loads(e.to_json())) for e in outs])
-        for e in outs:
-            response.accumulate(e)
-    outs = processor.finish()
-    record.append([normalize(json.loads(e.to_json())) for e in outs])
-    for e in outs:
-        response.accumulate(e)
+        record += events(processor.push(chunk), response)
+    record += events(processor.finish(), response)
     record.append(normalize(json.loads(response.to_json())))
+    return record
+
+
+def events(outs: list, response: object) -> list:
+    """Each event, and the accumulated response after it (a stream may be cut anywhere)."""
+    record = []
+    for e in outs:
+        record.append(normalize(json.loads(e.to_json())))
+        response.accumulate(e)
+        record.append(normalize(json.loads(response.to_json())))
     return record
 
 
