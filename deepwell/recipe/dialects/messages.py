@@ -433,9 +433,11 @@ class _Pairing:
 
 
 def _unanswered(where: str, ids: list[str]) -> ConversionError:
+    # The reference keeps the ids in a sorted set: listed in byte order.
+    listed = ", ".join(sorted(ids, key=lambda i: i.encode("utf-8")))
     return ConversionError(
         f"{where}`tool_use` ids were found without `tool_result` blocks immediately after: "
-        f"{', '.join(ids)}. Each `tool_use` block must have a corresponding `tool_result` "
+        f"{listed}. Each `tool_use` block must have a corresponding `tool_result` "
         "block in the next message."
     )
 
