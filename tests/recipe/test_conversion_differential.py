@@ -135,7 +135,24 @@ chat_block = st.one_of(
     ),
     st.just({"type": "file", "file": {}}),
 )
+# Blocks no Chat role takes, or that only some roles take.
+chat_odd_block = st.sampled_from(
+    [
+        {"type": "input_text", "text": "t"},
+        {"type": "file", "file": {"file_id": "f1"}},
+        {"type": "file", "file": {"file_id": "f1", "file_data": "aGk="}},
+        {"type": "file", "file": {"file_id": "f1", "filename": "a.txt"}},
+        {"type": "image_url", "image_url": "https://example.invalid/a.png"},
+        {"type": "text"},
+        {"text": "t"},
+    ]
+)
 chat_content = st.one_of(text, st.lists(chat_block, max_size=3))
+chat_any_content = st.one_of(
+    chat_content,
+    st.lists(st.one_of(chat_block, chat_odd_block), max_size=3),
+    st.sampled_from([None, [], 5, {}]),
+)
 chat_tool_call = st.builds(
     lambda i, n, a: {"id": i, "type": "function", "function": {"name": n, "arguments": a}},
     call_id,
@@ -149,7 +166,9 @@ def chat_turns(draw) -> list:
     """A mostly well-formed history: users, assistants (with calls and results), others."""
     messages: list = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["user", "user", "system", "assistant", "tools", "other"]))
+        kind = draw(
+            st.sampled_from(["user", "user", "system", "assistant", "tools", "other", "odd"])
+        )
         if kind in ("user", "system"):
             messages.append({"role": kind, "content": draw(chat_content)})
         elif kind == "assistant":
@@ -160,8 +179,12 @@ def chat_turns(draw) -> list:
                 m["prefix"] = True
             messages.append(m)
         elif kind == "tools":
+            # Now and then a repeated id (the reference refuses those).
             calls = draw(
-                st.lists(chat_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"])
+                st.one_of(
+                    st.lists(chat_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"]),
+                    st.lists(chat_tool_call, min_size=0, max_size=3),
+                )
             )
             m = {
                 "role": "assistant",
@@ -171,13 +194,20 @@ def chat_turns(draw) -> list:
             if draw(st.booleans()):
                 m["reasoning_content"] = draw(text)
             messages.append(m)
-            ids = draw(st.permutations([c["id"] for c in calls]))
-            if draw(st.integers(0, 6)) == 0:
+            ids = draw(st.permutations(list(dict.fromkeys(c["id"] for c in calls))))
+            if ids and draw(st.integers(0, 6)) == 0:
                 ids = ids[:-1]
-            elif draw(st.integers(0, 6)) == 0:
+            elif ids and draw(st.integers(0, 6)) == 0:
                 ids = [*ids, ids[0]]
             for i in ids:
                 messages.append({"role": "tool", "tool_call_id": i, "content": draw(chat_content)})
+        elif kind == "odd":
+            # Any role with any content, unusual blocks included.
+            role = draw(st.sampled_from(["system", "user", "assistant", "tool", "latest_reminder"]))
+            m = {"role": role, "content": draw(chat_any_content)}
+            if role == "tool":
+                m["tool_call_id"] = draw(call_id)
+            messages.append(m)
         else:
             messages.append(
                 draw(
@@ -267,7 +297,20 @@ resp_block = st.one_of(
         ]
     ),
 )
+resp_odd_block = st.sampled_from(
+    [
+        {"type": "refusal", "refusal": "no"},
+        {"type": "text", "text": "t"},
+        {"type": "input_image", "image_url": "https://example.invalid/a.png", "file_id": "f1"},
+        {"type": "input_audio", "input_audio": {}},
+        {"type": "output_text"},
+        {"text": "t"},
+    ]
+)
 resp_content = st.one_of(text, st.lists(resp_block, max_size=3))
+resp_any_content = st.one_of(
+    resp_content, st.lists(st.one_of(resp_block, resp_odd_block), max_size=3), st.just([])
+)
 
 
 @st.composite
@@ -277,7 +320,8 @@ def resp_items(draw) -> list:
         kind = draw(st.sampled_from(["msg", "msg", "calls", "reasoning", "other"]))
         if kind == "msg":
             role = draw(st.sampled_from(["user", "user", "assistant", "system", "developer"]))
-            item = {"role": role, "content": draw(resp_content)}
+            content = resp_any_content if draw(st.integers(0, 4)) == 0 else resp_content
+            item = {"role": role, "content": draw(content)}
             if draw(st.booleans()):
                 item["type"] = "message"
             items.append(item)
@@ -290,7 +334,13 @@ def resp_items(draw) -> list:
                 }
             )
         elif kind == "calls":
-            ids = draw(st.lists(call_id, min_size=1, max_size=3, unique=True))
+            # Now and then a repeated id (the reference refuses those).
+            ids = draw(
+                st.one_of(
+                    st.lists(call_id, min_size=1, max_size=3, unique=True),
+                    st.lists(call_id, min_size=2, max_size=3),
+                )
+            )
             for i in ids:
                 if draw(st.integers(0, 4)) == 0:
                     items.append(
@@ -311,15 +361,16 @@ def resp_items(draw) -> list:
                 if draw(st.integers(0, 3)) == 0:
                     call["namespace"] = "fs"
                 items.append(call)
-            order = draw(st.permutations(ids))
+            order = draw(st.permutations(list(dict.fromkeys(ids))))
             if draw(st.integers(0, 6)) == 0:
                 order = order[:-1]
             elif draw(st.integers(0, 6)) == 0:
                 order = [*order, order[0]]
             for i in order:
-                items.append(
-                    {"type": "function_call_output", "call_id": i, "output": draw(resp_content)}
+                output_type = draw(
+                    st.sampled_from(["function_call_output"] * 3 + ["custom_tool_call_output"])
                 )
+                items.append({"type": output_type, "call_id": i, "output": draw(resp_content)})
         else:
             items.append(
                 draw(
@@ -448,12 +499,46 @@ msg_user_block = st.one_of(
 )
 
 
+msg_server_block = st.one_of(
+    st.builds(
+        lambda i: {"type": "server_tool_use", "id": i, "name": "web_search", "input": {"q": "x"}},
+        st.sampled_from(["s1", "c1"]),
+    ),
+    st.builds(
+        lambda i: {"type": "web_search_tool_result", "tool_use_id": i, "content": []},
+        st.sampled_from(["s1", "c1"]),
+    ),
+)
+# Every block type the reference knows, each of which some role refuses.
+msg_any_block = st.one_of(
+    msg_user_block,
+    msg_server_block,
+    st.builds(lambda i: {"type": "tool_use", "id": i, "name": "f", "input": {}}, call_id),
+    st.builds(lambda i: {"type": "tool_result", "tool_use_id": i, "content": "r"}, call_id),
+    st.builds(
+        lambda n: {"type": "tool_addition", "tool": {"type": "tool_reference", "name": n}},
+        tool_name,
+    ),
+    st.sampled_from(
+        [
+            {"type": "text", "text": ""},
+            {"type": "redacted_thinking", "data": "x"},
+            {"type": "search_result", "source": "s", "title": "t", "content": []},
+        ]
+    ),
+)
+
+
 @st.composite
 def msg_turns(draw) -> list:
     messages: list = []
     for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "system"]))
-        if kind == "user":
+        kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "system", "odd"]))
+        if kind == "odd":
+            # Any role with any blocks, in any order.
+            role = draw(st.sampled_from(["user", "assistant", "system"]))
+            messages.append({"role": role, "content": draw(st.lists(msg_any_block, max_size=4))})
+        elif kind == "user":
             messages.append(
                 {
                     "role": "user",
@@ -470,7 +555,16 @@ def msg_turns(draw) -> list:
                 blocks.append({"type": "text", "text": draw(text)})
             ids = []
             if kind == "tools":
-                ids = draw(st.lists(call_id, min_size=1, max_size=2, unique=True))
+                # Now and then a repeated id (the reference refuses those).
+                ids = draw(
+                    st.one_of(
+                        st.lists(call_id, min_size=1, max_size=2, unique=True),
+                        st.lists(call_id, min_size=2, max_size=3),
+                    )
+                )
+                if draw(st.integers(0, 5)) == 0:
+                    # Server-side calls (and their results) between the client's calls.
+                    blocks.append(draw(msg_server_block))
                 for i in ids:
                     blocks.append(
                         {
@@ -488,14 +582,18 @@ def msg_turns(draw) -> list:
                         "tool_use_id": i,
                         "content": draw(st.one_of(text, st.just([{"type": "text", "text": "r"}]))),
                     }
-                    for i in draw(st.permutations(ids))
+                    for i in draw(st.permutations(list(dict.fromkeys(ids))))
                 ]
                 if draw(st.integers(0, 6)) == 0:
                     results = results[:-1]
                 elif draw(st.integers(0, 6)) == 0:
                     results = [*results, results[0]]
                 if draw(st.booleans()):
-                    results.append({"type": "text", "text": draw(text)})
+                    # Text after the results, or now and then between or before them.
+                    position = len(results)
+                    if draw(st.integers(0, 4)) == 0:
+                        position = draw(st.integers(0, len(results)))
+                    results.insert(position, {"type": "text", "text": draw(text)})
                 messages.append({"role": "user", "content": results})
     return messages
 
