@@ -578,9 +578,7 @@ def _assistant(index: int, content: list, ctx: _Context) -> AssistantMessage:
             # Text after a call would separate it from its results.
             raise _unanswered(f"messages.{index}.{position}: ", [call.id for call in calls])
         if kind == "text":
-            # Empty text blocks leave no trace in an assistant turn.
-            if block["text"]:
-                texts.append(block["text"])
+            texts.append(block["text"])
         elif kind == "image":
             if ctx.images.supported:
                 _image(block["source"], f"messages.{index}.content[{position}]")
@@ -599,7 +597,16 @@ def _assistant(index: int, content: list, ctx: _Context) -> AssistantMessage:
         elif ctx.options.messages_web_search is not WebSearchBehavior.Drop:
             raise ConversionError("Unsupported content block: server tools are not supported")
     reasoning = "\n\n".join(thoughts) if thoughts else None
-    return AssistantMessage("\n\n".join(texts), reasoning, calls or None)
+    return AssistantMessage(_join_after_content(texts), reasoning, calls or None)
+
+
+def _join_after_content(parts: list[str]) -> str:
+    """Parts joined by blank lines, the separator only once some text has been written: empty
+    parts before the first text leave no trace, later ones do."""
+    content = ""
+    for part in parts:
+        content = f"{content}\n\n{part}" if content else part
+    return content
 
 
 def _unsupported_document(block: dict) -> str:
