@@ -1,0 +1,159 @@
+"""Malformed requests are refused with the reference's exact message, the first broken rule first.
+
+Each case states the message deepseek_recipe 0.2.0 gives (status 400) and is also checked
+against the reference itself, so the expectation cannot drift from it.
+"""
+
+from __future__ import annotations
+
+import deepseek_recipe as dr
+import pytest
+from conversion_summary import convert_case
+
+import deepwell.recipe as ours
+
+V41 = "DeepSeek-V4.1-Flash"
+QUESTION = {"role": "user", "content": "q"}
+TEXT = {"type": "text", "text": "t"}
+THINKING = {"type": "thinking", "thinking": "x"}
+SERVER_CALL = {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}
+SERVER_RESULT = {"type": "web_search_tool_result", "tool_use_id": "s1", "content": []}
+DOCUMENT = {"type": "document", "source": {"type": "text", "media_type": "text/plain"}}
+DROP = {"messages_web_search": "Drop"}
+UNANSWERED = (
+    "`tool_use` ids were found without `tool_result` blocks immediately after: {}. Each "
+    "`tool_use` block must have a corresponding `tool_result` block in the next message."
+)
+
+
+def _use(call_id: str) -> dict:
+    return {"type": "tool_use", "id": call_id, "name": "f", "input": {}}
+
+
+def _result(call_id: str) -> dict:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": "r"}
+
+
+def _user(*blocks: dict) -> dict:
+    return {"role": "user", "content": list(blocks)}
+
+
+def _assistant(*blocks: dict) -> dict:
+    return {"role": "assistant", "content": list(blocks)}
+
+
+def _system(*blocks: dict) -> dict:
+    return {"role": "system", "content": list(blocks)}
+
+
+def _messages(*messages: dict) -> dict:
+    return {"model": V41, "messages": list(messages)}
+
+
+def _strict_format(schema: dict) -> dict:
+    return {
+        "model": V41,
+        "input": "q",
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": True}},
+    }
+
+
+def _refused_like_reference(dialect: str, body: dict, options: dict | None, message: str) -> None:
+    theirs, _ = convert_case(dr, dialect, body, options)
+    mine, _ = convert_case(ours, dialect, body, options)
+    assert theirs["error"]["message"] == message
+    assert theirs["error"]["status_code"] == 400
+    assert mine == theirs
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string"}, "The top level of the json schema must be an object."),
+        ({"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}}]}, None),
+        ({"$ref": "#/$defs/x", "$defs": {"x": {"type": "object"}}}, None),
+        ({"type": ["string", "null"]}, None),
+        (
+            {"anyOf": [{"type": "object", "properties": {}}]},
+            "An object with no properties is not allowed.",
+        ),
+        (
+            {"type": ["object", "null"]},
+            "Invalid json schema: field `type`: unknown variant `object`, expected one of "
+            "`string`, `number`, `integer`, `boolean`, `null`",
+        ),
+    ],
+)
+def test_strict_response_schema_must_be_an_object_at_the_top(
+    schema: dict, message: str | None
+) -> None:
+    message = message or "The top level of the json schema must be an object."
+    _refused_like_reference("responses", _strict_format(schema), None, message)
+
+
+@pytest.mark.parametrize("options", [None, DROP], ids=["reject", "drop"])
+@pytest.mark.parametrize("role", [_user, _system])
+@pytest.mark.parametrize(
+    ("block", "name"), [(SERVER_CALL, "tool_use"), (SERVER_RESULT, "web_search_tool_result")]
+)
+def test_server_tool_blocks_outside_assistant_messages_are_refused(
+    options: dict | None, role, block: dict, name: str
+) -> None:
+    body = _messages(QUESTION, role(TEXT, block))
+    message = f"messages.1: `{name}` blocks can only be in `assistant` messages"
+    _refused_like_reference("messages", body, options, message)
+
+
+def test_server_tool_result_role_error_comes_before_unanswered_calls() -> None:
+    body = _messages(QUESTION, _assistant(_use("a")), _user(SERVER_RESULT))
+    message = "messages.2: `web_search_tool_result` blocks can only be in `assistant` messages"
+    _refused_like_reference("messages", body, None, message)
+
+
+@pytest.mark.parametrize("options", [None, DROP], ids=["reject", "drop"])
+def test_repeated_tool_use_ids_in_one_message_are_refused(options: dict | None) -> None:
+    body = _messages(QUESTION, _assistant(_use("a"), _use("b"), _use("a")), _user(_result("a")))
+    _refused_like_reference(
+        "messages", body, options, "messages.1.content.2: `tool_use` ids must be unique"
+    )
+
+
+def test_repeated_tool_use_id_fails_before_a_later_empty_message() -> None:
+    body = _messages(_assistant(_use("a"), _use("a")), _user())
+    _refused_like_reference(
+        "messages", body, None, "messages.0.content.1: `tool_use` ids must be unique"
+    )
+
+
+def test_tool_use_ids_may_repeat_across_turns() -> None:
+    body = _messages(QUESTION, _assistant(_use("a")), _user(_result("a")), _assistant(_use("a")))
+    body["messages"].append(_user(_result("a")))
+    theirs, _ = convert_case(dr, "messages", body)
+    mine, _ = convert_case(ours, "messages", body)
+    assert "error" not in theirs
+    assert mine == theirs
+
+
+@pytest.mark.parametrize("block", [TEXT, {"type": "text", "text": ""}, DOCUMENT])
+def test_content_after_a_tool_use_in_the_same_message_is_refused(block: dict) -> None:
+    body = _messages(QUESTION, _assistant(_use("b"), THINKING, _use("a"), block))
+    _refused_like_reference("messages", body, None, "messages.1.3: " + UNANSWERED.format("a, b"))
+
+
+def test_tool_results_after_text_are_still_paired() -> None:
+    body = _messages(QUESTION, _assistant(_use("a")), _user(_result("a"), TEXT, _result("a")))
+    message = (
+        "messages.2.content.2: each tool_use must have a single result. Found multiple "
+        "`tool_result` blocks with id: a"
+    )
+    _refused_like_reference("messages", body, None, message)
+
+
+def test_empty_assistant_message_after_unanswered_calls_blames_the_calls() -> None:
+    body = _messages(QUESTION, _assistant(_use("a")), _assistant())
+    _refused_like_reference("messages", body, None, "messages.2: " + UNANSWERED.format("a"))
+
+
+def test_unanswered_tool_use_ids_are_listed_in_byte_order() -> None:
+    body = _messages(QUESTION, _assistant(_use("zz"), _use("c3"), _use("b")))
+    _refused_like_reference("messages", body, None, "messages.1:" + UNANSWERED.format("b, c3, zz"))
