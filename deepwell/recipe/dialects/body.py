@@ -303,12 +303,18 @@ class Tagged:
         readers: dict[str, Reader],
         *,
         other: Reader | None = None,
+        indexed: bool = False,
     ) -> None:
-        """`other` reads variants not listed (serde's `#[serde(other)]`); else they fail."""
+        """`other` reads variants not listed (serde's `#[serde(other)]`); else they fail.
+
+        `indexed`: the tag may also be a variant's index (a non-negative integer), as some of
+        the reference's enums accept.
+        """
         self.name = name
         self.tag = tag
         self.readers = readers
         self.other = other
+        self.indexed = indexed
 
     def __call__(self, value: JsonValue) -> tuple[str, Any]:
         if isinstance(value, list):
@@ -323,6 +329,13 @@ class Tagged:
             rest = {k: v for k, v in value.items() if k != self.tag}
         else:
             raise invalid_type(value, f"internally tagged enum {self.name}")
+        if self.indexed and isinstance(tag, int) and not isinstance(tag, bool) and tag >= 0:
+            if tag >= len(self.readers):
+                raise BodyError(
+                    f"invalid value: integer `{tag}`, expected variant index "
+                    f"0 <= i < {len(self.readers)}"
+                )
+            tag = list(self.readers)[tag]
         if not isinstance(tag, str):
             raise invalid_type(tag, "variant identifier")
         reader = self.readers.get(tag, self.other)

@@ -181,7 +181,7 @@ _THINKING = Struct(
     "ChatCompletionThinking",
     {
         "type": b.variants("adaptive", "enabled", "disabled"),
-        "budget_tokens": b.optional(b.u32),
+        "budget_tokens": b.optional(b.u64),
     },
     ("type",),
 )
@@ -285,7 +285,8 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     if fmt == "json_schema":
         strict = f["response_format"][1]["json_schema"]["strict"]
         constraint_schema = rules.response_constraint_schema(schema, strict)
-    rules.check_strict_consistency(tools)
+    # Only the tools a named tool_choice keeps must agree on strictness.
+    rules.check_strict_consistency(selection.tools)
     # Any response_format, even an explicit `text`, rules out strict tools here.
     if any(tool.strict for tool in selection.tools) and f["response_format"] is not None:
         raise ConversionError("response_format should not be used with tools")

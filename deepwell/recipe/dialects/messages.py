@@ -53,6 +53,7 @@ _IMAGE_SOURCE = Tagged(
         "url": Struct("MessagesUrlSource", {"url": b.string}, ("url",)),
         "file": Struct("MessagesFileSource", {"file_id": b.string}, ("file_id",)),
     },
+    indexed=True,
 )
 _IMAGE = Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",))
 _DOCUMENT = Struct(
@@ -62,7 +63,7 @@ _DOCUMENT = Struct(
 )
 _TEXT = Struct("MessagesTextBlock", {"text": b.string}, ("text",))
 _RESULT_BLOCK = Tagged(
-    "MessagesToolResultContent",
+    "MessagesToolResultBlock",
     "type",
     {
         "text": _TEXT,
@@ -122,10 +123,15 @@ _BLOCK = Tagged(
         "tool_addition": Struct(
             "MessagesToolAdditionBlock",
             {
-                "tool": Struct(
+                "tool": Tagged(
                     "MessagesToolReference",
-                    {"type": b.variants("tool_reference"), "name": b.string},
-                    ("type", "name"),
+                    "type",
+                    {
+                        "tool_reference": Struct(
+                            "MessagesToolReference", {"name": b.string}, ("name",)
+                        )
+                    },
+                    indexed=True,
                 )
             },
             ("tool",),
@@ -142,13 +148,29 @@ def _content(value: JsonValue) -> str | list:
     raise BodyError("expected a string or a list")
 
 
+_ROLE = b.variants("user", "assistant", "system")
+
+
 def _message(value: JsonValue) -> tuple[str, str | list]:
     # Adjacently tagged: `role` names the variant, `content` carries it.
+    if isinstance(value, list):
+        # As a sequence: [role, content].
+        if value and not isinstance(value[0], str):
+            raise b.invalid_type(value[0], "variant identifier")
+        role = _ROLE(value[0]) if value else None
+        if len(value) < 2:
+            raise BodyError(
+                f"invalid length {len(value)}, expected adjacently tagged enum MessagesMessage"
+            )
+        content = _content(value[1])
+        if len(value) > 2:
+            raise BodyError(f"invalid length {len(value)}, expected fewer elements in array")
+        return role, content
     if not isinstance(value, dict):
         raise b.invalid_type(value, "adjacently tagged enum MessagesMessage")
     if "role" not in value:
         raise BodyError("missing field `role`")
-    role = b.variants("user", "assistant", "system")(value["role"])
+    role = _ROLE(value["role"])
     if "content" not in value:
         raise BodyError("missing field `content`")
     return role, _content(value["content"])
@@ -184,13 +206,18 @@ def _tool(value: JsonValue) -> dict:
     return {"type": None, **tool, "input_schema": value.get("input_schema")}
 
 
+_PARALLEL = b.optional(b.boolean)
 _TOOL_CHOICE = Tagged(
     "MessagesToolChoice",
     "type",
     {
-        "auto": Struct("MessagesToolChoiceAuto", {}),
-        "any": Struct("MessagesToolChoiceAny", {}),
-        "tool": Struct("MessagesToolChoiceTool", {"name": b.string}, ("name",)),
+        "auto": Struct("MessagesToolChoiceAuto", {"disable_parallel_tool_use": _PARALLEL}),
+        "any": Struct("MessagesToolChoiceAny", {"disable_parallel_tool_use": _PARALLEL}),
+        "tool": Struct(
+            "MessagesToolChoiceTool",
+            {"name": b.string, "disable_parallel_tool_use": _PARALLEL},
+            ("name",),
+        ),
         "none": Struct("MessagesToolChoiceNone", {}),
     },
 )
@@ -207,7 +234,7 @@ _REQUEST = Struct(
                 "MessagesThinking",
                 {
                     "type": b.variants("adaptive", "enabled", "disabled"),
-                    "budget_tokens": b.optional(b.u32),
+                    "budget_tokens": b.optional(b.u64),
                 },
                 ("type",),
             )
@@ -509,7 +536,7 @@ def _user(index: int, content: list, ctx: _Context, pairing: _Pairing) -> list[M
     for position, (kind, block) in enumerate(content):
         if kind == "tool_result":
             pairing.answer(index, position, block["tool_use_id"])
-            where = f"messages.{index}.content.{position}.tool_result"
+            where = f"messages.{index}.content.{position}"
             message, added = _tool_result(block, where, ctx.tools, images, ctx.deferral)
             results.append(message)
             announced.extend(added)
@@ -553,7 +580,7 @@ def _system_message(index: int, content: list, ctx: _Context) -> SystemMessage:
         elif kind == "document":
             blocks.text(_unsupported_document(block))
         else:
-            name = block["tool"]["name"]
+            name = block["tool"][1]["name"]
             found = [tool for tool in ctx.tools if tool.name == name]
             if not found:
                 raise ConversionError(
@@ -610,7 +637,8 @@ def _join_after_content(parts: list[str]) -> str:
 
 
 def _unsupported_document(block: dict) -> str:
-    return f"[Unsupported document type: {block['source']['media_type'] or 'unknown'}]"
+    media_type = block["source"]["media_type"]
+    return f"[Unsupported document type: {'unknown' if media_type is None else media_type}]"
 
 
 def _block_image(blocks: BlockText, block: dict, path: str, source_path: str) -> None:
@@ -649,8 +677,10 @@ def _image(source: tuple[str, dict], path: str, source_path: str | None = None) 
 
 
 def _tool_result(
-    block: dict, path: str, tools: list[ToolDefinition], images: ImagePolicy, deferral: bool
+    block: dict, where: str, tools: list[ToolDefinition], images: ImagePolicy, deferral: bool
 ) -> tuple[ToolMessage, list[Message]]:
+    """`where` is the block's path (`messages.N.content.M`)."""
+    path = f"{where}.tool_result"
     content = block["content"]
     tool_use_id = block["tool_use_id"]
     if content is None or isinstance(content, str):
@@ -671,9 +701,13 @@ def _tool_result(
             # A tool_reference loads a deferred tool: its name is the result, and (where
             # tools load lazily) a system message announces the tool after the results.
             name = item["tool_name"]
+            found = [tool for tool in tools if tool.name == name]
+            if not found:
+                raise ConversionError(
+                    f"{where}: tool reference '{name}' not found in available tools"
+                )
             blocks.text(name)
             if deferral:
-                found = [tool for tool in tools if tool.name == name]
                 announced.append(SystemMessage("", tools=found))
     message = blocks.attach(
         ToolMessage(blocks.content(), tool_use_id, blocks.sources, image_token=images.token)

@@ -123,8 +123,8 @@ _ITEMS = {
     ),
     "custom_tool_call_output": Struct(
         "ResponsesCustomToolCallOutput",
-        {"call_id": b.string, "output": _output},
-        ("call_id", "output"),
+        {"call_id": b.string, "output": b.optional(_output)},
+        ("call_id",),
     ),
     "reasoning": Struct(
         "ResponsesReasoningItem",
@@ -178,7 +178,10 @@ _FUNCTION_TOOL = Struct(
 # Only the name of a custom tool is read (apply_patch is the one supported).
 _CUSTOM_TOOL = Struct("ResponsesCustomTool", {"name": b.string}, ("name",))
 _NAMESPACE_MEMBER = Tagged(
-    "ResponsesNamespaceTool", "type", {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL}
+    "ResponsesNamespaceTool",
+    "type",
+    {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL},
+    indexed=True,
 )
 _SERVER_TOOL = Struct("ResponsesServerTool", {})
 _WEB_SEARCH_TOOL = Struct(
@@ -442,7 +445,8 @@ def _convert(
             "Response input messages must contain the word 'json' in some form to use "
             "'text.format' of type 'json_object'."
         )
-    rules.check_strict_consistency(tools)
+    # Only the tools a named tool_choice keeps must agree on strictness.
+    rules.check_strict_consistency(selection.tools)
     if any(tool.strict for tool in selection.tools) and format_kind != "text":
         raise ConversionError("response_format should not be used with tools")
     rules.check_temperature(f["temperature"])
@@ -642,13 +646,22 @@ def _text_format(text: dict | None) -> tuple[str, JsonValue, bool | None]:
 
 
 def _blocks(
-    content: str | list, path: str, part: str, images: ImagePolicy, *, assistant: bool = False
+    content: str | list | None,
+    path: str,
+    part: str,
+    images: ImagePolicy,
+    *,
+    assistant: bool = False,
 ) -> BlockText:
     """A content list's text (blocks joined by blank lines) and its images.
 
     `part` names the list in error paths (`content` or `output`).
     """
     blocks = BlockText(images)
+    if content is None:
+        # A custom tool's output may be left out: an empty result.
+        blocks.text("")
+        return blocks
     if isinstance(content, str):
         blocks.text(content)
         return blocks
@@ -675,7 +688,8 @@ def _check_image_blocks(content: list, where: str) -> None:
         if kind != "input_image":
             continue
         at = f"{where}[{position}]"
-        url, file_id = block["image_url"], block["file_id"]
+        # An empty image_url counts as none.
+        url, file_id = block["image_url"] or None, block["file_id"]
         if url is None and file_id is None:
             raise ConversionError(f"{at}: input_image must have image_url or file_id")
         if url is not None and file_id is not None:
@@ -744,6 +758,11 @@ def _items(
             require_answers()
             continue
         path = f"input[{index}]"
+        if item.get("call_id") == "":
+            raise ConversionError(
+                f"Invalid '{path}.call_id': empty string. Expected a string with minimum "
+                "length 1, but got an empty string instead."
+            )
         if kind == "message":
             require_answers()
             role = item["role"]
