@@ -307,6 +307,7 @@ resp_block = st.one_of(
     st.sampled_from(
         [
             {"type": "input_image", "file_id": "f1"},
+            {"type": "input_image", "image_url": ""},
             {"type": "input_image"},
             {"type": "input_file", "file_id": "f1"},
         ]
@@ -395,6 +396,9 @@ def resp_items(draw) -> list:
                             {"type": "web_search_call"},
                             {"type": "function_call_output", "call_id": "c9", "output": "x"},
                             {"type": "function_call_output", "output": "no call id"},
+                            {"type": "function_call_output", "call_id": "", "output": "x"},
+                            {"type": "function_call", "call_id": "", "name": "f", "arguments": ""},
+                            {"type": "custom_tool_call_output", "call_id": "c1"},
                         ]
                     )
                 )
@@ -595,7 +599,16 @@ def msg_turns(draw) -> list:
                     {
                         "type": "tool_result",
                         "tool_use_id": i,
-                        "content": draw(st.one_of(text, st.just([{"type": "text", "text": "r"}]))),
+                        "content": draw(
+                            st.one_of(
+                                text,
+                                st.just([{"type": "text", "text": "r"}]),
+                                st.builds(
+                                    lambda n: [{"type": "tool_reference", "tool_name": n}],
+                                    tool_name,
+                                ),
+                            )
+                        ),
                     }
                     for i in draw(st.permutations(list(dict.fromkeys(ids))))
                 ]
@@ -653,7 +666,13 @@ def msg_body(draw) -> dict:
         "stream": st.booleans(),
         "tools": st.lists(msg_tool, max_size=3),
         "tool_choice": st.one_of(
-            st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]),
+            st.sampled_from(
+                [
+                    {"type": "auto"},
+                    {"type": "any", "disable_parallel_tool_use": True},
+                    {"type": "none"},
+                ]
+            ),
             st.builds(lambda n: {"type": "tool", "name": n}, tool_name),
         ),
     }

@@ -157,3 +157,71 @@ def test_empty_assistant_message_after_unanswered_calls_blames_the_calls() -> No
 def test_unanswered_tool_use_ids_are_listed_in_byte_order() -> None:
     body = _messages(QUESTION, _assistant(_use("zz"), _use("c3"), _use("b")))
     _refused_like_reference("messages", body, None, "messages.1:" + UNANSWERED.format("b, c3, zz"))
+
+
+def test_tool_reference_must_name_a_declared_tool() -> None:
+    reference = {"type": "tool_reference", "tool_name": "zz"}
+    result = {"type": "tool_result", "tool_use_id": "a", "content": [reference]}
+    body = _messages(QUESTION, _assistant(_use("a")), _user(result))
+    body["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]
+    message = "messages.2.content.0: tool reference 'zz' not found in available tools"
+    _refused_like_reference("messages", body, None, message)
+
+
+@pytest.mark.parametrize("kind", ["function_call", "function_call_output"])
+def test_empty_call_id_is_refused_at_its_item(kind: str) -> None:
+    item = {"type": kind, "call_id": "", "name": "f", "arguments": "{}", "output": "r"}
+    body = {"model": V41, "input": [{"role": "user", "content": "q"}, item]}
+    message = (
+        "Invalid 'input[1].call_id': empty string. Expected a string with minimum length 1, "
+        "but got an empty string instead."
+    )
+    _refused_like_reference("responses", body, None, message)
+
+
+def test_strictness_must_agree_only_among_the_tools_a_named_choice_keeps() -> None:
+    strict = {
+        "type": "function",
+        "name": "g",
+        "parameters": {"type": "object", "properties": {"a": {"type": "string"}}},
+        "strict": True,
+    }
+    body = {
+        "model": V41,
+        "input": "json",
+        "tools": [strict, {"type": "function", "name": "h"}],
+        "tool_choice": {"type": "function", "name": "g"},
+        "reasoning": {"effort": "none"},
+        "text": {"format": {"type": "json_object"}},
+    }
+    _refused_like_reference(
+        "responses", body, None, "response_format should not be used with tools"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {**_messages(QUESTION), "thinking": {"type": "enabled", "budget_tokens": -1}},
+            "invalid request body: invalid value: integer `-1`, expected u64",
+        ),
+        (
+            {**_messages(QUESTION), "tool_choice": {"type": "any", "disable_parallel_tool_use": 5}},
+            "invalid request body: invalid type: integer `5`, expected a boolean",
+        ),
+        (
+            {"model": V41, "messages": [["user", "hi", 5]]},
+            "invalid request body: invalid length 3, expected fewer elements in array",
+        ),
+        (
+            _messages({"role": "user", "content": [{"type": "image", "source": {"type": 9}}]}),
+            "invalid request body: invalid value: integer `9`, expected variant index 0 <= i < 3",
+        ),
+    ],
+)
+def test_malformed_messages_fields_fail_with_serde_text(body: dict, message: str) -> None:
+    theirs, _ = convert_case(dr, "messages", body)
+    mine, _ = convert_case(ours, "messages", body)
+    assert theirs["error"]["message"] == message
+    assert mine == theirs
