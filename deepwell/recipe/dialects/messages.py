@@ -93,7 +93,8 @@ _BLOCK = Tagged(
         "document": _DOCUMENT,
         "thinking": Struct(
             "MessagesThinkingBlock",
-            {"thinking": b.string, "signature": b.optional(b.string)},
+            # The reference declares the signature first (it matters in sequences).
+            {"signature": b.optional(b.string), "thinking": b.string},
             ("thinking",),
         ),
         "server_tool_use": Struct(
