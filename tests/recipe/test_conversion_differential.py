@@ -149,14 +149,18 @@ chat_block = st.one_of(
         st.one_of(st.none(), st.sampled_from(["low", "high", "auto", "bad"])),
     ),
     st.just({"type": "file", "file": {}}),
+    st.builds(lambda u: {"type": "file", "file_data": u}, image_url),
 )
 # Blocks no Chat role takes, or that only some roles take.
 chat_odd_block = st.sampled_from(
     [
         {"type": "input_text", "text": "t"},
         {"type": "file", "file": {"file_id": "f1"}},
-        {"type": "file", "file": {"file_id": "f1", "file_data": "aGk="}},
-        {"type": "file", "file": {"file_id": "f1", "filename": "a.txt"}},
+        {"type": "file", "file_id": "f1"},
+        {"type": "file", "file_id": "f1", "file_data": "aGk="},
+        {"type": "file", "file_id": "f1", "filename": "a.txt"},
+        {"type": "file", "file_data": "data:application/pdf;base64,aGk="},
+        {"type": "file", "file_data": "data:image/png;base64,aGk"},
         {"type": "image_url", "image_url": "https://example.invalid/a.png"},
         {"type": "text"},
         {"text": "t"},
@@ -690,7 +694,7 @@ WRONG = [5, -1, 1.5, 1e20, "x", True, None, [], [5], {}, {"q": 1}]
 def malformed(draw, valid):
     # Strategies may hand out shared constants (st.just): mutate a private copy.
     body = copy.deepcopy(draw(valid))
-    how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep"]))
+    how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep", "listify"]))
     if how == "retype":
         body[draw(st.sampled_from(sorted(body)))] = copy.deepcopy(draw(st.sampled_from(WRONG)))
         return body
@@ -704,6 +708,16 @@ def malformed(draw, valid):
                     draw(st.sampled_from(WRONG))
                 )
                 break
+        return body
+    if how == "listify":
+        # A tagged object written as a sequence: serde reads the tag, then fields in order.
+        slots = list(_tagged_slots(body))
+        if slots:
+            parent, key = slots[draw(st.integers(0, len(slots) - 1))]
+            tagged = parent[key]
+            tag = "type" if "type" in tagged else "role"
+            rest = [v for k, v in tagged.items() if k != tag]
+            parent[key] = [tagged[tag], *rest[: draw(st.integers(0, len(rest)))]]
         return body
     if how == "deep":
         # Retype or remove one key of some object anywhere in the body.
@@ -732,6 +746,18 @@ def malformed(draw, valid):
     else:
         raw = raw[:cut] + raw[cut + 1 :]
     return raw.encode("utf-8") if draw(st.booleans()) else raw
+
+
+def _tagged_slots(value):
+    """(container, key) of every object with a `type` or `role` field."""
+    children = value.items() if isinstance(value, dict) else enumerate(value)
+    if not isinstance(value, (dict, list)):
+        return
+    for key, item in children:
+        if isinstance(item, dict) and ("type" in item or "role" in item):
+            yield value, key
+        if isinstance(item, (dict, list)):
+            yield from _tagged_slots(item)
 
 
 def _objects(value):
