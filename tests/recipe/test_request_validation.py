@@ -225,3 +225,45 @@ def test_malformed_messages_fields_fail_with_serde_text(body: dict, message: str
     mine, _ = convert_case(ours, "messages", body)
     assert theirs["error"]["message"] == message
     assert mine == theirs
+
+
+PNG_URL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"file_id": "a", "file_data": PNG_URL}, "file cannot have both file_id and file_data"),
+        (
+            {"file_id": "a", "filename": "a.png"},
+            "file cannot have filename when file_id is present",
+        ),
+        ({"file": {"file_data": PNG_URL}}, "file must have a file_id or file_data"),
+        (
+            {"file_id": "a"},
+            "file_id is not supported. Pass the image as a base64 data url instead.",
+        ),
+        ({"file_data": "aGk="}, "file_data is not a valid base64 data url"),
+        (
+            {"file_data": "data:application/pdf;base64,aGk="},
+            "You have uploaded an unsupported file. Please make sure your file is valid and has "
+            "one of the following formats: webp, png, jpeg, and gif.",
+        ),
+    ],
+)
+def test_chat_file_blocks_are_checked_before_images(block: dict, message: str) -> None:
+    content = [{"type": "image_url", "image_url": {"url": "ftp://x"}}, {"type": "file", **block}]
+    body = {"model": V41, "messages": [{"role": "user", "content": content}]}
+    _refused_like_reference("chat", body, None, f".messages[0]: {message}")
+
+
+def test_chat_file_with_image_data_is_an_image() -> None:
+    content = [{"type": "file", "file_data": PNG_URL}]
+    body = {"model": V41, "messages": [{"role": "user", "content": content}]}
+    theirs, _ = convert_case(dr, "chat", body)
+    mine, _ = convert_case(ours, "chat", body)
+    assert theirs["converted"]["conversation"]["messages"][0]["content"] == "<｜image｜>"
+    assert mine == theirs
