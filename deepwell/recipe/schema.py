@@ -388,6 +388,13 @@ def _strict_any_of(options: JsonValue, nested: bool, check: bool) -> list[dict]:
         raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
     members = []
     for item in options:
+        # A member is a tagged type: its tag (`type`, or a sequence's first element) must be
+        # a type name; type lists are not allowed here.
+        tag = item[0] if isinstance(item, list) and item else None
+        if isinstance(item, dict):
+            tag = item.get("type")
+        if tag is not None and not isinstance(tag, str):
+            raise BodyError(f"invalid type: {describe(tag)}, expected variant identifier")
         if isinstance(item, list) or (isinstance(item, dict) and "type" not in item):
             raise BodyError("missing field `type`")
         if not isinstance(item, dict):

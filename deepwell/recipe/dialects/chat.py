@@ -137,14 +137,10 @@ _TOOL = Struct(
     {"type": b.variants("function"), "function": _FUNCTION},
     ("type", "function"),
 )
+# `description` is not read (any value passes), as in the reference.
 _JSON_SCHEMA = Struct(
-    "ChatCompletionJsonSchema",
-    {
-        "name": b.optional(b.string),
-        "description": b.optional(b.string),
-        "schema": b.any_value,
-        "strict": b.optional(b.boolean),
-    },
+    "ChatCompletionResponseFormatJsonSchema",
+    {"schema": b.any_value, "name": b.optional(b.string), "strict": b.optional(b.boolean)},
     ("schema",),
 )
 _RESPONSE_FORMAT = Tagged(

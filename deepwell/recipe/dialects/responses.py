@@ -68,6 +68,7 @@ _BLOCK = Tagged(
         ),
         "input_file": Struct("ResponsesInputFile", {}),
     },
+    newtypes=("input_image",),
 )
 
 
@@ -83,6 +84,7 @@ _OUTPUT_BLOCK = Tagged(
     "ResponsesToolCallOutputItem",
     "type",
     {k: v for k, v in _BLOCK.readers.items() if k != "output_text"},
+    newtypes=("input_image",),
 )
 
 
@@ -182,6 +184,7 @@ _NAMESPACE_MEMBER = Tagged(
     "type",
     {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL},
     indexed=True,
+    newtypes=("function",),
 )
 _SERVER_TOOL = Struct("ResponsesServerTool", {})
 _WEB_SEARCH_TOOL = Struct(
@@ -198,7 +201,11 @@ _WEB_SEARCH_TOOL = Struct(
 )
 _TOOL_SEARCH_TOOL = Struct(
     "ResponsesToolSearchTool",
-    {"execution": b.any_value, "description": b.optional(b.string), "parameters": b.any_value},
+    {
+        "execution": b.optional(b.variants("client", "server")),
+        "description": b.optional(b.string),
+        "parameters": b.any_value,
+    },
 )
 _TOOL = Tagged(
     "ResponsesTool",
@@ -221,6 +228,7 @@ _TOOL = Tagged(
     },
     # Tool types this dialect does not know are accepted and dropped.
     other=_SERVER_TOOL,
+    newtypes=("function", *WEB_SEARCH_TOOLS),
 )
 _CHOICE_MESSAGE = "expected one of `none`, `auto`, `required` or a tool choice object"
 _NAMED_CHOICE = Struct("ResponsesNamedToolChoice", {"name": b.string}, ("name",))
