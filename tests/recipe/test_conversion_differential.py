@@ -131,6 +131,7 @@ format_schema = st.one_of(
             {"$ref": "#/$defs/x", "$defs": {"x": {"type": "object"}}},
             {"type": ["string", "null"]},
             {"type": ["object", "null"]},
+            {"type": "object", "properties": {"a": {"anyOf": [{"type": ["string"]}]}}},
         ]
     ),
 )
@@ -259,7 +260,9 @@ chat_response_format = st.one_of(
     st.builds(
         lambda s, strict: {
             "type": "json_schema",
-            "json_schema": _drop_none({"name": "x", "schema": s, "strict": strict}),
+            "json_schema": _drop_none(
+                {"name": "x", "description": "d", "schema": s, "strict": strict}
+            ),
         },
         format_schema,
         st.sampled_from([None, True, False]),
@@ -437,6 +440,7 @@ resp_tool = st.one_of(
             {"type": "web_search_preview"},
             {"type": "file_search"},
             {"type": "tool_search"},
+            {"type": "tool_search", "execution": "client", "parameters": {}},
             {"type": "image_generation"},
         ]
     ),
