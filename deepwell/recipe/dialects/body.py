@@ -306,6 +306,15 @@ class Struct:
 _buffered = [0]
 
 
+def read_buffered(reader: Reader, value: JsonValue) -> Any:
+    """`reader(value)` as the content of a tagged enum (for enums read by hand)."""
+    _buffered[0] += 1
+    try:
+        return reader(value)
+    finally:
+        _buffered[0] -= 1
+
+
 class Tagged:
     """An enum whose variant is named by a field of the object (`type`, `role`)."""
 

@@ -153,7 +153,8 @@ def _item(value: JsonValue) -> tuple[str, dict] | None:
             if kind in _IGNORED_ITEMS:
                 return kind, {}
             reader = _ITEMS.get(kind)
-            return None if reader is None else (kind, reader(value))
+            # Typed items are an internally tagged enum in the reference.
+            return None if reader is None else (kind, b.read_buffered(reader, value))
         if "role" in value:
             return "message", _MESSAGE(value)
     raise BodyError("invalid input item")
