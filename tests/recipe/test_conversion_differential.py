@@ -440,7 +440,7 @@ resp_tool = st.one_of(
             {"type": "web_search_preview"},
             {"type": "file_search"},
             {"type": "tool_search"},
-            {"type": "tool_search", "execution": "client", "parameters": {}},
+            {"type": "tool_search", "execution": "server", "parameters": {}},
             {"type": "image_generation"},
         ]
     ),
