@@ -441,6 +441,8 @@ resp_tool = st.one_of(
             {"type": "file_search"},
             {"type": "tool_search"},
             {"type": "tool_search", "execution": "server", "parameters": {}},
+            {"type": "tool_search", "execution": "client", "parameters": {}},
+            {"type": "tool_search", "execution": "client", "parameters": {"type": "object"}},
             {"type": "image_generation"},
         ]
     ),

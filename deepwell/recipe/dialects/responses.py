@@ -586,6 +586,11 @@ def _declare_tools(
                     )
                 )
                 namespace_map[name] = (tool["name"], member["name"])
+        elif kind == "tool_search" and tool["execution"] == "client" and separator == "::":
+            # V4.1 runs a client-side tool search as a function the client answers.
+            tools.append(
+                _DeclaredTool("tool_search", tool["description"], tool["parameters"], None)
+            )
         elif (
             check_kinds
             and kind in WEB_SEARCH_TOOLS
