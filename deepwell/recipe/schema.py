@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from urllib.parse import unquote
 
-from deepwell.recipe.dialects.body import BodyError, describe
+from deepwell.recipe.dialects.body import BodyError, describe, variants
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, compact_json
 
@@ -339,12 +339,13 @@ def check_parameters_schema(function: str, parameters: JsonValue) -> None:
 # -- strict mode: the schema re-read into the subset constrained decoding supports
 _STRICT_TYPES = ("object", "string", "number", "integer", "boolean", "array", "null")
 _STRING_FORMATS = ("email", "hostname", "ipv4", "ipv6", "uuid")
+_SIMPLE_TYPE = variants("string", "number", "integer", "boolean", "null")
 
 
 def normalize_strict_schema(schema: JsonValue, *, tool: bool) -> JsonValue:
     """Strict-mode schema: typed subset, closed objects, every property required.
 
-    A tool's parameters must be an object at the top; a response format may be any node.
+    The top level must be an object, for a tool's parameters and a response format alike.
     """
     try:
         # The whole tree is read (type errors) before any rule is checked.
@@ -352,10 +353,12 @@ def normalize_strict_schema(schema: JsonValue, *, tool: bool) -> JsonValue:
     except BodyError as error:
         prefix = "Invalid tool parameters schema : " if tool else "Invalid json schema: "
         raise ConversionError(f"{prefix}{error}") from None
-    # Only a tool's top-level object may be empty (a function without parameters).
+    # Only a tool's top-level object (or its anyOf members) may be empty; the rules are
+    # checked through the tree before the top level's type.
     normalized = _strict_node(schema, nested=not tool, check=True)
-    if tool and normalized.get("type") != "object":
-        raise ConversionError("The top level of the function parameters schema must be an object.")
+    if normalized.get("type") != "object":
+        what = "function parameters schema" if tool else "json schema"
+        raise ConversionError(f"The top level of the {what} must be an object.")
     return normalized
 
 
@@ -365,37 +368,53 @@ def _strict_node(node: JsonValue, *, nested: bool, check: bool) -> dict:
             return _strict_typed(node, nested, check)
         if "anyOf" in node:
             try:
-                members = _strict_any_of(node["anyOf"], check)
+                members = _strict_any_of(node["anyOf"], nested, check)
             except BodyError as error:
                 raise BodyError(f"field `anyOf`: {error}") from None
             out: dict = {"anyOf": members}
             _copy_description(node, out)
             return out
         if "$ref" in node:
-            return {"$ref": _strict_string(node["$ref"])}
+            try:
+                return {"$ref": _strict_string(node["$ref"])}
+            except BodyError as error:
+                raise BodyError(f"field `$ref`: {error}") from None
     raise BodyError("one of `type`, `anyOf`, `$ref` field is required")
 
 
-def _strict_any_of(options: JsonValue, check: bool) -> list[dict]:
-    """anyOf members are typed schemas (no nested anyOf or $ref)."""
+def _strict_any_of(options: JsonValue, nested: bool, check: bool) -> list[dict]:
+    """anyOf members are typed schemas (no nested anyOf or $ref), as nested as their parent."""
     if not isinstance(options, list):
         raise BodyError(f"invalid type: {describe(options)}, expected a sequence")
     members = []
     for item in options:
+        # A member is a tagged type: its tag (`type`, or a sequence's first element) must be
+        # a type name; type lists are not allowed here.
+        tag = item[0] if isinstance(item, list) and item else None
+        if isinstance(item, dict):
+            tag = item.get("type")
+        if tag is not None and not isinstance(tag, str):
+            raise BodyError(f"invalid type: {describe(tag)}, expected variant identifier")
         if isinstance(item, list) or (isinstance(item, dict) and "type" not in item):
             raise BodyError("missing field `type`")
         if not isinstance(item, dict):
             raise BodyError(
                 f"invalid type: {describe(item)}, expected internally tagged enum JsonSchemaType"
             )
-        members.append(_strict_node(item, nested=True, check=check))
+        members.append(_strict_node(item, nested=nested, check=check))
     return members
 
 
 def _strict_typed(node: dict, nested: bool, check: bool) -> dict:
     kind = node["type"]
     if isinstance(kind, list):
-        return {"type": kind}
+        # A list of types names simple (scalar) types only.
+        try:
+            out: dict = {"type": [_SIMPLE_TYPE(name) for name in kind]}
+        except BodyError as error:
+            raise BodyError(f"field `type`: {error}") from None
+        _copy_description(node, out)
+        return out
     if not isinstance(kind, str):
         raise BodyError(f"invalid type: {describe(kind)}, expected variant identifier")
     if kind not in _STRICT_TYPES:

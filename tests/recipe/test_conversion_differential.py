@@ -177,6 +177,22 @@ schema = st.one_of(
     ),
 )
 
+# Response formats: mostly objects, now and then another top level (strict mode refuses it).
+format_schema = st.one_of(
+    object_schema,
+    st.sampled_from(
+        [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            {"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}}]},
+            {"$ref": "#/$defs/x", "$defs": {"x": {"type": "object"}}},
+            {"type": ["string", "null"]},
+            {"type": ["object", "null"]},
+            {"type": "object", "properties": {"a": {"anyOf": [{"type": ["string"]}]}}},
+        ]
+    ),
+)
+
 
 def _drop_none(d: dict) -> dict:
     return {k: v for k, v in d.items() if v is not None}
@@ -191,8 +207,29 @@ chat_block = st.one_of(
         st.one_of(st.none(), st.sampled_from(["low", "high", "auto", "bad"])),
     ),
     st.just({"type": "file", "file": {}}),
+    st.builds(lambda u: {"type": "file", "file_data": u}, image_url),
+)
+# Blocks no Chat role takes, or that only some roles take.
+chat_odd_block = st.sampled_from(
+    [
+        {"type": "input_text", "text": "t"},
+        {"type": "file", "file": {"file_id": "f1"}},
+        {"type": "file", "file_id": "f1"},
+        {"type": "file", "file_id": "f1", "file_data": "aGk="},
+        {"type": "file", "file_id": "f1", "filename": "a.txt"},
+        {"type": "file", "file_data": "data:application/pdf;base64,aGk="},
+        {"type": "file", "file_data": "data:image/png;base64,aGk"},
+        {"type": "image_url", "image_url": "https://example.invalid/a.png"},
+        {"type": "text"},
+        {"text": "t"},
+    ]
 )
 chat_content = st.one_of(text, st.lists(chat_block, max_size=3))
+chat_any_content = st.one_of(
+    chat_content,
+    st.lists(st.one_of(chat_block, chat_odd_block), max_size=3),
+    st.sampled_from([None, [], 5, {}]),
+)
 chat_tool_call = st.builds(
     lambda i, n, a: {"id": i, "type": "function", "function": {"name": n, "arguments": a}},
     call_id,
@@ -211,7 +248,9 @@ def chat_turns(draw) -> list:
     """A mostly well-formed history: users, assistants (with calls and results), others."""
     messages: list = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["user", "user", "system", "assistant", "tools", "other"]))
+        kind = draw(
+            st.sampled_from(["user", "user", "system", "assistant", "tools", "other", "odd"])
+        )
         if kind in ("user", "system"):
             messages.append({"role": kind, "content": draw(chat_content)})
         elif kind == "assistant":
@@ -222,8 +261,12 @@ def chat_turns(draw) -> list:
                 m["prefix"] = True
             messages.append(m)
         elif kind == "tools":
+            # Now and then a repeated id (the reference refuses those).
             calls = draw(
-                st.lists(chat_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"])
+                st.one_of(
+                    st.lists(chat_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"]),
+                    st.lists(chat_tool_call, min_size=0, max_size=3),
+                )
             )
             m = {
                 "role": "assistant",
@@ -233,13 +276,20 @@ def chat_turns(draw) -> list:
             if draw(st.booleans()):
                 m["reasoning_content"] = draw(text)
             messages.append(m)
-            ids = draw(st.permutations([c["id"] for c in calls]))
-            if draw(st.integers(0, 6)) == 0:
+            ids = draw(st.permutations(list(dict.fromkeys(c["id"] for c in calls))))
+            if ids and draw(st.integers(0, 6)) == 0:
                 ids = ids[:-1]
-            elif draw(st.integers(0, 6)) == 0:
+            elif ids and draw(st.integers(0, 6)) == 0:
                 ids = [*ids, ids[0]]
             for i in ids:
                 messages.append({"role": "tool", "tool_call_id": i, "content": draw(chat_content)})
+        elif kind == "odd":
+            # Any role with any content, unusual blocks included.
+            role = draw(st.sampled_from(["system", "user", "assistant", "tool", "latest_reminder"]))
+            m = {"role": role, "content": draw(chat_any_content)}
+            if role == "tool":
+                m["tool_call_id"] = draw(call_id)
+            messages.append(m)
         else:
             messages.append(
                 draw(
@@ -272,9 +322,11 @@ chat_response_format = st.one_of(
     st.builds(
         lambda s, strict: {
             "type": "json_schema",
-            "json_schema": _drop_none({"name": "x", "schema": s, "strict": strict}),
+            "json_schema": _drop_none(
+                {"name": "x", "description": "d", "schema": s, "strict": strict}
+            ),
         },
-        object_schema,
+        format_schema,
         st.sampled_from([None, True, False]),
     ),
     st.just({"type": "regex", "regex": "[a-z]+"}),
@@ -324,12 +376,26 @@ resp_block = st.one_of(
     st.sampled_from(
         [
             {"type": "input_image", "file_id": "f1"},
+            {"type": "input_image", "image_url": ""},
             {"type": "input_image"},
             {"type": "input_file", "file_id": "f1"},
         ]
     ),
 )
+resp_odd_block = st.sampled_from(
+    [
+        {"type": "refusal", "refusal": "no"},
+        {"type": "text", "text": "t"},
+        {"type": "input_image", "image_url": "https://example.invalid/a.png", "file_id": "f1"},
+        {"type": "input_audio", "input_audio": {}},
+        {"type": "output_text"},
+        {"text": "t"},
+    ]
+)
 resp_content = st.one_of(text, st.lists(resp_block, max_size=3))
+resp_any_content = st.one_of(
+    resp_content, st.lists(st.one_of(resp_block, resp_odd_block), max_size=3), st.just([])
+)
 
 
 @st.composite
@@ -339,7 +405,8 @@ def resp_items(draw) -> list:
         kind = draw(st.sampled_from(["msg", "msg", "calls", "reasoning", "other"]))
         if kind == "msg":
             role = draw(st.sampled_from(["user", "user", "assistant", "system", "developer"]))
-            item = {"role": role, "content": draw(resp_content)}
+            content = resp_any_content if draw(st.integers(0, 4)) == 0 else resp_content
+            item = {"role": role, "content": draw(content)}
             if draw(st.booleans()):
                 item["type"] = "message"
             items.append(item)
@@ -352,7 +419,13 @@ def resp_items(draw) -> list:
                 }
             )
         elif kind == "calls":
-            ids = draw(st.lists(call_id, min_size=1, max_size=3, unique=True))
+            # Now and then a repeated id (the reference refuses those).
+            ids = draw(
+                st.one_of(
+                    st.lists(call_id, min_size=1, max_size=3, unique=True),
+                    st.lists(call_id, min_size=2, max_size=3),
+                )
+            )
             for i in ids:
                 if draw(st.integers(0, 4)) == 0:
                     items.append(
@@ -373,15 +446,16 @@ def resp_items(draw) -> list:
                 if draw(st.integers(0, 3)) == 0:
                     call["namespace"] = "fs"
                 items.append(call)
-            order = draw(st.permutations(ids))
+            order = draw(st.permutations(list(dict.fromkeys(ids))))
             if draw(st.integers(0, 6)) == 0:
                 order = order[:-1]
             elif draw(st.integers(0, 6)) == 0:
                 order = [*order, order[0]]
             for i in order:
-                items.append(
-                    {"type": "function_call_output", "call_id": i, "output": draw(resp_content)}
+                output_type = draw(
+                    st.sampled_from(["function_call_output"] * 3 + ["custom_tool_call_output"])
                 )
+                items.append({"type": output_type, "call_id": i, "output": draw(resp_content)})
         else:
             items.append(
                 draw(
@@ -391,6 +465,9 @@ def resp_items(draw) -> list:
                             {"type": "web_search_call"},
                             {"type": "function_call_output", "call_id": "c9", "output": "x"},
                             {"type": "function_call_output", "output": "no call id"},
+                            {"type": "function_call_output", "call_id": "", "output": "x"},
+                            {"type": "function_call", "call_id": "", "name": "f", "arguments": ""},
+                            {"type": "custom_tool_call_output", "call_id": "c1"},
                         ]
                     )
                 )
@@ -425,6 +502,9 @@ resp_tool = st.one_of(
             {"type": "web_search_preview"},
             {"type": "file_search"},
             {"type": "tool_search"},
+            {"type": "tool_search", "execution": "server", "parameters": {}},
+            {"type": "tool_search", "execution": "client", "parameters": {}},
+            {"type": "tool_search", "execution": "client", "parameters": {"type": "object"}},
             {"type": "image_generation"},
         ]
     ),
@@ -468,7 +548,7 @@ def resp_body(draw) -> dict:
                     lambda s, strict: _drop_none(
                         {"type": "json_schema", "name": "x", "schema": s, "strict": strict}
                     ),
-                    object_schema,
+                    format_schema,
                     st.sampled_from([None, True, False]),
                 ),
             ),
@@ -510,12 +590,46 @@ msg_user_block = st.one_of(
 )
 
 
+msg_server_block = st.one_of(
+    st.builds(
+        lambda i: {"type": "server_tool_use", "id": i, "name": "web_search", "input": {"q": "x"}},
+        st.sampled_from(["s1", "c1"]),
+    ),
+    st.builds(
+        lambda i: {"type": "web_search_tool_result", "tool_use_id": i, "content": []},
+        st.sampled_from(["s1", "c1"]),
+    ),
+)
+# Every block type the reference knows, each of which some role refuses.
+msg_any_block = st.one_of(
+    msg_user_block,
+    msg_server_block,
+    st.builds(lambda i: {"type": "tool_use", "id": i, "name": "f", "input": {}}, call_id),
+    st.builds(lambda i: {"type": "tool_result", "tool_use_id": i, "content": "r"}, call_id),
+    st.builds(
+        lambda n: {"type": "tool_addition", "tool": {"type": "tool_reference", "name": n}},
+        tool_name,
+    ),
+    st.sampled_from(
+        [
+            {"type": "text", "text": ""},
+            {"type": "redacted_thinking", "data": "x"},
+            {"type": "search_result", "source": "s", "title": "t", "content": []},
+        ]
+    ),
+)
+
+
 @st.composite
 def msg_turns(draw) -> list:
     messages: list = []
     for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "system"]))
-        if kind == "user":
+        kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "system", "odd"]))
+        if kind == "odd":
+            # Any role with any blocks, in any order.
+            role = draw(st.sampled_from(["user", "assistant", "system"]))
+            messages.append({"role": role, "content": draw(st.lists(msg_any_block, max_size=4))})
+        elif kind == "user":
             messages.append(
                 {
                     "role": "user",
@@ -532,7 +646,16 @@ def msg_turns(draw) -> list:
                 blocks.append({"type": "text", "text": draw(text)})
             ids = []
             if kind == "tools":
-                ids = draw(st.lists(call_id, min_size=1, max_size=2, unique=True))
+                # Now and then a repeated id (the reference refuses those).
+                ids = draw(
+                    st.one_of(
+                        st.lists(call_id, min_size=1, max_size=2, unique=True),
+                        st.lists(call_id, min_size=2, max_size=3),
+                    )
+                )
+                if draw(st.integers(0, 5)) == 0:
+                    # Server-side calls (and their results) between the client's calls.
+                    blocks.append(draw(msg_server_block))
                 for i in ids:
                     blocks.append(
                         {
@@ -548,16 +671,29 @@ def msg_turns(draw) -> list:
                     {
                         "type": "tool_result",
                         "tool_use_id": i,
-                        "content": draw(st.one_of(text, st.just([{"type": "text", "text": "r"}]))),
+                        "content": draw(
+                            st.one_of(
+                                text,
+                                st.just([{"type": "text", "text": "r"}]),
+                                st.builds(
+                                    lambda n: [{"type": "tool_reference", "tool_name": n}],
+                                    tool_name,
+                                ),
+                            )
+                        ),
                     }
-                    for i in draw(st.permutations(ids))
+                    for i in draw(st.permutations(list(dict.fromkeys(ids))))
                 ]
                 if draw(st.integers(0, 6)) == 0:
                     results = results[:-1]
                 elif draw(st.integers(0, 6)) == 0:
                     results = [*results, results[0]]
                 if draw(st.booleans()):
-                    results.append({"type": "text", "text": draw(text)})
+                    # Text after the results, or now and then between or before them.
+                    position = len(results)
+                    if draw(st.integers(0, 4)) == 0:
+                        position = draw(st.integers(0, len(results)))
+                    results.insert(position, {"type": "text", "text": draw(text)})
                 messages.append({"role": "user", "content": results})
     return messages
 
@@ -602,7 +738,13 @@ def msg_body(draw) -> dict:
         "stream": st.booleans(),
         "tools": st.lists(msg_tool, max_size=3),
         "tool_choice": st.one_of(
-            st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]),
+            st.sampled_from(
+                [
+                    {"type": "auto"},
+                    {"type": "any", "disable_parallel_tool_use": True},
+                    {"type": "none"},
+                ]
+            ),
             st.builds(lambda n: {"type": "tool", "name": n}, tool_name),
         ),
     }
@@ -620,7 +762,7 @@ WRONG = [5, -1, 1.5, 1e20, "x", True, None, [], [5], {}, {"q": 1}]
 def malformed(draw, valid):
     # Strategies may hand out shared constants (st.just): mutate a private copy.
     body = copy.deepcopy(draw(valid))
-    how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep"]))
+    how = draw(st.sampled_from(["retype", "drop", "text", "nested", "deep", "listify"]))
     if how == "retype":
         body[draw(st.sampled_from(sorted(body)))] = copy.deepcopy(draw(st.sampled_from(WRONG)))
         return body
@@ -634,6 +776,16 @@ def malformed(draw, valid):
                     draw(st.sampled_from(WRONG))
                 )
                 break
+        return body
+    if how == "listify":
+        # A tagged object written as a sequence: serde reads the tag, then fields in order.
+        slots = list(_tagged_slots(body))
+        if slots:
+            parent, key = slots[draw(st.integers(0, len(slots) - 1))]
+            tagged = parent[key]
+            tag = "type" if "type" in tagged else "role"
+            rest = [v for k, v in tagged.items() if k != tag]
+            parent[key] = [tagged[tag], *rest[: draw(st.integers(0, len(rest)))]]
         return body
     if how == "deep":
         # Retype or remove one key of some object anywhere in the body.
@@ -662,6 +814,18 @@ def malformed(draw, valid):
     else:
         raw = raw[:cut] + raw[cut + 1 :]
     return raw.encode("utf-8") if draw(st.booleans()) else raw
+
+
+def _tagged_slots(value):
+    """(container, key) of every object with a `type` or `role` field."""
+    children = value.items() if isinstance(value, dict) else enumerate(value)
+    if not isinstance(value, (dict, list)):
+        return
+    for key, item in children:
+        if isinstance(item, dict) and ("type" in item or "role" in item):
+            yield value, key
+        if isinstance(item, (dict, list)):
+            yield from _tagged_slots(item)
 
 
 def _objects(value):

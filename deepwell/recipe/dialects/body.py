@@ -259,10 +259,13 @@ class Struct:
                 raise BodyError(f"missing field `{key}`")
         return out
 
-    def _from_sequence(self, items: list) -> dict[str, Any]:
-        # serde fills struct fields positionally from a sequence.
+    def _from_sequence(self, items: list, variant: str | None = None) -> dict[str, Any]:
+        """serde fills struct fields positionally from a sequence; `variant` names the enum
+        variant (`Enum::Variant`) when the struct is one, which changes the error texts."""
         count = len(self.fields)
-        expected = f"struct {self.name} with {count} element{'' if count == 1 else 's'}"
+        plural = "" if count == 1 else "s"
+        name = self.name if variant is None else f"variant {variant}"
+        expected = f"struct {name} with {count} element{plural}"
         out: dict[str, Any] = dict.fromkeys([*self.fields, *self.extensions])
         for index, (key, reader) in enumerate(self.fields.items()):
             if index >= len(items):
@@ -271,8 +274,27 @@ class Struct:
                 raise BodyError(f"invalid length {index}, expected {expected}")
             out[key] = reader(items[index])
         if len(items) > count:
-            raise BodyError(f"invalid length {len(items)}, expected {expected}")
+            # Inside a tagged enum serde reads buffered content, which counts what it wanted.
+            if variant is not None or _buffered[0]:
+                raise BodyError(
+                    f"invalid length {len(items)}, expected {count} element{plural} in sequence"
+                )
+            raise BodyError(f"invalid length {len(items)}, expected fewer elements in array")
         return out
+
+
+# How many tagged enums are being read around the current value: serde reads their content
+# from a buffer, and its sequence errors are worded differently there.
+_buffered = [0]
+
+
+def read_buffered(reader: Reader, value: JsonValue) -> Any:
+    """`reader(value)` as the content of a tagged enum (for enums read by hand)."""
+    _buffered[0] += 1
+    try:
+        return reader(value)
+    finally:
+        _buffered[0] -= 1
 
 
 class Tagged:
@@ -285,19 +307,29 @@ class Tagged:
         readers: dict[str, Reader],
         *,
         other: Reader | None = None,
+        indexed: bool = False,
+        newtypes: tuple[str, ...] = (),
     ) -> None:
-        """`other` reads variants not listed (serde's `#[serde(other)]`); else they fail."""
+        """`other` reads variants not listed (serde's `#[serde(other)]`); else they fail.
+
+        `indexed`: the tag may also be a variant's index (a non-negative integer), as some of
+        the reference's enums accept. `newtypes`: variants that wrap a named struct, which
+        names itself in errors; struct variants are named `Enum::Variant`. From a sequence,
+        either reads the elements after the tag.
+        """
         self.name = name
         self.tag = tag
         self.readers = readers
         self.other = other
+        self.indexed = indexed
+        self.newtypes = newtypes
 
     def __call__(self, value: JsonValue) -> tuple[str, Any]:
         if isinstance(value, list):
             # serde reads the tag from the first element of a sequence.
             if not value:
                 raise BodyError(f"missing field `{self.tag}`")
-            tag, rest = value[0], {}
+            tag, rest = value[0], value[1:]
         elif isinstance(value, dict):
             if self.tag not in value:
                 raise BodyError(f"missing field `{self.tag}`")
@@ -305,9 +337,25 @@ class Tagged:
             rest = {k: v for k, v in value.items() if k != self.tag}
         else:
             raise invalid_type(value, f"internally tagged enum {self.name}")
+        if self.indexed and isinstance(tag, int) and not isinstance(tag, bool) and tag >= 0:
+            if tag >= len(self.readers):
+                raise BodyError(
+                    f"invalid value: integer `{tag}`, expected variant index "
+                    f"0 <= i < {len(self.readers)}"
+                )
+            tag = list(self.readers)[tag]
         if not isinstance(tag, str):
             raise invalid_type(tag, "variant identifier")
         reader = self.readers.get(tag, self.other)
         if reader is None:
             raise unknown_variant(tag, tuple(self.readers))
-        return tag, reader(rest)
+        _buffered[0] += 1
+        try:
+            if isinstance(value, list) and isinstance(reader, Struct):
+                if tag in self.newtypes:
+                    return tag, reader._from_sequence(rest)
+                variant = "".join(part.capitalize() for part in tag.split("_"))
+                return tag, reader._from_sequence(rest, f"{self.name}::{variant}")
+            return tag, reader(rest)
+        finally:
+            _buffered[0] -= 1

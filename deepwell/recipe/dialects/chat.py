@@ -28,6 +28,7 @@ from deepwell.recipe.dialects.images import (
     UNSUPPORTED_IMAGE_TEXT,
     BlockText,
     ImagePolicy,
+    check_file_data,
     image_source,
 )
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
@@ -56,7 +57,11 @@ _BLOCK = Tagged(
             },
             ("image_url",),
         ),
-        "file": Struct("ChatCompletionFileBlock", {"file": b.any_value}),
+        # The file's fields sit on the block itself (a nested `file` object is not read).
+        "file": Struct(
+            "ChatCompletionFileBlock",
+            dict.fromkeys(("file_id", "file_data", "filename"), b.optional(b.string)),
+        ),
     },
 )
 
@@ -132,14 +137,10 @@ _TOOL = Struct(
     {"type": b.variants("function"), "function": _FUNCTION},
     ("type", "function"),
 )
+# `description` is not read (any value passes), as in the reference.
 _JSON_SCHEMA = Struct(
-    "ChatCompletionJsonSchema",
-    {
-        "name": b.optional(b.string),
-        "description": b.optional(b.string),
-        "schema": b.any_value,
-        "strict": b.optional(b.boolean),
-    },
+    "ChatCompletionResponseFormatJsonSchema",
+    {"schema": b.any_value, "name": b.optional(b.string), "strict": b.optional(b.boolean)},
     ("schema",),
 )
 _RESPONSE_FORMAT = Tagged(
@@ -181,7 +182,7 @@ _THINKING = Struct(
     "ChatCompletionThinking",
     {
         "type": b.variants("adaptive", "enabled", "disabled"),
-        "budget_tokens": b.optional(b.u32),
+        "budget_tokens": b.optional(b.u64),
     },
     ("type",),
 )
@@ -289,7 +290,8 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         strict = f["response_format"][1]["json_schema"]["strict"]
         constraint_schema = rules.response_constraint_schema(schema, strict)
         output_schema = rules.response_output_schema(schema, strict)
-    rules.check_strict_consistency(tools)
+    # Only the tools a named tool_choice keeps must agree on strictness.
+    rules.check_strict_consistency(selection.tools)
     # Any response_format, even an explicit `text`, rules out strict tools here.
     if any(tool.strict for tool in selection.tools) and f["response_format"] is not None:
         raise ConversionError("response_format should not be used with tools")
@@ -388,20 +390,40 @@ def _blocks(content: str | list, path: str, images: ImagePolicy, allow_images: b
     if isinstance(content, str):
         blocks.text(content)
         return blocks
-    if images.supported and any(kind == "file" for kind, _ in content):
-        raise ConversionError(f"{path}: file must have a file_id or file_data")
+    if images.supported:
+        # Every file block is checked before any image is read.
+        for kind, block in content:
+            if kind == "file":
+                _check_file(block, path)
     for kind, block in content:
         if kind == "text":
             blocks.text(block["text"])
         elif not images.supported:
             # V4-Pro: any non-text block is a stand-in text, never checked (spec §15.9).
             blocks.text(UNSUPPORTED_IMAGE_TEXT)
-        elif kind == "image_url":
+        else:
             if not allow_images:
                 raise ConversionError("Image in assistant message is not supported")
-            url = block["image_url"]
-            blocks.image(image_source(url["url"], url["detail"], path))
+            # A file is an image given as a data URL.
+            url = block["image_url"] if kind == "image_url" else {"url": block["file_data"]}
+            blocks.image(image_source(url["url"], url.get("detail"), path))
     return blocks
+
+
+def _check_file(block: dict, path: str) -> None:
+    """A file block names one image as `file_data` (file ids are not supported)."""
+    file_id, data = block["file_id"], block["file_data"]
+    if file_id is not None and data is not None:
+        raise ConversionError(f"{path}: file cannot have both file_id and file_data")
+    if file_id is not None and block["filename"] is not None:
+        raise ConversionError(f"{path}: file cannot have filename when file_id is present")
+    if data is None:
+        if file_id is None:
+            raise ConversionError(f"{path}: file must have a file_id or file_data")
+        raise ConversionError(
+            f"{path}: file_id is not supported. Pass the image as a base64 data url instead."
+        )
+    check_file_data(data, path)
 
 
 def _message(index: int, role: str, m: dict, images: ImagePolicy) -> Message:

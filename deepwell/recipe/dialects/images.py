@@ -98,6 +98,26 @@ def check_data_url(url: str, path: str) -> None:
     check_base64(body, path)
 
 
+UNSUPPORTED_FILE = (
+    "You have uploaded an unsupported file. Please make sure your file is valid and has "
+    "one of the following formats: webp, png, jpeg, and gif."
+)
+
+
+def check_file_data(data: str, path: str) -> None:
+    """A Chat `file` block's `file_data`: a data URL of an image, base64 bodies decodable.
+
+    (A data URL not marked `;base64` passes here and is refused as an image URL later.)
+    """
+    header, comma, body = data.partition(",")
+    if not header.lower().startswith("data:") or not comma:
+        raise ConversionError(f"{path}: file_data is not a valid base64 data url")
+    if header[len("data:") :].split(";", 1)[0].lower() not in _IMAGE_MEDIA_TYPES:
+        raise ConversionError(f"{path}: {UNSUPPORTED_FILE}")
+    if header.endswith(";base64") and not lenient_base64(body):
+        raise ConversionError(f"{path}: file_data is not a valid base64 data url")
+
+
 def check_base64(body: str, path: str) -> None:
     if not lenient_base64(body):
         raise ConversionError(f"{path}: Invalid base64 data")

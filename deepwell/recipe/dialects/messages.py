@@ -40,7 +40,6 @@ from deepwell.recipe.options import InferenceOptions, ModelVersion
 from deepwell.recipe.request import ConversationRequest
 from deepwell.recipe.schema import check_parameters_schema, check_response_schema
 
-_SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result")
 _BASE64_MEDIA_TYPES = ("image/jpeg", "image/jpg", "image/png", "image/gif", "image/webp")
 _IMAGE_SOURCE = Tagged(
     "MessagesImageSource",
@@ -54,6 +53,7 @@ _IMAGE_SOURCE = Tagged(
         "url": Struct("MessagesUrlSource", {"url": b.string}, ("url",)),
         "file": Struct("MessagesFileSource", {"file_id": b.string}, ("file_id",)),
     },
+    indexed=True,
 )
 _IMAGE = Struct("MessagesImageBlock", {"source": _IMAGE_SOURCE}, ("source",))
 _DOCUMENT = Struct(
@@ -63,7 +63,7 @@ _DOCUMENT = Struct(
 )
 _TEXT = Struct("MessagesTextBlock", {"text": b.string}, ("text",))
 _RESULT_BLOCK = Tagged(
-    "MessagesToolResultContent",
+    "MessagesToolResultBlock",
     "type",
     {
         "text": _TEXT,
@@ -93,7 +93,8 @@ _BLOCK = Tagged(
         "document": _DOCUMENT,
         "thinking": Struct(
             "MessagesThinkingBlock",
-            {"thinking": b.string, "signature": b.optional(b.string)},
+            # The reference declares the signature first (it matters in sequences).
+            {"signature": b.optional(b.string), "thinking": b.string},
             ("thinking",),
         ),
         "server_tool_use": Struct(
@@ -123,10 +124,15 @@ _BLOCK = Tagged(
         "tool_addition": Struct(
             "MessagesToolAdditionBlock",
             {
-                "tool": Struct(
+                "tool": Tagged(
                     "MessagesToolReference",
-                    {"type": b.variants("tool_reference"), "name": b.string},
-                    ("type", "name"),
+                    "type",
+                    {
+                        "tool_reference": Struct(
+                            "MessagesToolReference", {"name": b.string}, ("name",)
+                        )
+                    },
+                    indexed=True,
                 )
             },
             ("tool",),
@@ -143,13 +149,29 @@ def _content(value: JsonValue) -> str | list:
     raise BodyError("expected a string or a list")
 
 
+_ROLE = b.variants("user", "assistant", "system")
+
+
 def _message(value: JsonValue) -> tuple[str, str | list]:
     # Adjacently tagged: `role` names the variant, `content` carries it.
+    if isinstance(value, list):
+        # As a sequence: [role, content].
+        if value and not isinstance(value[0], str):
+            raise b.invalid_type(value[0], "variant identifier")
+        role = _ROLE(value[0]) if value else None
+        if len(value) < 2:
+            raise BodyError(
+                f"invalid length {len(value)}, expected adjacently tagged enum MessagesMessage"
+            )
+        content = _content(value[1])
+        if len(value) > 2:
+            raise BodyError(f"invalid length {len(value)}, expected fewer elements in array")
+        return role, content
     if not isinstance(value, dict):
         raise b.invalid_type(value, "adjacently tagged enum MessagesMessage")
     if "role" not in value:
         raise BodyError("missing field `role`")
-    role = b.variants("user", "assistant", "system")(value["role"])
+    role = _ROLE(value["role"])
     if "content" not in value:
         raise BodyError("missing field `content`")
     return role, _content(value["content"])
@@ -185,13 +207,18 @@ def _tool(value: JsonValue) -> dict:
     return {"type": None, **tool, "input_schema": value.get("input_schema")}
 
 
+_PARALLEL = b.optional(b.boolean)
 _TOOL_CHOICE = Tagged(
     "MessagesToolChoice",
     "type",
     {
-        "auto": Struct("MessagesToolChoiceAuto", {}),
-        "any": Struct("MessagesToolChoiceAny", {}),
-        "tool": Struct("MessagesToolChoiceTool", {"name": b.string}, ("name",)),
+        "auto": Struct("MessagesToolChoiceAuto", {"disable_parallel_tool_use": _PARALLEL}),
+        "any": Struct("MessagesToolChoiceAny", {"disable_parallel_tool_use": _PARALLEL}),
+        "tool": Struct(
+            "MessagesToolChoiceTool",
+            {"name": b.string, "disable_parallel_tool_use": _PARALLEL},
+            ("name",),
+        ),
         "none": Struct("MessagesToolChoiceNone", {}),
     },
 )
@@ -208,7 +235,7 @@ _REQUEST = Struct(
                 "MessagesThinking",
                 {
                     "type": b.variants("adaptive", "enabled", "disabled"),
-                    "budget_tokens": b.optional(b.u32),
+                    "budget_tokens": b.optional(b.u64),
                 },
                 ("type",),
             )
@@ -278,11 +305,10 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     if f["system"] is not None:
         messages.append(SystemMessage(f["system"]))
     context = _Context([_definition(tool) for tool in declared], images, options, version)
-    shapes = _ShapeCheck()
+    pairing = _Pairing()
     for index, (role, content) in enumerate(raw):
-        shapes.check(index, role, content)
-        messages.extend(_convert_message(index, role, content, context))
-    shapes.finish(len(raw))
+        messages.extend(_convert_message(index, role, content, context, pairing))
+    pairing.close()
 
     switch = f["thinking"]
     enabled = None if switch is None else switch["type"] != "disabled"
@@ -396,86 +422,69 @@ def _tool_definitions(declared: list[dict]) -> list[ToolDefinition]:
     return [_definition(tool) for tool in declared]
 
 
-def _leading_results(content: str | list) -> list[tuple[int, str]]:
-    """(position, tool_use_id) of the tool_result blocks that open a message."""
-    out = []
-    if isinstance(content, list):
-        for position, (kind, block) in enumerate(content):
-            if kind != "tool_result":
-                break
-            out.append((position, block["tool_use_id"]))
-    return out
-
-
-class _ShapeCheck:
-    """Message shapes, checked in order as messages are converted: non-empty, and every
-    assistant tool_use answered once by tool_results opening the next message."""
+class _Pairing:
+    """tool_use ids awaiting their tool_result blocks, checked block by block in request
+    order as the reference does (spec §6.4): results answer the previous assistant's calls,
+    and any other content before they are all answered fails."""
 
     def __init__(self) -> None:
-        self.previous_ids: list[str] = []
+        self.owner = -1
+        self.awaited: list[str] = []
+        self.answered: list[str] = []
 
-    def check(self, index: int, role: str, content: str | list) -> None:
-        if isinstance(content, list) and not content and role != "system":
-            raise ConversionError(f"messages.{index}: all messages must have non-empty content")
-        results = _leading_results(content) if role == "user" else []
-        if self.previous_ids and not results:
-            raise _unanswered(f"messages.{index}: ", self.previous_ids)
-        seen: set[str] = set()
-        for position, tool_use_id in results:
-            if tool_use_id not in self.previous_ids:
-                raise ConversionError(
-                    f"unexpected `messages.{index}.content.{position}: tool_use_id` found in "
-                    f"`tool_result` blocks: {tool_use_id}. Each `tool_result` block must have "
-                    "a corresponding `tool_use` block in the previous message."
-                )
-            if tool_use_id in seen:
-                raise ConversionError(
-                    f"messages.{index}.content.{position}: each tool_use must have a single "
-                    f"result. Found multiple `tool_result` blocks with id: {tool_use_id}"
-                )
-            seen.add(tool_use_id)
-        missing = [i for i in self.previous_ids if i not in seen]
+    def require_answered(self, where: str) -> None:
+        missing = [i for i in self.awaited if i not in self.answered]
         if missing:
-            # A message of only (too few) results is blamed on the assistant, written with no
-            # space after the colon; one with other blocks too is blamed itself.
-            if len(results) == len(content):
-                raise _unanswered(f"messages.{index - 1}:", missing)
-            raise _unanswered(f"messages.{index}: ", missing)
-        self.previous_ids = []
-        if role == "assistant" and isinstance(content, list):
-            self.previous_ids = [block["id"] for kind, block in content if kind == "tool_use"]
+            raise _unanswered(where, missing)
 
-    def finish(self, count: int) -> None:
-        if self.previous_ids:
-            raise _unanswered(f"messages.{count - 1}:", self.previous_ids)
+    def answer(self, index: int, position: int, tool_use_id: str) -> None:
+        if tool_use_id not in self.awaited:
+            raise ConversionError(
+                f"unexpected `messages.{index}.content.{position}: tool_use_id` found in "
+                f"`tool_result` blocks: {tool_use_id}. Each `tool_result` block must have "
+                "a corresponding `tool_use` block in the previous message."
+            )
+        if tool_use_id in self.answered:
+            raise ConversionError(
+                f"messages.{index}.content.{position}: each tool_use must have a single "
+                f"result. Found multiple `tool_result` blocks with id: {tool_use_id}"
+            )
+        self.answered.append(tool_use_id)
 
+    def close(self) -> None:
+        """The message after the calls ended: what it left unanswered is the caller's fault
+        (written with no space after the colon)."""
+        self.require_answered(f"messages.{self.owner}:")
+        self.awaited, self.answered = [], []
 
-def _check_block_role(index: int, role: str, kind: str) -> None:
-    """A block in a message of the wrong role fails when conversion reaches it."""
-    if kind == "tool_result" and role != "user":
-        raise ConversionError(
-            f"messages.{index}: `tool_result` blocks can only be in `user` messages"
-        )
-    if kind == "tool_use" and role != "assistant":
-        raise ConversionError(
-            f"messages.{index}: `tool_use` blocks can only be in `assistant` messages"
-        )
-    if kind == "tool_addition" and role != "system":
-        raise ConversionError(
-            f"messages.{index}: `tool_addition` blocks can only be in `system` messages"
-        )
-    if kind == "thinking" and role != "assistant":
-        raise ConversionError(
-            f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
-        )
+    def await_calls(self, index: int, ids: list[str]) -> None:
+        self.owner, self.awaited, self.answered = index, ids, []
 
 
 def _unanswered(where: str, ids: list[str]) -> ConversionError:
+    # The reference keeps the ids in a sorted set: listed in byte order.
+    listed = ", ".join(sorted(ids, key=lambda i: i.encode("utf-8")))
     return ConversionError(
         f"{where}`tool_use` ids were found without `tool_result` blocks immediately after: "
-        f"{', '.join(ids)}. Each `tool_use` block must have a corresponding `tool_result` "
+        f"{listed}. Each `tool_use` block must have a corresponding `tool_result` "
         "block in the next message."
     )
+
+
+def _misplaced(index: int, kind: str) -> ConversionError:
+    """A block in a message of a role that may not hold it."""
+    if kind == "thinking":
+        return ConversionError(
+            f"messages.{index}.content: thinking blocks may only be in `assistant` messages"
+        )
+    # A server tool call counts as a tool_use; its result has its own name.
+    name = "tool_use" if kind == "server_tool_use" else kind
+    role = {"tool_result": "user", "tool_addition": "system"}.get(kind, "assistant")
+    return ConversionError(f"messages.{index}: `{name}` blocks can only be in `{role}` messages")
+
+
+# Blocks only an assistant message may hold, and those only a user / system message may.
+_ASSISTANT_ONLY = ("thinking", "tool_use", "server_tool_use", "web_search_tool_result")
 
 
 @dataclass(frozen=True)
@@ -493,37 +502,58 @@ class _Context:
         return self.version is ModelVersion.DeepseekV41Flash
 
 
-def _convert_message(index: int, role: str, content: str | list, ctx: _Context) -> list[Message]:
-    tools, images, options = ctx.tools, ctx.images, ctx.options
-    if isinstance(content, str):
-        if role == "assistant":
-            return [AssistantMessage(content)]
-        if role == "system":
-            return _system(SystemMessage(content), ctx.version)
-        return [UserMessage(content)]
+def _convert_message(
+    index: int, role: str, content: str | list, ctx: _Context, pairing: _Pairing
+) -> list[Message]:
+    """One message, its blocks checked in order; an assistant's calls then await results."""
+    if role != "user":
+        pairing.require_answered(f"messages.{index}: ")
+        pairing.close()
+    if isinstance(content, list) and not content and role != "system":
+        raise ConversionError(f"messages.{index}: all messages must have non-empty content")
     if role == "assistant":
-        return [_assistant(index, content, images, options)]
+        if isinstance(content, str):
+            return [AssistantMessage(content)]
+        message = _assistant(index, content, ctx)
+        pairing.await_calls(index, [call.id for call in message.tool_calls or []])
+        return [message]
     if role == "system":
-        return _system(_system_message(index, content, tools), ctx.version)
+        if isinstance(content, str):
+            return _system(SystemMessage(content), ctx.version)
+        return _system(_system_message(index, content, ctx), ctx.version)
+    if isinstance(content, str):
+        pairing.require_answered(f"messages.{index}: ")
+        pairing.close()
+        return [UserMessage(content)]
+    messages = _user(index, content, ctx, pairing)
+    pairing.close()
+    return messages
+
+
+def _user(index: int, content: list, ctx: _Context, pairing: _Pairing) -> list[Message]:
+    images = ctx.images
     results: list[Message] = []
     out: list[Message] = []
     announced: list[Message] = []
     for position, (kind, block) in enumerate(content):
-        _check_block_role(index, role, kind)
+        if kind == "tool_result":
+            pairing.answer(index, position, block["tool_use_id"])
+            where = f"messages.{index}.content.{position}"
+            message, added = _tool_result(block, where, ctx.tools, images, ctx.deferral)
+            results.append(message)
+            announced.extend(added)
+            continue
+        if kind in _ASSISTANT_ONLY or kind == "tool_addition":
+            raise _misplaced(index, kind)
+        # Content before every call is answered breaks the call/result pairing.
+        pairing.require_answered(f"messages.{index}: ")
         path = f"messages.{index}.content[{position}]"
         if kind == "text":
             out.append(UserMessage(block["text"]))
         elif kind == "image":
             out.append(_image_message(block["source"], path, images))
-        elif kind == "document":
+        else:
             out.append(UserMessage(_unsupported_document(block)))
-        elif kind == "tool_result":
-            where = f"messages.{index}.content.{position}.tool_result"
-            message, added = _tool_result(block, where, tools, images, ctx.deferral)
-            results.append(message)
-            announced.extend(added)
-        elif options.messages_web_search is not WebSearchBehavior.Drop:
-            raise ConversionError("Unsupported content block: server tools are not supported")
     return results + out + announced
 
 
@@ -536,55 +566,89 @@ def _system(message: SystemMessage, version: ModelVersion) -> list[Message]:
     return [UserMessage(f"<system-reminder>\n{message.content}\n</system-reminder>")]
 
 
-def _system_message(index: int, content: list, tools: list[ToolDefinition]) -> SystemMessage:
-    texts: list[str] = []
+def _system_message(index: int, content: list, ctx: _Context) -> SystemMessage:
+    """Text, images and documents joined by blank lines; tool_additions announce tools."""
+    blocks = BlockText(ctx.images)
     added: list[ToolDefinition] = []
     for position, (kind, block) in enumerate(content):
-        _check_block_role(index, "system", kind)
+        if kind in _ASSISTANT_ONLY or kind == "tool_result":
+            raise _misplaced(index, kind)
         if kind == "text":
-            texts.append(block["text"])
-            continue
-        if kind != "tool_addition":
-            continue
-        name = block["tool"]["name"]
-        found = [tool for tool in tools if tool.name == name]
-        if not found:
-            raise ConversionError(
-                f"messages.{index}.content.{position}: `tool_addition` references unknown "
-                f"tool '{name}'"
+            blocks.text(block["text"])
+        elif kind == "image":
+            _block_image(
+                blocks, block, f"messages.{index}.content[{position}]", f"messages.{index}"
             )
-        added.extend(found)
-    return SystemMessage("\n\n".join(texts), tools=added or None)
+        elif kind == "document":
+            blocks.text(_unsupported_document(block))
+        else:
+            name = block["tool"][1]["name"]
+            found = [tool for tool in ctx.tools if tool.name == name]
+            if not found:
+                raise ConversionError(
+                    f"messages.{index}.content.{position}: `tool_addition` references unknown "
+                    f"tool '{name}'"
+                )
+            added.extend(found)
+    message = SystemMessage(
+        blocks.content(), blocks.sources, tools=added or None, image_token=ctx.images.token
+    )
+    return blocks.attach(message)
 
 
-def _assistant(
-    index: int, content: list, images: ImagePolicy, options: ConversionOptions
-) -> AssistantMessage:
+def _assistant(index: int, content: list, ctx: _Context) -> AssistantMessage:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
-    for kind, block in content:
-        _check_block_role(index, "assistant", kind)
+    for position, (kind, block) in enumerate(content):
+        if kind in ("tool_result", "tool_addition"):
+            raise _misplaced(index, kind)
+        if kind in ("text", "image", "document") and calls:
+            # Text after a call would separate it from its results.
+            raise _unanswered(f"messages.{index}.{position}: ", [call.id for call in calls])
         if kind == "text":
-            # Empty text blocks leave no trace in an assistant turn.
-            if block["text"]:
-                texts.append(block["text"])
+            texts.append(block["text"])
+        elif kind == "image":
+            if ctx.images.supported:
+                _image(block["source"], f"messages.{index}.content[{position}]")
+                raise ConversionError("Image in assistant message is unsupported")
+            texts.append(UNSUPPORTED_IMAGE_TEXT)
+        elif kind == "document":
+            texts.append(_unsupported_document(block))
         elif kind == "thinking":
             thoughts.append(block["thinking"])
         elif kind == "tool_use":
+            if any(call.id == block["id"] for call in calls):
+                raise ConversionError(
+                    f"messages.{index}.content.{position}: `tool_use` ids must be unique"
+                )
             calls.append(ToolCall(block["id"], block["name"], py_json(block["input"])))
-        elif kind == "image":
-            if images.supported:
-                raise ConversionError("Image in assistant message is unsupported")
-            texts.append(UNSUPPORTED_IMAGE_TEXT)
-        elif kind in _SERVER_BLOCKS and options.messages_web_search is not WebSearchBehavior.Drop:
+        elif ctx.options.messages_web_search is not WebSearchBehavior.Drop:
             raise ConversionError("Unsupported content block: server tools are not supported")
     reasoning = "\n\n".join(thoughts) if thoughts else None
-    return AssistantMessage("\n\n".join(texts), reasoning, calls or None)
+    return AssistantMessage(_join_after_content(texts), reasoning, calls or None)
+
+
+def _join_after_content(parts: list[str]) -> str:
+    """Parts joined by blank lines, the separator only once some text has been written: empty
+    parts before the first text leave no trace, later ones do."""
+    content = ""
+    for part in parts:
+        content = f"{content}\n\n{part}" if content else part
+    return content
 
 
 def _unsupported_document(block: dict) -> str:
-    return f"[Unsupported document type: {block['source']['media_type'] or 'unknown'}]"
+    media_type = block["source"]["media_type"]
+    return f"[Unsupported document type: {'unknown' if media_type is None else media_type}]"
+
+
+def _block_image(blocks: BlockText, block: dict, path: str, source_path: str) -> None:
+    """An image among a system message's blocks: a placeholder, or V4-Pro's stand-in text."""
+    if blocks.images.supported:
+        blocks.image(_image(block["source"], path, source_path))
+    else:
+        blocks.text(UNSUPPORTED_IMAGE_TEXT)
 
 
 def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> UserMessage:
@@ -594,25 +658,31 @@ def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> 
     return UserMessage(images.token, [_image(source, path)], image_token=images.token)
 
 
-def _image(source: tuple[str, dict], path: str) -> ImageSource:
+def _image(source: tuple[str, dict], path: str, source_path: str | None = None) -> ImageSource:
+    """The block's image source; `path` names it in errors, `source_path` (by default the
+    same) is the path the source carries."""
     kind, fields = source
+    where = path
+    path = path if source_path is None else source_path
     if kind == "base64":
         if not padded_base64(fields["data"]):
-            raise ConversionError(f"{path}: base64 decode error")
+            raise ConversionError(f"{where}: base64 decode error")
         return DataUrlImageSource(f"data:{fields['media_type']};base64,{fields['data']}", path=path)
     if kind == "file":
         raise ConversionError(
-            f"{path}: file_id is not supported. Pass the image as a base64 data url instead."
+            f"{where}: file_id is not supported. Pass the image as a base64 data url instead."
         )
     url = fields["url"]
     if not url.lower().startswith(("http://", "https://")):
-        raise ConversionError(f"{path}: invalid url: {json.dumps(url, ensure_ascii=False)}")
+        raise ConversionError(f"{where}: invalid url: {json.dumps(url, ensure_ascii=False)}")
     return UrlImageSource(url, path=path)
 
 
 def _tool_result(
-    block: dict, path: str, tools: list[ToolDefinition], images: ImagePolicy, deferral: bool
+    block: dict, where: str, tools: list[ToolDefinition], images: ImagePolicy, deferral: bool
 ) -> tuple[ToolMessage, list[Message]]:
+    """`where` is the block's path (`messages.N.content.M`)."""
+    path = f"{where}.tool_result"
     content = block["content"]
     tool_use_id = block["tool_use_id"]
     if content is None or isinstance(content, str):
@@ -633,9 +703,13 @@ def _tool_result(
             # A tool_reference loads a deferred tool: its name is the result, and (where
             # tools load lazily) a system message announces the tool after the results.
             name = item["tool_name"]
+            found = [tool for tool in tools if tool.name == name]
+            if not found:
+                raise ConversionError(
+                    f"{where}: tool reference '{name}' not found in available tools"
+                )
             blocks.text(name)
             if deferral:
-                found = [tool for tool in tools if tool.name == name]
                 announced.append(SystemMessage("", tools=found))
     message = blocks.attach(
         ToolMessage(blocks.content(), tool_use_id, blocks.sources, image_token=images.token)

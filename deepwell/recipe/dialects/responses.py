@@ -68,6 +68,7 @@ _BLOCK = Tagged(
         ),
         "input_file": Struct("ResponsesInputFile", {}),
     },
+    newtypes=("input_image",),
 )
 
 
@@ -83,6 +84,7 @@ _OUTPUT_BLOCK = Tagged(
     "ResponsesToolCallOutputItem",
     "type",
     {k: v for k, v in _BLOCK.readers.items() if k != "output_text"},
+    newtypes=("input_image",),
 )
 
 
@@ -123,8 +125,8 @@ _ITEMS = {
     ),
     "custom_tool_call_output": Struct(
         "ResponsesCustomToolCallOutput",
-        {"call_id": b.string, "output": _output},
-        ("call_id", "output"),
+        {"call_id": b.string, "output": b.optional(_output)},
+        ("call_id",),
     ),
     "reasoning": Struct(
         "ResponsesReasoningItem",
@@ -151,7 +153,8 @@ def _item(value: JsonValue) -> tuple[str, dict] | None:
             if kind in _IGNORED_ITEMS:
                 return kind, {}
             reader = _ITEMS.get(kind)
-            return None if reader is None else (kind, reader(value))
+            # Typed items are an internally tagged enum in the reference.
+            return None if reader is None else (kind, b.read_buffered(reader, value))
         if "role" in value:
             return "message", _MESSAGE(value)
     raise BodyError("invalid input item")
@@ -178,7 +181,11 @@ _FUNCTION_TOOL = Struct(
 # Only the name of a custom tool is read (apply_patch is the one supported).
 _CUSTOM_TOOL = Struct("ResponsesCustomTool", {"name": b.string}, ("name",))
 _NAMESPACE_MEMBER = Tagged(
-    "ResponsesNamespaceTool", "type", {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL}
+    "ResponsesNamespaceTool",
+    "type",
+    {"function": _FUNCTION_TOOL, "custom": _CUSTOM_TOOL},
+    indexed=True,
+    newtypes=("function",),
 )
 _SERVER_TOOL = Struct("ResponsesServerTool", {})
 _WEB_SEARCH_TOOL = Struct(
@@ -195,7 +202,11 @@ _WEB_SEARCH_TOOL = Struct(
 )
 _TOOL_SEARCH_TOOL = Struct(
     "ResponsesToolSearchTool",
-    {"execution": b.any_value, "description": b.optional(b.string), "parameters": b.any_value},
+    {
+        "execution": b.optional(b.variants("client", "server")),
+        "description": b.optional(b.string),
+        "parameters": b.any_value,
+    },
 )
 _TOOL = Tagged(
     "ResponsesTool",
@@ -218,6 +229,7 @@ _TOOL = Tagged(
     },
     # Tool types this dialect does not know are accepted and dropped.
     other=_SERVER_TOOL,
+    newtypes=("function", *WEB_SEARCH_TOOLS),
 )
 _CHOICE_MESSAGE = "expected one of `none`, `auto`, `required` or a tool choice object"
 _NAMED_CHOICE = Struct("ResponsesNamedToolChoice", {"name": b.string}, ("name",))
@@ -443,7 +455,8 @@ def _convert(
             "Response input messages must contain the word 'json' in some form to use "
             "'text.format' of type 'json_object'."
         )
-    rules.check_strict_consistency(tools)
+    # Only the tools a named tool_choice keeps must agree on strictness.
+    rules.check_strict_consistency(selection.tools)
     if any(tool.strict for tool in selection.tools) and format_kind != "text":
         raise ConversionError("response_format should not be used with tools")
     rules.check_temperature(f["temperature"])
@@ -575,6 +588,11 @@ def _declare_tools(
                     )
                 )
                 namespace_map[name] = (tool["name"], member["name"])
+        elif kind == "tool_search" and tool["execution"] == "client" and separator == "::":
+            # V4.1 runs a client-side tool search as a function the client answers.
+            tools.append(
+                _DeclaredTool("tool_search", tool["description"], tool["parameters"], None)
+            )
         elif (
             check_kinds
             and kind in WEB_SEARCH_TOOLS
@@ -644,13 +662,22 @@ def _text_format(text: dict | None) -> tuple[str, JsonValue, bool | None]:
 
 
 def _blocks(
-    content: str | list, path: str, part: str, images: ImagePolicy, *, assistant: bool = False
+    content: str | list | None,
+    path: str,
+    part: str,
+    images: ImagePolicy,
+    *,
+    assistant: bool = False,
 ) -> BlockText:
     """A content list's text (blocks joined by blank lines) and its images.
 
     `part` names the list in error paths (`content` or `output`).
     """
     blocks = BlockText(images)
+    if content is None:
+        # A custom tool's output may be left out: an empty result.
+        blocks.text("")
+        return blocks
     if isinstance(content, str):
         blocks.text(content)
         return blocks
@@ -677,7 +704,8 @@ def _check_image_blocks(content: list, where: str) -> None:
         if kind != "input_image":
             continue
         at = f"{where}[{position}]"
-        url, file_id = block["image_url"], block["file_id"]
+        # An empty image_url counts as none.
+        url, file_id = block["image_url"] or None, block["file_id"]
         if url is None and file_id is None:
             raise ConversionError(f"{at}: input_image must have image_url or file_id")
         if url is not None and file_id is not None:
@@ -746,6 +774,11 @@ def _items(
             require_answers()
             continue
         path = f"input[{index}]"
+        if item.get("call_id") == "":
+            raise ConversionError(
+                f"Invalid '{path}.call_id': empty string. Expected a string with minimum "
+                "length 1, but got an empty string instead."
+            )
         if kind == "message":
             require_answers()
             role = item["role"]
