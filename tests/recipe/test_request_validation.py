@@ -267,3 +267,66 @@ def test_chat_file_with_image_data_is_an_image() -> None:
     mine, _ = convert_case(ours, "chat", body)
     assert theirs["converted"]["conversation"]["messages"][0]["content"] == "<｜image｜>"
     assert mine == theirs
+
+
+# An `input_image` written as a JSON array is read positionally, the tag not counted, in the
+# reference's field order [image_url, detail, file_id]; `detail` has a serde default, so a
+# sequence may stop before it, but then fails at `file_id`, index 2.
+IMAGE_TOO_SHORT = "invalid length {}, expected struct ResponsesInputImage with 3 elements"
+
+
+def _image_in_output(block: list) -> dict:
+    call = {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": ""}
+    output = {"type": "function_call_output", "call_id": "c1", "output": [block]}
+    return {"model": V41, "input": [call, output]}
+
+
+def _image_in_message(block: list) -> dict:
+    return {"model": V41, "input": [{"type": "message", "role": "user", "content": [block]}]}
+
+
+@pytest.mark.parametrize(
+    ("elements", "message"),
+    [
+        ([], "invalid request body: " + IMAGE_TOO_SHORT.format(0)),
+        ([PNG_URL], "invalid request body: " + IMAGE_TOO_SHORT.format(2)),
+        ([PNG_URL, "low"], "invalid request body: " + IMAGE_TOO_SHORT.format(2)),
+        (
+            [None, "https://e.com/a.png", None],
+            "invalid request body: unknown variant `https://e.com/a.png`, expected one of "
+            "`low`, `high`, `original`, `auto`",
+        ),
+        ([PNG_URL, None, "f"], "{at}: input_image cannot have both image_url and file_id"),
+        (
+            [None, None, "f"],
+            "{at}: file_id is not supported. Pass the image as a base64 data url instead.",
+        ),
+        ([None, "low", None], "{at}: input_image must have image_url or file_id"),
+        (
+            [PNG_URL, None, None, None],
+            "invalid request body: invalid length 4, expected 3 elements in sequence",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    ("body", "at"),
+    [(_image_in_output, "input[1].output[0]"), (_image_in_message, "input[0].content[0]")],
+    ids=["function_call_output", "message"],
+)
+def test_array_form_input_image_reads_image_url_detail_file_id(
+    elements: list, message: str, body, at: str
+) -> None:
+    request = body(["input_image", *elements])
+    theirs, _ = convert_case(dr, "responses", request)
+    mine, _ = convert_case(ours, "responses", request)
+    assert theirs["error"]["message"] == message.format(at=at)
+    assert mine == theirs
+
+
+@pytest.mark.parametrize("body", [_image_in_output, _image_in_message])
+def test_array_form_input_image_with_detail_second_converts_like_reference(body) -> None:
+    request = body(["input_image", PNG_URL, "high", None])
+    theirs, _ = convert_case(dr, "responses", request)
+    mine, _ = convert_case(ours, "responses", request)
+    assert "error" not in theirs
+    assert mine == theirs

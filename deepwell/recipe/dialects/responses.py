@@ -58,13 +58,17 @@ _BLOCK = Tagged(
     {
         "input_text": Struct("ResponsesInputText", {"text": b.string}, ("text",)),
         "output_text": Struct("ResponsesOutputText", {"text": b.string}, ("text",)),
+        # The reference declares `detail` second and `#[serde(default)]`: positionally an
+        # image reads [image_url, detail, file_id], and a sequence may stop before `detail`
+        # only to fail at `file_id` (the tag is not one of the elements).
         "input_image": Struct(
             "ResponsesInputImage",
             {
                 "image_url": b.optional(b.string),
-                "file_id": b.optional(b.string),
                 "detail": b.optional(b.variants("low", "high", "original", "auto")),
+                "file_id": b.optional(b.string),
             },
+            defaults=("detail",),
         ),
         "input_file": Struct("ResponsesInputFile", {}),
     },
