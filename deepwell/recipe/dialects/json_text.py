@@ -42,8 +42,9 @@ def parse_json_text(text: str | bytes) -> JsonValue:
     else:
         if is_serde_value(value):
             return value
-    # Python's parser is lenient where serde_json is not (NaN, lone surrogates, depth) and
-    # reports other positions; the exact parser below runs only for bodies that failed.
+    # Python's parser is lenient where serde_json is not (NaN, lone surrogates, depth, the
+    # values a repeated key drops) and reports other positions; the exact parser below runs
+    # only for texts that failed or repeat a key.
     return _Parser(data).parse()
 
 
@@ -51,8 +52,17 @@ def _reject(name: str) -> None:
     raise ValueError(name)
 
 
+class _DuplicateKey(ValueError):
+    """An object repeats a key: the value it drops is never seen by `is_serde_value`."""
+
+
 def _object(pairs: list[tuple[str, JsonValue]]) -> dict:
-    return dict(pairs)
+    # serde_json keeps the last value of a repeated key but reads (and may refuse) every
+    # one: `{"a": 1e400, "a": 1}` is "number out of range". The exact parser decides.
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _DuplicateKey
+    return result
 
 
 class _Parser:

@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import json
 
-from deepwell.recipe.json_value import JsonValue, is_serde_value, json_int
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+from deepwell.recipe.dialects.json_text import JsonSyntaxError, parse_json_text
+from deepwell.recipe.json_value import JsonValue
 
 
 def parse_arguments(text: str) -> dict[str, JsonValue] | None:
     """The arguments as a JSON object, or None when strict JSON would not accept an object.
 
     Lenient inputs Python's `json` takes (NaN, Infinity, 1e400, lone surrogate escapes,
-    very deep nesting) count as not JSON (spec/recipe.md §15.6).
+    very deep nesting) count as not JSON (spec/recipe.md §15.6), also as the value of a key
+    the object repeats: serde_json keeps the last value but reads every one.
     """
     try:
-        value = json.loads(text, parse_int=json_int, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        value = parse_json_text(text)
+    except (JsonSyntaxError, UnicodeEncodeError):
         return None
-    if not isinstance(value, dict) or not is_serde_value(value):
-        return None
-    return value
+    return value if isinstance(value, dict) else None
 
 
 def python_json(value: JsonValue) -> str:

@@ -20,7 +20,15 @@ CALL = (
 )
 
 
-def accumulated_input(recipe: ModuleType, value: str) -> object:
+REPEATED = (
+    '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n'
+    '<｜DSML｜parameter name="x" string="false">{value}</｜DSML｜parameter>\n'
+    '<｜DSML｜parameter name="x" string="true">kept</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+)
+
+
+def accumulated_input(recipe: ModuleType, value: str, call: str = CALL) -> object:
     body = {
         "model": "DeepSeek-V4-Pro",
         "max_tokens": 100,
@@ -33,7 +41,7 @@ def accumulated_input(recipe: ModuleType, value: str) -> object:
     processor = recipe.StreamProcessor(generator, converted.parsing_options)
     response = recipe.MessagesResponse("id", "m", 0, 1, 0)
     events = processor.push(recipe.InferenceChunk.ready())
-    events += processor.push(recipe.InferenceChunk.text(CALL.format(value=value), 5))
+    events += processor.push(recipe.InferenceChunk.text(call.format(value=value), 5))
     events += processor.push(recipe.InferenceChunk.finish(recipe.InferenceFinishReason.Stop))
     for event in events:
         response.accumulate(event)
@@ -61,3 +69,28 @@ def test_tool_input_nested_past_127_containers_is_empty_like_reference(depth: in
 def test_tool_input_with_127_nested_containers_is_kept() -> None:
     value = "[" * 126 + "]" * 126
     assert accumulated_input(ours, value) == '"input":{"x":' + value + "}}]"
+
+
+@pytest.mark.parametrize(
+    "value", ["1e400", "-1e400", "1" + "0" * 400, '"\\ud800"', "[" * 127 + "]" * 127, "1.5"]
+)
+def test_tool_input_refused_value_under_a_repeated_key_is_empty_like_reference(value: str) -> None:
+    # serde_json keeps a repeated key's last value but reads every one: a value it refuses
+    # makes the whole input `{}` even when a later value replaces it (seed 1476).
+    got = accumulated_input(ours, value, REPEATED)
+    assert got == accumulated_input(dr, value, REPEATED)
+    assert got == ('"input":{"x":"kept"}}]' if value == "1.5" else '"input":{}}]')
+
+
+def test_body_refused_value_under_a_repeated_key_is_refused_like_reference() -> None:
+    body = '{"model": 1e400, "model": "m", "max_tokens": 1, "messages": []}'
+    messages = []
+    for recipe in (ours, dr):
+        with pytest.raises(ValueError) as error:
+            recipe.MessagesRequest(body)
+        messages.append(str(error.value))
+    assert (
+        messages[0]
+        == messages[1]
+        == "invalid JSON request: number out of range at line 1 column 15"
+    )
