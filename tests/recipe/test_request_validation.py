@@ -330,3 +330,20 @@ def test_array_form_input_image_with_detail_second_converts_like_reference(body)
     mine, _ = convert_case(ours, "responses", request)
     assert "error" not in theirs
     assert mine == theirs
+
+
+@pytest.mark.parametrize(
+    "format_elements",
+    [
+        ["json_schema", "x", {"type": "string"}],
+        ["json_schema", "x", {"type": "object"}, None],
+        ["json_schema", "x", {"type": "object"}, None, None],
+        ["json_schema", "x", {"type": "object"}, True, "d"],
+        ["json_schema", "x", {"type": "object"}, None, None, None],
+    ],
+)
+def test_array_form_text_format_reads_name_schema_description_strict(format_elements) -> None:
+    request = {"model": V41, "input": "json please", "text": {"format": format_elements}}
+    theirs, _ = convert_case(dr, "responses", request)
+    mine, _ = convert_case(ours, "responses", request)
+    assert mine == theirs

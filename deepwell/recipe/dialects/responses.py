@@ -262,10 +262,11 @@ _FORMAT = Tagged(
         "text": Struct("ResponsesTextFormatText", {}),
         "json_schema": Struct(
             "ResponsesTextFormatJsonSchema",
+            # Written as an array, serde reads the fields in the reference's order.
             {
                 "name": b.string,
-                "description": b.optional(b.string),
                 "schema": b.any_value,
+                "description": b.optional(b.string),
                 "strict": b.optional(b.boolean),
             },
             ("name", "schema"),
