@@ -184,14 +184,15 @@ class ModelRunner:
                     request, start, known + chunk.draft, pending_position, row, pending_history
                 )
             positions += range(start, end)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
             last_rows.append(row + chunk.num_rows - 1)
-            seq_slots += [-1 if request.slot is None else request.slot] * chunk.num_rows
-            seq_starts += [request.num_cached_tokens] * chunk.num_rows
-            num_blocks = -(-end // bs)
-            table = torch.tensor(blocks[:num_blocks], dtype=torch.long)
             slot = -1 if request.slot is None else request.slot
+            table = torch.tensor(blocks[: -(-end // bs)], dtype=torch.long)
             sequences.append(SequenceSpan(row, chunk.num_rows, start, slot, table))
+            if not self.full_attention:
+                continue  # the rest describes paged full attention (AttentionMetadata)
+            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+            seq_slots += [slot] * chunk.num_rows
+            seq_starts += [request.num_cached_tokens] * chunk.num_rows
             if self.batch_invariant:
                 spans.append((row, start, chunk.num_rows, blocks))
                 continue
@@ -209,12 +210,52 @@ class ModelRunner:
                 query_pos = torch.arange(start, end).unsqueeze(1)
                 mask = torch.arange(end).unsqueeze(0) <= query_pos
             prefills.append(PrefillSpan(row, chunk.num_rows, end, table, mask))
+        meta = StepMetadata(sequences)
+        if self.full_attention:
+            meta.paged = self._paged_metadata(
+                slots,
+                decode_blocks,
+                decode_rows,
+                decode_padding,
+                decode_lens,
+                prefills,
+                seq_slots,
+                seq_starts,
+                spans,
+            )
+        self.plan_caches(meta)
+        if self.token_history:
+            meta.token_history = torch.tensor(history, dtype=torch.long).view(
+                -1, self.token_history
+            )
+        return (
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            meta,
+            last_rows,
+            pending_rows,
+            pending_history,
+        )
+
+    def _paged_metadata(
+        self,
+        slots,
+        decode_blocks,
+        decode_rows,
+        decode_padding,
+        decode_lens,
+        prefills,
+        seq_slots,
+        seq_starts,
+        spans,
+    ) -> AttentionMetadata:
+        bs = self.block_size
         # Decode rows are the first rows of the step, so a row index is its decode index.
         valid = bs - torch.tensor(decode_padding, dtype=torch.long)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
         slot_tensor = torch.tensor(slots, dtype=torch.long)
         ranks, depth, span = stack_decode_blocks(decode_blocks)
-        paged = AttentionMetadata(
+        return AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
             num_decodes=len(decode_lens),
@@ -230,26 +271,11 @@ class ModelRunner:
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
             query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
         )
-        meta = self.step_metadata(sequences, paged)
-        if self.token_history:
-            meta.token_history = torch.tensor(history, dtype=torch.long).view(
-                -1, self.token_history
-            )
-        return (
-            torch.tensor(input_ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            meta,
-            last_rows,
-            pending_rows,
-            pending_history,
-        )
 
-    def step_metadata(
-        self, sequences: list[SequenceSpan], paged: AttentionMetadata
-    ) -> StepMetadata:
-        """Metadata once per kind of cache the layout declares (layers/step_metadata.py)."""
-        layout = self.layout
-        meta = StepMetadata(sequences, paged=paged if self.full_attention else None)
+    def plan_caches(self, meta: StepMetadata) -> None:
+        """Plans once per kind of ring and compressed cache the layout declares, from the
+        step's sequences (layers/step_metadata.py)."""
+        layout, sequences = self.layout, meta.sequences
         for ring in layout.rings:
             if ring.role is CacheRole.WINDOW:
                 meta.windows[ring.name] = plan_windows(sequences, ring.window, ring.rows)
@@ -259,7 +285,6 @@ class ModelRunner:
         ratios = {s.compress_ratio for s in layout.paged if s.role is CacheRole.COMPRESSED}
         for ratio in sorted(ratios):
             meta.compressed[ratio] = plan_compressed(sequences, ratio, self.block_size)
-        return meta
 
     def _history(
         self,

@@ -133,21 +133,17 @@ class KVLayout:
             spec.num_layers
             * spec.entries_per_block(block_size)
             * math.prod(spec.entry_shape)
-            * _element_bytes(spec.dtype or dtype)
+            * (spec.dtype or dtype).itemsize
             for spec in self.paged
         )
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         rings = sum(
-            r.num_layers * r.rows * math.prod(r.entry_shape) * _element_bytes(r.dtype or dtype)
+            r.num_layers * r.rows * math.prod(r.entry_shape) * (r.dtype or dtype).itemsize
             for r in self.rings
         )
         states = sum(
-            s.num_layers * math.prod(s.state_shape) * _element_bytes(s.dtype or dtype)
+            s.num_layers * math.prod(s.state_shape) * (s.dtype or dtype).itemsize
             for s in self.states
         )
         return rings + states
-
-
-def _element_bytes(dtype: torch.dtype) -> int:
-    return dtype.itemsize

@@ -11,7 +11,7 @@ import torch
 from oracles.deepseek_v41_nemo import build_oracle, oracle_logits
 
 from deepwell.engine import LLM, EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.layers.step_metadata import SequenceSpan
+from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 from deepwell.engine.models.loader import load_checkpoint
 
@@ -86,7 +86,8 @@ class StepDriver:
             positions += range(start, start + rows)
             for p in range(start, start + rows):
                 history.append([tokens[p - s] if p >= s else -1 for s in range(1, depth + 1)])
-        meta = runner.step_metadata(spans, None)
+        meta = StepMetadata(spans)
+        runner.plan_caches(meta)
         meta.token_history = torch.tensor(history).view(-1, depth)
         with torch.inference_mode():
             hidden = runner.model(torch.tensor(ids), torch.tensor(positions), meta, runner.kv_cache)
