@@ -85,7 +85,6 @@ class DeepseekV41Config:
     # KV and index keys/queries, spec §3.7), as the model was trained and DeepInfer stores
     # them. Off only for exact wiring checks against a reference run without it.
     cache_qdq: bool = True
-    tie_word_embeddings: bool = False
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> DeepseekV41Config:
