@@ -115,7 +115,8 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
             args.block_size,
             args.torch_dtype,
         )
-    store = open_store(args, root_key, kv_cache, snapshots.parts if snapshots else None)
+    parts = None if snapshots is None else snapshots.parts
+    store = open_store(args, root_key, kv_cache, parts)
     kv = KVCacheManager(
         layout,
         num_blocks,
