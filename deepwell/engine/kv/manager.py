@@ -73,6 +73,8 @@ class KVCacheManager:
         self.store = store
         self.replay = replay
         self.snapshots = snapshots
+        # Prompt chunks end at the replay start's block boundary (`snapshot_cut`).
+        self.cuts_chunks = snapshots is not None and replay.bounded
         self.block_pool = BlockPool(num_blocks)
         self.slot_pool = SlotPool(num_slots) if layout.needs_slots else None
         self.counters = PrefixCounters()
@@ -157,6 +159,19 @@ class KVCacheManager:
                 hit.snapshot = snapshot
                 return count
         return 0
+
+    def snapshot_cut(self, request: Request, start: int, num_tokens: int) -> int:
+        """The tokens of a chunk from `start`, ended at the block boundary at or before the
+        request's replay start if the chunk would cross it (bounded modes only).
+
+        A chunk snapshots only the last boundary it crosses (the rings keep one block past
+        the window), and a later request extending this one may hit at most its own replay
+        start, which is at or after this boundary: so the boundary always gets a snapshot.
+        """
+        cut = self.replay.replay_start(request.num_tokens) // self.block_size * self.block_size
+        if start < cut < start + num_tokens:
+            return cut - start
+        return num_tokens
 
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Extra blocks for `request` to hold its first `num_tokens` tokens."""
