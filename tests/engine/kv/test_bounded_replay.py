@@ -226,3 +226,16 @@ def test_snapshots_beyond_capacity_evict_the_least_recently_used():
     assert len(snapshots) == 2
     assert snapshots.get(b"1") is None and snapshots.get(b"0") is not None
     assert snapshots.snapshot_bytes == 2 * 3 * 4
+
+
+@pytest.mark.parametrize("mode", ["mask", "compact"])
+def test_a_repeated_prompt_hits_at_its_replay_start_boundary(make_core, mode):
+    """One chunk would cross 32 and 48 and snapshot only 48, past the replay start (40):
+    the chunk is cut at 32, so the repeat hits there."""
+    core = make_core(mode, max_num_batched_tokens=256)
+    tokens = prompt(60, seed=14)
+    first = generate(core, tokens)
+    cached, repeat_tokens, repeat_logprobs = generate(core, tokens)
+    assert first[0] == 0 and cached == 32
+    assert repeat_tokens == first[1]
+    assert repeat_logprobs == pytest.approx(first[2], abs=1e-5)
