@@ -187,7 +187,7 @@ class StepPipeline:
         snapshots = launched.prepared.snapshots
         for chunk in launched.prepared.chunks:
             request = chunk.request
-            snapshot = snapshots.get(request.request_id)
+            snapshot = snapshots.get(request.request_id) if snapshots else None
             # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
             computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
             new_tokens, token_logprobs = next(samples) if chunk.completes else ([], None)

@@ -82,12 +82,13 @@ class RingSpec:
     def rows(self) -> int:
         return self.window + self.max_backtrack + self.extra_rows
 
-    def rows_read_at(self, start: int) -> int:
-        """How many positions just before `start` a chunk starting there reads from the ring:
-        a window's last `window - 1`; a compressor tail's incomplete group."""
+    def rows_before_boundary(self, block_size: int) -> int:
+        """Rows before a block boundary that a chunk starting there may read: a window's last
+        `window - 1` (near the start some are before position 0: never read, harmless to
+        copy); a compressor tail's incomplete group."""
         if self.role is CacheRole.WINDOW:
-            return min(start, self.window - 1)
-        return start % (self.window + 1)
+            return self.window - 1
+        return block_size % (self.window + 1)
 
 
 @dataclass(frozen=True)

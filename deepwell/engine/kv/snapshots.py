@@ -43,14 +43,9 @@ def snapshot_parts(
     YOCO consumers' windows (a hit stops at the replay start and recomputes them)."""
     parts = []
     for ring in layout.rings:
-        num_rows = ring.rows_read_at(block_size)
+        num_rows = ring.rows_before_boundary(block_size)
         if not num_rows:
             continue
-        if ring.role is CacheRole.WINDOW and block_size < ring.window - 1:
-            raise ValueError(
-                f"block_size {block_size} is smaller than {ring.name}'s window "
-                f"{ring.window} - 1: ring snapshots at block boundaries need the whole window"
-            )
         layers = range(ring.num_layers)
         if replay.bounded and ring.role is CacheRole.WINDOW:
             layers = range(layout.yoco_boundary)

@@ -47,7 +47,7 @@ def test_snapshot_rows_widen_only_window_rings_by_a_block():
     widened = layout.with_snapshot_rows(16)
     assert [r.rows for r in widened.rings] == [16 + 6 + 16, 1 + 6]
     # A chunk starting at a block boundary reads the window's last 15 rows and no tail row.
-    assert [r.rows_read_at(32) for r in widened.rings] == [15, 0]
+    assert [r.rows_before_boundary(16) for r in widened.rings] == [15, 0]
 
 
 def test_cache_tensors_have_blocks_and_slots_leading():
