@@ -75,7 +75,7 @@ class KVCacheManager:
         self.snapshots = snapshots
         # Prompt chunks end at the replay start's block boundary (`snapshot_cut`).
         self.cuts_chunks = snapshots is not None and replay.bounded
-        self.block_pool = BlockPool(num_blocks)
+        self.block_pool = BlockPool(num_blocks, None if snapshots is None else snapshots.discard)
         self.slot_pool = SlotPool(num_slots) if layout.needs_slots else None
         self.counters = PrefixCounters()
 

@@ -6,7 +6,8 @@ per-sequence state at a block boundary h is kept beside the blocks: each snapsho
 layer's rows for the positions just before h (a window's last `window - 1`; a compressor
 tail's incomplete group, empty at a block boundary since the block size is a multiple of
 every compress ratio). Engram's token history comes from the token ids. A snapshot is
-keyed by the prefix key of the block ending at h and lives in a bounded LRU.
+keyed by the prefix key of the block ending at h, lives in a bounded LRU and leaves when
+that block is handed out again.
 """
 
 import math
@@ -80,6 +81,9 @@ class RingSnapshots:
         self._by_key.move_to_end(key)
         while len(self._by_key) > self.capacity:
             self._by_key.popitem(last=False)
+
+    def discard(self, key: bytes) -> None:
+        self._by_key.pop(key, None)
 
     def capture(self, cache: KVCache, slot: int, boundary: int) -> list[torch.Tensor]:
         """A copy of the slot's rows for the positions just before `boundary`; the rings

@@ -12,6 +12,7 @@ from deepwell.engine.kv.replay import BoundedReplay
 from deepwell.engine.kv.snapshots import RingSnapshots, SnapshotPart
 from deepwell.engine.kv.store import HEADER, SNAPSHOT_SUFFIX
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.request import Request
 
 # The tiny config's window is 8 with 6 backtracking rows: 14 is the least keep allowed.
 KEEP = 20
@@ -239,3 +240,14 @@ def test_a_repeated_prompt_hits_at_its_replay_start_boundary(make_core, mode):
     assert first[0] == 0 and cached == 32
     assert repeat_tokens == first[1]
     assert repeat_logprobs == pytest.approx(first[2], abs=1e-5)
+
+
+def test_a_snapshot_leaves_memory_with_its_block(make_core):
+    core = make_core(num_kv_blocks=16, max_model_len=256)
+    first = prompt(47, seed=15)
+    _, answer, _ = generate(core, first)
+    probe = Request("probe", first + answer, ANSWER, frozenset(), torch.Generator())
+    keys = core.kv.keys(probe, 3)
+    assert all(core.kv.snapshots.get(key) is not None for key in keys)  # 16, 32, 48
+    generate(core, prompt(240, seed=16))  # takes all 16 blocks: the cached ones go
+    assert all(core.kv.snapshots.get(key) is None for key in keys)
