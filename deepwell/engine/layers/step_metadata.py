@@ -92,7 +92,8 @@ class CompactPlan:
     dropped_rows: torch.Tensor
     # The kept rows as sequences (renumbered), with window plans floored at the replay start.
     kept: "StepMetadata"
-    # The dropped rows as sequences, with the compressed plans of their new entries.
+    # The dropped rows as sequences (renumbered), with the compressed plans of their new
+    # entries.
     dropped: "StepMetadata"
 
 
@@ -185,8 +186,8 @@ def plan_tails(sequences: list[SequenceSpan], ratio: int, ring_rows: int) -> lis
 def split_at_replay_start(
     sequences: list[SequenceSpan],
 ) -> tuple[list[SequenceSpan], list[SequenceSpan], torch.Tensor, torch.Tensor]:
-    """The step's sequences cut at their replay starts: (kept spans renumbered from row 0,
-    dropped spans at their own rows, kept rows, dropped rows)."""
+    """The step's sequences cut at their replay starts: (kept spans, dropped spans, each
+    renumbered from row 0 over their own rows; the step's kept rows, its dropped rows)."""
     kept, dropped, kept_rows, dropped_rows = [], [], [], []
     for seq in sequences:
         end = seq.start + seq.num_rows
@@ -194,7 +195,12 @@ def split_at_replay_start(
         if cut > seq.start:
             dropped.append(
                 SequenceSpan(
-                    seq.row, cut - seq.start, seq.start, seq.slot, seq.block_table, seq.replay_start
+                    len(dropped_rows),
+                    cut - seq.start,
+                    seq.start,
+                    seq.slot,
+                    seq.block_table,
+                    seq.replay_start,
                 )
             )
             dropped_rows += range(seq.row, seq.row + cut - seq.start)

@@ -251,3 +251,27 @@ def test_a_snapshot_leaves_memory_with_its_block(make_core):
     assert all(core.kv.snapshots.get(key) is not None for key in keys)  # 16, 32, 48
     generate(core, prompt(240, seed=16))  # takes all 16 blocks: the cached ones go
     assert all(core.kv.snapshots.get(key) is None for key in keys)
+
+
+@pytest.mark.parametrize("mode", ["off", "compact"])
+def test_concurrent_hits_in_mixed_steps_match_no_cache(make_core, mode):
+    """Four follow-ups of one conversation, admitted together: hits, chunked prefills and
+    decodes share steps."""
+    core = make_core(mode, max_num_batched_tokens=40)
+    second = second_turn(core, prompt(41, seed=17), 0)
+    follow_ups = [second + prompt(24 + 3 * n, seed=20 + n) for n in range(4)]
+    for n, tokens in enumerate(follow_ups):
+        core.add_request(f"f{n}", tokens, ANSWER)
+    outputs: dict[str, list[float]] = {}
+    cached: dict[str, int] = {}
+    while core.has_unfinished():
+        for output in core.step():
+            outputs.setdefault(output.request_id, []).extend(
+                lp.logprob for lp in output.new_logprobs
+            )
+            cached[output.request_id] = output.num_cached_tokens
+    fresh = make_core(mode, enable_prefix_caching=False)
+    for n, tokens in enumerate(follow_ups):
+        _, _, expected = generate(fresh, tokens)
+        assert cached[f"f{n}"] >= 32
+        assert outputs[f"f{n}"] == pytest.approx(expected, abs=1e-5)
