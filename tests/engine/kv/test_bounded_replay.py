@@ -253,7 +253,7 @@ def test_a_snapshot_leaves_memory_with_its_block(make_core):
     assert all(core.kv.snapshots.get(key) is None for key in keys)
 
 
-@pytest.mark.parametrize("mode", ["off", "compact"])
+@pytest.mark.parametrize("mode", ["off", "mask", "compact"])
 def test_concurrent_hits_in_mixed_steps_match_no_cache(make_core, mode):
     """Four follow-ups of one conversation, admitted together: hits, chunked prefills and
     decodes share steps."""
