@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments
+from deepwell.engine_options import add_engine_arguments, yoco_overrides
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,7 @@ def _engine_args(args: argparse.Namespace, **overrides):
         num_speculative_tokens=args.num_speculative_tokens,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        **yoco_overrides(args),
         **overrides,
     )
 

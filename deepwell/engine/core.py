@@ -69,7 +69,13 @@ class EngineCore:
         self.kv = built.kv
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         self.runner = ModelRunner(
-            built.model, built.kv_cache, args.block_size, args.batch_invariant, built.layout
+            built.model,
+            built.kv_cache,
+            args.block_size,
+            args.batch_invariant,
+            built.layout,
+            built.replay,
+            built.kv.snapshots,
         )
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.

@@ -78,6 +78,8 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             batch_invariant=args.batch_invariant,
             async_scheduling=not args.no_async_scheduling,
             quantize_kv_cache=not args.no_kv_cache_quantization,
+            yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
+            yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
             num_threads=args.threads,
         )
         client = EngineClient(config.outbox_address, [config.inbox_address])

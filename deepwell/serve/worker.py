@@ -118,6 +118,14 @@ class EngineCoreAdapter:
                 async_scheduling=config.async_scheduling,
                 quantize_kv_cache=config.quantize_kv_cache,
                 num_threads=config.num_threads,
+                **{
+                    name: value
+                    for name, value in (
+                        ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
+                        ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
+                    )
+                    if value is not None
+                },
             )
         )
 
