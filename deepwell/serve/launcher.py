@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
@@ -57,7 +58,17 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
     await _serve_http(create_app(model=model, settings=settings), model, args)
 
 
+def _read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnsupportedModel(f"cannot read --chat-template {path!r}: {error}") from None
+
+
 async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> None:
+    chat_template = _read_chat_template(args.chat_template)
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         config = WorkerConfig(
             worker_id=0,
@@ -87,7 +98,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         watcher = asyncio.create_task(_watch_workers(client, [worker]))
         try:
             info = await client.start(WORKER_READY_TIMEOUT_S)
-            model = served_model(info)
+            model = served_model(info, chat_template, args.tool_call_parser)
             app = create_app(model=model, settings=settings, engine=client)
             await _serve_http(app, model, args)
         finally:
