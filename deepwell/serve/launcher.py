@@ -21,6 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
+from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable
 from deepwell.serve.messages import WorkerConfig, encode_message
@@ -59,12 +60,15 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
 
 
 def _read_chat_template(path: str | None) -> str | None:
+    """`--chat-template`'s text, compiled once here so a broken one stops us before loading."""
     if path is None:
         return None
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UnsupportedModel(f"cannot read --chat-template {path!r}: {error}") from None
+        text = Path(path).read_text(encoding="utf-8")
+        compile_template(text)
+    except (OSError, UnicodeDecodeError, ChatTemplateError) as error:
+        raise UnsupportedModel(f"--chat-template {path}: {error}") from None
+    return text
 
 
 async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> None:

@@ -50,7 +50,12 @@ def json_call_grammar(
 
 def _schema(tool: ToolDefinition) -> dict:
     schema = tool.parameters if isinstance(tool.parameters, dict) else {"type": "object"}
-    return {**schema, "x-guidance": _JSON_SPELLING}
+    schema = {**schema, "x-guidance": _JSON_SPELLING}
+    # Only the declared parameters, as the DSML grammar allows: JSON Schema's default admits
+    # any extra key, and a model may then write keys and values without end.
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
 
 
 def _marker(spelling: str, token_id: Callable[[str], int | None]) -> str:
