@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
 
 from deepwell.recipe import (
     ChatCompletionChunkGenerator,
@@ -17,7 +19,10 @@ from deepwell.recipe import (
     InferenceFinishReason,
     ParsingOptions,
     StreamProcessor,
+    Tokenizer,
+    ToolDefinition,
 )
+from deepwell.recipe.encoding.json_call_grammar import json_call_grammar
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
 
@@ -127,3 +132,40 @@ def test_llama3_json_text_answer_is_content() -> None:
     text = 'The JSON is {"name": "a"}'
     _, choice = run(split(text, 3), fmt="llama3_json")
     assert choice["message"]["content"] == text
+
+
+def test_hermes_tags_that_are_added_tokens_are_matched_by_id() -> None:
+    """Qwen's vocabulary has `<tool_call>` as one added token: only that id opens a call."""
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=[AddedToken("<tool_call>"), AddedToken("</tool_call>")],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    hf.train_from_iterator([CALL] * 10, trainer)
+    tokenizer = Tokenizer.from_str(hf.to_str())
+    # A tag spelled with ordinary ids (as a user could type it) is content; the call's
+    # tags are the added ids.
+    ids = tokenizer.encode_plain(["<tool_call>"])[0] + tokenizer.encode(CALL)
+    assert ids.count(tokenizer.special_token_id("<tool_call>")) == 1
+    generator = ChatCompletionChunkGenerator("id", "m", None)
+    processor = StreamProcessor(generator, ParsingOptions(tool_call_format="hermes"), tokenizer)
+    out = processor.push(InferenceChunk.ready())
+    for i in range(0, len(ids), 2):
+        out += processor.push(InferenceChunk.tokens(ids[i : i + 2]))
+    out += processor.push(InferenceChunk.finish(InferenceFinishReason.Stop))
+    response = ChatCompletionResponse("id", "m", 0, 0, 0)
+    for event in out:
+        response.accumulate(event)
+    choice = json.loads(response.to_json())["choices"][0]
+    assert choice["message"]["content"] == "<tool_call>"
+    assert calls(choice) == [("get_weather", {"city": "Paris", "days": [1, 2]})]
+
+    grammar = json_call_grammar(
+        [ToolDefinition("get_weather")], "hermes", tokenizer.special_token_id
+    )
+    open_id = tokenizer.special_token_id("<tool_call>")
+    close_id = tokenizer.special_token_id("</tool_call>")
+    assert f"open: <[{open_id}]>" in grammar and f"close: <[{close_id}]>" in grammar
