@@ -9,7 +9,7 @@ import torch
 
 from deepwell.engine import LLM, SamplingParams
 
-from .tiny_qwen import write_tiny_qwen
+from .tiny_qwen import write_gguf, write_tiny_qwen
 
 # Float32 on both sides; the Done-when bar of issue #17.
 ATOL = 1e-4
@@ -81,3 +81,31 @@ def test_greedy_tokens_equal_transformers_alone_and_batched(llm, hf_model):
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
             )
         assert tokens == reference[0, len(prompt) :].tolist()
+
+
+# Slow: gguf's reader takes ~10 s over the 49k-token vocabulary on the shared test machine.
+@pytest.mark.slow
+def test_a_gguf_file_loads_the_same_model(checkpoint, llm, tmp_path):
+    """llama.cpp's Qwen layout (biases, q/k norms, no rotary permutation) gives the same
+    greedy tokens and log probabilities as the safetensors directory."""
+    gguf_llm = LLM(
+        model=str(write_gguf(checkpoint, tmp_path / "tiny.gguf")),
+        dtype="float32",
+        max_num_batched_tokens=8,
+        memory_gib=0.25,
+    )
+    assert gguf_llm.core.architecture == llm.core.architecture
+    assert gguf_llm.core.chat_template == llm.core.chat_template
+    params = SamplingParams(
+        max_tokens=8, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=3
+    )
+    batch = prompts([9, 17], seed=4)
+    for a, b in zip(
+        llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False),
+        gguf_llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False),
+        strict=True,
+    ):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+            assert max(abs(p - q) for (_, p), (_, q) in zip(x.top, y.top, strict=True)) < ATOL

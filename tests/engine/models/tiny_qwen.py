@@ -8,6 +8,7 @@ both load them.
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -77,23 +78,82 @@ _BASE_CONFIG = {
 }
 
 
-def smollm2_tokenizer():
-    """The embedded SmolLM2's tokenizer, read from its GGUF metadata (no weights loaded)."""
+@cache
+def smollm2_vocabulary() -> tuple:
+    """(model, pre-tokenizer, tokens, merges, token types) from the embedded SmolLM2's GGUF
+    metadata; read once, as gguf's reader takes seconds over 49k tokens."""
     import gguf
 
-    reader = gguf.GGUFReader(embedded_model_path())
-
-    def field(key: str, default=None):
-        entry = reader.fields.get(key)
-        return default if entry is None else entry.contents()
-
-    return build_tokenizer(
-        field("tokenizer.ggml.model"),
-        field("tokenizer.ggml.pre", "default"),
-        field("tokenizer.ggml.tokens"),
-        field("tokenizer.ggml.merges", []),
-        field("tokenizer.ggml.token_type"),
+    fields = gguf.GGUFReader(embedded_model_path()).fields
+    return tuple(
+        fields[f"tokenizer.ggml.{key}"].contents()
+        for key in ("model", "pre", "tokens", "merges", "token_type")
     )
+
+
+def smollm2_tokenizer():
+    """The embedded SmolLM2's tokenizer (no weights loaded)."""
+    return build_tokenizer(*smollm2_vocabulary())
+
+
+def write_gguf(checkpoint: Path, path: Path) -> Path:
+    """The same checkpoint as a float32 GGUF file, laid out as llama.cpp's Qwen converter
+    writes one (no rotary permutation, SmolLM2's tokenizer metadata, the chat template)."""
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    arch = config["model_type"]
+    model, pre, tokens, merges, token_types = smollm2_vocabulary()
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_tokenizer_model(model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types(token_types)
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    template = json.loads((checkpoint / "tokenizer_config.json").read_text())["chat_template"]
+    writer.add_chat_template(template)
+    names = {
+        "embed_tokens": "token_embd",
+        "norm": "output_norm",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, tensor in load_file(checkpoint / "model.safetensors").items():
+        name = name.removeprefix("model.")
+        if name.startswith("lm_head"):
+            gguf_name = "output.weight"
+        elif name.startswith("layers."):
+            _, layer, rest = name.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            for part in ("q", "k", "v"):
+                names[f"self_attn.{part}_proj"] = f"attn_{part}"
+                names[f"self_attn.{part}_norm"] = f"attn_{part}_norm"
+            gguf_name = f"blk.{layer}.{names[module]}.{kind}"
+        else:
+            module, kind = name.rsplit(".", 1)
+            gguf_name = f"{names[module]}.{kind}"
+        writer.add_tensor(gguf_name, tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def write_tiny_qwen(
