@@ -346,9 +346,11 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
         return deepseek().with_tokenizer(tokenizer).encode(conversation), []
     if llm.core.chat_template is None:
         return None, []
-    eos = sorted(llm.core.eos_token_ids)
+    bos = llm.core.bos_token_id
     encoding = ChatTemplateEncoding(
-        llm.core.chat_template, eos_token=tokenizer.decode(eos[:1])
+        llm.core.chat_template,
+        bos_token="" if bos is None else tokenizer.decode([bos]),
+        eos_token=tokenizer.decode(sorted(llm.core.eos_token_ids)[:1]),
     ).with_tokenizer(tokenizer)
     try:
         prompt = encoding.encode(conversation)

@@ -355,8 +355,11 @@ def structured_output_spec(
 def _template_kwargs(body: bytes, model: ServedModel) -> dict | None:
     """The request's `chat_template_kwargs` (vLLM's extension): extra template variables.
 
-    The recipe ignores unknown fields, so the body is read again for this one.
+    The recipe ignores unknown fields, so the body is read again for this one, when it
+    can be there.
     """
+    if b"chat_template_kwargs" not in body:
+        return None
     data = json.loads(body)
     value = data.get("chat_template_kwargs") if isinstance(data, dict) else None
     if value is None:
