@@ -1,8 +1,9 @@
-"""A tiny random Qwen2 served for real with a Hermes chat template, driven with the SDKs.
+"""Tiny random Qwen models served for real with their chat templates, driven with the SDKs.
 
 The weights are noise: forced tool calls (kept on track by the Hermes grammar) must come
-back parsed in all three dialects, streamed or not; a template that fails or probes outside
-its sandbox is a 400; one that does not compile stops `serve` before it loads anything.
+back parsed in all three dialects, streamed or not, and a Llama-3 JSON call through Chat; a
+template that fails or probes outside its sandbox is a 400; one that does not compile
+stops `serve` before it loads anything.
 """
 
 from __future__ import annotations
@@ -285,3 +286,64 @@ def test_a_template_that_does_not_compile_stops_serve_before_loading(tmp_path):
     )
     assert result.returncode == 1
     assert "chat template line 1" in result.stderr
+
+
+# A Llama-3.1-style tool prompt in ChatML turns (the tiny model's tokenizer is SmolLM2's).
+LLAMA3_JSON_TEMPLATE = (
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
+    '{"name": "{{ call.function.name }}", "parameters": {{ call.function.arguments | tojson }}}'
+    "{%- endfor %}{%- else %}{{ message.content }}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if tools %}<|im_start|>system\nRespond with a JSON function call from:"
+    "{%- for tool in tools %} {{ tool | tojson }}{%- endfor %}<|im_end|>\n{%- endif %}"
+    "<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def llama3_json_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama3_json")
+    model = write_tiny_qwen(root / "tiny-qwen3", "Qwen3ForCausalLM", template=LLAMA3_JSON_TEMPLATE)
+    server = start_server(
+        root,
+        "--model",
+        str(model),
+        "--tool-call-parser",
+        "llama3_json",
+        "--threads",
+        "1",
+        "--memory-gib",
+        "0.5",
+        "--max-model-len",
+        "2048",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+def test_llama3_json_forced_call_comes_back_parsed_streamed_or_not(llama3_json_server):
+    client = openai.OpenAI(
+        base_url=f"{llama3_json_server.base_url}/v1", api_key="unused", max_retries=0
+    )
+    request = {
+        "model": llama3_json_server.model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": [
+            {"type": "function", "function": {"name": name, "parameters": parameters}}
+            for name, parameters in TOOLS.items()
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": CALL_TOKENS,
+        "temperature": 0,
+    }
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
+    assert len(calls) == 1
+    check_calls(calls, {"get_weather"})
+    streamed = ["", ""]
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            streamed[0] += delta.function.name or ""
+            streamed[1] += delta.function.arguments or ""
+    assert tuple(streamed) == calls[0]
