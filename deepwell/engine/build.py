@@ -49,6 +49,8 @@ class BuiltEngine:
     model_name: str
     architecture: str
     eos_token_ids: frozenset[int]
+    # For chat templates that write `bos_token` (the HTTP process renders them).
+    bos_token_id: int | None
     # The context limit: the configured one, capped at the model's.
     max_model_len: int
     vocab_size: int
@@ -149,6 +151,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         model_name=checkpoint.name,
         architecture=checkpoint.architecture,
         eos_token_ids=frozenset(model.config.eos_token_ids),
+        bos_token_id=checkpoint.hf_config.get("bos_token_id"),
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
     )

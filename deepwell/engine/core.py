@@ -65,6 +65,7 @@ class EngineCore:
         self.chat_template = built.chat_template
         self.vocab_size = built.vocab_size
         self.eos_token_ids = built.eos_token_ids
+        self.bos_token_id = built.bos_token_id
         self.max_model_len = built.max_model_len
         self.kv = built.kv
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)

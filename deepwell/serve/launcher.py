@@ -17,9 +17,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
+from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable
 from deepwell.serve.messages import WorkerConfig, encode_message
@@ -57,7 +59,20 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
     await _serve_http(create_app(model=model, settings=settings), model, args)
 
 
+def _read_chat_template(path: str | None) -> str | None:
+    """`--chat-template`'s text, compiled once here so a broken one stops us before loading."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        compile_template(text)
+    except (OSError, UnicodeDecodeError, ChatTemplateError) as error:
+        raise UnsupportedModel(f"--chat-template {path}: {error}") from None
+    return text
+
+
 async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> None:
+    chat_template = _read_chat_template(args.chat_template)
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         config = WorkerConfig(
             worker_id=0,
@@ -89,7 +104,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         watcher = asyncio.create_task(_watch_workers(client, [worker]))
         try:
             info = await client.start(WORKER_READY_TIMEOUT_S)
-            model = served_model(info)
+            model = served_model(info, chat_template, args.tool_call_parser)
             app = create_app(model=model, settings=settings, engine=client)
             await _serve_http(app, model, args)
         finally:

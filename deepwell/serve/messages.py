@@ -198,6 +198,7 @@ class ModelInfo:
     tokenizer_json: str
     chat_template: str | None
     eos_token_ids: list[int]
+    bos_token_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ class ServeSettings:
     retry_after_seconds: int = 1
 
 
+# deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -107,4 +110,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    prompts = parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
+    prompts.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja chat template to render prompts with, instead of the model's own",
+    )
+    prompts.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, Qwen and "
+        "others) or llama3_json; without it, requests with tools are refused",
     )

@@ -204,6 +204,7 @@ class EngineCoreAdapter:
             tokenizer_json=core.tokenizer.to_str(),
             chat_template=core.chat_template,
             eos_token_ids=sorted(core.eos_token_ids),
+            bos_token_id=core.bos_token_id,
         )
 
 
