@@ -124,6 +124,14 @@ class KVLayout:
             return 0
         return max(0, hit_tokens - replay) // block_size * block_size
 
+    def max_draft_tokens(self, requested: int) -> int:
+        """Draft tokens a step may verify: a verify chunk writes 1 + k ring rows, and
+        rejected rows stay harmless while they only overwrite rows older than every read
+        after a rollback, which holds for k < max_backtrack (DeepInfer sizes its rings
+        with MAX_BACKTRACKING_TOKENS = NEXTN + 1, spec/deepinfer.md §1.4)."""
+        slack = min((ring.max_backtrack for ring in self.rings), default=requested + 1)
+        return min(requested, slack - 1)
+
     @property
     def needs_slots(self) -> bool:
         return bool(self.rings or self.states)

@@ -135,9 +135,12 @@ class CSA2Attention(nn.Module):
         plan: LayerPlan,
         backend: SinkAttentionBackend,
         rotary: PairRotary,
+        ring_name: str = "window",
     ) -> None:
         super().__init__()
         self.plan = plan
+        # The ring spec whose window plans this layer reads (DSpark stages read their own).
+        self.ring_name = ring_name
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -179,7 +182,7 @@ class CSA2Attention(nn.Module):
         if self.qdq:
             kv = qdq_fp8(kv)
         out = torch.empty_like(q)
-        windows = meta.windows["window"]
+        windows = meta.windows[self.ring_name]
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
             rows = seq.rows
             chunk_kv = kv[rows]

@@ -4,8 +4,8 @@ residual, Engram memory reads, and the KV layout holding all per-sequence state.
 Every cache lives in the engine's layout (spec/deepseek_v41.md §4): the window rows of every
 layer and the ratio-2 compressor tails in per-sequence rings, the compressed entries and
 index keys of the KV sources in the shared paged blocks. Chunked prefill, decode and mixed
-batches therefore run as they do for Llama. The DSpark draft stages (`mtp.*`) load with the
-checkpoint and are not built yet.
+batches therefore run as they do for Llama. With DSpark on, the target also fills the draft
+stages' context rings from its `dspark_target_layer_ids` layers (dspark.py).
 """
 
 import dataclasses
@@ -26,6 +26,7 @@ from deepwell.engine.models.deepseek_v41.attention import (
     SharedSelection,
 )
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
+from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -84,9 +85,14 @@ class DeepseekV41Block(nn.Module):
                 c.rms_norm_eps,
             )
 
-    def forward(self, streams, pre, rotation, meta, ring, compressed, shared, engram_rows, dtype):
+    def forward(
+        self, streams, pre, rotation, meta, ring, compressed, shared, engram_rows, dtype, features
+    ):
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
+        if features is not None:
+            # DSpark's target feature: the residual entering attention, streams averaged.
+            features.append(streams.mean(1))
         attn_pre, post, comb = self.hc_attn(streams)
         u = self.attn_norm(collapse(streams, pre).to(dtype))
         attended = self.attn(u, rotation, meta, ring, compressed, shared)
@@ -106,6 +112,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         dtype: torch.dtype,
         engram_tables: EngramTables | None = None,
         backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
+        dspark: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
@@ -138,6 +145,14 @@ class DeepseekV41ForCausalLM(nn.Module):
             if plan.compress_ratio
         }
         self._ratios = tuple(sorted(sources))
+        self.dspark = None
+        if dspark:
+            if not config.num_nextn_predict_layers:
+                raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
+            wrong = [i for i in config.dspark_target_layer_ids if not 0 <= i < len(self.plans)]
+            if wrong:
+                raise ModelLoadError(f"dspark_target_layer_ids {wrong} are not backbone layers")
+            self.dspark = DSpark(config, self.plain_rotary, backend)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -161,7 +176,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(config, options.dtype, tables, options.sink_backend_class)
+        return cls(config, options.dtype, tables, options.sink_backend_class, options.dspark)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
@@ -196,6 +211,17 @@ class DeepseekV41ForCausalLM(nn.Module):
                     role=CacheRole.COMPRESSOR_TAIL,
                 )
             )
+        if self.dspark is not None:
+            # One context ring per draft stage: their window of projected target features.
+            rings.append(
+                RingSpec(
+                    DSPARK_RING,
+                    len(self.dspark.stages),
+                    (c.head_dim,),
+                    c.sliding_window,
+                    MAX_BACKTRACK,
+                )
+            )
         engram = any(p.engram_slot >= 0 for p in self.plans)
         return KVLayout(
             paged=tuple(paged),
@@ -217,6 +243,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), meta.token_history), dim=1)
         shared: dict[int, SharedSelection] = {}
+        features: list[torch.Tensor] = []
+        targets = () if self.dspark is None else self.dspark.targets
         for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
             plan = block.plan
             compressed = None
@@ -241,7 +269,12 @@ class DeepseekV41ForCausalLM(nn.Module):
                 shared,
                 engram_rows,
                 self.dtype,
+                features if plan.index in targets else None,
             )
+        if self.dspark is not None:
+            order = sorted(targets)
+            features = [features[order.index(layer)] for layer in targets]
+            self.dspark.write_context(features, positions, meta, kv_cache.rings[DSPARK_RING])
         return self.norm(collapse(streams, pre))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -250,7 +283,7 @@ class DeepseekV41ForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy tensors under the released checkpoint's names (spec §3.8), dequantised to
-        float; every parameter must be set. `mtp.*` (DSpark) is not built yet."""
+        float; every parameter must be set. `mtp.*` (DSpark) loads only when DSpark is on."""
         params = dict(self.named_parameters())
         unset = set(params)
 
@@ -268,9 +301,11 @@ class DeepseekV41ForCausalLM(nn.Module):
 
         halves: dict[str, dict[str, torch.Tensor]] = {}
         for source, value in tensors.items():
-            if source.startswith("mtp.") or source.endswith(".ffn.gate.bias_vl"):
-                continue  # the DSpark drafter; image-token routing
-            name = _parameter_name(source)
+            if source.endswith(".ffn.gate.bias_vl"):
+                continue  # image-token routing
+            if source.startswith("mtp.") and self.dspark is None:
+                continue  # the DSpark drafter, not used
+            name = _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
             if name.endswith((".w1", ".w3")):
                 halves.setdefault(name[:-3], {})[name[-2:]] = value
                 continue
@@ -288,12 +323,14 @@ class DeepseekV41ForCausalLM(nn.Module):
                 module.to(self.dtype)
 
 
+# A backbone block or a draft stage (released `mtp.K`, renamed before matching).
+_BLOCK = r"(?:layers|dspark\.stages)\.\d+"
 _PARAMETER_NAMES = (
-    (re.compile(r"(layers\.\d+)\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.weight$"), r"\1.gate"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
-    (re.compile(r"(layers\.\d+\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
-    (re.compile(r"(layers\.\d+\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
+    (re.compile(rf"({_BLOCK})\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.weight$"), r"\1.gate"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
+    (re.compile(rf"({_BLOCK}\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
 )
 
 
