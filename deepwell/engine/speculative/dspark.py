@@ -34,8 +34,8 @@ class DSparkDrafter(Drafter):
         self.temperatures = temperatures
 
     def _temperature(self, position: int) -> float:
-        t = self.temperatures
-        return t[min(position, len(t) - 1)] if len(t) > 1 else t[0]
+        # One value for every position, or one per position (the last one beyond the list).
+        return self.temperatures[min(position, len(self.temperatures) - 1)]
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], rooms: list[int]) -> list[Draft | None]:
@@ -74,13 +74,14 @@ class DSparkDrafter(Drafter):
             previous = drawn
         token_rows = torch.stack(tokens, 1).tolist()
         survival_rows = torch.stack(confidences, 1).cumprod(dim=1).tolist()
-        prob_rows = torch.stack(probs, 1) if sampled else None
+        # Request index → its row of the sampled requests' distributions [n, width, vocab].
+        prob_rows = dict(zip(sampled, torch.stack(probs, 1))) if sampled else {}
         drafts: list[Draft | None] = []
         for index, room in enumerate(rooms):
             n = min(room, width)
             draft = Draft(token_rows[index][:n], survival=survival_rows[index][:n])
-            if prob_rows is not None and index in sampled:
-                draft.probs = prob_rows[sampled.index(index), :n]
+            if index in prob_rows:
+                draft.probs = prob_rows[index][:n]
             drafts.append(draft)
         return drafts
 
