@@ -75,7 +75,7 @@ class DSparkDrafter(Drafter):
         token_rows = torch.stack(tokens, 1).tolist()
         survival_rows = torch.stack(confidences, 1).cumprod(dim=1).tolist()
         # Request index → its row of the sampled requests' distributions [n, width, vocab].
-        prob_rows = dict(zip(sampled, torch.stack(probs, 1))) if sampled else {}
+        prob_rows = dict(zip(sampled, torch.stack(probs, 1), strict=True)) if sampled else {}
         drafts: list[Draft | None] = []
         for index, room in enumerate(rooms):
             n = min(room, width)

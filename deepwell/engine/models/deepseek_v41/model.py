@@ -149,9 +149,13 @@ class DeepseekV41ForCausalLM(nn.Module):
         if dspark:
             if not config.num_nextn_predict_layers:
                 raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
-            wrong = [i for i in config.dspark_target_layer_ids if not 0 <= i < len(self.plans)]
-            if wrong:
-                raise ModelLoadError(f"dspark_target_layer_ids {wrong} are not backbone layers")
+            targets = list(config.dspark_target_layer_ids)
+            # Their features concatenate in layer order, as the forward meets them.
+            increasing = bool(targets) and targets == sorted(set(targets))
+            if not increasing or targets[0] < 0 or targets[-1] >= len(self.plans):
+                raise ModelLoadError(
+                    f"dspark_target_layer_ids {targets} must be increasing backbone layers"
+                )
             self.dspark = DSpark(config, self.plain_rotary, backend)
 
     @classmethod
@@ -272,8 +276,6 @@ class DeepseekV41ForCausalLM(nn.Module):
                 features if plan.index in targets else None,
             )
         if self.dspark is not None:
-            order = sorted(targets)
-            features = [features[order.index(layer)] for layer in targets]
             self.dspark.write_context(features, positions, meta, kv_cache.rings[DSPARK_RING])
         return self.norm(collapse(streams, pre))
 
