@@ -258,6 +258,7 @@ def _engine_args(args: argparse.Namespace, **overrides):
         kv_store_path=args.kv_store,
         batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
         num_speculative_tokens=args.num_speculative_tokens,
+        speculative_method=args.speculative_method,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
         **yoco_overrides(args),

@@ -4,6 +4,17 @@ Free of torch imports (beside `engine_options.py`, not inside `deepwell.engine`,
 package imports torch), so the HTTP process reads them without loading the engine.
 """
 
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 # What each one means: the `EngineArgs` field of the same name (engine/args.py).
 # They follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
 DTYPES = ("bfloat16", "float32")
@@ -18,7 +29,11 @@ KV_STORE_CAPACITY_GIB = 100.0
 KV_STORE_TTL_CHAT_S = 7 * 86400.0
 KV_STORE_TTL_AGENT_S = 3 * 86400.0
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
-NUM_SPECULATIVE_TOKENS = 5
+# DeepInfer's DEEPINFER_USE_NEXTN_DECODE (spec/deepinfer.md §1.4), mirrored.
+NUM_SPECULATIVE_TOKENS = _env_int("DEEPWELL_USE_NEXTN_DECODE", 5)
+# None: DSpark when the checkpoint has draft stages (`mtp.*`), n-gram lookup otherwise.
+SPECULATIVE_METHODS = ("ngram", "dspark")
+SPECULATIVE_METHOD = None
 ASYNC_SCHEDULING = True
 QUANTIZE_KV_CACHE = True
 # SWA bounded replay of DeepSeek-V4.1's YOCO consumer layers (DeepInfer's

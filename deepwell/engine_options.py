@@ -52,8 +52,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens",
         type=int,
         default=defaults.NUM_SPECULATIVE_TOKENS,
-        help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        f"decoding off (default: {defaults.NUM_SPECULATIVE_TOKENS})",
+        help="draft tokens verified per request and step; 0 turns speculative decoding off "
+        f"(default: DEEPWELL_USE_NEXTN_DECODE or 5, now {defaults.NUM_SPECULATIVE_TOKENS})",
+    )
+    parser.add_argument(
+        "--speculative-method",
+        choices=defaults.SPECULATIVE_METHODS,
+        default=defaults.SPECULATIVE_METHOD,
+        help="drafter: n-gram prompt lookup, or DeepSeek-V4.1's DSpark stages "
+        "(default: dspark when the checkpoint has them, else ngram)",
     )
     parser.add_argument(
         "--no-async-scheduling",

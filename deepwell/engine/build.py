@@ -54,18 +54,22 @@ class BuiltEngine:
     # The context limit: the configured one, capped at the model's.
     max_model_len: int
     vocab_size: int
+    # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
+    speculative_method: str | None = None
 
 
 def build_engine(args: EngineArgs) -> BuiltEngine:
     """Load the checkpoint, build its model, plan and allocate its KV cache."""
     started = time.monotonic()
     checkpoint = load_checkpoint(args.model)
+    method = _speculative_method(args, checkpoint.tensors)
     model = build_model(
         checkpoint,
         ModelOptions(
             dtype=args.torch_dtype,
             backend_class=BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
             quantize_kv_cache=args.quantize_kv_cache,
+            dspark=method == "dspark",
         ),
     )
     model.load_weights(checkpoint.tensors)
@@ -154,7 +158,23 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         bos_token_id=checkpoint.hf_config.get("bos_token_id"),
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
+        speculative_method=method,
     )
+
+
+def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None:
+    """The drafter: the one asked for, else DSpark where the checkpoint has draft stages."""
+    # Verify lengths follow measured step times, so they vary with load: batch-invariant
+    # mode does not speculate (DeepInfer likewise needs MTP_VARLEN off, spec/deepinfer.md §1.6).
+    if not args.num_speculative_tokens or args.batch_invariant:
+        return None
+    has_stages = any(name.startswith("mtp.") for name in tensors)
+    if args.speculative_method == "dspark" and not has_stages:
+        raise ValueError(
+            "speculative_method 'dspark' needs a DeepSeek-V4.1 checkpoint with its draft "
+            "stages (mtp.*); use 'ngram'"
+        )
+    return args.speculative_method or ("dspark" if has_stages else "ngram")
 
 
 def _model_bytes(model: nn.Module) -> int:

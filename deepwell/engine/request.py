@@ -71,6 +71,9 @@ class Request:
     # Draft tokens to verify after the last token in the next step (speculative/); never
     # part of token_ids, so prefix keys and the counter cover accepted tokens only.
     draft_token_ids: list[int] = field(default_factory=list)
+    # [len(draft_token_ids), vocab]: the distributions the draft tokens were drawn from
+    # (DSpark on a sampled request); None for point-mass drafts.
+    draft_probs: torch.Tensor | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_preemptions: int = 0
     first_token_time: float | None = None

@@ -167,7 +167,9 @@ class ModelRunner:
         for chunk in step.verifying:
             num_rows = len(chunk.draft) + 1
             block = logits[offset : offset + num_rows]
-            by_request[id(chunk.request)] = (verify(block, chunk.draft, chunk.request), None)
+            request = chunk.request
+            probs = None if request.draft_probs is None else request.draft_probs[: len(chunk.draft)]
+            by_request[id(request)] = (verify(block, chunk.draft, request, probs), None)
             offset += num_rows
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]

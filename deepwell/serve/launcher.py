@@ -86,6 +86,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             block_size=args.block_size,
             enable_prefix_caching=not args.no_prefix_caching,
             num_speculative_tokens=args.num_speculative_tokens,
+            speculative_method=args.speculative_method,
             kv_store_path=args.kv_store,
             kv_store_capacity_gib=args.kv_store_capacity_gib,
             kv_store_ttl_chat_s=args.kv_store_ttl_chat,

@@ -32,6 +32,8 @@ class WorkerConfig:
     enable_prefix_caching: bool = engine_defaults.ENABLE_PREFIX_CACHING
     # Draft tokens per request and step; 0: no speculative decoding.
     num_speculative_tokens: int = engine_defaults.NUM_SPECULATIVE_TOKENS
+    # "ngram", "dspark" or None (dspark when the checkpoint has draft stages).
+    speculative_method: str | None = engine_defaults.SPECULATIVE_METHOD
     kv_store_path: str | None = None
     kv_store_capacity_gib: float = engine_defaults.KV_STORE_CAPACITY_GIB
     kv_store_ttl_chat_s: float = engine_defaults.KV_STORE_TTL_CHAT_S

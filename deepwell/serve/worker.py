@@ -110,6 +110,7 @@ class EngineCoreAdapter:
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
                 num_speculative_tokens=config.num_speculative_tokens,
+                speculative_method=config.speculative_method,
                 kv_store_path=config.kv_store_path,
                 kv_store_capacity_gib=config.kv_store_capacity_gib,
                 kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,

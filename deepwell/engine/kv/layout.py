@@ -77,6 +77,9 @@ class RingSpec:
     dtype: torch.dtype | None = None
     role: CacheRole = CacheRole.WINDOW
     extra_rows: int = 0
+    # The first of its layers written by a YOCO consumer (kv/replay.py), whose rows a
+    # truncation mode rebuilds by replay rather than snapshots; None: no such layer.
+    consumers_from: int | None = None
 
     @property
     def rows(self) -> int:
@@ -151,6 +154,14 @@ class KVLayout:
             for ring in self.rings
         )
         return dataclasses.replace(self, rings=rings)
+
+    def max_draft_tokens(self, requested: int) -> int:
+        """Draft tokens a step may verify: a verify chunk writes 1 + k ring rows, and
+        rejected rows stay harmless while they only overwrite rows older than every read
+        after a rollback, which holds for k < max_backtrack (DeepInfer sizes its rings
+        with MAX_BACKTRACKING_TOKENS = NEXTN + 1, spec/deepinfer.md §1.4)."""
+        slack = min((ring.max_backtrack for ring in self.rings), default=requested + 1)
+        return min(requested, slack - 1)
 
     @property
     def needs_slots(self) -> bool:

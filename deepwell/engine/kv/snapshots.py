@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from deepwell.engine.kv.cache import KVCache
-from deepwell.engine.kv.layout import CacheRole, KVLayout
+from deepwell.engine.kv.layout import KVLayout
 from deepwell.engine.kv.replay import BoundedReplay
 
 # Snapshots kept in memory per state slot: a running sequence's latest boundaries and the
@@ -48,8 +48,8 @@ def snapshot_parts(
         if not num_rows:
             continue
         layers = range(ring.num_layers)
-        if replay.bounded and ring.role is CacheRole.WINDOW:
-            layers = range(layout.yoco_boundary)
+        if replay.bounded and ring.consumers_from is not None:
+            layers = range(ring.consumers_from)
         parts += [
             SnapshotPart(ring.name, layer, num_rows, ring.entry_shape, ring.dtype or dtype)
             for layer in layers

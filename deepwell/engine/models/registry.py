@@ -27,6 +27,8 @@ class ModelOptions:
     sink_backend_class: type[SinkAttentionBackend] = TorchSinkAttention
     # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
     quantize_kv_cache: bool = True
+    # DeepSeek-V4.1: build the DSpark draft stages and fill their context rings.
+    dspark: bool = False
 
 
 MODELS: dict[str, type[nn.Module]] = {

@@ -275,3 +275,31 @@ def test_concurrent_hits_in_mixed_steps_match_no_cache(make_core, mode):
         _, _, expected = generate(fresh, tokens)
         assert cached[f"f{n}"] >= 32
         assert outputs[f"f{n}"] == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["off", "mask", "compact"])
+def test_hits_with_dspark_drafting_match_no_cache(make_core, mode):
+    """DSpark's context rings are fed by consumer layers: a hit restores them from the
+    snapshot (off) or rebuilds them in the replayed suffix (mask, compact, where compact
+    feeds them only the kept rows); greedy tokens stay those of no cache."""
+    greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    cores = [
+        make_core(mode, num_speculative_tokens=3, **cache)
+        for cache in ({}, {"enable_prefix_caching": False})
+    ]
+    outputs = []
+    for core in cores:
+        assert core.speculator is not None
+        first = prompt(40, seed=40)
+        for tokens in (first, first + prompt(30, seed=41)):
+            core.add_request(f"r{next(_ids)}", tokens, greedy)
+            out, cached = [], 0
+            while core.has_unfinished():
+                for output in core.step():
+                    out += output.new_token_ids
+                    cached = output.num_cached_tokens
+        outputs.append((cached, out))
+        assert core.stats().spec.verified_tokens > 0
+    (cached, tokens), (fresh_cached, fresh_tokens) = outputs
+    assert cached > 0 and fresh_cached == 0
+    assert tokens == fresh_tokens

@@ -6,8 +6,9 @@ layer and the ratio-2 compressor tails in per-sequence rings, the compressed ent
 index keys of the KV sources in the shared paged blocks. Chunked prefill, decode and mixed
 batches therefore run as they do for Llama. The layers from the first ratio-1 layer on are
 YOCO consumers: in a bounded-replay mode (kv/replay.py) their window stops at the request's
-replay start, and in compact mode they run only the rows from there. The DSpark draft
-stages (`mtp.*`) load with the checkpoint and are not built yet.
+replay start, and in compact mode they run only the rows from there. With DSpark on, the
+target also fills the draft stages' context rings from its `dspark_target_layer_ids`
+layers (dspark.py).
 """
 
 import dataclasses
@@ -28,6 +29,7 @@ from deepwell.engine.models.deepseek_v41.attention import (
     SharedSelection,
 )
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
+from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -93,10 +95,24 @@ class DeepseekV41Block(nn.Module):
         return self.attn_norm(collapse(streams, pre).to(dtype))
 
     def forward(
-        self, streams, pre, rotation, meta, windows, ring, compressed, shared, engram_rows, dtype
+        self,
+        streams,
+        pre,
+        rotation,
+        meta,
+        windows,
+        ring,
+        compressed,
+        shared,
+        engram_rows,
+        dtype,
+        features,
     ):
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
+        if features is not None:
+            # DSpark's target feature: the residual entering attention, streams averaged.
+            features.append(streams.mean(1))
         attn_pre, post, comb = self.hc_attn(streams)
         u = self.attn_norm(collapse(streams, pre).to(dtype))
         attended = self.attn(u, rotation, meta, windows, ring, compressed, shared)
@@ -116,6 +132,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         dtype: torch.dtype,
         engram_tables: EngramTables | None = None,
         backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
+        dspark: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
@@ -149,6 +166,18 @@ class DeepseekV41ForCausalLM(nn.Module):
         }
         self._ratios = tuple(sorted(sources))
         self.yoco_boundary = _yoco_boundary(self.plans)
+        self.dspark = None
+        if dspark:
+            if not config.num_nextn_predict_layers:
+                raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
+            targets = list(config.dspark_target_layer_ids)
+            # Their features concatenate in layer order, as the forward meets them.
+            increasing = bool(targets) and targets == sorted(set(targets))
+            if not increasing or targets[0] < 0 or targets[-1] >= len(self.plans):
+                raise ModelLoadError(
+                    f"dspark_target_layer_ids {targets} must be increasing backbone layers"
+                )
+            self.dspark = DSpark(config, self.plain_rotary, backend)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -172,7 +201,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(config, options.dtype, tables, options.sink_backend_class)
+        return cls(config, options.dtype, tables, options.sink_backend_class, options.dspark)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
@@ -191,7 +220,14 @@ class DeepseekV41ForCausalLM(nn.Module):
                     )
                 )
         rings = [
-            RingSpec("window", len(self.plans), (c.head_dim,), c.sliding_window, MAX_BACKTRACK)
+            RingSpec(
+                "window",
+                len(self.plans),
+                (c.head_dim,),
+                c.sliding_window,
+                MAX_BACKTRACK,
+                consumers_from=self.yoco_boundary,
+            )
         ]
         tails = [ratio for ratio in self._ratios if ratio > 1]
         for ratio in tails:
@@ -207,6 +243,19 @@ class DeepseekV41ForCausalLM(nn.Module):
                     role=CacheRole.COMPRESSOR_TAIL,
                 )
             )
+        if self.dspark is not None:
+            # One context ring per draft stage: their window of projected target features.
+            rings.append(
+                RingSpec(
+                    DSPARK_RING,
+                    len(self.dspark.stages),
+                    (c.head_dim,),
+                    c.sliding_window,
+                    MAX_BACKTRACK,
+                    # Fed by the target layers' features: consumers once any target is one.
+                    consumers_from=0 if self._dspark_reads_consumers() else None,
+                )
+            )
         engram = any(p.engram_slot >= 0 for p in self.plans)
         return KVLayout(
             paged=tuple(paged),
@@ -215,6 +264,10 @@ class DeepseekV41ForCausalLM(nn.Module):
             yoco_boundary=self.yoco_boundary,
             token_history=c.engram_max_ngram_size - 1 if engram else 0,
         )
+
+    def _dspark_reads_consumers(self) -> bool:
+        boundary = self.yoco_boundary
+        return boundary is not None and any(t >= boundary for t in self.dspark.targets)
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
@@ -231,6 +284,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         shared: dict[int, SharedSelection] = {}
         num_rows = input_ids.shape[0]
         step = meta
+        features: list[torch.Tensor] = []
+        targets = () if self.dspark is None else self.dspark.targets
         for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
             plan = block.plan
             compressed = None
@@ -267,6 +322,10 @@ class DeepseekV41ForCausalLM(nn.Module):
                 history = None if history is None else history[kept]
                 engram_rows = None if engram_rows is None else engram_rows[kept]
                 shared.clear()
+                # DSpark's context rings then take the kept rows only: replay keeps at
+                # least a window, all a draft reads.
+                features[:] = [feature[kept] for feature in features]
+                positions = positions[kept]
                 step = compact.kept
             windows = step.consumer_windows("window") if consumer else step.windows["window"]
             streams, pre = block(
@@ -280,7 +339,10 @@ class DeepseekV41ForCausalLM(nn.Module):
                 shared,
                 engram_rows,
                 self.dtype,
+                features if plan.index in targets else None,
             )
+        if self.dspark is not None:
+            self.dspark.write_context(features, positions, step, kv_cache.rings[DSPARK_RING])
         hidden = self.norm(collapse(streams, pre))
         if step is meta:
             return hidden
@@ -295,7 +357,7 @@ class DeepseekV41ForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy tensors under the released checkpoint's names (spec §3.8), dequantised to
-        float; every parameter must be set. `mtp.*` (DSpark) is not built yet."""
+        float; every parameter must be set. `mtp.*` (DSpark) loads only when DSpark is on."""
         params = dict(self.named_parameters())
         unset = set(params)
 
@@ -313,9 +375,11 @@ class DeepseekV41ForCausalLM(nn.Module):
 
         halves: dict[str, dict[str, torch.Tensor]] = {}
         for source, value in tensors.items():
-            if source.startswith("mtp.") or source.endswith(".ffn.gate.bias_vl"):
-                continue  # the DSpark drafter; image-token routing
-            name = _parameter_name(source)
+            if source.endswith(".ffn.gate.bias_vl"):
+                continue  # image-token routing
+            if source.startswith("mtp.") and self.dspark is None:
+                continue  # the DSpark drafter, not used
+            name = _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
             if name.endswith((".w1", ".w3")):
                 halves.setdefault(name[:-3], {})[name[-2:]] = value
                 continue
@@ -346,12 +410,14 @@ def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
     return boundary
 
 
+# A backbone block or a draft stage (released `mtp.K`, renamed before matching).
+_BLOCK = r"(?:layers|dspark\.stages)\.\d+"
 _PARAMETER_NAMES = (
-    (re.compile(r"(layers\.\d+)\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.weight$"), r"\1.gate"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
-    (re.compile(r"(layers\.\d+\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
-    (re.compile(r"(layers\.\d+\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
+    (re.compile(rf"({_BLOCK})\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.weight$"), r"\1.gate"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
+    (re.compile(rf"({_BLOCK}\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
 )
 
 
