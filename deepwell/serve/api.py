@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from deepwell.recipe import ConversionError
+from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.engine_client import EngineClient, InferenceError
 from deepwell.serve.errors import (
     ApiError,
@@ -132,6 +133,8 @@ def create_app(
         )
 
     metrics = ServeMetrics(stats)
+    if engine is not None:
+        metrics.registry.register(ClusterCollector(engine.workers, engine.latency))
     frontend = Frontend(model, infer)
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())

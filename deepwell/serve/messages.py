@@ -194,6 +194,10 @@ class ModelInfo:
     tokenizer_json: str
     chat_template: str | None
     eos_token_ids: list[int]
+    # Hex of the root of the KV block-key chain (model, weights, KV layout, block size,
+    # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix
+    # caching.
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,17 @@ class WorkerFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class Heartbeat:
+    """Worker → frontend, every `HEARTBEAT_INTERVAL_S` from a thread of its own: still alive,
+    even while a long engine step runs."""
+
+    worker_id: int
+
+
+HEARTBEAT_INTERVAL_S = 0.1
+
+
 MESSAGE_TYPES: tuple[type, ...] = (
     WorkerConfig,
     GenerateRequest,
@@ -226,6 +241,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     WorkerReady,
     WorkerFailed,
     StructuredOutputSpec,
+    Heartbeat,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 

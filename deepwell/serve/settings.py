@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
+from deepwell.serve.cluster.options import add_cluster_arguments
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def _days(seconds: float) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`."""
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(

@@ -7,9 +7,11 @@ within one engine step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import Protocol
 
 import zmq
@@ -18,8 +20,10 @@ from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.args import env_flag
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
+    HEARTBEAT_INTERVAL_S,
     AbortRequest,
     GenerateRequest,
+    Heartbeat,
     ModelInfo,
     RequestRejected,
     Shutdown,
@@ -196,7 +200,25 @@ class EngineCoreAdapter:
             tokenizer_json=core.tokenizer.to_str(),
             chat_template=core.chat_template,
             eos_token_ids=sorted(core.eos_token_ids),
+            fingerprint=core.kv.root_key.hex() if core.kv.root_key is not None else "",
         )
+
+
+def send_heartbeats(
+    context: zmq.Context, address: str, worker_id: int, stop: threading.Event
+) -> None:
+    """Tell the frontend every `HEARTBEAT_INTERVAL_S` that this process lives; its own socket,
+    since ZeroMQ sockets are not shared across threads."""
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(address)
+    try:
+        while not stop.wait(HEARTBEAT_INTERVAL_S):
+            # A frontend that is not reading decides on its own what that means.
+            with contextlib.suppress(zmq.Again):
+                socket.send(encode_message(Heartbeat(worker_id)), zmq.NOBLOCK)
+    finally:
+        socket.close()
 
 
 def main(config: WorkerConfig) -> None:
@@ -210,8 +232,15 @@ def main(config: WorkerConfig) -> None:
     outbox = context.socket(zmq.PUSH)
     outbox.setsockopt(zmq.LINGER, 1000)
     outbox.connect(config.outbox_address)
+    stop_heartbeats = threading.Event()
+    heartbeats = threading.Thread(
+        target=send_heartbeats,
+        args=(context, config.outbox_address, config.worker_id, stop_heartbeats),
+        daemon=True,
+    )
     try:
         engine = EngineCoreAdapter(config)
+        heartbeats.start()
         try:
             serve_engine(engine, config.worker_id, inbox, outbox, config.parent_pid)
         finally:
@@ -221,6 +250,9 @@ def main(config: WorkerConfig) -> None:
         outbox.send(encode_message(WorkerFailed(config.worker_id, message)))
         raise
     finally:
+        stop_heartbeats.set()
+        if heartbeats.is_alive():
+            heartbeats.join()
         inbox.close(linger=0)
         outbox.close()
         context.term()

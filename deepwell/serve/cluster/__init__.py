@@ -1,0 +1,1 @@
+"""Many engine workers behind one front end: routing policy, prefix index, cluster metrics."""

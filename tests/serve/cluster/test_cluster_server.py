@@ -1,0 +1,132 @@
+"""`deepwell serve --workers 2` with the embedded model: routing, SIGKILL failover through the
+official SDKs (seeded text equal to an undisturbed run), rejoin, and PD disaggregation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+from servers import MODEL_ARGS, children_of, start_server
+
+# Batch invariance makes a re-admitted request's prefill produce the logits its decode
+# steps would have, so seeded samples continue identically after a failover.
+CLUSTER_ARGS = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--workers", "2")
+MAX_TOKENS = 12
+
+
+def metric(server, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    for line in httpx.get(f"{server.base_url}/metrics").text.splitlines():
+        match = re.fullmatch(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+async def openai_stream(client, model: str, index: int) -> str:
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": f"Tell me one fact about the number {index}."}],
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        seed=1000 + index,
+        stream=True,
+    )
+    parts = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+            _progress.add(index)
+    return "".join(parts)
+
+
+async def anthropic_stream(client, model: str, index: int) -> str:
+    parts = []
+    async with client.messages.stream(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": f"Name an animal for the letter {index}."}],
+        extra_body={"temperature": 1.0},
+        extra_headers={"x-deepwell-seed": str(2000 + index)},
+    ) as stream:
+        async for text in stream.text_stream:
+            parts.append(text)
+            _progress.add(index)
+    return "".join(parts)
+
+
+# Indices of the streams that have produced text so far.
+_progress: set[int] = set()
+
+
+async def run_streams(server, count: int, kill_after: int | None = None) -> list[str]:
+    """`count` concurrent streams, half per SDK; with `kill_after`, SIGKILL one worker once
+    that many streams have produced text."""
+    _progress.clear()
+    model = server.model
+    oa = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    an = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    tasks = [
+        asyncio.create_task(
+            openai_stream(oa, model, i) if i % 2 == 0 else anthropic_stream(an, model, i)
+        )
+        for i in range(count)
+    ]
+    if kill_after is not None:
+        while len(_progress) < kill_after:
+            assert not all(t.done() for t in tasks), "every stream ended before the kill"
+            await asyncio.sleep(0.01)
+        victim = children_of(server.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+    results = await asyncio.gather(*tasks)
+    await oa.close()
+    await an.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("cluster"), *CLUSTER_ARGS)
+    yield server
+    assert server.stop() == 0
+
+
+def failover(server, count: int) -> None:
+    undisturbed = asyncio.run(run_streams(server, count))
+    assert all(undisturbed), undisturbed
+    rerouted = metric(server, "deepwell_rerouted_requests_total")
+    disturbed = asyncio.run(run_streams(server, count, kill_after=count // 4))
+    assert disturbed == undisturbed
+    assert metric(server, "deepwell_rerouted_requests_total") > rerouted
+    # The killed worker is restarted and rejoins.
+    deadline = time.monotonic() + 300
+    while metric(server, "deepwell_worker_up") < 2:
+        assert time.monotonic() < deadline, "the killed worker did not rejoin"
+        time.sleep(0.5)
+
+
+def test_requests_are_routed_over_both_workers(cluster):
+    asyncio.run(run_streams(cluster, 4))
+    for worker in ("0", "1"):
+        assert metric(cluster, "deepwell_routed_requests_total", worker=worker, role="mixed") >= 1
+    assert metric(cluster, "deepwell_worker_up") == 2
+
+
+def test_sigkill_mid_stream_loses_no_request_and_changes_no_text(cluster):
+    failover(cluster, 8)
+
+
+@pytest.mark.slow
+def test_sigkill_with_64_streams_through_both_sdks(cluster):
+    failover(cluster, 64)
