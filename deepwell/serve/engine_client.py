@@ -63,6 +63,22 @@ class RequestRejected(InferenceError):
     status_code = 400
 
 
+class DrainRefused(InferenceError):
+    """Removing the worker would overload the others, or there is no such worker."""
+
+    status_code = 409
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """How a drained worker left: requests that finished on it, and those moved elsewhere."""
+
+    worker_id: int
+    finished: int
+    migrated: int
+    remaining_utilisation: float
+
+
 class WorkerRole(Enum):
     """What a worker is asked to do: whole requests, or one side of PD disaggregation."""
 
@@ -235,6 +251,9 @@ class EngineClient:
 
     def worker_lost(self, worker_id: int, reason: str) -> None:
         """Take a worker out of service and re-admit its requests on the others."""
+        self._remove(worker_id, reason, failed=True)
+
+    def _remove(self, worker_id: int, reason: str, failed: bool) -> None:
         worker = self._workers[worker_id]
         if worker.failure is not None:
             return
@@ -246,13 +265,13 @@ class EngineClient:
         # at the same address does not run requests that moved elsewhere.
         worker.socket.close(linger=0)
         worker.socket = self._connect(worker.address)
-        if was_ready:
+        if was_ready and failed:
             logger.warning("engine worker %d lost: %s", worker_id, reason)
         for request_id in list(worker.in_flight):
             stream = self._streams[request_id]
             worker.in_flight.discard(request_id)
             stream.worker = None
-            self.latency.rerouted += 1
+            self.latency.rerouted += failed
             try:
                 self._dispatch(stream)
             except EngineUnavailable as error:
@@ -262,6 +281,43 @@ class EngineClient:
                 )
         if all(w.ready or w.failure is not None for w in self._workers):
             self._all_ready.set()
+
+    def utilisation_without(self, worker_id: int) -> float:
+        """KV blocks in use on every live worker over the blocks of the live workers other
+        than `worker_id`: how full the rest would be if it left now (inf if none remain)."""
+        live = [w for w in self._workers if w.live]
+        used = sum(w.stats.kv_blocks_used for w in live)
+        capacity = sum(w.stats.kv_blocks_total for w in live if w.worker_id != worker_id)
+        return used / capacity if capacity else float("inf")
+
+    async def drain(self, worker_id: int, max_utilisation: float, timeout: float) -> DrainResult:
+        """Take a worker out of service without losing a request (spec/deepinfer.md §5).
+
+        Refused while the remaining workers' utilisation would exceed `max_utilisation`.
+        Otherwise no new request goes to the worker; its requests get `timeout` seconds to
+        finish there, the rest are re-admitted elsewhere; then the worker is told to exit.
+        """
+        if not 0 <= worker_id < len(self._workers) or not self._workers[worker_id].live:
+            raise DrainRefused(f"there is no serving engine worker {worker_id}")
+        worker = self._workers[worker_id]
+        if worker.draining:
+            raise DrainRefused(f"engine worker {worker_id} is already draining")
+        remaining = self.utilisation_without(worker_id)
+        if remaining > max_utilisation:
+            raise DrainRefused(
+                f"removing engine worker {worker_id} would leave the others at "
+                f"{remaining:.0%} utilisation, above the limit of {max_utilisation:.0%}"
+            )
+        worker.draining = True
+        started = len(worker.in_flight)
+        deadline = time.monotonic() + timeout
+        while worker.in_flight and time.monotonic() < deadline and worker.live:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+        migrated = len(worker.in_flight)
+        if worker.live:
+            self._remove(worker_id, "drained", failed=False)
+            worker.socket.send(encode_message(Shutdown()))
+        return DrainResult(worker_id, started - migrated, migrated, remaining)
 
     def worker_restarted(self, worker_id: int) -> None:
         """A lost worker's replacement is loading: it rejoins with its `WorkerReady`."""

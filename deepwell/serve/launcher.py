@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
         api_keys=tuple(args.api_key),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        drain_max_utilisation=args.drain_max_utilisation,
+        drain_timeout_s=args.drain_timeout,
+        key_tokens_per_minute=args.key_tokens_per_minute,
     )
     try:
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
@@ -142,9 +145,12 @@ async def _watch_workers(
         views = client.workers()
         for worker_id, worker in enumerate(workers):
             if worker.poll() is None:
-                if serving.is_set() and views[worker_id].failure is not None:
+                view = views[worker_id]
+                if serving.is_set() and view.failure is not None and not view.draining:
                     worker.kill()
                 continue
+            if views[worker_id].draining:
+                continue  # drained on purpose: it stays out
             client.worker_lost(worker_id, f"process exited with code {worker.returncode}")
             if serving.is_set():
                 logger.warning("restarting engine worker %d", worker_id)

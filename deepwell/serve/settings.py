@@ -24,6 +24,12 @@ class ServeSettings:
     # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
     max_pending_requests: int = 1024
     retry_after_seconds: int = 1
+    # Quota guard (spec/deepinfer.md §5): a worker may leave only while the others would
+    # stay at or below this KV utilisation; its requests get drain_timeout_s to finish.
+    drain_max_utilisation: float = 0.8
+    drain_timeout_s: float = 60.0
+    # Gateway: prompt + completion tokens one API key may use per minute (None: no limit).
+    key_tokens_per_minute: int | None = None
 
 
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -62,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
     )
     defaults = ServeSettings()
+    parser.add_argument(
+        "--key-tokens-per-minute",
+        type=int,
+        default=None,
+        help="per API key, prompt + completion tokens per minute; beyond it 429 with "
+        "Retry-After (default: no limit)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     parser.add_argument(
         "--max-pending-requests",

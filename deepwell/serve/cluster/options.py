@@ -31,6 +31,19 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "longest prefix hit)",
     )
     parser.add_argument(
+        "--drain-max-utilisation",
+        type=float,
+        default=0.8,
+        help="quota guard: refuse to drain a worker if the others would exceed this KV "
+        "utilisation (default: 0.8)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a draining worker's requests may take to finish before they move",
+    )
+    parser.add_argument(
         "--heartbeat-timeout",
         type=float,
         default=1.0,

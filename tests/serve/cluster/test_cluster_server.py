@@ -130,3 +130,37 @@ def test_sigkill_mid_stream_loses_no_request_and_changes_no_text(cluster):
 @pytest.mark.slow
 def test_sigkill_with_64_streams_through_both_sdks(cluster):
     failover(cluster, 64)
+
+
+@pytest.fixture(scope="module")
+def pd_cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pd")
+    args = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--kv-store", str(root / "kv"))
+    server = start_server(root, *args, "--prefill-workers", "1", "--decode-workers", "1")
+    yield server
+    assert server.stop() == 0
+
+
+def greedy(server, index: int) -> str:
+    # Past one 128-token block, so the prompt's KV has a full block to pass through the store.
+    story = " ".join(f"Step {n}: the traveller walked on." for n in range(40))
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": f"{story} Summarise story {index}."}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=300)
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def test_pd_gives_the_greedy_tokens_of_one_worker(cluster, pd_cluster):
+    for index in range(3):
+        assert greedy(pd_cluster, index) == greedy(cluster, index)
+    assert metric(pd_cluster, "deepwell_pd_handoffs_total") == 3
+    for role in ("prefill", "decode"):
+        count = metric(pd_cluster, "deepwell_worker_time_to_first_token_seconds_count", role=role)
+        assert count == 3
+    assert metric(pd_cluster, "deepwell_worker_inter_token_latency_seconds_count", role="decode")
+    assert metric(pd_cluster, "deepwell_kv_store_written_bytes_total") > 0

@@ -8,7 +8,12 @@ import time
 import pytest
 import zmq
 
-from deepwell.serve.engine_client import EngineClient, EngineUnavailable, WorkerRole
+from deepwell.serve.engine_client import (
+    DrainRefused,
+    EngineClient,
+    EngineUnavailable,
+    WorkerRole,
+)
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
@@ -253,3 +258,65 @@ def test_pd_prefill_worker_computes_the_prompt_and_a_decode_worker_continues(clu
     (decode,) = workers.engines[1].received
     assert prefill.max_tokens == 1 and prefill.prompt_token_ids == [1, 2, 3]
     assert decode.prompt_token_ids == [1, 2, 3, 1003] and decode.max_tokens == 5
+
+
+def test_drain_is_refused_while_the_others_would_be_too_full(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 50))
+        await anext(stream)
+        # One block in use of the other worker's 64: 1.6 %, over a 1 % limit.
+        with pytest.raises(DrainRefused, match="would leave the others at 2% .* limit of 1%"):
+            await client.drain(0, max_utilisation=0.01, timeout=5)
+        assert not any(view.draining for view in client.workers())
+        await collect(stream)
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_the_last_worker_cannot_be_drained(cluster):
+    workers = cluster(PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        with pytest.raises(DrainRefused, match="inf"):
+            await client.drain(0, max_utilisation=0.8, timeout=5)
+        with pytest.raises(DrainRefused, match="no serving engine worker 3"):
+            await client.drain(3, max_utilisation=0.8, timeout=5)
+        await client.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("timeout", "finished", "migrated"), [(30.0, 1, 0), (0.0, 0, 1)])
+def test_drain_finishes_or_moves_the_workers_requests_then_stops_it(
+    cluster, timeout, finished, migrated
+):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 40))
+        tokens = [*(await anext(stream)).token_ids]
+        result = await client.drain(0, max_utilisation=0.8, timeout=timeout)
+        tokens += await collect(stream)
+        # New requests go to the remaining worker.
+        after = await collect(client.generate(request("b", 2)))
+        views = client.workers()
+        await client.close()
+        return result, tokens, after, views
+
+    result, tokens, after, views = asyncio.run(main())
+    assert (result.finished, result.migrated) == (finished, migrated)
+    assert tokens == list(range(1003, 1043)) and after == [1003, 1004]
+    assert views[0].failure == "drained" and not views[0].live
+    assert [r.request_id for r in workers.engines[1].received][-1] == "b"
+    # The drained worker was told to exit.
+    workers.threads[0].join(timeout=5)
+    assert not workers.threads[0].is_alive()
