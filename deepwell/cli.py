@@ -255,6 +255,18 @@ def _run_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_worker(parser: argparse.ArgumentParser) -> None:
+    from deepwell.serve.cluster.remote_worker import configure
+
+    configure(parser)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from deepwell.serve.cluster.remote_worker import run
+
+    return run(args)
+
+
 # --- generate ---
 
 
@@ -510,6 +522,12 @@ COMMANDS: list[Command] = [
         "serve a model over HTTP: OpenAI Chat Completions and Responses, Anthropic Messages",
         _configure_serve,
         _run_serve,
+    ),
+    Command(
+        "worker",
+        "run an engine worker that joins a `deepwell serve --worker-address` front end",
+        _configure_worker,
+        _run_worker,
     ),
     Command(
         "drain",

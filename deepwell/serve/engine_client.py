@@ -155,18 +155,24 @@ class EngineClient:
         block_size: int = 128,
         shared_store: bool = False,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S,
+        join_address: str | None = None,
     ) -> None:
+        """`join_address` (tcp://HOST:PORT): where workers started elsewhere connect."""
         # Sends go through plain sockets so an abort can be issued from any cleanup path,
         # without awaiting; receiving is asynchronous.
         self._context = zmq.Context()
         self._async_context = zmq.asyncio.Context()
         self._outbox = self._async_context.socket(zmq.PULL)
         self._outbox.bind(outbox_address)
+        if join_address is not None:
+            self._outbox.bind(join_address)
         roles = roles or [WorkerRole.MIXED] * len(inbox_addresses)
-        self._workers = [
-            _Worker(worker_id, address, role, self._connect(address))
+        # Local workers are 0..N-1; a worker that joins from elsewhere (`deepwell worker
+        # --connect`) names itself with a random id and sends its inbox address.
+        self._workers = {
+            worker_id: _Worker(worker_id, address, role, self._connect(address))
             for worker_id, (address, role) in enumerate(zip(inbox_addresses, roles, strict=True))
-        ]
+        }
         self._policy = policy
         self._block_size = block_size
         self._store = WorkerPrefixes() if shared_store else None
@@ -197,18 +203,18 @@ class EngineClient:
             await asyncio.wait_for(self._all_ready.wait(), timeout)
         except asyncio.TimeoutError:
             raise EngineUnavailable(f"engine workers not ready after {timeout:.0f} s") from None
-        failures = [w.failure for w in self._workers if w.failure is not None]
+        failures = [w.failure for w in self._workers.values() if w.failure is not None]
         if failures:
             raise EngineUnavailable(f"engine worker failed to start: {failures[0]}")
         return self._model
 
     @property
     def healthy(self) -> bool:
-        return any(w.live for w in self._workers)
+        return any(w.live for w in self._workers.values())
 
     def stats(self) -> WorkerStats:
         """Scheduler and KV occupancy, and KV reuse counters, summed over live workers."""
-        return combine_stats([w.stats for w in self._workers if w.failure is None])
+        return combine_stats([w.stats for w in self._workers.values() if w.failure is None])
 
     def workers(self) -> list[WorkerView]:
         return [
@@ -225,7 +231,7 @@ class EngineClient:
                 w.routed_prompt_tokens,
                 w.routed_hit_tokens,
             )
-            for w in self._workers
+            for w in self._workers.values()
         ]
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
@@ -279,13 +285,12 @@ class EngineClient:
                 stream.queue.put_nowait(
                     EngineUnavailable(f"engine worker {worker_id} stopped ({reason}); {error}")
                 )
-        if all(w.ready or w.failure is not None for w in self._workers):
-            self._all_ready.set()
+        self._check_all_ready()
 
     def utilisation_without(self, worker_id: int) -> float:
         """KV blocks in use on every live worker over the blocks of the live workers other
         than `worker_id`: how full the rest would be if it left now (inf if none remain)."""
-        live = [w for w in self._workers if w.live]
+        live = [w for w in self._workers.values() if w.live]
         used = sum(w.stats.kv_blocks_used for w in live)
         capacity = sum(w.stats.kv_blocks_total for w in live if w.worker_id != worker_id)
         return used / capacity if capacity else float("inf")
@@ -297,7 +302,7 @@ class EngineClient:
         Otherwise no new request goes to the worker; its requests get `timeout` seconds to
         finish there, the rest are re-admitted elsewhere; then the worker is told to exit.
         """
-        if not 0 <= worker_id < len(self._workers) or not self._workers[worker_id].live:
+        if worker_id not in self._workers or not self._workers[worker_id].live:
             raise DrainRefused(f"there is no serving engine worker {worker_id}")
         worker = self._workers[worker_id]
         if worker.draining:
@@ -328,13 +333,13 @@ class EngineClient:
 
     async def close(self) -> None:
         """Ask every worker to exit and release the sockets."""
-        for worker in self._workers:
+        for worker in self._workers.values():
             if worker.failure is None:
                 worker.socket.send(encode_message(Shutdown()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for worker in self._workers:
+        for worker in self._workers.values():
             # Give queued Shutdown frames a moment to leave before the socket goes.
             worker.socket.close(linger=1000)
         self._outbox.close(linger=0)
@@ -358,7 +363,7 @@ class EngineClient:
         if produced and original.structured_output is not None:
             # The grammar's state lives in the lost worker; a new one would restart it.
             raise EngineUnavailable("a constrained request cannot continue on another worker")
-        prefill = [w for w in self._workers if w.live and not w.draining]
+        prefill = [w for w in self._workers.values() if w.live and not w.draining]
         decode = [w for w in prefill if w.role is not WorkerRole.PREFILL]
         prefill = [w for w in prefill if w.role is WorkerRole.PREFILL]
         # A prompt goes to a prefill worker first when there is one and decoding follows.
@@ -449,7 +454,7 @@ class EngineClient:
                 f"(fingerprint {self._model.fingerprint or 'none'})"
             )
             logger.error("engine worker %d %s", worker.worker_id, worker.failure)
-            worker.socket.send(encode_message(Shutdown()))
+            worker.socket.send(encode_message(Shutdown(worker.failure)))
         else:
             self._model = message.model
             worker.ready = True
@@ -457,13 +462,35 @@ class EngineClient:
             worker.stats = message.stats
             if self._all_ready.is_set():
                 logger.info("engine worker %d joined", worker.worker_id)
-        if all(w.ready or w.failure is not None for w in self._workers):
+        self._check_all_ready()
+
+    def _check_all_ready(self) -> None:
+        workers = self._workers.values()
+        if workers and all(w.ready or w.failure is not None for w in workers):
             self._all_ready.set()
+
+    def _join(self, message: WorkerReady) -> _Worker | None:
+        """Register a worker that connected on its own; None if it cannot be reached."""
+        if not message.inbox_address:
+            return None
+        worker = _Worker(
+            message.worker_id,
+            message.inbox_address,
+            WorkerRole.MIXED,
+            self._connect(message.inbox_address),
+        )
+        self._workers[worker.worker_id] = worker
+        logger.info("engine worker %d connected from %s", worker.worker_id, worker.address)
+        return worker
 
     async def _receive_loop(self) -> None:
         while True:
             message = decode_message(await self._outbox.recv())
-            worker = self._workers[message.worker_id]
+            worker = self._workers.get(message.worker_id)
+            if worker is None and isinstance(message, WorkerReady):
+                worker = self._join(message)
+            if worker is None:
+                continue  # a worker this front end does not know: nothing to route to it
             worker.last_seen = time.monotonic()
             if isinstance(message, WorkerReady):
                 self._ready(worker, message)
@@ -489,7 +516,7 @@ class EngineClient:
                 # event loop); judge silence once they are read.
                 continue
             now = time.monotonic()
-            for worker in self._workers:
+            for worker in self._workers.values():
                 silent = now - worker.last_seen
                 if worker.live and silent > self._heartbeat_timeout:
                     self.worker_lost(worker.worker_id, f"no heartbeat for {silent:.1f} s")

@@ -69,8 +69,11 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
     except ValueError as error:
         raise EngineUnavailable(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
+        outbox = f"ipc://{sockets}/outputs"
         configs = [
-            _worker_config(args, worker_id, f"ipc://{sockets}/worker-{worker_id}", sockets)
+            worker_config(
+                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid()
+            )
             for worker_id in range(len(roles))
         ]
         client = EngineClient(
@@ -81,6 +84,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             block_size=args.block_size,
             shared_store=args.kv_store is not None,
             heartbeat_timeout=args.heartbeat_timeout,
+            join_address=args.worker_address,
         )
         workers = [_start_worker(config) for config in configs]
         serving = asyncio.Event()
@@ -98,15 +102,20 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
                 await asyncio.to_thread(_stop_process, worker)
 
 
-def _worker_config(
-    args: argparse.Namespace, worker_id: int, inbox_address: str, sockets: str
+def worker_config(
+    args: argparse.Namespace,
+    worker_id: int,
+    inbox_address: str,
+    outbox_address: str,
+    parent_pid: int,
 ) -> WorkerConfig:
+    """A worker's configuration from `deepwell serve`'s options (`deepwell worker` shares them)."""
     return WorkerConfig(
         worker_id=worker_id,
-        parent_pid=os.getpid(),
+        parent_pid=parent_pid,
         model_path=args.model,
         inbox_address=inbox_address,
-        outbox_address=f"ipc://{sockets}/outputs",
+        outbox_address=outbox_address,
         max_num_seqs=args.max_num_seqs,
         memory_gib=args.memory_gib,
         max_model_len=args.max_model_len,
@@ -142,7 +151,7 @@ async def _watch_workers(
     Before serving, a dead worker is a failed start, not restarted.
     """
     while True:
-        views = client.workers()
+        views = {view.worker_id: view for view in client.workers()}
         for worker_id, worker in enumerate(workers):
             if worker.poll() is None:
                 view = views[worker_id]

@@ -85,7 +85,10 @@ class AbortRequest:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Frontend → worker: abort everything and exit."""
+    """Frontend → worker: abort everything and exit; `refusal` says why a joining worker
+    was turned away ("" for a normal stop)."""
+
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,9 @@ class WorkerReady:
     worker_id: int
     model: ModelInfo
     stats: WorkerStats
+    # Where a worker that joined on its own (`deepwell worker --connect`) takes requests;
+    # "" for the workers the front end started, whose addresses it chose.
+    inbox_address: str = ""
 
 
 @dataclass(frozen=True)

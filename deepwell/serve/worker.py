@@ -66,12 +66,17 @@ def serve_engine(
     inbox: zmq.Socket,
     outbox: zmq.Socket,
     parent_pid: int | None = None,
-) -> None:
-    """Run the worker loop until a `Shutdown` arrives or the parent process is gone."""
+    inbox_address: str = "",
+) -> Shutdown | None:
+    """Run the worker loop until a `Shutdown` arrives (returned) or the parent process is gone.
+
+    `inbox_address` is announced in `WorkerReady` for a front end that did not start us.
+    """
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     last_stats = engine.stats()
-    outbox.send(encode_message(WorkerReady(worker_id, engine.model_info(), last_stats)))
+    ready = WorkerReady(worker_id, engine.model_info(), last_stats, inbox_address)
+    outbox.send(encode_message(ready))
     while True:
         busy = engine.has_unfinished()
         poller.poll(0 if busy else IDLE_POLL_MS)
@@ -82,7 +87,7 @@ def serve_engine(
             except zmq.Again:
                 break
             if isinstance(message, Shutdown):
-                return
+                return message
             if isinstance(message, GenerateRequest):
                 try:
                     engine.add_request(message)
@@ -93,7 +98,7 @@ def serve_engine(
             else:
                 raise TypeError(f"worker cannot handle {type(message).__name__}")
         if parent_pid is not None and os.getppid() != parent_pid:
-            return
+            return None
         outputs = engine.step() if engine.has_unfinished() else []
         stats = engine.stats()
         if outputs or rejected or stats != last_stats:
@@ -242,9 +247,13 @@ def main(config: WorkerConfig) -> None:
         engine = EngineCoreAdapter(config)
         heartbeats.start()
         try:
-            serve_engine(engine, config.worker_id, inbox, outbox, config.parent_pid)
+            address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+            parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
+            stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
         finally:
             engine.close()
+        if stop is not None and stop.refusal:
+            raise SystemExit(f"deepwell worker: the front end refused this worker: {stop.refusal}")
     except Exception as error:  # the frontend must learn why its worker is gone
         message = f"{type(error).__name__}: {error}"
         outbox.send(encode_message(WorkerFailed(config.worker_id, message)))

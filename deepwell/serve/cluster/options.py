@@ -24,6 +24,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="PD disaggregation: workers that load a prompt's KV from --kv-store and decode",
     )
     parser.add_argument(
+        "--worker-address",
+        metavar="tcp://HOST:PORT",
+        help="also accept workers started elsewhere with `deepwell worker --connect` here",
+    )
+    parser.add_argument(
         "--routing-policy",
         choices=sorted(POLICIES),
         default="least-outstanding",

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import zmq
+from servers import free_port
 
 from deepwell.serve.engine_client import (
     DrainRefused,
@@ -320,3 +321,66 @@ def test_drain_finishes_or_moves_the_workers_requests_then_stops_it(
     # The drained worker was told to exit.
     workers.threads[0].join(timeout=5)
     assert not workers.threads[0].is_alive()
+
+
+def joining_worker(context, engine, worker_id, join_address, result):
+    """A worker that was not started by the front end: tcp inbox, announced in WorkerReady."""
+    inbox = context.socket(zmq.PULL)
+    inbox.bind("tcp://127.0.0.1:*")
+    outbox = context.socket(zmq.PUSH)
+    outbox.connect(join_address)
+    address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+    try:
+        result.append(serve_engine(engine, worker_id, inbox, outbox, None, address))
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=0)
+
+
+def test_a_worker_joins_over_tcp_and_one_with_another_fingerprint_is_refused(cluster, tmp_path):
+    workers = cluster(PositionalEngine())
+    join_address = f"tcp://127.0.0.1:{free_port()}"
+    foreign = ModelInfo("other", "none", 4096, "{}", None, [0], fingerprint="ff" * 16)
+    joiner, stranger = PositionalEngine(), PositionalEngine(model=foreign)
+    results = {7_000_001: [], 7_000_002: []}
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes, join_address=join_address)
+        await client.start(timeout=5)
+        threads = [
+            threading.Thread(
+                target=joining_worker,
+                args=(workers.context, engine, worker_id, join_address, results[worker_id]),
+            )
+            for worker_id, engine in ((7_000_001, joiner), (7_000_002, stranger))
+        ]
+        for thread in threads:
+            thread.start()
+
+        def settled():
+            views = {view.worker_id: view for view in client.workers()}
+            joined, refused = views.get(7_000_001), views.get(7_000_002)
+            return joined and joined.live and refused and refused.failure
+
+        while not settled():
+            await asyncio.sleep(0.02)
+        # Both workers idle: the default policy's tie goes to the lowest id, so occupy it.
+        busy = client.generate(request("busy", 10_000))
+        await anext(busy)
+        joined = await collect(client.generate(request("joined", 3)))
+        await busy.aclose()
+        views = {view.worker_id: view for view in client.workers()}
+        await client.close()
+        for thread in threads:
+            thread.join(timeout=5)
+        return joined, views
+
+    joined, views = asyncio.run(main())
+    assert joined == [1003, 1004, 1005]
+    assert [r.request_id for r in joiner.received] == ["joined"]
+    assert views[7_000_001].live
+    refusal = views[7_000_002].failure
+    assert refusal.startswith("refused: it serves other (fingerprint ffff")
+    assert "the cluster serves positional" in refusal
+    (stop,) = results[7_000_002]
+    assert stop.refusal == refusal
