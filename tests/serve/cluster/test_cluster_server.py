@@ -7,17 +7,23 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import time
 
 import anthropic
 import httpx
 import openai
 import pytest
-from servers import MODEL_ARGS, children_of, start_server
+from servers import DEEPWELL, MODEL_ARGS, REPO, children_of, free_port, start_server
 
 # Batch invariance makes a re-admitted request's prefill produce the logits its decode
 # steps would have, so seeded samples continue identically after a failover.
-CLUSTER_ARGS = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--workers", "2")
+# A SIGKILL is noticed from the process exit within 0.1 s; the heartbeat timeout is raised
+# because on a shared 2-core machine a busy worker's heartbeat thread can stall past 1 s.
+CLUSTER_ARGS = (
+    *MODEL_ARGS,
+    *("--threads", "1", "--batch-invariant", "--workers", "2", "--heartbeat-timeout", "10"),
+)
 MAX_TOKENS = 12
 
 
@@ -135,7 +141,8 @@ def test_sigkill_with_64_streams_through_both_sdks(cluster):
 @pytest.fixture(scope="module")
 def pd_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("pd")
-    args = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--kv-store", str(root / "kv"))
+    args = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--heartbeat-timeout", "10")
+    args += ("--kv-store", str(root / "kv"))
     server = start_server(root, *args, "--prefill-workers", "1", "--decode-workers", "1")
     yield server
     assert server.stop() == 0
@@ -164,3 +171,37 @@ def test_pd_gives_the_greedy_tokens_of_one_worker(cluster, pd_cluster):
         assert count == 3
     assert metric(pd_cluster, "deepwell_worker_inter_token_latency_seconds_count", role="decode")
     assert metric(pd_cluster, "deepwell_kv_store_written_bytes_total") > 0
+
+
+def test_drain_command_removes_a_worker_but_never_the_last(cluster):
+    def drain(worker: str) -> subprocess.CompletedProcess:
+        command = [DEEPWELL, "drain", worker, "--url", cluster.base_url]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    drained = drain("1")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.startswith("worker 1 drained: 0 requests finished on it, 0 moved")
+    workers = httpx.get(f"{cluster.base_url}/admin/workers").json()["workers"]
+    assert [(w["worker_id"], w["live"], w["failure"]) for w in workers] == [
+        (0, True, None),
+        (1, False, "drained"),
+    ]
+    refused = drain("0")
+    assert refused.returncode == 1
+    assert "would leave the others at inf% utilisation, above the limit of 80%" in refused.stderr
+    # The drained worker is not restarted; requests go on on the other.
+    time.sleep(1)
+    assert metric(cluster, "deepwell_worker_up") == 1
+    assert asyncio.run(run_streams(cluster, 2))
+
+
+def test_an_unusable_store_directory_stops_serve_with_a_clear_error(tmp_path):
+    not_a_directory = tmp_path / "kv"
+    not_a_directory.write_text("a file, not a directory")
+    port = free_port()
+    command = [DEEPWELL, "serve", "--port", str(port), *MODEL_ARGS, "--workers", "2"]
+    command += ["--kv-store", str(not_a_directory)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1
+    assert "engine worker failed to start: FileExistsError" in done.stderr
