@@ -518,5 +518,8 @@ class EngineClient:
             now = time.monotonic()
             for worker in self._workers.values():
                 silent = now - worker.last_seen
-                if worker.live and silent > self._heartbeat_timeout:
+                # Giving up on the only live worker cannot save its requests, and on a
+                # starved machine its silence may only be slowness: it is left to finish.
+                others = any(w.live for w in self._workers.values() if w is not worker)
+                if worker.live and others and silent > self._heartbeat_timeout:
                     self.worker_lost(worker.worker_id, f"no heartbeat for {silent:.1f} s")
