@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -38,7 +39,8 @@ def add_admin_routes(
                 "outstanding_tokens": view.outstanding_tokens,
                 "kv_blocks_used": view.stats.kv_blocks_used,
                 "kv_blocks_total": view.stats.kv_blocks_total,
-                "utilisation_without": engine.utilisation_without(view.worker_id),
+                # JSON has no infinity: null when no other worker would remain.
+                "utilisation_without": _finite(engine.utilisation_without(view.worker_id)),
             }
             for view in engine.workers()
         ]
@@ -54,3 +56,7 @@ def add_admin_routes(
         except DrainRefused as error:
             return error_response(ErrorShape.OPENAI, ApiError(error.status_code, str(error)))
         return JSONResponse(asdict(result))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
