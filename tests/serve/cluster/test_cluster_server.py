@@ -103,7 +103,11 @@ async def run_streams(server, count: int, kill_after: int | None = None) -> list
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("cluster"), *CLUSTER_ARGS)
+    join = f"tcp://127.0.0.1:{free_port()}"
+    server = start_server(
+        tmp_path_factory.mktemp("cluster"), *CLUSTER_ARGS, "--worker-address", join
+    )
+    server.join_address = join
     yield server
     assert server.stop() == 0
 
@@ -178,6 +182,44 @@ def test_pd_gives_the_greedy_tokens_of_one_worker(cluster, pd_cluster):
     assert metric(pd_cluster, "deepwell_kv_store_written_bytes_total") > 0
 
 
+def start_joining_worker(cluster, tmp_path, *args: str) -> subprocess.Popen:
+    command = [DEEPWELL, "worker", "--connect", cluster.join_address, *MODEL_ARGS, *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = (tmp_path / f"worker-{len(list(tmp_path.iterdir()))}.log").open("w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def joined_workers(cluster) -> list[dict]:
+    workers = httpx.get(f"{cluster.base_url}/admin/workers").json()["workers"]
+    return [w for w in workers if w["worker_id"] > 1]
+
+
+def test_a_worker_joins_over_tcp_and_a_foreign_one_is_refused(cluster, tmp_path):
+    wait_for_workers(cluster, 2)
+    good = start_joining_worker(cluster, tmp_path, "--threads", "1")
+    # The block size is part of the fingerprint: the KV this worker writes is not the cluster's.
+    foreign = start_joining_worker(cluster, tmp_path, "--threads", "1", "--block-size", "64")
+    try:
+        assert foreign.wait(600) == 1
+        refusal = (tmp_path / "worker-1.log").read_text()
+        assert "deepwell worker: the front end refused this worker: refused: it serves" in refusal
+        wait_for_workers(cluster, 3)
+        (joined,) = [w for w in joined_workers(cluster) if w["live"]]
+        assert asyncio.run(run_streams(cluster, 6))
+        routed = metric(cluster, "deepwell_routed_requests_total", worker=str(joined["worker_id"]))
+        assert routed >= 1
+    finally:
+        good.kill()
+        good.wait()
+    # Gone without a word: its silence removes it.
+    deadline = time.monotonic() + 60
+    while any(w["live"] for w in joined_workers(cluster)):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    silent, refused = sorted(w["failure"].split(":")[0] for w in joined_workers(cluster))
+    assert silent.startswith("no heartbeat for") and refused == "refused"
+
+
 def test_drain_command_removes_a_worker_but_never_the_last(cluster):
     def drain(worker: str) -> subprocess.CompletedProcess:
         command = [DEEPWELL, "drain", worker, "--url", cluster.base_url]
@@ -189,7 +231,7 @@ def test_drain_command_removes_a_worker_but_never_the_last(cluster):
     assert drained.returncode == 0, drained.stderr
     assert drained.stdout.startswith("worker 1 drained: 0 requests finished on it, 0 moved")
     workers = httpx.get(f"{cluster.base_url}/admin/workers").json()["workers"]
-    assert [(w["worker_id"], w["live"], w["failure"]) for w in workers] == [
+    assert [(w["worker_id"], w["live"], w["failure"]) for w in workers[:2]] == [
         (0, True, None),
         (1, False, "drained"),
     ]
