@@ -224,6 +224,49 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _configure_drain(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("worker", type=int, help="the worker's id (see GET /admin/workers)")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the serving front end")
+    parser.add_argument("--api-key", help="one of the server's --api-key values")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the drain"
+    )
+
+
+def _run_drain(args: argparse.Namespace) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = f"{args.url.rstrip('/')}/admin/workers/{args.worker}/drain"
+    try:
+        response = httpx.post(url, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as error:
+        print(f"deepwell drain: {error}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"deepwell drain: {response.json()['error']['message']}", file=sys.stderr)
+        return 1
+    result = response.json()
+    print(
+        f"worker {result['worker_id']} drained: {result['finished']} requests finished on it, "
+        f"{result['migrated']} moved; the others are at "
+        f"{result['remaining_utilisation']:.0%} utilisation"
+    )
+    return 0
+
+
+def _configure_worker(parser: argparse.ArgumentParser) -> None:
+    from deepwell.serve.cluster.remote_worker import configure
+
+    configure(parser)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from deepwell.serve.cluster.remote_worker import run
+
+    return run(args)
+
+
 # --- generate ---
 
 
@@ -491,6 +534,19 @@ COMMANDS: list[Command] = [
         "serve a model over HTTP: OpenAI Chat Completions and Responses, Anthropic Messages",
         _configure_serve,
         _run_serve,
+    ),
+    Command(
+        "worker",
+        "run an engine worker that joins a `deepwell serve --worker-address` front end",
+        _configure_worker,
+        _run_worker,
+    ),
+    Command(
+        "drain",
+        "take a worker of a running `deepwell serve --workers N` out of service, if the "
+        "others can carry its load",
+        _configure_drain,
+        _run_drain,
     ),
     Command(
         "render",

@@ -91,7 +91,10 @@ class AbortRequest:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Frontend → worker: abort everything and exit."""
+    """Frontend → worker: abort everything and exit; `refusal` says why a joining worker
+    was turned away ("" for a normal stop)."""
+
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,10 @@ class ModelInfo:
     chat_template: str | None
     eos_token_ids: list[int]
     bos_token_id: int | None = None
+    # Hex of the root of the KV block-key chain (model, weights, KV layout, block size,
+    # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix
+    # caching.
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,9 @@ class WorkerReady:
     worker_id: int
     model: ModelInfo
     stats: WorkerStats
+    # Where a worker that joined on its own (`deepwell worker --connect`) takes requests;
+    # "" for the workers the front end started, whose addresses it chose.
+    inbox_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +228,17 @@ class WorkerFailed:
 
     worker_id: int
     message: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Worker → frontend, every `HEARTBEAT_INTERVAL_S` from a thread of its own: still alive,
+    even while a long engine step runs."""
+
+    worker_id: int
+
+
+HEARTBEAT_INTERVAL_S = 0.1
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
@@ -233,6 +254,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     WorkerReady,
     WorkerFailed,
     StructuredOutputSpec,
+    Heartbeat,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 
