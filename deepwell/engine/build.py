@@ -20,8 +20,13 @@ from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.kv.prefix import fingerprint
 from deepwell.engine.kv.slot_pool import num_slots_for
 from deepwell.engine.kv.store_io import open_store
-from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
+from deepwell.engine.layers.batch_invariant import (
+    BatchInvariantAttention,
+    BatchInvariantSinkAttention,
+    tile_linears,
+)
 from deepwell.engine.layers.packed_linear import pack_linears
+from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import ModelOptions, build_model
@@ -59,7 +64,11 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         ModelOptions(
             dtype=args.torch_dtype,
             backend_class=BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
+            sink_backend_class=(
+                BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
+            ),
             quantize_kv_cache=args.quantize_kv_cache,
+            batch_invariant=args.batch_invariant,
         ),
     )
     model.load_weights(checkpoint.tensors)
@@ -72,9 +81,13 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         model.config.max_position_embeddings,
     )
     layout = model.kv_layout()
-    if args.batch_invariant and layout.needs_slots:
-        # Rings and state slots are read by the model's own layers, outside these kernels.
-        raise ValueError("batch-invariant mode covers models with paged KV only")
+    if args.batch_invariant and layout.needs_slots and not getattr(model, "invariant_rings", False):
+        # Rings and state slots are read by the model's own layers, outside these kernels:
+        # only a model that declares invariant paths for them (DeepSeek-V4.1) runs here.
+        raise ValueError(
+            "batch-invariant mode covers models with paged KV, and ring models with "
+            "batch-invariant ring layers (DeepSeek-V4.1), only"
+        )
     num_slots = num_slots_for(args.max_num_seqs)
     num_blocks = args.num_kv_blocks or plan_num_blocks(
         layout,

@@ -67,23 +67,22 @@ class EngineCore:
         self.eos_token_ids = built.eos_token_ids
         self.max_model_len = built.max_model_len
         self.kv = built.kv
-        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.kv, args.max_num_seqs, args.max_num_batched_tokens, args.batch_invariant
+        )
         self.runner = ModelRunner(
             built.model, built.kv_cache, args.block_size, args.batch_invariant, built.layout
         )
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.
-        # Verify lengths follow measured step times, so they vary with load: a seeded
-        # request would not replay exactly, and batch-invariant mode does not speculate
-        # (DeepInfer likewise needs MTP_VARLEN off for determinism, spec/deepinfer.md §1.6).
+        # Batch-invariant mode speculates with verify lengths from each request alone
+        # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).
         self.speculator = (
-            Speculator(args.num_speculative_tokens)
-            if args.num_speculative_tokens
-            and not built.layout.needs_slots
-            and not args.batch_invariant
+            Speculator(args.num_speculative_tokens, batch_invariant=args.batch_invariant)
+            if args.num_speculative_tokens and not built.layout.needs_slots
             else None
         )
-        self.draft_cadence = DraftCadence()
+        self.draft_cadence = DraftCadence(every_step=args.batch_invariant)
         # Unfinished requests by id: intake adds them; the pipeline, or an abort, ends them.
         self.requests: dict[str, Request] = {}
         self.pipeline = StepPipeline(

@@ -1,5 +1,6 @@
 """Batch-invariant mode: a request's tokens and logprobs are bitwise the same alone and in any
-batch, at any position, with any prefill chunking (real SmolLM2 in bf16, tiny model in fp32)."""
+batch, at any position, with any prefill chunking (real SmolLM2 in bf16, tiny model in fp32,
+tiny DeepSeek-V4.1 in fp32), with speculation on."""
 
 import random
 
@@ -8,6 +9,7 @@ import pytest
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.batch_invariant import RowTiledLinear
 from deepwell.engine.models import registry
+from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 
 from .sliding_window import ARCHITECTURE, SlidingWindowLlama, write_sliding_window_llama
 
@@ -18,6 +20,24 @@ TARGET = "target"
 def smollm2() -> EngineCore:
     return EngineCore(
         EngineArgs(batch_invariant=True, memory_gib=2.0, max_model_len=512, block_size=32)
+    )
+
+
+@pytest.fixture(scope="module")
+def v41(tmp_path_factory) -> EngineCore:
+    """The tiny DeepSeek-V4.1 (window 8, compressed ratios 2 and 1, top-4 selection, Engram),
+    its caches quantised as released."""
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
+    return EngineCore(
+        EngineArgs(
+            model=str(path),
+            dtype="float32",
+            batch_invariant=True,
+            max_model_len=512,
+            block_size=16,
+            memory_gib=0.5,
+            max_num_seqs=64,
+        )
     )
 
 
@@ -35,7 +55,16 @@ def run(core: EngineCore, requests: list[tuple[str, list[int], SamplingParams]],
     return tokens, logprobs
 
 
-def trial(core: EngineCore, rng: random.Random, trial_id: int, max_neighbours: int) -> None:
+def trial(
+    core: EngineCore,
+    rng: random.Random,
+    trial_id: int,
+    max_neighbours: int,
+    num_neighbours: int | None = None,
+    max_tokens: int = 6,
+) -> None:
+    """A target alone, then among neighbours (`num_neighbours`, or up to `max_neighbours`)
+    of random lengths under a random token budget: some still prefill while it decodes."""
     vocab = core.vocab_size
 
     def prompt() -> list[int]:
@@ -51,11 +80,13 @@ def trial(core: EngineCore, rng: random.Random, trial_id: int, max_neighbours: i
             top_logprobs=2,
         )
 
-    target = (TARGET, prompt(), params(rng.randint(1, 6)))
+    target = (TARGET, prompt(), params(rng.randint(1, max_tokens)))
     alone = run(core, [target], rng.randint(1, 80))
+    if num_neighbours is None:
+        num_neighbours = rng.randint(0, max_neighbours)
     neighbours = [
-        (f"{trial_id}-{n}", prompt(), params(rng.randint(1, 6)))
-        for n in range(rng.randint(0, max_neighbours))
+        (f"{trial_id}-{n}", prompt(), params(rng.randint(1, max_tokens)))
+        for n in range(num_neighbours)
     ]
     neighbours.insert(rng.randint(0, len(neighbours)), target)
     mixed = run(core, neighbours, rng.randint(1, 300))
@@ -83,6 +114,24 @@ def test_float32_rows_are_invariant_on_the_tiny_model(make_core):
         trial(core, rng, trial_id, max_neighbours=40)
 
 
+@pytest.mark.parametrize("num_neighbours", [0, 1, 7, 63])
+def test_v41_request_alone_and_among_neighbours_gives_identical_tokens_and_logprobs(
+    v41, num_neighbours
+):
+    # Prompts up to 70 tokens cross the window (8), the top-4 selection and the candidate
+    # pool; budgets from 1 token chunk them anywhere, beside decodes.
+    rng = random.Random(10 + num_neighbours)
+    for trial_id in range(3):
+        trial(v41, rng, trial_id, 63, num_neighbours=num_neighbours, max_tokens=4)
+
+
+@pytest.mark.slow
+def test_v41_request_alone_and_among_up_to_63_neighbours_in_100_trials(v41):
+    rng = random.Random(3)
+    for trial_id in range(100):
+        trial(v41, rng, trial_id, max_neighbours=63)
+
+
 def test_the_environment_switch_turns_it_on(monkeypatch):
     monkeypatch.setenv("DEEPWELL_BATCH_INVARIANT", "1")
     assert EngineArgs().batch_invariant
@@ -97,12 +146,56 @@ def test_batch_invariant_core_tiles_every_linear(make_core):
     assert len(linears) == 1 + 4 * core.model_config.num_hidden_layers
 
 
-def test_a_model_with_a_sliding_window_ring_is_refused(tmp_path, monkeypatch):
+def test_a_ring_model_without_invariant_ring_layers_is_refused(tmp_path, monkeypatch):
     monkeypatch.setitem(registry.MODELS, ARCHITECTURE, SlidingWindowLlama)
     path = write_sliding_window_llama(tmp_path)
-    with pytest.raises(ValueError, match="paged KV only"):
+    with pytest.raises(ValueError, match="batch-invariant ring layers"):
         EngineCore(EngineArgs(model=str(path), dtype="float32", batch_invariant=True))
 
 
-def test_batch_invariant_mode_does_not_speculate(make_core):
-    assert make_core(batch_invariant=True).speculator is None
+# A model that has learned to copy continues it, so n-gram drafts keep coming.
+REPEATED_TEXT = "one two three four five six seven eight nine ten, " * 3
+
+
+def speculating_trial(core: EngineCore, rng: random.Random, trial_id: int, neighbours: int):
+    """A target on a repetitive prompt (n-gram drafts find matches) without logprobs (a
+    request asking for them does not speculate), alone, then among seeded neighbours, some
+    speculating, some reporting logprobs; the target verified drafts alone."""
+
+    def params(logprobs: bool, temperature: float) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=rng.randint(8, 16),
+            temperature=temperature,
+            seed=rng.getrandbits(64),
+            ignore_eos=True,
+            logprobs=logprobs,
+        )
+
+    def repetitive() -> list[int]:
+        tokens = [rng.randrange(core.vocab_size) for _ in range(rng.randint(2, 8))]
+        return (tokens * 6)[: rng.randint(12, 48)]
+
+    prompt = core.tokenizer.encode(REPEATED_TEXT).ids
+    target = (TARGET, prompt[: rng.randint(len(prompt) // 2, len(prompt))], params(False, 0.0))
+    verified = core.speculator.stats().verified_tokens
+    alone = run(core, [target], rng.randint(16, 80))
+    assert core.speculator.stats().verified_tokens > verified, "the target never speculated"
+    batch = [
+        (f"{trial_id}-{n}", repetitive(), params(rng.random() < 0.5, rng.choice([0.0, 1.0])))
+        for n in range(neighbours)
+    ]
+    batch.insert(rng.randint(0, len(batch)), target)
+    assert run(core, batch, rng.randint(16, 300)) == alone, f"trial {trial_id}"
+
+
+@pytest.mark.parametrize("model", ["smollm2", "v41"])
+def test_speculation_stays_on_and_keeps_a_request_invariant(request, model):
+    core = request.getfixturevalue(model)
+    if core.speculator is None:
+        pytest.skip(
+            f"{model}: speculation is off for ring layouts at this branch point (rollback "
+            "of rings comes with the DSpark branch, issue 19 part 2)"
+        )
+    rng = random.Random(4)
+    for trial_id, neighbours in enumerate([0, 1, 7, 20]):
+        speculating_trial(core, rng, trial_id, neighbours)

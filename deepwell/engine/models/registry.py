@@ -26,6 +26,8 @@ class ModelOptions:
     sink_backend_class: type[SinkAttentionBackend] = TorchSinkAttention
     # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
     quantize_kv_cache: bool = True
+    # Models whose own layers read rings (DeepSeek-V4.1) take their batch-invariant paths.
+    batch_invariant: bool = False
 
 
 MODELS: dict[str, type[nn.Module]] = {

@@ -2,7 +2,10 @@
 
 Before a step it proposes drafts, estimates each position's survival and plans how many
 positions each request verifies (`Request.draft_token_ids`); after the step it learns from
-what was accepted and how long the step took.
+what was accepted and how long the step took. In batch-invariant mode a request's verify
+length is a function of that request alone: its survival comes from its own acceptance
+history (or its drafter), its length from a fixed cost model (planner.py), and the step's
+token budget caps it only through the configured maximum, never through what else runs.
 """
 
 import logging
@@ -13,7 +16,7 @@ from deepwell.engine.request import Request
 from deepwell.engine.speculative.confidence import ConfidenceTable
 from deepwell.engine.speculative.drafter import Drafter
 from deepwell.engine.speculative.ngram import NgramDrafter
-from deepwell.engine.speculative.planner import plan_verify_lengths
+from deepwell.engine.speculative.planner import plan_own_verify_length, plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
 
 logger = logging.getLogger(__name__)
@@ -58,10 +61,20 @@ class _Planned:
 
 
 class Speculator:
-    def __init__(self, num_speculative_tokens: int, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        drafter: Drafter | None = None,
+        batch_invariant: bool = False,
+    ) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.drafter = drafter or NgramDrafter()
+        self.batch_invariant = batch_invariant
+        # Learned from every request's verifications (the statistics, and the batch
+        # planner's estimates)...
         self.confidence = ConfidenceTable(num_speculative_tokens)
+        # ...and, in batch-invariant mode, per request from its own only.
+        self._own_confidence: dict[str, ConfidenceTable] = {}
         self.curve = StepTimeCurve()
         self._planned: dict[str, _Planned] = {}
         self._decode_steps = 0
@@ -89,6 +102,9 @@ class Speculator:
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
             )
+            if self.batch_invariant:
+                # A draft must fit a step whole (the scheduler defers, never cuts, it).
+                room = min(room, budget - 1)
             if room <= 0:
                 continue
             draft = self.drafter.propose(request.request_id, request.token_ids, room)
@@ -98,10 +114,14 @@ class Speculator:
             survival = (
                 draft.survival[: len(draft.tokens)]
                 if native
-                else self.confidence.survival(draft.bucket, len(draft.tokens))
+                else self._table(request.request_id).survival(draft.bucket, len(draft.tokens))
             )
             drafting.append((request, draft.tokens, _Planned(draft.bucket, survival, native)))
         if not drafting:
+            return
+        if self.batch_invariant:
+            for request, tokens, planned in drafting:
+                self._set_draft(request, tokens, planned, plan_own_verify_length(planned.survival))
             return
         lengths = plan_verify_lengths(
             [planned.survival for _, _, planned in drafting],
@@ -111,10 +131,22 @@ class Speculator:
             self.curve,
         )
         for (request, tokens, planned), length in zip(drafting, lengths, strict=True):
-            if length:
-                request.draft_token_ids = tokens[:length]
-                planned.survival = planned.survival[:length]
-                self._planned[request.request_id] = planned
+            self._set_draft(request, tokens, planned, length)
+
+    def _set_draft(self, request: Request, tokens: list[int], planned: _Planned, length: int):
+        if length:
+            request.draft_token_ids = tokens[:length]
+            planned.survival = planned.survival[:length]
+            self._planned[request.request_id] = planned
+
+    def _table(self, request_id: str) -> ConfidenceTable:
+        """The confidence table a request's survival estimates come from."""
+        if not self.batch_invariant:
+            return self.confidence
+        table = self._own_confidence.get(request_id)
+        if table is None:
+            table = self._own_confidence[request_id] = ConfidenceTable(self.num_speculative_tokens)
+        return table
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         """A decode step of `request` verified `num_verified` positions, accepting `num_accepted`."""
@@ -128,6 +160,10 @@ class Speculator:
             self._accepted[position] += position < num_accepted
         if not planned.native:
             self.confidence.observe(planned.bucket, planned.survival[:num_verified], num_accepted)
+            if self.batch_invariant:
+                self._table(request.request_id).observe(
+                    planned.bucket, planned.survival[:num_verified], num_accepted
+                )
 
     def record_step(self, rows: int, seconds: float) -> None:
         self.curve.record(rows, seconds)
@@ -147,6 +183,7 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self._planned.pop(request_id, None)
+        self._own_confidence.pop(request_id, None)
         self.drafter.forget(request_id)
 
     def stats(self) -> SpecStats:
