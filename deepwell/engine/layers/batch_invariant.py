@@ -55,13 +55,20 @@ def tiled_rows(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.
     elementwise kernel runs a tensor's last few elements through its scalar path (another
     exp or sigmoid than the vector one), so a row's bits would follow the element count."""
     rows = inputs[0].shape[0]
-    padded_rows = max(-(-rows // ROW_TILE), 1) * ROW_TILE
-    tiles = []
-    for x in inputs:
-        padded = x.new_zeros(padded_rows, *x.shape[1:])
-        padded[:rows] = x
-        tiles.append(padded.split(ROW_TILE))
-    return torch.cat([fn(*parts) for parts in zip(*tiles, strict=True)])[:rows]
+    num_tiles = max(-(-rows // ROW_TILE), 1)
+    padded = [_padded_rows(x, num_tiles * ROW_TILE) for x in inputs]
+    if num_tiles == 1:
+        return fn(*padded)[:rows]
+    tiles = zip(*(x.split(ROW_TILE) for x in padded), strict=True)
+    return torch.cat([fn(*parts) for parts in tiles])[:rows]
+
+
+def _padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    padded = x.new_zeros(rows, *x.shape[1:])
+    padded[: x.shape[0]] = x
+    return padded
 
 
 def tiled_keys(fn: Callable[[torch.Tensor], torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
