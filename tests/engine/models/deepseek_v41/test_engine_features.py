@@ -12,6 +12,7 @@ import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.structured import StructuredOutput
 
 
@@ -97,6 +98,31 @@ def test_async_tokens_and_logprobs_equal_the_synchronous_loops(cores, monkeypatc
     # token enters another row's Engram history only in a verify chunk, once speculation
     # runs on V4.1; the next step's history holds it committed.)
     assert sum(pending_rows) > 0
+
+
+def test_a_pending_token_in_a_verify_chunks_engram_history_is_filled_in_at_launch(cores):
+    """A verify chunk whose first input is still being sampled (asynchronous scheduling with
+    drafts): its draft rows carry that token in their Engram history, filled in at launch,
+    and their logits are bitwise those of the same chunk prepared with the token known."""
+    core = cores[False]
+    runner = core.runner
+    core.add_request("v", [5, 6, 7, 8, 9], SamplingParams(max_tokens=2, temperature=0))
+    core.step()
+    request = core.requests["v"]
+    (sampled,) = request.token_ids[5:]
+    chunk = ScheduledChunk(request, 5, 1, True, draft=[40, 41])
+    known = runner.prepare([chunk])
+    request.token_ids.pop()  # as while the step before still samples it
+    pending = runner.prepare([chunk])
+    request.token_ids.append(sampled)
+    # Rows 1 and 2 (the draft) hold the pending token one and two positions back.
+    assert [(row, column) for row, column, _ in pending.pending_history] == [(1, 0), (2, 1)]
+    known_logits = runner.forward(known, {})
+    pending_logits = runner.forward(pending, {"v": sampled})
+    assert torch.equal(pending.meta.token_history, known.meta.token_history)
+    assert torch.equal(pending_logits, known_logits)
+    core.abort("v")
+    generate(core, [])
 
 
 SCHEMA = {
