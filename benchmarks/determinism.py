@@ -25,8 +25,9 @@ from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_check
 # Ids below 17 are SmolLM2's control tokens; prompts stay ordinary text ids (also bytes of
 # the V4.1 checkpoints' byte-level vocabulary).
 FIRST_TEXT_ID = 17
-# A random V4.1 checkpoint's context limit here (its config says 1M).
+# A random V4.1 checkpoint's context limit and memory budget here (its config says 1M).
 V41_MAX_MODEL_LEN = 1024
+V41_MEMORY_GIB = 0.5
 
 
 def workload(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[int], SamplingParams]]:
@@ -44,7 +45,11 @@ def workload(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[int],
 def run(args: argparse.Namespace, batch_invariant: bool, async_scheduling: bool) -> dict:
     model = {}
     if args.model is not None:
-        model = {"model": args.model, "max_model_len": V41_MAX_MODEL_LEN}
+        model = {
+            "model": args.model,
+            "max_model_len": V41_MAX_MODEL_LEN,
+            "memory_gib": V41_MEMORY_GIB,
+        }
     engine_args = EngineArgs(
         batch_invariant=batch_invariant,
         async_scheduling=async_scheduling,
@@ -68,6 +73,7 @@ def run(args: argparse.Namespace, batch_invariant: bool, async_scheduling: bool)
     while core.has_unfinished():
         output_tokens += sum(len(o.new_token_ids) for o in core.step())
     elapsed = time.perf_counter() - start
+    core.close()
     return {
         "output_tok_s": output_tokens / elapsed,
         "elapsed_s": elapsed,
