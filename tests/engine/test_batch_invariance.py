@@ -9,7 +9,7 @@ import pytest
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.batch_invariant import RowTiledLinear
 from deepwell.engine.models import registry
-from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
 
 from .sliding_window import ARCHITECTURE, SlidingWindowLlama, write_sliding_window_llama
 
@@ -138,6 +138,18 @@ def test_v41_request_alone_and_among_neighbours_gives_identical_tokens_and_logpr
     rng = random.Random(10 + num_neighbours)
     for trial_id in range(1 if num_neighbours == 63 else 3):
         trial(v41, rng, trial_id, 63, num_neighbours=num_neighbours, max_tokens=4)
+
+
+def test_v41_small_request_alone_and_among_7_neighbours(tmp_path_factory):
+    # The small preset's widths (8 heads of 64, window 32, top-16) reach kernel paths the
+    # tiny one's do not: with the plain sink attention kernel, trial 3 differs.
+    path = tmp_path_factory.mktemp("small_v41")
+    core = v41_core(
+        write_tiny_checkpoint(path, seed=0, text_config=PRESETS["small"]).path, "float32"
+    )
+    rng = random.Random(0)
+    for trial_id in range(4):
+        trial(core, rng, trial_id, 63, num_neighbours=7, max_tokens=4)
 
 
 def test_v41_in_bfloat16_is_invariant_too(v41_checkpoint):
