@@ -1,4 +1,5 @@
-"""Cost of batch invariance, and how busy the model is per step, on the embedded model.
+"""Cost of batch invariance, and how busy the model is per step, on the embedded model or
+a tiny / small random DeepSeek-V4.1.
 
 Runs one seeded workload (temperature 1, ignore_eos) three times in one process: the
 synchronous step loop, the default asynchronous one, and asynchronous with batch
@@ -7,6 +8,7 @@ sampling, over the wall time of the step loop), the gain of asynchronous schedul
 the overhead of invariance:
 
     .venv/bin/python benchmarks/determinism.py [--requests 48] [--threads 1] [--repeats 2]
+        [--v41 tiny|small]
 
 Goal (issue 8): overhead ≤ 20% (SGLang reports 34%, Thinking Machines 61.5%).
 """
@@ -14,12 +16,18 @@ Goal (issue 8): overhead ≤ 20% (SGLang reports 34%, Thinking Machines 61.5%).
 import argparse
 import json
 import random
+import tempfile
 import time
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
 
-# Ids below 17 are SmolLM2's control tokens; prompts stay ordinary text ids.
+# Ids below 17 are SmolLM2's control tokens; prompts stay ordinary text ids (also bytes of
+# the V4.1 checkpoints' byte-level vocabulary).
 FIRST_TEXT_ID = 17
+# A random V4.1 checkpoint's context limit and memory budget here (its config says 1M).
+V41_MAX_MODEL_LEN = 1024
+V41_MEMORY_GIB = 0.5
 
 
 def workload(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[int], SamplingParams]]:
@@ -35,14 +43,22 @@ def workload(args: argparse.Namespace, vocab_size: int) -> list[tuple[list[int],
 
 
 def run(args: argparse.Namespace, batch_invariant: bool, async_scheduling: bool) -> dict:
+    model = {}
+    if args.model is not None:
+        model = {
+            "model": args.model,
+            "max_model_len": V41_MAX_MODEL_LEN,
+            "memory_gib": V41_MEMORY_GIB,
+        }
     engine_args = EngineArgs(
         batch_invariant=batch_invariant,
         async_scheduling=async_scheduling,
         num_threads=args.threads,
         max_num_seqs=args.requests,
         enable_prefix_caching=False,
-        # Batch-invariant mode never speculates; off everywhere, the runs differ in one thing.
+        # Off everywhere: the runs differ in one thing (drafts on random text are rare).
         num_speculative_tokens=0,
+        **model,
     )
     core = EngineCore(engine_args)
     requests = workload(args, core.vocab_size)
@@ -57,6 +73,7 @@ def run(args: argparse.Namespace, batch_invariant: bool, async_scheduling: bool)
     while core.has_unfinished():
         output_tokens += sum(len(o.new_token_ids) for o in core.step())
     elapsed = time.perf_counter() - start
+    core.close()
     return {
         "output_tok_s": output_tokens / elapsed,
         "elapsed_s": elapsed,
@@ -80,8 +97,21 @@ def main() -> None:
         default=2,
         help="rounds of the three runs, interleaved; each keeps its fastest (default: 2)",
     )
+    parser.add_argument(
+        "--v41",
+        choices=sorted(PRESETS),
+        help="a random DeepSeek-V4.1 checkpoint of this preset instead of SmolLM2",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    args.model = None
+    with tempfile.TemporaryDirectory() as directory:
+        if args.v41 is not None:
+            args.model = str(write_tiny_checkpoint(directory, text_config=PRESETS[args.v41]).path)
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     configs = {
         "synchronous": {"batch_invariant": False, "async_scheduling": False},
         "default": {"batch_invariant": False, "async_scheduling": True},

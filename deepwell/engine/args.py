@@ -134,6 +134,13 @@ class EngineArgs:
             raise ValueError(
                 f"yoco_prefill_keep_tokens must be positive, got {self.yoco_prefill_keep_tokens}"
             )
+        if self.batch_invariant and self.yoco_prefill_truncation_mode == "compact":
+            # Its consumer layers run only some of a step's rows, which the row tiles of
+            # batch-invariant mode do not cover; mask mode computes the same function.
+            raise ValueError(
+                "batch_invariant does not combine with yoco_prefill_truncation_mode "
+                "'compact'; use 'mask', which gives the same tokens"
+            )
         if self.speculative_method not in (None, *defaults.SPECULATIVE_METHODS):
             raise ValueError(
                 f"speculative_method must be one of {defaults.SPECULATIVE_METHODS}, "

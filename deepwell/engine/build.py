@@ -22,8 +22,13 @@ from deepwell.engine.kv.replay import BoundedReplay, TruncationMode
 from deepwell.engine.kv.slot_pool import num_slots_for
 from deepwell.engine.kv.snapshots import SNAPSHOTS_PER_SLOT, RingSnapshots, snapshot_parts
 from deepwell.engine.kv.store_io import open_store
-from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
+from deepwell.engine.layers.batch_invariant import (
+    BatchInvariantAttention,
+    BatchInvariantSinkAttention,
+    tile_linears,
+)
 from deepwell.engine.layers.packed_linear import pack_linears
+from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import ModelOptions, build_model
@@ -68,8 +73,12 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         ModelOptions(
             dtype=args.torch_dtype,
             backend_class=BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
+            sink_backend_class=(
+                BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
+            ),
             quantize_kv_cache=args.quantize_kv_cache,
             dspark=method == "dspark",
+            batch_invariant=args.batch_invariant,
         ),
     )
     model.load_weights(checkpoint.tensors)
@@ -82,9 +91,13 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         model.config.max_position_embeddings,
     )
     layout = model.kv_layout()
-    if args.batch_invariant and layout.needs_slots:
-        # Rings and state slots are read by the model's own layers, outside these kernels.
-        raise ValueError("batch-invariant mode covers models with paged KV only")
+    if args.batch_invariant and layout.needs_slots and not getattr(model, "invariant_rings", False):
+        # Rings and state slots are read by the model's own layers, outside these kernels:
+        # only a model that declares invariant paths for them (DeepSeek-V4.1) runs here.
+        raise ValueError(
+            "batch-invariant mode covers models with paged KV, and ring models with "
+            "batch-invariant ring layers (DeepSeek-V4.1), only"
+        )
     num_slots = num_slots_for(args.max_num_seqs)
     replay = BoundedReplay(
         TruncationMode(args.yoco_prefill_truncation_mode), args.yoco_prefill_keep_tokens
@@ -164,9 +177,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
 
 def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None:
     """The drafter: the one asked for, else DSpark where the checkpoint has draft stages."""
-    # Verify lengths follow measured step times, so they vary with load: batch-invariant
-    # mode does not speculate (DeepInfer likewise needs MTP_VARLEN off, spec/deepinfer.md §1.6).
-    if not args.num_speculative_tokens or args.batch_invariant:
+    if not args.num_speculative_tokens:
         return None
     has_stages = any(name.startswith("mtp.") for name in tensors)
     if args.speculative_method == "dspark" and not has_stages:

@@ -70,7 +70,9 @@ class EngineCore:
         self.bos_token_id = built.bos_token_id
         self.max_model_len = built.max_model_len
         self.kv = built.kv
-        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.kv, args.max_num_seqs, args.max_num_batched_tokens, args.batch_invariant
+        )
         self.runner = ModelRunner(
             built.model,
             built.kv_cache,
@@ -80,6 +82,8 @@ class EngineCore:
             built.replay,
             built.kv.snapshots,
         )
+        # Batch-invariant mode speculates with verify lengths from each request alone
+        # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).
         self.speculator = None
         if built.speculative_method is not None:
             drafter = (
@@ -88,8 +92,10 @@ class EngineCore:
                 else NgramDrafter()
             )
             limit = built.layout.max_draft_tokens(args.num_speculative_tokens)
-            self.speculator = Speculator(min(limit, drafter.max_tokens or limit), drafter)
-        self.draft_cadence = DraftCadence()
+            self.speculator = Speculator(
+                min(limit, drafter.max_tokens or limit), drafter, args.batch_invariant
+            )
+        self.draft_cadence = DraftCadence(every_step=args.batch_invariant)
         # Unfinished requests by id: intake adds them; the pipeline, or an abort, ends them.
         self.requests: dict[str, Request] = {}
         self.pipeline = StepPipeline(

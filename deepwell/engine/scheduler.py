@@ -49,10 +49,19 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        whole_drafts: bool = False,
+    ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Batch-invariant mode: a draft the step's budget left cannot hold waits for the
+        # next step whole, so its verify length never depends on the other requests.
+        self.whole_drafts = whole_drafts
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -84,7 +93,12 @@ class Scheduler:
             if self.kv.cuts_chunks:
                 num_tokens = self.kv.snapshot_cut(request, request.num_computed_tokens, num_tokens)
             target = request.num_computed_tokens + num_tokens
-            draft = request.draft_token_ids[: budget - num_tokens] if num_tokens == 1 else []
+            draft = request.draft_token_ids if num_tokens == 1 else []
+            if len(draft) > budget - num_tokens:
+                if self.whole_drafts:
+                    index += 1
+                    continue
+                draft = draft[: budget - num_tokens]
             # A draft never preempts anyone: it runs only where blocks are free.
             if draft and self.kv.can_allocate(request, target + len(draft)):
                 target += len(draft)

@@ -72,3 +72,25 @@ def test_out_of_blocks_preempts_the_newest_and_it_restarts_from_zero():
     assert plan.preempted == [new]
     assert new.status is RequestStatus.WAITING and new.num_computed_tokens == 0
     assert new.block_ids == [] and new.num_preemptions == 1
+
+
+def test_a_draft_is_cut_to_the_budget_left_or_waits_whole_when_batch_invariant():
+    def draft_lengths(whole_drafts: bool) -> list[list[int]]:
+        scheduler = Scheduler(KVCacheManager(LAYOUT, 64, 4, 1), 8, 8, whole_drafts)
+        a, b = request("a", 3), request("b", 3)
+        for r in (a, b):
+            scheduler.add(r)
+        run(scheduler)  # both prompts
+        a.draft_token_ids, b.draft_token_ids = [1, 2, 3], [4, 5, 6, 7]
+        lengths = []
+        for _ in range(2):
+            plan = run(scheduler)
+            lengths.append([len(c.draft) for c in plan.chunks])
+            b.draft_token_ids = [4, 5, 6, 7]
+            a.draft_token_ids = []
+        return lengths
+
+    # a takes 4 of the 8 tokens; b's 1 + 4 do not fit the 4 left: cut to 3, or b waits a
+    # step and then verifies all 4.
+    assert draft_lengths(False)[0] == [3, 3]
+    assert draft_lengths(True) == [[3], [0, 4]]

@@ -1,8 +1,11 @@
 """Batch-invariant kernels: a row's result is bitwise the same whatever else is in the batch.
 
 Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): matmuls over fixed
-row tiles, and attention over fixed query tiles and whole KV blocks, prefill or decode.
+row tiles, attention over fixed query tiles and whole KV blocks, prefill or decode, and
+sink attention over a fixed number of key slots per query.
 """
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +13,7 @@ from torch import nn
 
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
 from deepwell.engine.layers.packed_linear import PackedLinear
+from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 
 # CPU GEMMs (MKL for float32, oneDNN for bf16) pick their blocking, hence a row's reduction
 # order, from the row count. Measured: float32 rows differ between 1, 2-3 and 7 or more
@@ -23,6 +27,10 @@ from deepwell.engine.layers.packed_linear import PackedLinear
 # decode, 1.25x for a 32-row decode step and 2x for a 1,024-row prefill (32 rows: 1.3x,
 # 1.1x, 2.9x; 16 rows: 1x, 1.3x, 4.3x); docs/benchmarks.md.
 ROW_TILE = 64
+# Keys per call of a product over a key set that grows with the context (DeepSeek-V4.1's
+# indexer over compressed entries): key j always lands in call j // KEY_TILE, column
+# j % KEY_TILE, of a call shaped like every other.
+KEY_TILE = 64
 # Rows of an attention product from which a row's bits depend neither on the row count nor
 # on the row's place (measured with torch 2.13's CPU kernels: bfloat16 from one row, float32
 # from 6, padded to 8 here; tests/engine/layers/test_batch_invariant.py checks it where the
@@ -40,15 +48,50 @@ MAX_PAIR_ROWS = 2048
 IN_PLACE_SPAN_FACTOR = 3
 
 
+def tiled_rows(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    """fn over ROW_TILE-row slices of the inputs (rows on dim 0, zero-padded to whole tiles),
+    concatenated: when fn treats rows independently, every call has the same shapes, so a
+    row's bits depend on its own values only. Fixed shapes matter beyond GEMMs: an
+    elementwise kernel runs a tensor's last few elements through its scalar path (another
+    exp or sigmoid than the vector one), so a row's bits would follow the element count."""
+    rows = inputs[0].shape[0]
+    num_tiles = max(-(-rows // ROW_TILE), 1)
+    padded = [_padded_rows(x, num_tiles * ROW_TILE) for x in inputs]
+    if num_tiles == 1:
+        return fn(*padded)[:rows]
+    tiles = zip(*(x.split(ROW_TILE) for x in padded), strict=True)
+    return torch.cat([fn(*parts) for parts in tiles])[:rows]
+
+
+def _padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    padded = x.new_zeros(rows, *x.shape[1:])
+    padded[: x.shape[0]] = x
+    return padded
+
+
+def tiled_keys(fn: Callable[[torch.Tensor], torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
+    """fn over KEY_TILE-key slices of keys [num_keys, ...] (zero-padded), its results
+    [..., KEY_TILE] concatenated on the last dim and cut to num_keys."""
+    num_keys = keys.shape[0]
+    padded = keys.new_zeros(max(-(-num_keys // KEY_TILE), 1) * KEY_TILE, *keys.shape[1:])
+    padded[:num_keys] = keys
+    return torch.cat([fn(tile) for tile in padded.split(KEY_TILE)], dim=-1)[..., :num_keys]
+
+
+def top_indices(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of each row and their indices, ties to the lower index: the same
+    choice whatever the row's length (topk's choice among ties follows the length)."""
+    ranked = values.sort(dim=-1, descending=True, stable=True)
+    return ranked.values[..., :k], ranked.indices[..., :k]
+
+
 class RowTiledLinear(nn.Linear):
     """A linear over ROW_TILE-row calls, the rows zero-padded to a whole number of calls."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        padded = x.new_zeros(-(-rows // ROW_TILE) * ROW_TILE, x.shape[1])
-        padded[:rows] = x
-        linear = super().forward
-        return torch.cat([linear(tile) for tile in padded.split(ROW_TILE)])[:rows]
+        return tiled_rows(super().forward, x)
 
 
 class RowTiledPackedLinear(RowTiledLinear, PackedLinear):
@@ -209,3 +252,59 @@ class BatchInvariantAttention(AttentionBackend):
         out = out.view(num_tiles, kv_heads, width, group, dim)
         out /= total.clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1)
         return out.transpose(1, 2).reshape(num_tiles * width, self.num_heads, dim).to(q.dtype)
+
+
+class BatchInvariantSinkAttention(SinkAttentionBackend):
+    """Sink attention over a fixed number of key slots per query, on ROW_TILE-query calls.
+
+    A query's visible window keys are right-aligned into `window` slots (its own key last,
+    so a key's slot is its distance from the query, however the prompt was chunked), its
+    valid selected entries packed into `max_selected` slots in entry order; scores, softmax
+    and output then run over the same slots in the same order whatever the chunk, the
+    query's place in it or the step's other rows. Empty slots add exact zeros.
+    """
+
+    def forward(self, q, window_keys, window_visible, selected_keys, selected_valid, sinks):
+        keys, valid = _right_aligned(window_keys, window_visible, self.window)
+        num_queries, dim = q.shape[0], window_keys.shape[-1]
+        if selected_keys is None:
+            picked = keys.new_zeros(num_queries, self.max_selected, dim)
+            picked_valid = valid.new_zeros(num_queries, self.max_selected)
+        else:
+            picked, picked_valid = _packed(selected_keys, selected_valid, self.max_selected)
+        keys = torch.cat((keys, picked), 1).float()
+        valid = torch.cat((valid, picked_valid), 1)
+        return tiled_rows(lambda *tile: self._attend(*tile, sinks), q, keys, valid)
+
+    def _attend(self, q, keys, valid, sinks) -> torch.Tensor:
+        """q [tile, heads, dim], keys [tile, slots, dim] float32, valid [tile, slots]."""
+        scores = torch.matmul(q.float(), keys.transpose(1, 2)) * self.scale
+        scores.masked_fill_(~valid.unsqueeze(1), float("-inf"))
+        sink = sinks.float().view(1, -1, 1).expand(q.shape[0], -1, 1)
+        # A padding query sees only the sink: weight 1 there, no NaN.
+        probs = torch.cat((scores, sink), dim=-1).softmax(dim=-1)
+        return torch.matmul(probs[..., :-1], keys).to(q.dtype)
+
+
+def _right_aligned(keys: torch.Tensor, visible: torch.Tensor, width: int):
+    """keys [k, dim], visible [n, k] (each row's visible keys contiguous in position order)
+    → [n, width, dim] with row i's visible keys ending at slot width - 1, and their mask."""
+    num_keys = keys.shape[0]
+    slot = width - visible.sum(1, keepdim=True) + visible.cumsum(1) - 1
+    rows, columns = visible.nonzero(as_tuple=True)
+    index = torch.full((visible.shape[0], width), num_keys, dtype=torch.long)
+    index[rows, slot[rows, columns]] = columns
+    padded = torch.cat((keys, keys.new_zeros(1, keys.shape[-1])))
+    return padded[index], index < num_keys
+
+
+def _packed(selected: torch.Tensor, valid: torch.Tensor, width: int):
+    """selected [n, k, dim] with valid [n, k] (k <= width) → the valid ones first, in order,
+    in [n, width, dim], and their mask."""
+    rows, columns = valid.nonzero(as_tuple=True)
+    slot = (valid.cumsum(1) - 1)[rows, columns]
+    packed = selected.new_zeros(valid.shape[0], width, selected.shape[-1])
+    packed[rows, slot] = selected[rows, columns]
+    mask = valid.new_zeros(valid.shape[0], width)
+    mask[rows, slot] = True
+    return packed, mask

@@ -12,9 +12,12 @@ import torch
 
 
 class SinkAttentionBackend(ABC):
-    def __init__(self, num_heads: int, head_dim: int) -> None:
+    def __init__(self, num_heads: int, head_dim: int, window: int, max_selected: int) -> None:
+        """window: most window keys a query sees; max_selected: most entries it selects."""
         self.num_heads = num_heads
         self.scale = head_dim**-0.5
+        self.window = window
+        self.max_selected = max_selected
 
     @abstractmethod
     def forward(

@@ -29,6 +29,8 @@ class ModelOptions:
     quantize_kv_cache: bool = True
     # DeepSeek-V4.1: build the DSpark draft stages and fill their context rings.
     dspark: bool = False
+    # Models whose own layers read rings (DeepSeek-V4.1) take their batch-invariant paths.
+    batch_invariant: bool = False
 
 
 MODELS: dict[str, type[nn.Module]] = {

@@ -14,13 +14,16 @@ _DRAFT_PROBE_INTERVAL = 8
 
 
 class DraftCadence:
-    def __init__(self) -> None:
+    def __init__(self, every_step: bool = False) -> None:
+        # Batch-invariant mode looks every step: skipping a look would give a request a
+        # verify length of 0 because of how the batch's other requests drafted.
+        self.every_step = every_step
         self._steps_to_probe = 0
         self._proposals_without_drafts = 0
 
     def propose_now(self, step_in_flight: bool) -> bool:
         """Whether to look for drafts this step (draining the step in flight to do so)."""
-        if step_in_flight and self._steps_to_probe > 0:
+        if step_in_flight and self._steps_to_probe > 0 and not self.every_step:
             self._steps_to_probe -= 1
             return False
         return True

@@ -4,9 +4,18 @@ Every request has one query row; all draft positions of the batch are ranked by 
 probability (ties: request order, then position), and the total rows T is the one that
 maximises expected tokens / estimated step time; the T - base extra rows go to the
 top-ranked positions (spec/deepinfer.md §1.6, DeepInfer's MTPVarlen).
+
+That choice follows the batch and the measured step times, so in batch-invariant mode a
+request's length comes from its own survival estimates and a fixed cost model instead
+(`plan_own_verify_length`), as DeepInfer turns MTP_VARLEN off for determinism.
 """
 
 from deepwell.engine.speculative.step_time import StepTimeCurve
+
+# Batch-invariant mode's fixed cost model: a verify row costs this fraction of a decode
+# step. There every linear computes whole 64-row tiles (layers/batch_invariant.py), so a
+# few more rows cost little; a position pays while its survival beats a tenth of the rate.
+INVARIANT_ROW_COST = 0.1
 
 
 def plan_verify_lengths(
@@ -41,3 +50,17 @@ def plan_verify_lengths(
     for _, request, _ in ranked[:best_extra]:
         lengths[request] += 1
     return lengths
+
+
+def plan_own_verify_length(survival: list[float], row_cost: float = INVARIANT_ROW_COST) -> int:
+    """Draft positions one request verifies, from its own non-increasing survival alone:
+    the length maximising expected tokens (1 + the survivals) per unit of a fixed cost
+    (1 + row_cost per position). Nothing else in the batch enters, nor any measured time."""
+    best_length, best_rate = 0, 1.0
+    expected = 1.0
+    for length, p in enumerate(survival, start=1):
+        expected += p
+        rate = expected / (1.0 + row_cost * length)
+        if rate > best_rate:
+            best_length, best_rate = length, rate
+    return best_length

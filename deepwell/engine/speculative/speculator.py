@@ -2,7 +2,10 @@
 
 Before a step it proposes drafts, estimates each position's survival and plans how many
 positions each request verifies (`Request.draft_token_ids`); after the step it learns from
-what was accepted and how long the step took.
+what was accepted and how long the step took. In batch-invariant mode a request's verify
+length is a function of that request alone: its survival comes from its own acceptance
+history (or its drafter), its length from a fixed cost model (planner.py), and the step's
+token budget caps it only through the configured maximum, never through what else runs.
 """
 
 import logging
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from deepwell.engine.request import Request
 from deepwell.engine.speculative.confidence import ConfidenceTable
 from deepwell.engine.speculative.drafter import Draft, Drafter
-from deepwell.engine.speculative.planner import plan_verify_lengths
+from deepwell.engine.speculative.planner import plan_own_verify_length, plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
 
 logger = logging.getLogger(__name__)
@@ -57,10 +60,17 @@ class _Planned:
 
 
 class Speculator:
-    def __init__(self, num_speculative_tokens: int, drafter: Drafter) -> None:
+    def __init__(
+        self, num_speculative_tokens: int, drafter: Drafter, batch_invariant: bool = False
+    ) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.drafter = drafter
+        self.batch_invariant = batch_invariant
+        # Learned from every request's verifications (the statistics, and the batch
+        # planner's estimates)...
         self.confidence = ConfidenceTable(num_speculative_tokens)
+        # ...and, in batch-invariant mode, per request from its own only.
+        self._own_confidence: dict[str, ConfidenceTable] = {}
         self.curve = StepTimeCurve()
         self._planned: dict[str, _Planned] = {}
         self._decode_steps = 0
@@ -90,6 +100,9 @@ class Speculator:
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
             )
+            if self.batch_invariant:
+                # A draft must fit a step whole (the scheduler defers, never cuts, it).
+                room = min(room, budget - 1)
             if room > 0:
                 candidates.append(request)
                 rooms.append(room)
@@ -103,10 +116,14 @@ class Speculator:
                 survival = (
                     draft.survival[: len(draft.tokens)]
                     if native
-                    else self.confidence.survival(draft.bucket, len(draft.tokens))
+                    else self._table(request.request_id).survival(draft.bucket, len(draft.tokens))
                 )
                 drafting.append((request, draft, _Planned(draft.bucket, survival, native)))
         if not drafting:
+            return
+        if self.batch_invariant:
+            for request, draft, planned in drafting:
+                self._set_draft(request, draft, planned, plan_own_verify_length(planned.survival))
             return
         lengths = plan_verify_lengths(
             [planned.survival for _, _, planned in drafting],
@@ -116,12 +133,24 @@ class Speculator:
             self.curve,
         )
         for (request, draft, planned), length in zip(drafting, lengths, strict=True):
-            if length:
-                request.draft_token_ids = draft.tokens[:length]
-                if draft.probs is not None:
-                    request.draft_probs = draft.probs[:length]
-                planned.survival = planned.survival[:length]
-                self._planned[request.request_id] = planned
+            self._set_draft(request, draft, planned, length)
+
+    def _set_draft(self, request: Request, draft: Draft, planned: _Planned, length: int):
+        if length:
+            request.draft_token_ids = draft.tokens[:length]
+            if draft.probs is not None:
+                request.draft_probs = draft.probs[:length]
+            planned.survival = planned.survival[:length]
+            self._planned[request.request_id] = planned
+
+    def _table(self, request_id: str) -> ConfidenceTable:
+        """The confidence table a request's survival estimates come from."""
+        if not self.batch_invariant:
+            return self.confidence
+        table = self._own_confidence.get(request_id)
+        if table is None:
+            table = self._own_confidence[request_id] = ConfidenceTable(self.num_speculative_tokens)
+        return table
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         """A decode step of `request` verified `num_verified` positions, accepting `num_accepted`."""
@@ -136,8 +165,10 @@ class Speculator:
         predicted = planned.survival[:num_verified]
         if planned.native:
             self.confidence.record_error(predicted, num_accepted)
-        else:
-            self.confidence.observe(planned.bucket, predicted, num_accepted)
+            return
+        self.confidence.observe(planned.bucket, predicted, num_accepted)
+        if self.batch_invariant:
+            self._table(request.request_id).observe(planned.bucket, predicted, num_accepted)
 
     def record_step(self, rows: int, seconds: float) -> None:
         self.curve.record(rows, seconds)
@@ -157,6 +188,7 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self._planned.pop(request_id, None)
+        self._own_confidence.pop(request_id, None)
         self.drafter.forget(request_id)
 
     def stats(self) -> SpecStats:

@@ -1,7 +1,8 @@
 """Batch-invariant kernels: a row's bits are the same at any row count and place in a
 row-tiled linear, and in attention whether the row runs as a decode, alone or beside
-others, or inside prefill chunks of any length; and the kernel properties the attention
-layout rests on hold on this machine."""
+others, or inside prefill chunks of any length (paged, and DeepSeek-V4.1's window plus
+selection with a sink); and the kernel properties the attention layout rests on hold on
+this machine."""
 
 import pytest
 import torch
@@ -12,10 +13,12 @@ from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import (
     MIN_PRODUCT_ROWS,
     BatchInvariantAttention,
+    BatchInvariantSinkAttention,
     tile_linears,
     tile_queries,
 )
 from deepwell.engine.layers.packed_linear import pack_linears
+from deepwell.engine.layers.step_metadata import SequenceSpan, plan_windows
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 32  # SmolLM2's heads, the tests' block size
 # SmolLM2's qkv, o, gate_up and down projections and its lm_head, in bf16 (packed where
@@ -121,3 +124,49 @@ def test_decodes_and_chunks_of_any_length_give_the_same_bits(dtype):
     for position in (0, 31, 32, 89):
         alone = attend(backend, q, keys, values, [(0, position, 1)])
         assert torch.equal(alone[0], whole[position])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sink_attention_query_has_the_same_bits_in_any_chunk(dtype):
+    """DeepSeek-V4.1's sink attention: a query's output is the same run as a decode or in
+    a prefill chunk of any length and offset, whatever the width of the selection tensor
+    and wherever its invalid slots lie."""
+    heads, dim, window, top = 4, 32, 8, 4
+    length = 40
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(length, dim, generator=generator).to(dtype)
+    entries = torch.randn(length // 2, dim, generator=generator).to(dtype)
+    queries = torch.randn(length, heads, dim, generator=generator).to(dtype)
+    sinks = torch.randn(heads, generator=generator)
+    backend = BatchInvariantSinkAttention(heads, dim, window, top)
+    # Each position's selection: up to `top` of the entries it sees, ascending.
+    chosen = [
+        sorted(torch.randperm(p // 2, generator=generator)[:top].tolist()) for p in range(length)
+    ]
+
+    def attend(start: int, rows: int, width: int) -> torch.Tensor:
+        span = SequenceSpan(0, rows, start, 0, torch.zeros(1, dtype=torch.long))
+        # A ring as long as the context: its rows are the positions.
+        plan = plan_windows([span], window, length)[0]
+        window_keys = torch.cat((keys[plan.ring_rows], keys[start : start + rows]))
+        ids = torch.full((rows, width), -1, dtype=torch.long)
+        for row in range(rows):
+            picked = chosen[start + row]
+            # Invalid slots first in odd rows: a selection keeps -1 where topk put it.
+            offset = width - len(picked) if row % 2 else 0
+            ids[row, offset : offset + len(picked)] = torch.tensor(picked, dtype=torch.long)
+        return backend.forward(
+            queries[start : start + rows],
+            window_keys,
+            plan.visible,
+            entries[ids.clamp(min=0)],
+            ids >= 0,
+            sinks,
+        )
+
+    decodes = torch.cat([attend(p, 1, top) for p in range(length)])
+    for chunk in (3, 7, 16, 40):
+        for start in range(0, length, chunk):
+            rows = min(chunk, length - start)
+            out = attend(start, rows, top + 3)
+            assert torch.equal(out, decodes[start : start + rows]), (chunk, start)

@@ -1,8 +1,13 @@
 """The verify-length planner, the step-time curve, the confidence table, n-gram drafts."""
 
+import torch
+
+from deepwell.engine.request import Request
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.speculative import Speculator
 from deepwell.engine.speculative.confidence import ConfidenceTable
 from deepwell.engine.speculative.ngram import NgramDrafter
-from deepwell.engine.speculative.planner import plan_verify_lengths
+from deepwell.engine.speculative.planner import plan_own_verify_length, plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
 
 
@@ -72,3 +77,44 @@ def test_ngram_drafts_the_continuation_of_the_longest_latest_match():
     assert drafter.lookup("r", tokens, 2).tokens == [8, 2]
     drafter.forget("r")
     assert drafter.lookup("r", [5, 6, 5, 6], 4).tokens == [5, 6]
+
+
+def test_own_verify_length_weighs_survival_against_a_fixed_row_cost():
+    assert plan_own_verify_length([0.9, 0.8, 0.05]) == 2
+    assert plan_own_verify_length([0.05, 0.04]) == 0
+    assert plan_own_verify_length([0.9, 0.9], row_cost=1.0) == 0
+
+
+def _request(request_id: str, tokens: list[int]) -> Request:
+    """A running request whose tokens are all computed but the last (it decodes next)."""
+    params = SamplingParams(max_tokens=64)
+    request = Request(request_id, tokens, params, frozenset(), torch.Generator())
+    request.num_computed_tokens = len(tokens) - 1
+    return request
+
+
+def test_batch_invariant_verify_length_ignores_the_batch_and_the_step_times():
+    """The same request drafts the same verify length alone and beside requests that draft
+    with other confidences, whatever the measured step-time curve says; the shared planner
+    shortens it there."""
+    repeated = [5, 6, 7, 8] * 4
+
+    def lengths(batch_invariant: bool, neighbours: int, seconds_per_row: float) -> int:
+        speculator = Speculator(5, batch_invariant=batch_invariant)
+        for rows in range(1, 80):
+            speculator.record_step(rows, 1.0 + seconds_per_row * rows)
+        # Neighbours whose drafts were all rejected before: low confidence, shared table.
+        for n in range(neighbours):
+            other = _request(f"n{n}", [1, 2, 3, 1, 2, 3, 1, 2])
+            for _ in range(4):
+                speculator.propose([other], 512)
+                speculator.observe(other, len(other.draft_token_ids), 0)
+        target = _request("target", repeated)
+        batch = [_request(f"m{n}", [9, 10, 11, 9, 10, 11, 9, 10]) for n in range(neighbours)]
+        speculator.propose([target, *batch], 512)
+        return len(target.draft_token_ids)
+
+    alone = lengths(True, 0, 0.0)
+    assert alone > 0
+    assert all(lengths(True, n, cost) == alone for n in (1, 7, 40) for cost in (0.0, 0.5))
+    assert lengths(False, 40, 0.5) < lengths(False, 0, 0.0)

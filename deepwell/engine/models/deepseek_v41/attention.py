@@ -4,6 +4,9 @@ compressed KV, the lightning indexer and the candidate pool (spec/deepseek_v41.m
 A layer writes its window rows into its ring; a KV source also writes new compressed
 entries and index keys into the paged blocks. Within a forward, the source's entries and
 the latest selection are handed to the layers that reuse them through `SharedSelection`.
+In batch-invariant mode every product and elementwise pass over a sequence's rows or its
+entries runs on fixed-shape tiles (layers/batch_invariant.py) and top-k ties go to the
+lower entry, so a row's result does not depend on its chunk or its neighbours.
 """
 
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import tiled_keys, tiled_rows, top_indices
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import (
     CompressedPlan,
@@ -66,9 +70,10 @@ class CompressedCaches:
 class Compressor(nn.Module):
     """Pools r consecutive positions into one latent entry (a projection at ratio 1)."""
 
-    def __init__(self, config: DeepseekV41Config, ratio: int) -> None:
+    def __init__(self, config: DeepseekV41Config, ratio: int, invariant: bool) -> None:
         super().__init__()
         self.ratio = ratio
+        self.invariant = invariant
         self.wkv = nn.Linear(config.hidden_size, config.head_dim, bias=False)
         self.norm = Norm(config.head_dim, config.rms_norm_eps)
         if ratio > 1:
@@ -76,6 +81,9 @@ class Compressor(nn.Module):
 
     def projections(self, u: torch.Tensor) -> torch.Tensor:
         """Per position (kv, gate) [rows, 2, head_dim], float32 (ratio > 1)."""
+        return tiled_rows(self._projections, u) if self.invariant else self._projections(u)
+
+    def _projections(self, u: torch.Tensor) -> torch.Tensor:
         x = u.float()
         return torch.stack(
             (F.linear(x, self.wkv.weight.float()), F.linear(x, self.wgate.weight.float())), 1
@@ -84,16 +92,20 @@ class Compressor(nn.Module):
     def pool(self, pairs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Latents of complete groups from (kv, gate) rows [groups·r, 2, dim]."""
         groups = pairs.view(-1, self.ratio, 2, pairs.shape[-1])
-        values, gates = groups[:, :, 0], groups[:, :, 1]
-        pooled = (values * gates.softmax(dim=1)).sum(dim=1).to(dtype)
-        return self.norm(pooled)
+
+        def pooled(groups: torch.Tensor) -> torch.Tensor:
+            values, gates = groups[:, :, 0], groups[:, :, 1]
+            return self.norm((values * gates.softmax(dim=1)).sum(dim=1).to(dtype))
+
+        return tiled_rows(pooled, groups) if self.invariant else pooled(groups)
 
 
 class Indexer(nn.Module):
     """Scores visible compressed entries per query and keeps the top-k (lightning indexer)."""
 
-    def __init__(self, config: DeepseekV41Config, owns_keys: bool) -> None:
+    def __init__(self, config: DeepseekV41Config, owns_keys: bool, invariant: bool) -> None:
         super().__init__()
+        self.invariant = invariant
         self.num_heads = config.index_n_heads
         self.head_dim = config.index_head_dim
         self.topk = config.index_topk
@@ -107,8 +119,14 @@ class Indexer(nn.Module):
 
     def scores(self, queries, weights, keys, visible_counts) -> torch.Tensor:
         """[rows, entries]: Σ_h w_h·relu(q_h·k), −inf past each row's visible entries."""
-        per_head = torch.einsum("nhd,cd->nhc", queries.float(), keys.float()).relu()
-        scores = (per_head * weights.float().unsqueeze(-1)).sum(dim=1)
+        queries, weights, keys = queries.float(), weights.float(), keys.float()
+        if self.invariant:
+            scores = tiled_keys(
+                lambda tile: tiled_rows(lambda q, w: _index_scores(q, w, tile), queries, weights),
+                keys,
+            )
+        else:
+            scores = _index_scores(queries, weights, keys)
         hidden = torch.arange(keys.shape[0]).unsqueeze(0) >= visible_counts.unsqueeze(1)
         return scores.masked_fill(hidden, float("-inf"))
 
@@ -121,16 +139,27 @@ class Indexer(nn.Module):
         blocks = blocks.unflatten(-1, (-1, size)).amax(dim=-1)
         newest = (visible_counts - 1).div(size, rounding_mode="floor").unsqueeze(1)
         blocks = blocks.masked_fill(torch.arange(blocks.shape[1]) == newest, float("inf"))
-        top = blocks.topk(min(self.pool_blocks, blocks.shape[1]), dim=-1)
+        values, indices = self._top(blocks, min(self.pool_blocks, blocks.shape[1]))
         keep = torch.zeros_like(blocks, dtype=torch.bool)
-        keep.scatter_(-1, top.indices, top.values > float("-inf"))
+        keep.scatter_(-1, indices, values > float("-inf"))
         return keep.repeat_interleave(size, dim=-1)[:, :width] & torch.isfinite(scores)
 
     def select(self, scores: torch.Tensor) -> torch.Tensor:
         """Top-k entry ids per row, ascending, −1 where fewer are visible."""
-        top = scores.topk(min(self.topk, scores.shape[1]), dim=-1, sorted=False)
-        ids = top.indices.sort(dim=-1).values
+        _, ids = self._top(scores, min(self.topk, scores.shape[1]))
+        ids = ids.sort(dim=-1).values
         return torch.where(torch.isfinite(scores.gather(-1, ids)), ids, -1)
+
+    def _top(self, values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.invariant:
+            return top_indices(values, k)
+        top = values.topk(k, dim=-1, sorted=False)
+        return top.values, top.indices
+
+
+def _index_scores(queries, weights, keys) -> torch.Tensor:
+    per_head = torch.einsum("nhd,cd->nhc", queries, keys).relu()
+    return (per_head * weights.unsqueeze(-1)).sum(dim=1)
 
 
 class CSA2Attention(nn.Module):
@@ -140,9 +169,11 @@ class CSA2Attention(nn.Module):
         plan: LayerPlan,
         backend: SinkAttentionBackend,
         rotary: PairRotary,
+        invariant: bool,
     ) -> None:
         super().__init__()
         self.plan = plan
+        self.invariant = invariant
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -161,9 +192,9 @@ class CSA2Attention(nn.Module):
         self.wo_b = nn.Linear(self.groups * config.o_lora_rank, config.hidden_size, bias=False)
         self.attn_sink = nn.Parameter(torch.zeros(self.num_heads))
         owns = plan.selection is Selection.FULL
-        self.compressor = Compressor(config, plan.compress_ratio) if owns else None
+        self.compressor = Compressor(config, plan.compress_ratio, invariant) if owns else None
         indexes = plan.selection in (Selection.FULL, Selection.REINDEX)
-        self.indexer = Indexer(config, owns_keys=owns) if indexes else None
+        self.indexer = Indexer(config, owns, invariant) if indexes else None
 
     def forward(
         self,
@@ -185,7 +216,8 @@ class CSA2Attention(nn.Module):
         kv = self.rotary.apply(self.kv_norm(self.wkv(u)), rotation)
         if self.qdq:
             kv = qdq_fp8(kv)
-        out = torch.empty_like(q)
+        # Zeros: a batch-invariant step's padding rows belong to no sequence.
+        out = torch.zeros_like(q)
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
             rows = seq.rows
             chunk_kv = kv[rows]
@@ -205,7 +237,11 @@ class CSA2Attention(nn.Module):
         out = self.rotary.apply(out, rotation, inverse=True)
         grouped = out.view(-1, self.groups, self.num_heads // self.groups * self.head_dim)
         weight = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
-        projected = torch.einsum("ngi,goi->ngo", grouped, weight)
+
+        def project(grouped: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("ngi,goi->ngo", grouped, weight)
+
+        projected = tiled_rows(project, grouped) if self.invariant else project(grouped)
         return self.wo_b(projected.flatten(1))
 
     def _compressed_state(
@@ -224,7 +260,7 @@ class CSA2Attention(nn.Module):
         if self.indexer is not None and state.entries.shape[0]:
             indexer = self.indexer
             queries = indexer.wq_b(qr).view(-1, indexer.num_heads, indexer.head_dim)
-            queries = self.rotary.apply(queries, rotation)
+            queries = self._rotate(queries, rotation)
             if self.qdq:
                 queries = qdq_mxfp4(queries)
             weights = indexer.weights_proj(u).float() * (
@@ -263,13 +299,23 @@ class CSA2Attention(nn.Module):
             latents = compressor.pool(torch.cat((pairs_before, pairs))[:complete], u.dtype)
         if not latents.shape[0]:
             return
-        rotation = self.rotary.rotation(plan.new_positions)
-        entries = self.rotary.apply(latents, rotation)
-        keys = self.rotary.apply(self.indexer.k_norm(self.indexer.wk(latents)), rotation)
+        if self.invariant:
+            rotation = tiled_rows(self.rotary.rotation, plan.new_positions)
+        else:
+            rotation = self.rotary.rotation(plan.new_positions)
+        entries = self._rotate(latents, rotation)
+        keys = self._rotate(self.indexer.k_norm(self.indexer.wk(latents)), rotation)
         if self.qdq:
             entries, keys = qdq_nvfp4(entries), qdq_mxfp4(keys)
         caches.entries[plan.new_blocks, plan.new_offsets] = entries.to(caches.entries.dtype)
         caches.index_keys[plan.new_blocks, plan.new_offsets] = keys.to(caches.index_keys.dtype)
+
+    def _rotate(self, values: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """Rotary over a sequence's rows or entries; in fixed tiles when batch-invariant
+        (a complex product's scalar tail path rounds otherwise than its vector one)."""
+        if self.invariant:
+            return tiled_rows(self.rotary.apply, values, rotation)
+        return self.rotary.apply(values, rotation)
 
 
 def _gather_entries(cache: torch.Tensor, plan: CompressedPlan) -> torch.Tensor:

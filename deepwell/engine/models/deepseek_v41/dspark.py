@@ -11,8 +11,10 @@ then run per position with the token drafted before (speculative/dspark.py).
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata, WindowPlan
 from deepwell.engine.models.deepseek_v41.attention import CSA2Attention, Norm
@@ -50,12 +52,13 @@ class DSparkStage(nn.Module):
         stage: int,
         rotary: PairRotary,
         backend: SinkAttentionBackend,
+        invariant: bool,
     ) -> None:
         super().__init__()
         c = config
         # Window-only attention (compress_ratios' draft entries are 0, spec §3.1).
         plan = LayerPlan(c.num_hidden_layers + stage, 0, Selection.NONE, -1, False, False, -1)
-        self.attn = CSA2Attention(c, plan, backend, rotary)
+        self.attn = CSA2Attention(c, plan, backend, rotary, invariant)
         self.ffn = MoE(
             c.hidden_size,
             c.moe_intermediate_size,
@@ -64,14 +67,15 @@ class DSparkStage(nn.Module):
             c.routed_scaling_factor,
             c.norm_topk_prob,
             c.swiglu_limit,
+            invariant,
         )
         self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.hc_attn = HyperConnection(
-            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
         )
         self.hc_ffn = HyperConnection(
-            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
         )
         if stage == 0:
             targets = len(c.dspark_target_layer_ids)
@@ -103,16 +107,22 @@ class DSpark(nn.Module):
     """The draft stages; the embedding and head are the target's, passed in per call."""
 
     def __init__(
-        self, config: DeepseekV41Config, rotary: PairRotary, backend: SinkAttentionBackend
+        self,
+        config: DeepseekV41Config,
+        rotary: PairRotary,
+        backend: SinkAttentionBackend,
+        invariant: bool,
     ) -> None:
         super().__init__()
         self.config = config
+        # Batch-invariant: blocks padded to whole row tiles, as the target's steps.
+        self.invariant = invariant
         self.rotary = rotary
         self.block_size = config.dspark_block_size
         self.window = config.sliding_window
         self.targets = config.dspark_target_layer_ids
         self.stages = nn.ModuleList(
-            DSparkStage(config, stage, rotary, backend)
+            DSparkStage(config, stage, rotary, backend, invariant)
             for stage in range(config.num_nextn_predict_layers)
         )
 
@@ -175,13 +185,19 @@ class DSpark(nn.Module):
                 )
             )
         meta.windows[DSPARK_RING] = plans
+        ids = ids.flatten()
+        num_rows = ids.shape[0]
+        if self.invariant:
+            padding = -num_rows % ROW_TILE
+            ids = F.pad(ids, (0, padding))
+            block_positions = F.pad(block_positions, (0, padding))
         rotation = self.rotary.rotation(block_positions)
-        streams = embed(ids.flatten()).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
+        streams = embed(ids).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
         pre = torch.zeros(streams.shape[0], c.hc_mult)
         pre[:, 0] = 1
         for stage, ring in zip(self.stages, rings, strict=True):
             streams, pre = stage(streams, pre, rotation, meta, ring, dtype)
-        hidden = collapse(streams, pre)
+        hidden = collapse(streams, pre)[:num_rows]
         normed = self.last.norm(hidden)
         return normed.unflatten(0, (len(slots), width)), hidden.unflatten(0, (len(slots), width))
 

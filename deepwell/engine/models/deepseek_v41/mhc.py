@@ -7,10 +7,16 @@ collapsed with the PREVIOUS sublayer's pre (spec/deepseek_v41.md §3.2).
 import torch
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import tiled_rows
+
 
 class HyperConnection(nn.Module):
-    def __init__(self, streams: int, hidden_size: int, iterations: int, eps: float, norm_eps):
+    def __init__(
+        self, streams: int, hidden_size: int, iterations: int, eps: float, norm_eps, invariant
+    ):
         super().__init__()
+        # Batch-invariant: the mixing product runs on fixed row tiles.
+        self.invariant = invariant
         self.streams = streams
         self.iterations = iterations
         self.eps = eps
@@ -25,9 +31,8 @@ class HyperConnection(nn.Module):
         [rows, S_in, S_out], all float32."""
         s = self.streams
         flat = streams.flatten(1)
-        mixes = (flat @ self.fn.t()) * torch.rsqrt(
-            flat.square().mean(-1, keepdim=True) + self.norm_eps
-        )
+        mixes = tiled_rows(self._mix, flat) if self.invariant else self._mix(flat)
+        mixes = mixes * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
         scales = torch.cat(
             (self.scale[0].expand(s), self.scale[1].expand(s), self.scale[2].expand(s * s))
         )
@@ -40,6 +45,9 @@ class HyperConnection(nn.Module):
             comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
             comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
         return pre, post, comb
+
+    def _mix(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat @ self.fn.t()
 
 
 def collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,13 @@ import dataclasses
 import re
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
+from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.deepseek_v41.attention import (
@@ -53,11 +55,12 @@ class DeepseekV41Block(nn.Module):
         plan: LayerPlan,
         rotary: PairRotary,
         backend: SinkAttentionBackend,
+        invariant: bool,
     ) -> None:
         super().__init__()
         self.plan = plan
         c = config
-        self.attn = CSA2Attention(c, plan, backend, rotary)
+        self.attn = CSA2Attention(c, plan, backend, rotary, invariant)
         self.ffn = MoE(
             c.hidden_size,
             c.moe_intermediate_size,
@@ -66,13 +69,14 @@ class DeepseekV41Block(nn.Module):
             c.routed_scaling_factor,
             c.norm_topk_prob,
             c.swiglu_limit,
+            invariant,
         )
         self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
 
         def hyper_connection() -> HyperConnection:
             return HyperConnection(
-                c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+                c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
             )
 
         self.hc_attn = hyper_connection()
@@ -125,6 +129,9 @@ class DeepseekV41Block(nn.Module):
 
 class DeepseekV41ForCausalLM(nn.Module):
     config_class = DeepseekV41Config
+    # Its window rings and compressor tails are read by its own layers, which have
+    # batch-invariant paths (build.py refuses batch-invariant mode to ring models without).
+    invariant_rings = True
 
     def __init__(
         self,
@@ -133,10 +140,12 @@ class DeepseekV41ForCausalLM(nn.Module):
         engram_tables: EngramTables | None = None,
         backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
         dspark: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
         self.plans = config.layer_plans()
         if any(p.engram_slot >= 0 for p in self.plans) and engram_tables is None:
             raise ModelLoadError("DeepSeek-V4.1's Engram layers need the tokenizer's hash tables")
@@ -145,13 +154,16 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.plain_rotary = PairRotary(rope_dim, config.rope_theta, None)
         self.compress_rotary = PairRotary(rope_dim, config.compress_rope_theta, config.rope_scaling)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        backend = backend_class(config.num_attention_heads, config.head_dim)
+        backend = backend_class(
+            config.num_attention_heads, config.head_dim, config.sliding_window, config.index_topk
+        )
         self.layers = nn.ModuleList(
             DeepseekV41Block(
                 config,
                 plan,
                 self.compress_rotary if plan.compress_ratio else self.plain_rotary,
                 backend,
+                batch_invariant,
             )
             for plan in self.plans
         )
@@ -177,7 +189,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 raise ModelLoadError(
                     f"dspark_target_layer_ids {targets} must be increasing backbone layers"
                 )
-            self.dspark = DSpark(config, self.plain_rotary, backend)
+            self.dspark = DSpark(config, self.plain_rotary, backend, batch_invariant)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -201,7 +213,14 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(config, options.dtype, tables, options.sink_backend_class, options.dspark)
+        return cls(
+            config,
+            options.dtype,
+            tables,
+            options.sink_backend_class,
+            dspark=options.dspark,
+            batch_invariant=options.batch_invariant,
+        )
 
     def kv_layout(self) -> KVLayout:
         c = self.config
@@ -271,6 +290,17 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
+        num_rows = input_ids.shape[0]
+        history = meta.token_history
+        if self.batch_invariant:
+            # Whole row tiles: every elementwise pass over the step's rows then covers a
+            # multiple of the vector width, so no row falls in a kernel's scalar tail
+            # (whose exp or sigmoid rounds otherwise); sequences never read the padding.
+            padding = -num_rows % ROW_TILE
+            input_ids = F.pad(input_ids, (0, padding))
+            positions = F.pad(positions, (0, padding))
+            if history is not None:
+                history = F.pad(history, (0, 0, 0, padding), value=-1)
         rotations = {
             False: self.plain_rotary.rotation(positions),
             True: self.compress_rotary.rotation(positions),
@@ -278,11 +308,9 @@ class DeepseekV41ForCausalLM(nn.Module):
         streams = self.embed(input_ids).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
         pre = torch.zeros(input_ids.shape[0], c.hc_mult)
         pre[:, 0] = 1
-        history = None
         if self.engram_tables is not None:
-            history = torch.cat((input_ids.unsqueeze(1), meta.token_history), dim=1)
+            history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
         shared: dict[int, SharedSelection] = {}
-        num_rows = input_ids.shape[0]
         step = meta
         features: list[torch.Tensor] = []
         targets = () if self.dspark is None else self.dspark.targets
@@ -345,7 +373,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.dspark.write_context(features, positions, step, kv_cache.rings[DSPARK_RING])
         hidden = self.norm(collapse(streams, pre))
         if step is meta:
-            return hidden
+            return hidden[:num_rows]
         # Rows the consumers skipped sample nothing: zeros keep the step's row order.
         full = hidden.new_zeros(num_rows, hidden.shape[-1])
         full[meta.compact.rows] = hidden

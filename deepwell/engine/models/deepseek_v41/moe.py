@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import tiled_rows
+
 
 class ClampedSwiGLU(nn.Module):
     """W2(silu(min(W1 x, limit)) · clamp(W3 x, ±limit)), the gate and up halves fused."""
@@ -33,8 +35,12 @@ class MoE(nn.Module):
         routed_scaling: float,
         normalize: bool,
         limit: float,
+        invariant: bool,
     ) -> None:
         super().__init__()
+        # Batch-invariant: the router and each expert run on fixed row tiles, as an expert
+        # sees however many rows of the step chose it (layers/batch_invariant.py).
+        self.invariant = invariant
         self.top_k = top_k
         self.routed_scaling = routed_scaling
         self.normalize = normalize
@@ -48,7 +54,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, hidden] in the compute dtype → [rows, hidden] float32."""
-        scores = torch.sqrt(F.softplus(x.float() @ self.gate.float().t()))
+        scores = tiled_rows(self._scores, x) if self.invariant else self._scores(x)
         chosen = (scores + self.gate_bias).topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, chosen)
         if self.normalize and self.top_k > 1:
@@ -66,7 +72,14 @@ class MoE(nn.Module):
             if not count:
                 continue
             picked = rows[start : start + count]
-            routed = self.experts[expert](x[picked], flat_weights[start : start + count])
+            expert_rows = (x[picked], flat_weights[start : start + count])
+            if self.invariant:
+                routed = tiled_rows(self.experts[expert], *expert_rows)
+            else:
+                routed = self.experts[expert](*expert_rows)
             out.index_add_(0, picked, routed.float())
             start += count
         return out
+
+    def _scores(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(F.softplus(x.float() @ self.gate.float().t()))
