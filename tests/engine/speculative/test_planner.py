@@ -100,7 +100,7 @@ def test_batch_invariant_verify_length_ignores_the_batch_and_the_step_times():
     repeated = [5, 6, 7, 8] * 4
 
     def lengths(batch_invariant: bool, neighbours: int, seconds_per_row: float) -> int:
-        speculator = Speculator(5, batch_invariant=batch_invariant)
+        speculator = Speculator(5, NgramDrafter(), batch_invariant=batch_invariant)
         for rows in range(1, 80):
             speculator.record_step(rows, 1.0 + seconds_per_row * rows)
         # Neighbours whose drafts were all rejected before: low confidence, shared table.

@@ -36,9 +36,13 @@ def make_core(checkpoint, **kwargs) -> EngineCore:
 @pytest.fixture(scope="module")
 def cores(checkpoint) -> dict[bool, EngineCore]:
     # Batch-invariant: the two loops batch requests differently, and a request's logits
-    # must not follow its neighbours for the tokens to be comparable bit for bit.
+    # must not follow its neighbours for the tokens to be comparable bit for bit. No
+    # speculation: in batch-invariant mode it looks for drafts every step, so steps never
+    # overlap (docs/engine.md).
     return {
-        mode: make_core(checkpoint, batch_invariant=True, async_scheduling=mode)
+        mode: make_core(
+            checkpoint, batch_invariant=True, async_scheduling=mode, num_speculative_tokens=0
+        )
         for mode in (False, True)
     }
 
