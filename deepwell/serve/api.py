@@ -132,7 +132,7 @@ def create_app(
         )
 
     metrics = ServeMetrics(stats)
-    frontend = Frontend(model, infer)
+    frontend = Frontend(model, infer, settings.default_seed)
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 

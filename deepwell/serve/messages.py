@@ -74,6 +74,16 @@ class GenerateRequest:
     structured_output: StructuredOutputSpec | None = None
     # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
     cache_class: str = "chat"
+    # The engine's SamplingParams of the same names (engine/sampling_params.py).
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs: msgpack maps want string keys.
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ class ServeSettings:
     # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
     max_pending_requests: int = 1024
     retry_after_seconds: int = 1
+    # The sampling seed of requests that bring none (serve --seed); None: a random one each.
+    default_seed: int | None = None
 
 
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
