@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell import engine_defaults as defaults
+from deepwell.cpu_dtype import AUTO, DtypeChoice, select_dtype
 
-DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES}
+DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES if name != AUTO}
 
 
 def env_flag(name: str) -> bool:
@@ -22,8 +23,8 @@ def env_flag(name: str) -> bool:
 class EngineArgs:
     # A GGUF file or a directory with config.json + safetensors; None = embedded SmolLM2.
     model: str | None = None
-    # bf16 is the CPU compute dtype (fp16 matmuls are unusably slow on CPUs);
-    # float32 is for exact comparisons against a reference.
+    # "auto" computes in bf16 where the CPU has it natively, else float32 (cpu_dtype.py);
+    # fp16 matmuls are unusably slow on CPUs; float32 is for exact comparisons.
     dtype: str = defaults.DTYPE
     block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
@@ -61,10 +62,13 @@ class EngineArgs:
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
     quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
+    # What `dtype` resolved to on this machine, and why.
+    dtype_choice: DtypeChoice = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in defaults.DTYPES:
+            raise ValueError(f"dtype must be one of {list(defaults.DTYPES)}, got {self.dtype!r}")
+        self.dtype_choice = select_dtype(self.dtype)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -88,4 +92,4 @@ class EngineArgs:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[self.dtype_choice.dtype]

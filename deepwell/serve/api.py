@@ -44,7 +44,7 @@ from deepwell.serve.frontend import (
     mock_infer,
     sse_frame,
 )
-from deepwell.serve.messages import WorkerStats
+from deepwell.serve.messages import ModelInfo, WorkerStats
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.settings import ServeSettings
@@ -115,11 +115,13 @@ def create_app(
     model: ServedModel | None = None,
     settings: ServeSettings | None = None,
     engine: EngineClient | None = None,
+    model_info: ModelInfo | None = None,
 ) -> FastAPI:
     """The HTTP app. With no `infer` and no `engine` it serves the mock reply (`--mock`).
 
     `infer` may be any async source of `InferenceChunk`s (text or tokens); with `engine`
-    the app runs requests on engine workers and reads their load for `/metrics`.
+    the app runs requests on engine workers and reads their load for `/metrics`;
+    `model_info` (what the workers loaded) adds their compute dtype to `/metrics`.
     """
     model = model or mock_model()
     settings = settings or ServeSettings()
@@ -135,6 +137,10 @@ def create_app(
         )
 
     metrics = ServeMetrics(stats)
+    if model_info is not None:
+        metrics.compute_dtype.info(
+            {"dtype": model_info.dtype, "requested": model_info.requested_dtype}
+        )
     frontend = Frontend(model, infer, settings.default_seed)
     # Raw-prompt completions run on the engine directly: no chat encoding, no Infer seam.
     completions = (

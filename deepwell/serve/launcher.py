@@ -23,8 +23,14 @@ import uvicorn
 from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable
 from deepwell.serve.messages import WorkerConfig, encode_message
-from deepwell.serve.model import ServedModel, UnsupportedModel, mock_model, served_model
-from deepwell.serve.settings import ServeSettings
+from deepwell.serve.model import (
+    ServedModel,
+    UnsupportedModel,
+    mock_model,
+    renamed,
+    served_model,
+)
+from deepwell.serve.settings import API_KEY_ENV, ServeSettings, api_keys, model_path
 
 logger = logging.getLogger("deepwell.serve")
 
@@ -38,15 +44,19 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the process exit code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = ServeSettings(
-        api_keys=tuple(args.api_key),
+        api_keys=api_keys(args.api_key, os.environ),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        default_seed=args.seed,
     )
     try:
-        asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
+        path = model_path(args)
+        asyncio.run(
+            _serve_mock(args, settings) if args.mock else _serve_model(args, path, settings)
+        )
     except KeyboardInterrupt:  # Ctrl-C before HTTP serving began
         return 130
-    except (EngineUnavailable, UnsupportedModel) as error:
+    except (EngineUnavailable, UnsupportedModel, ValueError) as error:
         logger.error("%s", error)
         return 1
     return 0
@@ -54,22 +64,24 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None:
     model = mock_model()
-    await _serve_http(create_app(model=model, settings=settings), model, args)
+    if args.served_model_name:
+        model = renamed(model, args.served_model_name)
+    await _serve_http(create_app(model=model, settings=settings), model, settings, args)
 
 
-async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> None:
+async def _serve_model(args: argparse.Namespace, path: str | None, settings: ServeSettings) -> None:
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         config = WorkerConfig(
             worker_id=0,
             parent_pid=os.getpid(),
-            model_path=args.model,
+            model_path=path,
             inbox_address=f"ipc://{sockets}/worker-0",
             outbox_address=f"ipc://{sockets}/outputs",
             max_num_seqs=args.max_num_seqs,
             memory_gib=args.memory_gib,
             max_model_len=args.max_model_len,
             block_size=args.block_size,
-            enable_prefix_caching=not args.no_prefix_caching,
+            enable_prefix_caching=args.enable_prefix_caching,
             num_speculative_tokens=args.num_speculative_tokens,
             kv_store_path=args.kv_store,
             kv_store_capacity_gib=args.kv_store_capacity_gib,
@@ -79,6 +91,8 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             async_scheduling=not args.no_async_scheduling,
             quantize_kv_cache=not args.no_kv_cache_quantization,
             num_threads=args.threads,
+            dtype=args.dtype,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         )
         client = EngineClient(config.outbox_address, [config.inbox_address])
         worker = subprocess.Popen(
@@ -87,9 +101,17 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         watcher = asyncio.create_task(_watch_workers(client, [worker]))
         try:
             info = await client.start(WORKER_READY_TIMEOUT_S)
+            logger.info(
+                "computing in %s (--dtype %s: %s)",
+                info.dtype,
+                info.requested_dtype,
+                info.dtype_reason,
+            )
             model = served_model(info)
-            app = create_app(model=model, settings=settings, engine=client)
-            await _serve_http(app, model, args)
+            if args.served_model_name:
+                model = renamed(model, args.served_model_name)
+            app = create_app(model=model, settings=settings, engine=client, model_info=info)
+            await _serve_http(app, model, settings, args)
         finally:
             watcher.cancel()
             await client.close()
@@ -131,7 +153,9 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve_http(app, model: ServedModel, args: argparse.Namespace) -> None:
+async def _serve_http(
+    app, model: ServedModel, settings: ServeSettings, args: argparse.Namespace
+) -> None:
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -141,14 +165,16 @@ async def _serve_http(app, model: ServedModel, args: argparse.Namespace) -> None
         timeout_graceful_shutdown=args.shutdown_grace,
     )
     server = _Server(config)
-    announcer = asyncio.create_task(_announce(server, model, args))
+    announcer = asyncio.create_task(_announce(server, model, bool(settings.api_keys), args))
     try:
         await server.serve()
     finally:
         announcer.cancel()
 
 
-async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.Namespace) -> None:
+async def _announce(
+    server: uvicorn.Server, model: ServedModel, keyed: bool, args: argparse.Namespace
+) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
@@ -158,7 +184,7 @@ async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.N
         # Greedy, so a first try with a 135M model gives its best answer, not a sampled one.
         '"temperature": 0}'
     )
-    auth = ' -H "Authorization: Bearer $DEEPWELL_API_KEY"' if args.api_key else ""
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     print(
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"

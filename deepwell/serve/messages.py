@@ -44,6 +44,9 @@ class WorkerConfig:
     quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
+    # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
+    dtype: str = engine_defaults.DTYPE
+    max_num_batched_tokens: int = engine_defaults.MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,10 @@ class ModelInfo:
     tokenizer_json: str
     chat_template: str | None
     eos_token_ids: list[int]
+    # The dtype the worker computes in, what was asked for, and why (cpu_dtype.DtypeChoice).
+    dtype: str = ""
+    requested_dtype: str = ""
+    dtype_reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ models whose chat template is ChatML (the embedded SmolLM2).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deepwell.recipe import (
     ChatMLEncoding,
@@ -118,4 +118,16 @@ def served_model(info: ModelInfo) -> ServedModel:
         stop_token_ids=stop,
         supports_tools=False,
         supports_thinking=False,
+    )
+
+
+def renamed(model: ServedModel, names: Sequence[str]) -> ServedModel:
+    """The model served under `names` (serve --served-model-name), each converting requests
+    as its first name did."""
+    options = model.conversion_options
+    version = options.model_versions_by_name[model.names[0]]
+    return replace(
+        model,
+        names=tuple(names),
+        conversion_options=options.with_model_versions_by_name(dict.fromkeys(names, version)),
     )

@@ -101,25 +101,26 @@ class EngineCoreAdapter:
     """`StepEngine` over deepwell's `EngineCore`: protocol messages ↔ engine calls."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        self._core = EngineCore(
-            EngineArgs(
-                model=config.model_path,
-                max_num_seqs=config.max_num_seqs,
-                memory_gib=config.memory_gib,
-                max_model_len=config.max_model_len,
-                block_size=config.block_size,
-                enable_prefix_caching=config.enable_prefix_caching,
-                num_speculative_tokens=config.num_speculative_tokens,
-                kv_store_path=config.kv_store_path,
-                kv_store_capacity_gib=config.kv_store_capacity_gib,
-                kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
-                kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
-                batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
-                async_scheduling=config.async_scheduling,
-                quantize_kv_cache=config.quantize_kv_cache,
-                num_threads=config.num_threads,
-            )
+        self._args = EngineArgs(
+            model=config.model_path,
+            dtype=config.dtype,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            memory_gib=config.memory_gib,
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_speculative_tokens=config.num_speculative_tokens,
+            kv_store_path=config.kv_store_path,
+            kv_store_capacity_gib=config.kv_store_capacity_gib,
+            kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
+            kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
+            batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
+            async_scheduling=config.async_scheduling,
+            quantize_kv_cache=config.quantize_kv_cache,
+            num_threads=config.num_threads,
         )
+        self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:
         structured = request.structured_output
@@ -204,6 +205,9 @@ class EngineCoreAdapter:
             tokenizer_json=core.tokenizer.to_str(),
             chat_template=core.chat_template,
             eos_token_ids=sorted(core.eos_token_ids),
+            dtype=self._args.dtype_choice.dtype,
+            requested_dtype=self._args.dtype_choice.requested,
+            dtype_reason=self._args.dtype_choice.reason,
         )
 
 
