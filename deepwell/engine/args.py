@@ -62,13 +62,10 @@ class EngineArgs:
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
     quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
-    # What `dtype` resolved to on this machine, and why.
-    dtype_choice: DtypeChoice = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
             raise ValueError(f"dtype must be one of {list(defaults.DTYPES)}, got {self.dtype!r}")
-        self.dtype_choice = select_dtype(self.dtype)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -89,6 +86,12 @@ class EngineArgs:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+
+    @property
+    def dtype_choice(self) -> DtypeChoice:
+        """What `dtype` resolves to on this machine, and why (a property, not a field, so
+        `vars(args)` stays the constructor's keywords)."""
+        return select_dtype(self.dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:
