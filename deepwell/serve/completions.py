@@ -60,7 +60,13 @@ class _Choice:
     index: int
     text: str = ""
     ids: list[int] = field(default_factory=list)
+    # Characters already streamed; where the output starts (after an echoed prompt).
     sent: int = 0
+    start: int = 0
+    # Incremental decoding (as vLLM's detokenizer): ids[prefix:read] decode to text already
+    # in `text`, and give the following ids their context (leading spaces, byte fallback).
+    prefix: int = 0
+    read: int = 0
     finish_reason: str | None = None
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
@@ -259,6 +265,7 @@ class Completions:
             timer.prompt(len(prompt))
             if request.echo:
                 choice.text = self.tokenizer.decode(prompt)
+                choice.start = len(choice.text)
         pumps = [asyncio.ensure_future(pump(choice)) for choice in choices]
         try:
             running = len(pumps)
@@ -311,15 +318,26 @@ class Completions:
             choice.tokens.append(self.tokenizer.decode([token_id]))
             choice.token_logprobs.append(logprob)
             choice.top_logprobs.append({self.tokenizer.decode([t]): lp for t, lp in top})
-        before = self.tokenizer.decode(choice.ids)
         choice.ids += ids
-        choice.text += self.tokenizer.decode(choice.ids)[len(before) :]
+        self._decode(choice, final=output.finish_reason is not None)
         if output.finish_reason is not None:
             choice.finish_reason = "length" if output.finish_reason == "length" else "stop"
-        cut = _first_stop(choice.text, request.stop, choice.sent)
+        cut = _first_stop(choice.text, request.stop, max(choice.sent, choice.start))
         if cut is not None:
             choice.text = choice.text[:cut]
             choice.finish_reason = "stop"
+
+    def _decode(self, choice: _Choice, final: bool) -> None:
+        """Append the text of the choice's new ids, decoding only a short window of them.
+
+        Text ending in an incomplete character waits for the next ids, unless it is the last.
+        """
+        decode = self.tokenizer.decode
+        known = decode(choice.ids[choice.prefix : choice.read])
+        text = decode(choice.ids[choice.prefix :])
+        if len(text) > len(known) and (final or not text.endswith("\ufffd")):
+            choice.text += text[len(known) :]
+            choice.prefix, choice.read = choice.read, len(choice.ids)
 
     def _logprobs(self, request: CompletionRequest, choice: _Choice, first: int) -> dict | None:
         """OpenAI's completion logprobs for the choice's tokens from `first` on."""
@@ -341,22 +359,24 @@ class Completions:
         }
 
 
-def _first_stop(text: str, stop: list[str], sent: int) -> int | None:
-    """Where the earliest stop string starts in `text` (none can start before `sent`)."""
-    found = [i for s in stop if (i := text.find(s, max(0, sent - len(s) + 1))) >= 0]
+def _first_stop(text: str, stop: list[str], start: int) -> int | None:
+    """Where the earliest stop string starts in `text` at or after `start`.
+
+    Nothing sent can hold one (`_releasable` keeps back a possible start), and an echoed
+    prompt is not searched.
+    """
+    found = [i for s in stop if (i := text.find(s, start)) >= 0]
     return min(found) if found else None
 
 
 def _releasable(choice: _Choice, stop: list[str]) -> int:
-    """How far the choice's text may be sent: all of it once finished; else short of a
-    possible stop-string start, and of a character still incomplete."""
+    """How far the choice's text may be sent: all of it once finished, else short of where
+    a stop string may be starting."""
     end = len(choice.text)
     if choice.finish_reason is not None:
         return end
     if stop:
         end -= max(len(s) for s in stop) - 1
-    while end > choice.sent and choice.text[end - 1] == "\ufffd":
-        end -= 1
     return max(end, choice.sent)
 
 
