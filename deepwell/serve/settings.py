@@ -138,7 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
     )
-    http.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    http.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: info)",
+    )
 
 
 def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -132,3 +132,12 @@ def test_version(model_server):
     import deepwell
 
     assert httpx.get(f"{model_server.base_url}/version").json() == {"version": deepwell.__version__}
+
+
+def test_the_mock_server_refuses_what_needs_a_model(mock_server):
+    base = mock_server.base_url
+    body = {"model": mock_server.model, "prompt": PROMPT}
+    response = httpx.post(f"{base}/v1/completions", json=body)
+    assert response.status_code == 400 and "needs a model" in response.json()["error"]["message"]
+    response = httpx.post(f"{base}/tokenize", json={"prompt": PROMPT})
+    assert response.status_code == 400 and "tokenizer" in response.json()["error"]["message"]
