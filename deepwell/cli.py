@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from deepwell.engine_options import add_engine_arguments
+from deepwell.engine_options import add_engine_arguments, yoco_overrides
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         num_speculative_tokens=args.num_speculative_tokens,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        **yoco_overrides(args),
     )
 
 
@@ -321,8 +322,9 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
     models through their own encoding (token ids, thinking off), others through their
     chat template; None when the model has neither."""
     from deepwell.recipe import (
-        ChatMLEncoding,
+        ChatTemplateEncoding,
         Conversation,
+        ConversionError,
         DeepseekV4Encoding,
         DeepseekV41Encoding,
         Tokenizer,
@@ -333,14 +335,23 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
         "DeepseekV4ForCausalLM": DeepseekV4Encoding,
         "DeepseekV41ForCausalLM": DeepseekV41Encoding,
     }.get(llm.core.architecture)
+    tokenizer = Tokenizer.from_str(llm.tokenizer.to_str())
+    conversation = Conversation([UserMessage(message)], thinking_mode=False)
     if deepseek is not None:
-        encoding = deepseek().with_tokenizer(Tokenizer.from_str(llm.tokenizer.to_str()))
-        return encoding.encode(Conversation([UserMessage(message)], thinking_mode=False)), []
+        return deepseek().with_tokenizer(tokenizer).encode(conversation), []
     if llm.core.chat_template is None:
         return None, []
-    encoding = ChatMLEncoding.from_chat_template(llm.core.chat_template)
-    prompt = encoding.render_conversation(Conversation([UserMessage(message)])).prompt
-    return prompt, [llm.tokenizer.token_to_id(token) for token in encoding.stop_tokens]
+    bos = llm.core.bos_token_id
+    encoding = ChatTemplateEncoding(
+        llm.core.chat_template,
+        bos_token="" if bos is None else tokenizer.decode([bos]),
+        eos_token=tokenizer.decode(sorted(llm.core.eos_token_ids)[:1]),
+    ).with_tokenizer(tokenizer)
+    try:
+        prompt = encoding.encode(conversation)
+    except ConversionError as error:
+        raise ValueError(error.message) from None
+    return prompt, [tokenizer.special_token_id(token) for token in encoding.stop_tokens]
 
 
 # --- bench ---

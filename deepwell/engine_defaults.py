@@ -22,3 +22,9 @@ GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 NUM_SPECULATIVE_TOKENS = 5
 ASYNC_SCHEDULING = True
 QUANTIZE_KV_CACHE = True
+# SWA bounded replay of DeepSeek-V4.1's YOCO consumer layers (DeepInfer's
+# DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE / _KEEP_TOKENS, spec/deepinfer.md §1.4, §1.6):
+# off is exact; 140 is DeepInfer's README keep (window 128 + backtracking 6, and margin).
+YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
+YOCO_PREFILL_TRUNCATION_MODE = "off"
+YOCO_PREFILL_KEEP_TOKENS = 140

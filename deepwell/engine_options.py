@@ -107,4 +107,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         help="DeepSeek-V4.1: keep the caches in the engine dtype instead of the fp8/fp4 "
         "formats the model was trained with (for exact comparisons with a reference)",
     )
+    groups.engine.add_argument(
+        "--yoco-prefill-truncation-mode",
+        choices=defaults.YOCO_TRUNCATION_MODES,
+        help="DeepSeek-V4.1 SWA bounded replay: off (exact), mask or compact (the consumer "
+        "layers' window sees only the last --yoco-prefill-keep-tokens prompt positions) "
+        "(default: DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE or "
+        f"{defaults.YOCO_PREFILL_TRUNCATION_MODE})",
+    )
+    groups.engine.add_argument(
+        "--yoco-prefill-keep-tokens",
+        type=int,
+        help="prompt positions the consumer layers keep in mask/compact mode; at least the "
+        "window plus the backtracking rows (default: DEEPWELL_YOCO_PREFILL_KEEP_TOKENS or "
+        f"{defaults.YOCO_PREFILL_KEEP_TOKENS})",
+    )
     return groups
+
+
+def yoco_overrides(args: argparse.Namespace) -> dict[str, str | int]:
+    """The bounded-replay flags that were given; the others keep EngineArgs' environment
+    defaults (DEEPWELL_YOCO_PREFILL_*)."""
+    given = {
+        "yoco_prefill_truncation_mode": args.yoco_prefill_truncation_mode,
+        "yoco_prefill_keep_tokens": args.yoco_prefill_keep_tokens,
+    }
+    return {name: value for name, value in given.items() if value is not None}

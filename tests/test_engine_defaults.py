@@ -57,6 +57,26 @@ def test_generate_and_bench_options_default_to_engine_args() -> None:
         assert _engine_args(parser.parse_args(command)) == EngineArgs()
 
 
+def test_bounded_replay_flags_reach_engine_args_and_override_the_environment(
+    monkeypatch,
+) -> None:
+    monkeypatch.setenv("DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE", "mask")
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["bench"])).yoco_prefill_truncation_mode == "mask"
+    flags = ["--yoco-prefill-truncation-mode", "compact", "--yoco-prefill-keep-tokens", "150"]
+    for command in (["bench", *flags], ["generate", "hello", *flags]):
+        args = _engine_args(parser.parse_args(command))
+        assert (args.yoco_prefill_truncation_mode, args.yoco_prefill_keep_tokens) == (
+            "compact",
+            150,
+        )
+    served = parser.parse_args(["serve", *flags])
+    assert (served.yoco_prefill_truncation_mode, served.yoco_prefill_keep_tokens) == (
+        "compact",
+        150,
+    )
+
+
 def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     args = build_parser().parse_args(["serve"])
     engine = EngineArgs()
@@ -83,7 +103,13 @@ def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     shared = {f.name for f in dataclasses.fields(WorkerConfig)} & {
         f.name for f in dataclasses.fields(EngineArgs)
     }
-    shared -= {"max_model_len", "batch_invariant"}  # None / the environment switch
+    # None / the environment switches (DEEPWELL_BATCH_INVARIANT, DEEPWELL_YOCO_PREFILL_*)
+    shared -= {
+        "max_model_len",
+        "batch_invariant",
+        "yoco_prefill_truncation_mode",
+        "yoco_prefill_keep_tokens",
+    }
     assert {name: getattr(config, name) for name in shared} == {
         name: getattr(engine, name) for name in shared
     }

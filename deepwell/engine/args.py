@@ -14,6 +14,14 @@ from deepwell.cpu_dtype import AUTO, DtypeChoice, select_dtype
 DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES if name != AUTO}
 
 
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 def env_flag(name: str) -> bool:
     """DeepInfer's reading of a boolean switch: set and not "0", "false" or "False"."""
     return os.environ.get(name, "") not in ("", "0", "false", "False")
@@ -62,6 +70,21 @@ class EngineArgs:
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
     quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1 SWA bounded replay (kv/replay.py): "off" runs every layer over every
+    # position (exact); "mask" and "compact" let the YOCO consumer layers see only the last
+    # `yoco_prefill_keep_tokens` prompt positions through their window ("compact" also skips
+    # their rows before that). Defaults: DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE and
+    # DEEPWELL_YOCO_PREFILL_KEEP_TOKENS, DeepInfer's DEEPINFER_YOCO_PREFILL_* switches.
+    yoco_prefill_truncation_mode: str = field(
+        default_factory=lambda: os.environ.get(
+            "DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE", defaults.YOCO_PREFILL_TRUNCATION_MODE
+        )
+    )
+    yoco_prefill_keep_tokens: int = field(
+        default_factory=lambda: env_int(
+            "DEEPWELL_YOCO_PREFILL_KEEP_TOKENS", defaults.YOCO_PREFILL_KEEP_TOKENS
+        )
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
@@ -83,6 +106,15 @@ class EngineArgs:
         if self.num_speculative_tokens < 0:
             raise ValueError(
                 f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if self.yoco_prefill_truncation_mode not in defaults.YOCO_TRUNCATION_MODES:
+            raise ValueError(
+                "yoco_prefill_truncation_mode must be one of "
+                f"{defaults.YOCO_TRUNCATION_MODES}, got {self.yoco_prefill_truncation_mode!r}"
+            )
+        if self.yoco_prefill_keep_tokens <= 0:
+            raise ValueError(
+                f"yoco_prefill_keep_tokens must be positive, got {self.yoco_prefill_keep_tokens}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

@@ -65,11 +65,18 @@ class EngineCore:
         self.chat_template = built.chat_template
         self.vocab_size = built.vocab_size
         self.eos_token_ids = built.eos_token_ids
+        self.bos_token_id = built.bos_token_id
         self.max_model_len = built.max_model_len
         self.kv = built.kv
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         self.runner = ModelRunner(
-            built.model, built.kv_cache, args.block_size, args.batch_invariant, built.layout
+            built.model,
+            built.kv_cache,
+            args.block_size,
+            args.batch_invariant,
+            built.layout,
+            built.replay,
+            built.kv.snapshots,
         )
         # Rollback overwrites rejected positions later; a sliding-window ring or state
         # slot would need its entries restored, so speculation runs on paged layouts only.

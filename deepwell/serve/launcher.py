@@ -17,9 +17,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
+from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable
 from deepwell.serve.messages import WorkerConfig, encode_message
@@ -69,7 +71,20 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
     await _serve_http(create_app(model=model, settings=settings), model, settings, args)
 
 
+def _read_chat_template(path: str | None) -> str | None:
+    """`--chat-template`'s text, compiled once here so a broken one stops us before loading."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        compile_template(text)
+    except (OSError, UnicodeDecodeError, ChatTemplateError) as error:
+        raise UnsupportedModel(f"--chat-template {path}: {error}") from None
+    return text
+
+
 async def _serve_model(args: argparse.Namespace, path: str | None, settings: ServeSettings) -> None:
+    chat_template = _read_chat_template(args.chat_template)
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         config = WorkerConfig(
             worker_id=0,
@@ -90,6 +105,8 @@ async def _serve_model(args: argparse.Namespace, path: str | None, settings: Ser
             batch_invariant=args.batch_invariant,
             async_scheduling=not args.no_async_scheduling,
             quantize_kv_cache=not args.no_kv_cache_quantization,
+            yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
+            yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
             num_threads=args.threads,
             dtype=args.dtype,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -107,7 +124,7 @@ async def _serve_model(args: argparse.Namespace, path: str | None, settings: Ser
                 info.requested_dtype,
                 info.dtype_reason,
             )
-            model = served_model(info)
+            model = served_model(info, chat_template, args.tool_call_parser)
             if args.served_model_name:
                 model = renamed(model, args.served_model_name)
             app = create_app(model=model, settings=settings, engine=client, model_info=info)

@@ -42,6 +42,10 @@ class WorkerConfig:
     async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
     # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
     quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1 bounded replay (EngineArgs.yoco_prefill_*); None: the worker's
+    # DEEPWELL_YOCO_PREFILL_* environment or the default.
+    yoco_prefill_truncation_mode: str | None = None
+    yoco_prefill_keep_tokens: int | None = None
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
@@ -211,6 +215,7 @@ class ModelInfo:
     dtype: str = ""
     requested_dtype: str = ""
     dtype_reason: str = ""
+    bos_token_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ class ServeSettings:
     default_seed: int | None = None
 
 
+# deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -143,6 +146,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (default: info)",
+    )
+
+    prompts = parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
+    prompts.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja chat template to render prompts with, instead of the model's own",
+    )
+    prompts.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, Qwen and "
+        "others) or llama3_json; without it, requests with tools are refused",
     )
 
 

@@ -119,6 +119,14 @@ class EngineCoreAdapter:
             async_scheduling=config.async_scheduling,
             quantize_kv_cache=config.quantize_kv_cache,
             num_threads=config.num_threads,
+            **{
+                name: value
+                for name, value in (
+                    ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
+                    ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
+                )
+                if value is not None
+            },
         )
         self._core = EngineCore(self._args)
 
@@ -208,6 +216,7 @@ class EngineCoreAdapter:
             dtype=self._args.dtype_choice.dtype,
             requested_dtype=self._args.dtype_choice.requested,
             dtype_reason=self._args.dtype_choice.reason,
+            bos_token_id=core.bos_token_id,
         )
 
 

@@ -15,6 +15,7 @@ from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSin
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.loader import Checkpoint
+from deepwell.engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ModelOptions:
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "DeepseekV41ForCausalLM": DeepseekV41ForCausalLM,
 }
 

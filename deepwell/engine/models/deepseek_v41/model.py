@@ -4,8 +4,10 @@ residual, Engram memory reads, and the KV layout holding all per-sequence state.
 Every cache lives in the engine's layout (spec/deepseek_v41.md §4): the window rows of every
 layer and the ratio-2 compressor tails in per-sequence rings, the compressed entries and
 index keys of the KV sources in the shared paged blocks. Chunked prefill, decode and mixed
-batches therefore run as they do for Llama. The DSpark draft stages (`mtp.*`) load with the
-checkpoint and are not built yet.
+batches therefore run as they do for Llama. The layers from the first ratio-1 layer on are
+YOCO consumers: in a bounded-replay mode (kv/replay.py) their window stops at the request's
+replay start, and in compact mode they run only the rows from there. The DSpark draft
+stages (`mtp.*`) load with the checkpoint and are not built yet.
 """
 
 import dataclasses
@@ -25,7 +27,7 @@ from deepwell.engine.models.deepseek_v41.attention import (
     Norm,
     SharedSelection,
 )
-from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
+from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -84,12 +86,20 @@ class DeepseekV41Block(nn.Module):
                 c.rms_norm_eps,
             )
 
-    def forward(self, streams, pre, rotation, meta, ring, compressed, shared, engram_rows, dtype):
+    def attention_input(self, streams, pre, engram_rows, dtype) -> torch.Tensor:
+        """The attention's input u alone (compact bounded replay compresses dropped rows)."""
+        if self.engram is not None:
+            streams = self.engram(streams, engram_rows)
+        return self.attn_norm(collapse(streams, pre).to(dtype))
+
+    def forward(
+        self, streams, pre, rotation, meta, windows, ring, compressed, shared, engram_rows, dtype
+    ):
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
         attn_pre, post, comb = self.hc_attn(streams)
         u = self.attn_norm(collapse(streams, pre).to(dtype))
-        attended = self.attn(u, rotation, meta, ring, compressed, shared)
+        attended = self.attn(u, rotation, meta, windows, ring, compressed, shared)
         streams = expand(attended.float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
         u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
@@ -138,6 +148,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             if plan.compress_ratio
         }
         self._ratios = tuple(sorted(sources))
+        self.yoco_boundary = _yoco_boundary(self.plans)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -200,7 +211,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         return KVLayout(
             paged=tuple(paged),
             rings=tuple(rings),
-            exact_ring_replay=False,
+            ring_snapshots=True,
+            yoco_boundary=self.yoco_boundary,
             token_history=c.engram_max_ngram_size - 1 if engram else 0,
         )
 
@@ -217,6 +229,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), meta.token_history), dim=1)
         shared: dict[int, SharedSelection] = {}
+        num_rows = input_ids.shape[0]
+        step = meta
         for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
             plan = block.plan
             compressed = None
@@ -231,18 +245,49 @@ class DeepseekV41ForCausalLM(nn.Module):
             engram_rows = None
             if block.engram is not None:
                 engram_rows = ngram_rows(self.engram_tables, plan.engram_slot, history)
+            consumer = self.yoco_boundary is not None and plan.index >= self.yoco_boundary
+            if plan.index == self.yoco_boundary and meta.compact is not None:
+                # Compact bounded replay: the boundary layer still compresses the dropped
+                # rows (the consumers' shared KV covers every position), then every row
+                # before its sequence's replay start leaves the step.
+                compact = meta.compact
+                dropped = compact.dropped_rows
+                u = block.attention_input(
+                    streams[dropped],
+                    pre[dropped],
+                    None if engram_rows is None else engram_rows[dropped],
+                    self.dtype,
+                )
+                block.attn.write_entries(u, compact.dropped, compressed)
+                kept = compact.rows
+                if not kept.numel():
+                    return streams.new_zeros(num_rows, c.hidden_size)
+                streams, pre = streams[kept], pre[kept]
+                rotations = {key: value[kept] for key, value in rotations.items()}
+                history = None if history is None else history[kept]
+                engram_rows = None if engram_rows is None else engram_rows[kept]
+                shared.clear()
+                step = compact.kept
+            windows = step.consumer_windows("window") if consumer else step.windows["window"]
             streams, pre = block(
                 streams,
                 pre,
                 rotations[bool(plan.compress_ratio)],
-                meta,
+                step,
+                windows,
                 ring,
                 compressed,
                 shared,
                 engram_rows,
                 self.dtype,
             )
-        return self.norm(collapse(streams, pre))
+        hidden = self.norm(collapse(streams, pre))
+        if step is meta:
+            return hidden
+        # Rows the consumers skipped sample nothing: zeros keep the step's row order.
+        full = hidden.new_zeros(num_rows, hidden.shape[-1])
+        full[meta.compact.rows] = hidden
+        return full
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden.float())
@@ -286,6 +331,19 @@ class DeepseekV41ForCausalLM(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding) and name != "head":
                 module.to(self.dtype)
+
+
+def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
+    """DeepInfer's n_prefill_layer: the first ratio-1 layer, when every layer from it on
+    reads only its compressed KV (or none), so the layers before it decide all paged state
+    and the ones after keep nothing but their own windows (spec/deepinfer.md §1.6)."""
+    boundary = next((p.index for p in plans if p.compress_ratio == 1), None)
+    if boundary is None:
+        return None
+    for plan in plans[boundary + 1 :]:
+        if plan.selection is Selection.FULL or plan.kv_source not in (-1, boundary):
+            return None
+    return boundary
 
 
 _PARAMETER_NAMES = (
