@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments, yoco_overrides
 
 
@@ -270,34 +269,24 @@ def _run_worker(args: argparse.Namespace) -> int:
 # --- generate ---
 
 
-def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
-    parser.add_argument(
-        "--dtype",
-        choices=engine_defaults.DTYPES,
-        default=engine_defaults.DTYPE,
-        help=f"compute dtype (default: {engine_defaults.DTYPE}; float32 for exact comparisons)",
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=engine_defaults.MAX_NUM_BATCHED_TOKENS,
-        help=f"token budget of one engine step (default: {engine_defaults.MAX_NUM_BATCHED_TOKENS})",
-    )
-
-
 def _engine_args(args: argparse.Namespace, **overrides):
     from deepwell.engine import EngineArgs
+
+    return EngineArgs(**_engine_kwargs(args), **overrides)
+
+
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    """The EngineArgs fields the shared engine options set."""
     from deepwell.engine.args import env_flag
 
-    return EngineArgs(
+    return dict(
         model=args.model,
         dtype=args.dtype,
         memory_gib=args.memory_gib,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.threads,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching,
         kv_store_path=args.kv_store,
         batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
         num_speculative_tokens=args.num_speculative_tokens,
@@ -305,8 +294,12 @@ def _engine_args(args: argparse.Namespace, **overrides):
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
         **yoco_overrides(args),
-        **overrides,
     )
+
+
+def _loading_line(engine_args) -> str:
+    choice = engine_args.dtype_choice
+    return f"loading model … (dtype {choice.dtype}: {choice.reason})"
 
 
 def _configure_generate(parser: argparse.ArgumentParser) -> None:
@@ -324,15 +317,16 @@ def _configure_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default: 1)")
     parser.add_argument("--seed", type=int, help="sampling seed")
-    _add_engine_arguments(parser)
+    add_engine_arguments(parser)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
     from deepwell.engine import LLM, EngineError, SamplingParams
 
     try:
-        print("loading model …", file=sys.stderr, flush=True)
-        llm = LLM(**vars(_engine_args(args)))
+        engine_args = _engine_args(args)
+        print(_loading_line(engine_args), file=sys.stderr, flush=True)
+        llm = LLM(**_engine_kwargs(args))
         stop_ids: list[int] = []
         prompt: str | list[int] = args.prompt
         if not args.raw:
@@ -443,7 +437,7 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
         "prefix cache has work (default: 0, no shared prefix)",
     )
     parser.add_argument("--output-json", metavar="PATH", help="also write the result as JSON here")
-    _add_engine_arguments(parser)
+    add_engine_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -462,7 +456,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     )
     engine_args = _engine_args(args)
     try:
-        print("loading model …", file=sys.stderr, flush=True)
+        print(_loading_line(engine_args), file=sys.stderr, flush=True)
         result = run_bench(engine_args, config)
     except (EngineError, ValueError) as error:
         print(f"deepwell bench: {error}", file=sys.stderr)

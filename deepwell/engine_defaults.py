@@ -17,8 +17,9 @@ def _env_int(name: str, default: int) -> int:
 
 # What each one means: the `EngineArgs` field of the same name (engine/args.py).
 # They follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
-DTYPES = ("bfloat16", "float32")
-DTYPE = "bfloat16"
+# "auto": bf16 where the CPU computes it natively, else float32 (deepwell/cpu_dtype.py).
+DTYPES = ("auto", "bfloat16", "float32")
+DTYPE = "auto"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
 MAX_NUM_SEQS = 64

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell import engine_defaults as defaults
+from deepwell.cpu_dtype import AUTO, DtypeChoice, select_dtype
 
-DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES}
+DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES if name != AUTO}
 
 
 def env_int(name: str, default: int) -> int:
@@ -41,8 +42,8 @@ def env_floats(name: str, default: str) -> tuple[float, ...]:
 class EngineArgs:
     # A GGUF file or a directory with config.json + safetensors; None = embedded SmolLM2.
     model: str | None = None
-    # bf16 is the CPU compute dtype (fp16 matmuls are unusably slow on CPUs);
-    # float32 is for exact comparisons against a reference.
+    # "auto" computes in bf16 where the CPU has it natively, else float32 (cpu_dtype.py);
+    # fp16 matmuls are unusably slow on CPUs; float32 is for exact comparisons.
     dtype: str = defaults.DTYPE
     block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
@@ -105,8 +106,8 @@ class EngineArgs:
     )
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in defaults.DTYPES:
+            raise ValueError(f"dtype must be one of {list(defaults.DTYPES)}, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -157,5 +158,11 @@ class EngineArgs:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 
     @property
+    def dtype_choice(self) -> DtypeChoice:
+        """What `dtype` resolves to on this machine, and why (a property, not a field, so
+        `vars(args)` stays the constructor's keywords)."""
+        return select_dtype(self.dtype)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[self.dtype_choice.dtype]

@@ -151,7 +151,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
         checkpoint.path.name,
         checkpoint.architecture,
-        args.dtype,
+        args.dtype_choice.dtype,
         time.monotonic() - started,
         num_blocks,
         args.block_size,

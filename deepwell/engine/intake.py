@@ -58,6 +58,13 @@ class RequestIntake:
                 f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {self.vocab_size}), "
                 f"e.g. {bad[0]!r}"
             )
+        named = [*params.stop_token_ids, *params.logit_bias]
+        outside = [t for t in named if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"stop_token_ids / logit_bias name token id {outside[0]!r}, outside the "
+                f"vocabulary [0, {self.vocab_size})"
+            )
         total = len(prompt_token_ids) + params.max_tokens
         if len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequestError(

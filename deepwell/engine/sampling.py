@@ -32,11 +32,11 @@ class Sampler:
             for index, row in enumerate(constrained):
                 requests[row].matcher.fill_mask(masks[index])
             apply_masks(logits, constrained, masks)
-        if any(r.params.penalised for r in requests):
+        if any(r.params.adjusts_logits for r in requests):
             logits = logits.clone()
             for row, request in enumerate(requests):
-                if request.params.penalised:
-                    apply_penalties(logits[row], request)
+                if request.params.adjusts_logits:
+                    adjust_logits(logits[row], request)
         tokens = logits.argmax(dim=-1)
         sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
         if sampled_rows:
@@ -85,6 +85,20 @@ def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
     vocab = probs.shape[-1]
     last_with_mass = vocab - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
     return torch.where(index >= vocab, last_with_mass, index)
+
+
+def adjust_logits(row: torch.Tensor, request: Request) -> None:
+    """In place on one row of logits: penalties, logit bias, then the minimum length."""
+    params = request.params
+    if params.penalised:
+        apply_penalties(row, request)
+    if params.logit_bias:
+        # Ids beyond the vocabulary were refused at intake.
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        row[ids] += torch.tensor(list(params.logit_bias.values()), dtype=row.dtype)
+    if request.num_output_tokens < params.min_tokens and request.stop_token_ids:
+        # vLLM's min_tokens: no stop id (EOS included unless ignore_eos) before the minimum.
+        row[torch.tensor(sorted(request.stop_token_ids), dtype=torch.long)] = float("-inf")
 
 
 def apply_penalties(row: torch.Tensor, request: Request) -> None:

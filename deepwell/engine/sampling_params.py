@@ -9,6 +9,8 @@ from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.structured.spec import StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
+# OpenAI's bound on a logit_bias value: ±100 bans or forces a token.
+MAX_LOGIT_BIAS = 100
 
 
 @dataclass
@@ -27,6 +29,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Stop ids (and EOS, unless ignore_eos) are masked until this many tokens are out.
+    min_tokens: int = 0
+    # OpenAI-style additive bias per token id, in [-100, 100], added before any filter.
+    logit_bias: dict[int, float] = field(default_factory=dict)
     # Per-request 64-bit seed (other ints are masked to 64 bits, as DeepInfer does): the
     # request's samples depend only on it and the sampled positions. None = a random seed.
     seed: int | None = None
@@ -56,6 +62,18 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2 <= value <= 2:
                 raise bad(f"{name} must be in [-2, 2], got {value}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        for token_id, bias in self.logit_bias.items():
+            if not isinstance(token_id, int) or token_id < 0:
+                raise bad(f"logit_bias keys must be token ids, got {token_id!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise bad(
+                    f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], "
+                    f"got {bias} for token {token_id}"
+                )
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
@@ -72,6 +90,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether sampling edits this request's logits from its own state (penalties,
+        bias, a minimum length), beyond the stateless filters."""
+        return self.penalised or bool(self.logit_bias) or self.min_tokens > 0
 
     @property
     def penalised(self) -> bool:

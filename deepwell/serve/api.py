@@ -11,16 +11,18 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+import deepwell
 from deepwell.recipe import ConversionError
 from deepwell.serve.cluster.admin import add_admin_routes
 from deepwell.serve.cluster.metrics import ClusterCollector
+from deepwell.serve.completions import Completions
 from deepwell.serve.engine_client import EngineClient, InferenceError
 from deepwell.serve.errors import (
     ApiError,
@@ -45,10 +47,11 @@ from deepwell.serve.frontend import (
     sse_frame,
 )
 from deepwell.serve.gateway import Gateway, GatewayCollector
-from deepwell.serve.messages import WorkerStats
+from deepwell.serve.messages import ModelInfo, WorkerStats
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.settings import ServeSettings
+from deepwell.serve.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +118,13 @@ def create_app(
     model: ServedModel | None = None,
     settings: ServeSettings | None = None,
     engine: EngineClient | None = None,
+    model_info: ModelInfo | None = None,
 ) -> FastAPI:
     """The HTTP app. With no `infer` and no `engine` it serves the mock reply (`--mock`).
 
     `infer` may be any async source of `InferenceChunk`s (text or tokens); with `engine`
-    the app runs requests on engine workers and reads their load for `/metrics`.
+    the app runs requests on engine workers and reads their load for `/metrics`;
+    `model_info` (what the workers loaded) adds their compute dtype to `/metrics`.
     """
     model = model or mock_model()
     settings = settings or ServeSettings()
@@ -139,7 +144,17 @@ def create_app(
     metrics.registry.register(GatewayCollector(gateway))
     if engine is not None:
         metrics.registry.register(ClusterCollector(engine.workers, engine.latency))
-    frontend = Frontend(model, infer)
+    if model_info is not None:
+        metrics.compute_dtype.info(
+            {"dtype": model_info.dtype, "requested": model_info.requested_dtype}
+        )
+    frontend = Frontend(model, infer, settings.default_seed)
+    # Raw-prompt completions run on the engine directly: no chat encoding, no Infer seam.
+    completions = (
+        Completions(model, engine, frontend.request_seed)
+        if engine is not None and model.tokenizer is not None
+        else None
+    )
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -194,9 +209,13 @@ def create_app(
             admission.leave()
             raise
         timer = RequestTimer(metrics)
+        headers = _response_headers(prepared)
         if prepared.converted.stream:
             return await _stream(prepared, timer, key)
-        return await _complete(prepared, timer, request, key)
+        body = frontend.complete(prepared, timer)
+        return await _complete(
+            route.path, shape, body, timer, request, headers, lambda: bill(key, prepared, timer)
+        )
 
     def bill(key: str | None, prepared: PreparedRequest, timer: RequestTimer) -> None:
         usage = prepared.prompt_usage
@@ -221,7 +240,25 @@ def create_app(
                 await sse.aclose()
                 admission.leave()
                 raise
+        return _event_stream(
+            route.path,
+            route.shape,
+            sse,
+            timer,
+            _response_headers(prepared),
+            first,
+            lambda: bill(key, prepared, timer),
+        )
 
+    def _event_stream(
+        path: str,
+        shape: ErrorShape,
+        sse: AsyncIterator[bytes],
+        timer: RequestTimer,
+        headers: dict[str, str],
+        first: list[bytes],
+        charge: Callable[[], None],
+    ) -> Response:
         async def frames() -> AsyncIterator[bytes]:
             try:
                 for frame in first:
@@ -229,47 +266,51 @@ def create_app(
                 async for frame in sse:
                     yield frame
             except InferenceError as error:
-                yield _error_frame(route.shape, error.status_code, str(error))
+                yield _error_frame(shape, error.status_code, str(error))
             except Exception as error:  # a bug: end the stream in the dialect's shape
-                logger.error("stream failed on %s", route.path, exc_info=error)
-                yield _error_frame(route.shape, 500, f"Internal error: {type(error).__name__}")
+                logger.error("stream failed on %s", path, exc_info=error)
+                yield _error_frame(shape, 500, f"Internal error: {type(error).__name__}")
             finally:
                 await sse.aclose()
 
         def on_close(outcome: str) -> None:
             admission.leave()
-            timer.finish(route.path, outcome)
-            bill(key, prepared, timer)
+            timer.finish(path, outcome)
+            charge()
 
-        return _EventStream(frames(), on_close, _response_headers(prepared))
+        return _EventStream(frames(), on_close, headers)
 
     async def _complete(
-        prepared: PreparedRequest, timer: RequestTimer, request: Request, key: str | None
-    ):
-        route = prepared.route
+        path: str,
+        shape: ErrorShape,
+        body: Awaitable[str],
+        timer: RequestTimer,
+        request: Request,
+        headers: dict[str, str],
+        charge: Callable[[], None],
+    ) -> Response:
+        """Run a non-streamed request to its body; a client that leaves aborts it."""
         outcome = "aborted"
-        result = asyncio.ensure_future(frontend.complete(prepared, timer))
+        result = asyncio.ensure_future(body)
         disconnect = asyncio.ensure_future(_wait_for_disconnect(request.receive))
         try:
             await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
             if not result.done():
                 return Response(status_code=499)
             try:
-                body = result.result()
+                content = result.result()
             except InferenceError as error:
                 outcome = "failed"
-                return error_response(route.shape, ApiError(error.status_code, str(error)))
+                return error_response(shape, ApiError(error.status_code, str(error)))
             outcome = "completed"
-            return Response(
-                body, media_type="application/json", headers=_response_headers(prepared)
-            )
+            return Response(content, media_type="application/json", headers=headers)
         finally:
             result.cancel()
             disconnect.cancel()
             await asyncio.gather(result, disconnect, return_exceptions=True)
             admission.leave()
-            timer.finish(route.path, outcome)
-            bill(key, prepared, timer)
+            timer.finish(path, outcome)
+            charge()
 
     async def internal_error(request: Request, error: Exception) -> Response:
         # A bug, not bad input: still answer in the route's shape, and log it.
@@ -302,25 +343,93 @@ def create_app(
             return _refusal(shape, error)
         return JSONResponse({"input_tokens": count})
 
+    @app.post("/v1/completions")
+    async def text_completions(request: Request) -> Response:
+        shape, path = ErrorShape.OPENAI, "/v1/completions"
+        try:
+            key = authorize(request, shape)
+            gateway.admit(key)
+            body = await read_body(request)
+            admission.enter()
+        except ApiError as error:
+            return error_response(shape, error)
+        try:
+            if completions is None:
+                raise ApiError(400, "/v1/completions needs a model; this server runs --mock.")
+            prepared = await run_in_threadpool(completions.prepare, body)
+        except _REFUSALS as error:
+            admission.leave()
+            return _refusal(shape, error)
+        timer = RequestTimer(metrics)
+        headers = {SEED_HEADER: str(prepared.seed)}
+        prompt_tokens = sum(len(prompt) for prompt in prepared.prompts)
+
+        def charge() -> None:
+            gateway.charge(key, prompt_tokens, 0, timer.output_tokens)
+
+        if prepared.stream:
+            sse = completions.sse(prepared, timer)
+            return _event_stream(path, shape, sse, timer, headers, [], charge)
+        result = completions.complete(prepared, timer)
+        return await _complete(path, shape, result, timer, request, headers, charge)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await _token_route(request, tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await _token_route(request, detokenize)
+
+    async def _token_route(request: Request, handler) -> Response:
+        try:
+            authorize(request, ErrorShape.OPENAI)
+            body = await read_body(request)
+            result = await run_in_threadpool(handler, model, body)
+        except _REFUSALS as error:
+            return _refusal(ErrorShape.OPENAI, error)
+        return JSONResponse(result)
+
+    def model_entry(name: str) -> dict:
+        # One entry both SDKs read: OpenAI's `object`/`owned_by`, Anthropic's `type`, and
+        # vLLM's `max_model_len`.
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "deepwell",
+            "type": "model",
+            "display_name": name,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+            "max_model_len": model.context_limit,
+        }
+
+    @app.get("/v1/models/{name:path}")
+    async def model_by_id(name: str, request: Request) -> Response:
+        try:
+            authorize(request, None)
+            if name not in model.names:
+                raise ApiError(
+                    404,
+                    f"The model `{name}` does not exist.",
+                    param="model",
+                    code="model_not_found",
+                )
+        except ApiError as error:
+            return error_response(ErrorShape.OPENAI, error)
+        return JSONResponse(model_entry(name))
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": deepwell.__version__})
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
             authorize(request, None)
         except ApiError as error:
             return error_response(ErrorShape.OPENAI, error)
-        # One list both SDKs read: OpenAI's `object`/`owned_by`, Anthropic's `type`/paging.
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "deepwell",
-                "type": "model",
-                "display_name": name,
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
-            }
-            for name in model.names
-        ]
+        data = [model_entry(name) for name in model.names]
         return JSONResponse(
             {
                 "object": "list",

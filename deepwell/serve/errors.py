@@ -46,24 +46,44 @@ class ErrorShape(enum.Enum):
 class ApiError(Exception):
     """A request the service refuses, with the HTTP status and extra headers to send."""
 
-    def __init__(self, status_code: int, message: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.headers = headers or {}
+        # OpenAI's `param` (the field at fault) and a `code` more precise than the status's.
+        self.param = param
+        self.code = code
 
 
-def error_object(shape: ErrorShape, status_code: int, message: str) -> dict:
+def error_object(
+    shape: ErrorShape,
+    status_code: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+) -> dict:
     """The JSON error body a client of `shape` expects for `status_code`."""
     if shape is ErrorShape.ANTHROPIC:
         kind = _ANTHROPIC_TYPES.get(status_code, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
-    kind, code = _OPENAI_TYPES.get(status_code, ("internal_error", "internal_error"))
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    kind, default_code = _OPENAI_TYPES.get(status_code, ("internal_error", "internal_error"))
+    return {
+        "error": {"message": message, "type": kind, "param": param, "code": code or default_code}
+    }
 
 
 def error_response(shape: ErrorShape, error: ApiError) -> Response:
-    body = json.dumps(error_object(shape, error.status_code, error.message), ensure_ascii=False)
+    content = error_object(shape, error.status_code, error.message, error.param, error.code)
+    body = json.dumps(content, ensure_ascii=False)
     return Response(body, error.status_code, error.headers, media_type="application/json")
 
 

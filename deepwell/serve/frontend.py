@@ -33,6 +33,12 @@ from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.messages import GenerateRequest, StructuredOutputSpec
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
+from deepwell.serve.sampling_fields import (
+    SEED_LIMIT,
+    SamplingFields,
+    check_min_tokens,
+    read_sampling_fields,
+)
 from deepwell.serve.schema_coverage import unenforced_keywords
 
 
@@ -50,8 +56,11 @@ class InferenceRequest:
     structured_output: StructuredOutputSpec | None = None
     # Traffic class for the KV store TTL, from the CACHE_CLASS_HEADER request header.
     cache_class: str = "chat"
-    # The sampling seed: Chat's `seed`, else the SEED_HEADER request header, else random.
+    # The sampling seed: the body's `seed`, else the SEED_HEADER request header, else the
+    # server's --seed, else random.
     seed: int = 0
+    # Sampling settings the recipe does not carry (sampling_fields.py).
+    sampling: SamplingFields = field(default_factory=SamplingFields)
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
@@ -64,8 +73,6 @@ CACHE_CLASSES = ("chat", "agent")
 # Messages; Chat's `seed` wins). Response header: the seed the request sampled with, its
 # own or a random one, so any sampled reply can be replayed.
 SEED_HEADER = "x-deepwell-seed"
-# Chat accepts seeds in [0, 2**63) (spec/recipe.md); a drawn seed must replay through it.
-SEED_LIMIT = 2**63
 # Response header: the schema keywords the engine's grammar could not enforce (accepted, as
 # the reference accepts them, but not promised), comma-separated; absent when none.
 UNENFORCED_HEADER = "x-deepwell-unenforced-schema-keywords"
@@ -79,13 +86,23 @@ class Route:
     request_type: type
     response_type: type
     shape: ErrorShape
+    # Which body the extra sampling fields are read from (sampling_fields.py).
+    dialect: str
 
 
 CHAT = Route(
-    "/v1/chat/completions", ChatCompletionRequest, ChatCompletionResponse, ErrorShape.OPENAI
+    "/v1/chat/completions",
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ErrorShape.OPENAI,
+    "chat",
 )
-RESPONSES = Route("/v1/responses", ResponsesRequest, ResponsesResponse, ErrorShape.OPENAI)
-MESSAGES = Route("/v1/messages", MessagesRequest, MessagesResponse, ErrorShape.ANTHROPIC)
+RESPONSES = Route(
+    "/v1/responses", ResponsesRequest, ResponsesResponse, ErrorShape.OPENAI, "responses"
+)
+MESSAGES = Route(
+    "/v1/messages", MessagesRequest, MessagesResponse, ErrorShape.ANTHROPIC, "messages"
+)
 
 
 @dataclass
@@ -121,10 +138,13 @@ def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
 
 def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
     """An inference source backed by engine workers: one `GenerateRequest` per request."""
-    stop = set(stop_token_ids)
 
     async def infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
         options = request.converted.inference_options
+        sampling = request.sampling
+        # ignore_eos drops the model's stop ids too: they are its end of turn.
+        model_stop = [] if sampling.ignore_eos else stop_token_ids
+        stop = {*model_stop, *sampling.stop_token_ids}
         outputs = client.generate(
             GenerateRequest(
                 request_id=request.request_id,
@@ -133,10 +153,11 @@ def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
                 temperature=1.0 if options.temperature is None else options.temperature,
                 top_p=1.0 if options.top_p is None else options.top_p,
                 seed=request.seed,
-                stop_token_ids=stop_token_ids,
+                stop_token_ids=sorted(stop),
                 top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
                 structured_output=request.structured_output,
                 cache_class=request.cache_class,
+                **generate_sampling(sampling),
             )
         )
         try:
@@ -167,12 +188,30 @@ def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
     return infer
 
 
-class Frontend:
-    """Runs requests of the three dialects against one served model and inference source."""
+def generate_sampling(sampling: SamplingFields) -> dict:
+    """The `GenerateRequest` fields of a request's extra sampling settings."""
+    return {
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "logit_bias": sorted(sampling.logit_bias.items()),
+        "min_tokens": sampling.min_tokens,
+        "ignore_eos": sampling.ignore_eos,
+    }
 
-    def __init__(self, model: ServedModel, infer: Infer) -> None:
+
+class Frontend:
+    """Runs requests of the three dialects against one served model and inference source.
+
+    `default_seed` (serve --seed) samples requests that bring no seed of their own.
+    """
+
+    def __init__(self, model: ServedModel, infer: Infer, default_seed: int | None = None) -> None:
         self.model = model
         self._infer = infer
+        self.default_seed = default_seed
 
     def prepare(
         self, route: Route, body: bytes, cache_class: str = "chat", seed_header: str | None = None
@@ -194,6 +233,7 @@ class Frontend:
         except ValueError as error:
             raise ApiError(400, str(error)) from None
         model_name = request.model
+        sampling = read_sampling_fields(route.dialect, json.loads(body))
         converted = request.convert(self.model.conversion_options)
         conversation = converted.conversation
         parsing_options = converted.parsing_options
@@ -207,6 +247,11 @@ class Frontend:
         template_kwargs = _template_kwargs(body, self.model)
         prompt_token_ids = self.model.encode(conversation, template_kwargs)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
+        if sampling.max_completion_tokens is not None:
+            max_tokens = self._completion_budget(
+                sampling.max_completion_tokens, len(prompt_token_ids), conversation.thinking_mode
+            )
+        check_min_tokens(sampling, max_tokens)
         request_id = str(uuid.uuid4())
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
         structured = None
@@ -215,11 +260,16 @@ class Frontend:
             structured = structured_output_spec(converted, parsing_options, self.model)
             if structured is not None and structured.kind == "json_schema":
                 unenforced = unenforced_keywords(structured.spec)
-        seed = converted.inference_options.seed
-        if seed is None:
-            seed = header_seed if header_seed is not None else secrets.randbelow(SEED_LIMIT)
+        seed = self.request_seed(converted.inference_options.seed, sampling.seed, header_seed)
         inference = InferenceRequest(
-            request_id, converted, prompt_token_ids, max_tokens, structured, cache_class, seed
+            request_id,
+            converted,
+            prompt_token_ids,
+            max_tokens,
+            structured,
+            cache_class,
+            seed,
+            sampling,
         )
         return PreparedRequest(
             route,
@@ -230,6 +280,39 @@ class Frontend:
             inference,
             unenforced_keywords=unenforced,
         )
+
+    def request_seed(self, *given: int | None) -> int:
+        """The first seed the request gave (body, then header), else the server's, else random."""
+        for seed in (*given, self.default_seed):
+            if seed is not None:
+                return seed
+        return secrets.randbelow(SEED_LIMIT)
+
+    def _completion_budget(self, requested: int, prompt_tokens: int, thinking: bool) -> int:
+        """Chat's `max_completion_tokens`, checked as the recipe checks `max_tokens`."""
+        options = self.model.conversion_options
+        bound = (
+            options.thinking_max_tokens_upper_bound
+            if thinking
+            else options.non_thinking_max_tokens_upper_bound
+        )
+        if requested > bound:
+            raise ApiError(
+                400,
+                f"Invalid 'max_completion_tokens': the valid range is [1, {bound}].",
+                param="max_completion_tokens",
+            )
+        limit = self.model.context_limit
+        if prompt_tokens + requested > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + requested} tokens ({prompt_tokens} in the messages, "
+                f"{requested} in the completion). Please reduce the length of the messages or "
+                "max_completion_tokens.",
+                param="max_completion_tokens",
+            )
+        return requested
 
     def count_tokens(self, body: bytes) -> int:
         """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""

@@ -27,8 +27,14 @@ from deepwell.serve.cluster.options import worker_roles
 from deepwell.serve.cluster.routing import POLICIES
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable, WorkerRole
 from deepwell.serve.messages import WorkerConfig, encode_message
-from deepwell.serve.model import ServedModel, UnsupportedModel, mock_model, served_model
-from deepwell.serve.settings import ServeSettings
+from deepwell.serve.model import (
+    ServedModel,
+    UnsupportedModel,
+    mock_model,
+    renamed,
+    served_model,
+)
+from deepwell.serve.settings import API_KEY_ENV, ServeSettings, api_keys, model_path
 
 logger = logging.getLogger("deepwell.serve")
 
@@ -43,18 +49,20 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the process exit code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = ServeSettings(
-        api_keys=tuple(args.api_key),
+        api_keys=api_keys(args.api_key, os.environ),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
         drain_max_utilisation=args.drain_max_utilisation,
         drain_timeout_s=args.drain_timeout,
         key_tokens_per_minute=args.key_tokens_per_minute,
+        default_seed=args.seed,
     )
     try:
+        model_path(args)  # two disagreeing models stop here, before anything starts
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
     except KeyboardInterrupt:  # Ctrl-C before HTTP serving began
         return 130
-    except (EngineUnavailable, UnsupportedModel) as error:
+    except (EngineUnavailable, UnsupportedModel, ValueError) as error:
         logger.error("%s", error)
         return 1
     return 0
@@ -62,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None:
     model = mock_model()
-    await _serve_http(create_app(model=model, settings=settings), model, args)
+    if args.served_model_name:
+        model = renamed(model, args.served_model_name)
+    await _serve_http(create_app(model=model, settings=settings), model, settings, args)
 
 
 def _read_chat_template(path: str | None) -> str | None:
@@ -107,9 +117,17 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         try:
             info = await client.start(WORKER_READY_TIMEOUT_S)
             serving.set()
+            logger.info(
+                "computing in %s (--dtype %s: %s)",
+                info.dtype,
+                info.requested_dtype,
+                info.dtype_reason,
+            )
             model = served_model(info, chat_template, args.tool_call_parser)
-            app = create_app(model=model, settings=settings, engine=client)
-            await _serve_http(app, model, args)
+            if args.served_model_name:
+                model = renamed(model, args.served_model_name)
+            app = create_app(model=model, settings=settings, engine=client, model_info=info)
+            await _serve_http(app, model, settings, args)
         finally:
             watcher.cancel()
             await client.close()
@@ -128,14 +146,14 @@ def worker_config(
     return WorkerConfig(
         worker_id=worker_id,
         parent_pid=parent_pid,
-        model_path=args.model,
+        model_path=model_path(args),
         inbox_address=inbox_address,
         outbox_address=outbox_address,
         max_num_seqs=args.max_num_seqs,
         memory_gib=args.memory_gib,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching,
         num_speculative_tokens=args.num_speculative_tokens,
         speculative_method=args.speculative_method,
         kv_store_path=args.kv_store,
@@ -148,6 +166,8 @@ def worker_config(
         yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
         yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
         num_threads=args.threads,
+        dtype=args.dtype,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
 
 
@@ -213,7 +233,9 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve_http(app, model: ServedModel, args: argparse.Namespace) -> None:
+async def _serve_http(
+    app, model: ServedModel, settings: ServeSettings, args: argparse.Namespace
+) -> None:
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -223,14 +245,16 @@ async def _serve_http(app, model: ServedModel, args: argparse.Namespace) -> None
         timeout_graceful_shutdown=args.shutdown_grace,
     )
     server = _Server(config)
-    announcer = asyncio.create_task(_announce(server, model, args))
+    announcer = asyncio.create_task(_announce(server, model, bool(settings.api_keys), args))
     try:
         await server.serve()
     finally:
         announcer.cancel()
 
 
-async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.Namespace) -> None:
+async def _announce(
+    server: uvicorn.Server, model: ServedModel, keyed: bool, args: argparse.Namespace
+) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
@@ -240,7 +264,7 @@ async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.N
         # Greedy, so a first try with a 135M model gives its best answer, not a sampled one.
         '"temperature": 0}'
     )
-    auth = ' -H "Authorization: Bearer $DEEPWELL_API_KEY"' if args.api_key else ""
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     print(
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"

@@ -50,6 +50,9 @@ class WorkerConfig:
     yoco_prefill_keep_tokens: int | None = None
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
+    # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
+    dtype: str = engine_defaults.DTYPE
+    max_num_batched_tokens: int = engine_defaults.MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,16 @@ class GenerateRequest:
     structured_output: StructuredOutputSpec | None = None
     # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
     cache_class: str = "chat"
+    # The engine's SamplingParams of the same names (engine/sampling_params.py).
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs: msgpack maps want string keys.
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,10 @@ class ModelInfo:
     tokenizer_json: str
     chat_template: str | None
     eos_token_ids: list[int]
+    # The dtype the worker computes in, what was asked for, and why (cpu_dtype.DtypeChoice).
+    dtype: str = ""
+    requested_dtype: str = ""
+    dtype_reason: str = ""
     bos_token_id: int | None = None
     # Hex of the root of the KV block-key chain (model, weights, KV layout, block size,
     # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix

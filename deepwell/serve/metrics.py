@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -158,6 +158,11 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.registry.register(_LoadCollector(stats))
+        self.compute_dtype = Info(
+            "deepwell_compute_dtype",
+            "The dtype the engine computes in and the --dtype that chose it.",
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

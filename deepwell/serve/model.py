@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deepwell.recipe import (
     Conversation,
@@ -157,6 +157,18 @@ def served_model(
         tool_call_grammar=grammar,
         tool_call_format=tool_call_parser or DSML,
         takes_template_kwargs=True,
+    )
+
+
+def renamed(model: ServedModel, names: Sequence[str]) -> ServedModel:
+    """The model served under `names` (serve --served-model-name), each converting requests
+    as its first name did."""
+    options = model.conversion_options
+    version = options.model_versions_by_name[model.names[0]]
+    return replace(
+        model,
+        names=tuple(names),
+        conversion_options=options.with_model_versions_by_name(dict.fromkeys(names, version)),
     )
 
 

@@ -6,11 +6,15 @@ Kept free of heavy imports so that building the `deepwell` parser stays fast.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
 from deepwell.serve.cluster.options import add_cluster_arguments
+
+# The environment variable that also sets an API key (as vLLM's VLLM_API_KEY does).
+API_KEY_ENV = "DEEPWELL_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class ServeSettings:
     drain_timeout_s: float = 60.0
     # Gateway: prompt + completion tokens one API key may use per minute (None: no limit).
     key_tokens_per_minute: int | None = None
+    # The sampling seed of requests that bring none (serve --seed); None: a random one each.
+    default_seed: int | None = None
 
 
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
@@ -56,58 +62,39 @@ def _days(seconds: float) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `deepwell serve`."""
-    add_engine_arguments(parser)
+    """The options of `deepwell serve`, grouped as `--help` shows them."""
+    groups = add_engine_arguments(parser)
     add_cluster_arguments(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    # vLLM's spelling, `deepwell serve MODEL`; `--model PATH` still works.
     parser.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="accept this key (repeatable); without one, no authentication",
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="a .gguf file or a model directory (the same as --model)",
     )
-    parser.add_argument(
-        "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
+    groups.model.add_argument(
+        "--served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="the name(s) clients send as `model` (default: the directory's or file's name)",
     )
-    defaults = ServeSettings()
-    parser.add_argument(
-        "--key-tokens-per-minute",
-        type=int,
-        default=None,
-        help="per API key, prompt + completion tokens per minute; beyond it 429 with "
-        "Retry-After (default: no limit)",
+    groups.model.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
     )
-    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
-    parser.add_argument(
-        "--max-pending-requests",
-        type=int,
-        default=defaults.max_pending_requests,
-        help="requests admitted at once; more get 429 with Retry-After",
-    )
-    parser.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=10.0,
-        help="seconds in-flight requests may take to finish on shutdown before being aborted",
-    )
-    parser.add_argument(
+    groups.engine.add_argument(
         "--max-num-seqs",
         type=int,
         default=engine_defaults.MAX_NUM_SEQS,
-        help="engine batch size limit",
+        help=f"engine batch size limit (default: {engine_defaults.MAX_NUM_SEQS})",
     )
-    parser.add_argument(
-        "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
-    )
-    parser.add_argument(
+    groups.cache.add_argument(
         "--kv-store-capacity-gib",
         type=float,
         default=engine_defaults.KV_STORE_CAPACITY_GIB,
         help="size beyond which the KV store evicts the soonest-expiring blocks "
         f"(default: {engine_defaults.KV_STORE_CAPACITY_GIB:g})",
     )
-    parser.add_argument(
+    groups.cache.add_argument(
         "--kv-store-ttl-chat",
         type=parse_duration,
         default=engine_defaults.KV_STORE_TTL_CHAT_S,
@@ -115,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a chat request's blocks outlive their last use: seconds, or a number "
         f"with s/m/h/d (default: {_days(engine_defaults.KV_STORE_TTL_CHAT_S)})",
     )
-    parser.add_argument(
+    groups.cache.add_argument(
         "--kv-store-ttl-agent",
         type=parse_duration,
         default=engine_defaults.KV_STORE_TTL_AGENT_S,
@@ -123,9 +110,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same for agent requests (header x-deepwell-cache-class: agent; "
         f"default: {_days(engine_defaults.KV_STORE_TTL_AGENT_S)})",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    http = parser.add_argument_group("HTTP server")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
+    http.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help=f"accept this key (repeatable; also ${API_KEY_ENV}); without one, no authentication",
     )
+    http.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed of requests that bring none (default: a random one per request)",
+    )
+    defaults = ServeSettings()
+    http.add_argument(
+        "--key-tokens-per-minute",
+        type=int,
+        default=None,
+        help="per API key, prompt + completion tokens per minute; beyond it 429 with "
+        "Retry-After (default: no limit)",
+    )
+    http.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=defaults.max_body_bytes,
+        help=f"largest request body (default: {defaults.max_body_bytes})",
+    )
+    http.add_argument(
+        "--max-pending-requests",
+        type=int,
+        default=defaults.max_pending_requests,
+        help="requests admitted at once; more get 429 with Retry-After "
+        f"(default: {defaults.max_pending_requests})",
+    )
+    http.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may take to finish on shutdown before being aborted "
+        "(default: 10)",
+    )
+    http.add_argument(
+        "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
+    )
+    http.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: info)",
+    )
+
     prompts = parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
     prompts.add_argument(
         "--chat-template",
@@ -138,3 +175,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, Qwen and "
         "others) or llama3_json; without it, requests with tools are refused",
     )
+
+
+def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The accepted keys: every --api-key, and DEEPWELL_API_KEY when set."""
+    from_env = environ.get(API_KEY_ENV, "")
+    return tuple(dict.fromkeys([*flags, *([from_env] if from_env else [])]))
+
+
+def model_path(args: argparse.Namespace) -> str | None:
+    """The model to serve, from `MODEL` or `--model` (which must then agree)."""
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"two models given: {args.model_tag} and --model {args.model}")
+    return args.model_tag or args.model

@@ -110,34 +110,35 @@ class EngineCoreAdapter:
     """`StepEngine` over deepwell's `EngineCore`: protocol messages ↔ engine calls."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        self._core = EngineCore(
-            EngineArgs(
-                model=config.model_path,
-                max_num_seqs=config.max_num_seqs,
-                memory_gib=config.memory_gib,
-                max_model_len=config.max_model_len,
-                block_size=config.block_size,
-                enable_prefix_caching=config.enable_prefix_caching,
-                num_speculative_tokens=config.num_speculative_tokens,
-                speculative_method=config.speculative_method,
-                kv_store_path=config.kv_store_path,
-                kv_store_capacity_gib=config.kv_store_capacity_gib,
-                kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
-                kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
-                batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
-                async_scheduling=config.async_scheduling,
-                quantize_kv_cache=config.quantize_kv_cache,
-                num_threads=config.num_threads,
-                **{
-                    name: value
-                    for name, value in (
-                        ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
-                        ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
-                    )
-                    if value is not None
-                },
-            )
+        self._args = EngineArgs(
+            model=config.model_path,
+            dtype=config.dtype,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            memory_gib=config.memory_gib,
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_speculative_tokens=config.num_speculative_tokens,
+            speculative_method=config.speculative_method,
+            kv_store_path=config.kv_store_path,
+            kv_store_capacity_gib=config.kv_store_capacity_gib,
+            kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
+            kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
+            batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
+            async_scheduling=config.async_scheduling,
+            quantize_kv_cache=config.quantize_kv_cache,
+            num_threads=config.num_threads,
+            **{
+                name: value
+                for name, value in (
+                    ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
+                    ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
+                )
+                if value is not None
+            },
         )
+        self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:
         structured = request.structured_output
@@ -145,6 +146,14 @@ class EngineCoreAdapter:
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logit_bias=dict(request.logit_bias),
+            min_tokens=request.min_tokens,
+            ignore_eos=request.ignore_eos,
             seed=request.seed,
             stop_token_ids=list(request.stop_token_ids),
             logprobs=request.top_logprobs is not None,
@@ -214,6 +223,9 @@ class EngineCoreAdapter:
             tokenizer_json=core.tokenizer.to_str(),
             chat_template=core.chat_template,
             eos_token_ids=sorted(core.eos_token_ids),
+            dtype=self._args.dtype_choice.dtype,
+            requested_dtype=self._args.dtype_choice.requested,
+            dtype_reason=self._args.dtype_choice.reason,
             bos_token_id=core.bos_token_id,
             fingerprint=core.kv.root_key.hex() if core.kv.root_key is not None else "",
         )

@@ -2,9 +2,11 @@
 
 import math
 
+import pytest
 import torch
 
 from deepwell.engine import SamplingParams
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler
 
@@ -145,3 +147,47 @@ def test_seeded_requests_repeat_exactly_and_logprobs_flow_through(make_core):
     assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in logprobs)
     core.add_request("y", list(range(3, 20)), params)
     assert run_to_completion(core)["y"] == x
+
+
+def test_logit_bias_forces_and_bans_tokens():
+    row = [3.0, 2.0, 1.0, 0.0]
+    forced = request(temperature=0, logit_bias={3: 100.0})
+    assert Sampler()(logits(row), [forced])[0] == [3]
+    banned = request(temperature=0, logit_bias={0: -100.0})
+    assert Sampler()(logits(row), [banned])[0] == [1]
+    # A sampled request draws from the biased distribution too: token 3 wins every draw.
+    for seed in range(10):
+        assert Sampler()(logits(row), [request(seed=seed, logit_bias={3: 100.0})])[0] == [3]
+
+
+def test_min_tokens_masks_stop_ids_until_reached():
+    row = [5.0, 1.0, 0.0]
+    early = request(temperature=0, min_tokens=2, output=(1,))
+    early.stop_token_ids = frozenset({0})
+    assert Sampler()(logits(row), [early])[0] == [1]
+    reached = request(temperature=0, min_tokens=2, output=(1, 1))
+    reached.stop_token_ids = frozenset({0})
+    assert Sampler()(logits(row), [reached])[0] == [0]
+
+
+def test_bad_logit_bias_and_min_tokens_are_refused():
+    for params in (
+        {"logit_bias": {1: 101.0}},
+        {"logit_bias": {-1: 1.0}},
+        {"min_tokens": 17},
+        {"min_tokens": -1},
+    ):
+        with pytest.raises(InvalidRequestError):
+            SamplingParams(max_tokens=16, **params)
+
+
+def test_min_tokens_outlasts_eos_and_bias_outside_the_vocabulary_is_refused(make_core):
+    core = make_core()
+    eos = 2
+    # The bias makes EOS the greedy choice; min_tokens holds it off for 6 tokens.
+    params = SamplingParams(max_tokens=20, temperature=0, logit_bias={eos: 100.0}, min_tokens=6)
+    core.add_request("held", [5, 6, 7], params)
+    held = run_to_completion(core)["held"]
+    assert len(held) == 7 and held[-1] == eos and eos not in held[:-1]
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        core.add_request("bad", [5, 6], SamplingParams(logit_bias={10**9: 1.0}))

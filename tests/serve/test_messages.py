@@ -16,6 +16,24 @@ from deepwell.serve.messages import (
 def test_messages_round_trip_with_nesting():
     messages = [
         GenerateRequest("r1", [1, 2, 3], 16, 0.7, 1.0, 42, [2], None),
+        GenerateRequest(
+            "r2",
+            [1],
+            8,
+            0.0,
+            1.0,
+            None,
+            [],
+            3,
+            top_k=5,
+            min_p=0.1,
+            repetition_penalty=1.2,
+            presence_penalty=-1.0,
+            frequency_penalty=0.5,
+            logit_bias=[[7, -100.0], [9, 2.5]],
+            min_tokens=2,
+            ignore_eos=True,
+        ),
         AbortRequest(["r1", "r2"]),
         Shutdown(),
         StepOutputs(

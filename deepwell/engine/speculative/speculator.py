@@ -94,8 +94,9 @@ class Speculator:
                 continue
             num_decodes += 1
             params = request.params
-            # Penalties and logprobs read per-token history the verify rows do not carry.
-            if params.penalised or params.logprobs:
+            # Penalties, bias, min_tokens and logprobs are applied by the sampler only; the
+            # verify rows would sample without them.
+            if params.adjusts_logits or params.logprobs:
                 continue
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1

@@ -1,0 +1,435 @@
+"""The legacy OpenAI Completions endpoint (`/v1/completions`): raw prompts in, text out.
+
+No chat encoding and no recipe: prompts are text or token ids, completed as they are, with
+stop strings, echo and logprobs in the shapes of OpenAI's `text_completion` objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepwell.recipe import Tokenizer
+from deepwell.serve.engine_client import EngineClient
+from deepwell.serve.errors import ApiError
+from deepwell.serve.frontend import generate_sampling, sse_frame
+from deepwell.serve.messages import GenerateRequest, TokenOutput
+from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.model import ServedModel
+from deepwell.serve.sampling_fields import (
+    COMPLETIONS,
+    SamplingFields,
+    check_min_tokens,
+    read_sampling_fields,
+)
+
+# OpenAI's defaults and bounds for this endpoint; logprobs goes to vLLM's 20, not OpenAI's 5.
+DEFAULT_MAX_TOKENS = 16
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A checked `/v1/completions` body: one token-id list per prompt, and how to sample."""
+
+    model: str
+    prompts: list[list[int]]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stream: bool
+    include_usage: bool
+    echo: bool
+    # Alternatives per token; None: no logprobs.
+    logprobs: int | None
+    stop: list[str]
+    seed: int
+    sampling: SamplingFields = field(default_factory=SamplingFields)
+
+
+@dataclass
+class _Choice:
+    """One prompt's completion so far: its ids, its text, and what was already sent."""
+
+    index: int
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    # Characters already streamed; where the output starts (after an echoed prompt).
+    sent: int = 0
+    start: int = 0
+    # Incremental decoding (as vLLM's detokenizer): ids[prefix:read] decode to text already
+    # in `text`, and give the following ids their context (leading spaces, byte fallback).
+    prefix: int = 0
+    read: int = 0
+    finish_reason: str | None = None
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Completions:
+    """Runs `/v1/completions` requests on engine workers for one served model.
+
+    `seed_of` picks the seed of a request from the one its body gives (serve --seed, else
+    random, when it gives none).
+    """
+
+    def __init__(
+        self, model: ServedModel, engine: EngineClient, seed_of: Callable[[int | None], int]
+    ) -> None:
+        if model.tokenizer is None:
+            raise ValueError("completions need a model with a tokenizer")
+        self.model = model
+        self.tokenizer: Tokenizer = model.tokenizer
+        self._engine = engine
+        self._seed_of = seed_of
+
+    def prepare(self, body: bytes) -> CompletionRequest:
+        """Parse and check a body; raises ApiError naming the field at fault."""
+        try:
+            data = json.loads(body)
+        except ValueError as error:
+            raise ApiError(400, f"invalid JSON request: {error}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        model = data.get("model")
+        if not isinstance(model, str):
+            raise _invalid("model", "the name of a served model", model)
+        if model not in self.model.names:
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+        for name, why in (
+            ("suffix", "insertion (fill-in-the-middle) is not supported"),
+            ("best_of", "only best_of = 1 is supported"),
+            ("n", "only n = 1 is supported; send the request several times"),
+        ):
+            value = data.get(name)
+            if value is not None and not (name != "suffix" and value == 1):
+                raise ApiError(
+                    400,
+                    f"Unsupported parameter '{name}': {why}.",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        sampling = read_sampling_fields(COMPLETIONS, data)
+        prompts = self._prompts(data.get("prompt"))
+        max_tokens = _get(data, "max_tokens", int, DEFAULT_MAX_TOKENS)
+        if max_tokens < 1:
+            raise _invalid("max_tokens", ">= 1", max_tokens)
+        limit = self.model.context_limit
+        for prompt in prompts:
+            if len(prompt) + max_tokens > limit:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, "
+                    f"{max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+                    param="max_tokens",
+                )
+        check_min_tokens(sampling, max_tokens)
+        temperature = _get(data, "temperature", float, 1.0)
+        if not 0 <= temperature <= 2:
+            raise _invalid("temperature", "in [0, 2]", temperature)
+        top_p = _get(data, "top_p", float, 1.0)
+        if not 0 < top_p <= 1:
+            raise _invalid("top_p", "in (0, 1]", top_p)
+        logprobs = data.get("logprobs")
+        if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS):
+            raise _invalid("logprobs", f"an integer in [0, {MAX_LOGPROBS}]", logprobs)
+        echo = _get(data, "echo", bool, False)
+        if echo and logprobs is not None:
+            raise ApiError(
+                400,
+                "Unsupported parameter 'echo' with 'logprobs': deepwell does not compute "
+                "log-probabilities of prompt tokens.",
+                param="echo",
+                code="unsupported_parameter",
+            )
+        stream = _get(data, "stream", bool, False)
+        options = data.get("stream_options")
+        if options is not None and not (isinstance(options, dict) and stream):
+            raise _invalid("stream_options", "an object, with stream = true", options)
+        return CompletionRequest(
+            model=model,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stream=stream,
+            include_usage=bool(options and options.get("include_usage")),
+            echo=echo,
+            logprobs=logprobs,
+            stop=_stop(data.get("stop")),
+            seed=self._seed_of(sampling.seed),
+            sampling=sampling,
+        )
+
+    def _prompts(self, value: Any) -> list[list[int]]:
+        """A string, a list of strings, a list of token ids, or a list of such lists."""
+        single_ids = isinstance(value, list) and value and all(_is_int(t) for t in value)
+        if isinstance(value, str) or single_ids:
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise _invalid("prompt", "a string, token ids, or a non-empty list of either", value)
+        prompts = []
+        vocab = self.tokenizer.vocab_size
+        for item in value:
+            if isinstance(item, str):
+                ids = self.tokenizer.encode(item)
+            elif isinstance(item, list) and all(_is_int(t) and 0 <= t < vocab for t in item):
+                ids = item
+            else:
+                raise _invalid("prompt", f"strings or lists of token ids in [0, {vocab})", item)
+            if not ids:
+                raise _invalid("prompt", "non-empty", item)
+            prompts.append(ids)
+        return prompts
+
+    async def complete(self, request: CompletionRequest, timer: RequestTimer) -> str:
+        """Run every prompt to its end; the `text_completion` object as JSON."""
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        choices = [_Choice(index) for index in range(len(request.prompts))]
+        async for _ in self._run(request, choices, completion_id, timer):
+            pass
+        body = _envelope(completion_id, created, request.model)
+        body["choices"] = [
+            _choice_json(choice, choice.text, self._logprobs(request, choice, 0))
+            for choice in choices
+        ]
+        body["usage"] = _usage(choices)
+        return json.dumps(body, ensure_ascii=False)
+
+    async def sse(self, request: CompletionRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
+        """Server-sent chunks as tokens arrive, then usage (if asked) and `[DONE]`."""
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        choices = [_Choice(index) for index in range(len(request.prompts))]
+        logged = [0] * len(choices)
+        async for choice in self._run(request, choices, completion_id, timer):
+            delta = choice.text[choice.sent : _releasable(choice, request.stop)]
+            if not delta and choice.finish_reason is None:
+                continue
+            choice.sent += len(delta)
+            logprobs = self._logprobs(request, choice, logged[choice.index])
+            logged[choice.index] = len(choice.tokens)
+            chunk = _envelope(completion_id, created, request.model)
+            chunk["choices"] = [_choice_json(choice, delta, logprobs)]
+            if request.include_usage:
+                chunk["usage"] = None
+            yield sse_frame(None, json.dumps(chunk, ensure_ascii=False))
+        if request.include_usage:
+            chunk = _envelope(completion_id, created, request.model)
+            chunk["choices"] = []
+            chunk["usage"] = _usage(choices)
+            yield sse_frame(None, json.dumps(chunk))
+        yield sse_frame(None, "[DONE]")
+
+    async def _run(
+        self,
+        request: CompletionRequest,
+        choices: list[_Choice],
+        completion_id: str,
+        timer: RequestTimer,
+    ) -> AsyncIterator[_Choice]:
+        """Every prompt on the engine at once; yields a choice each time it gains output."""
+        queue: asyncio.Queue[tuple[_Choice, TokenOutput] | Exception | None] = asyncio.Queue()
+
+        async def pump(choice: _Choice) -> None:
+            outputs = self._engine.generate(self._generate_request(request, choice, completion_id))
+            try:
+                async for output in outputs:
+                    queue.put_nowait((choice, output))
+                    if choice.finish_reason is not None:
+                        break
+            except Exception as error:
+                queue.put_nowait(error)
+            finally:
+                await outputs.aclose()
+                queue.put_nowait(None)
+
+        for choice, prompt in zip(choices, request.prompts, strict=True):
+            choice.prompt_tokens = len(prompt)
+            timer.prompt(len(prompt))
+            if request.echo:
+                choice.text = self.tokenizer.decode(prompt)
+                choice.start = len(choice.text)
+        pumps = [asyncio.ensure_future(pump(choice)) for choice in choices]
+        try:
+            running = len(pumps)
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                    continue
+                if isinstance(item, Exception):
+                    raise item
+                choice, output = item
+                if choice.finish_reason is not None:
+                    continue
+                timer.output(len(output.token_ids))
+                self._absorb(request, choice, output)
+                yield choice
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _generate_request(
+        self, request: CompletionRequest, choice: _Choice, completion_id: str
+    ) -> GenerateRequest:
+        sampling = request.sampling
+        model_stop = [] if sampling.ignore_eos else self.model.stop_token_ids
+        return GenerateRequest(
+            request_id=f"{completion_id}-{choice.index}",
+            prompt_token_ids=request.prompts[choice.index],
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_token_ids=sorted({*model_stop, *sampling.stop_token_ids}),
+            top_logprobs=request.logprobs,
+            **generate_sampling(sampling),
+        )
+
+    def _absorb(self, request: CompletionRequest, choice: _Choice, output: TokenOutput) -> None:
+        """Add an engine output to a choice: text, logprobs, and whether a stop ended it."""
+        ids = list(output.token_ids)
+        logprobs = list(output.logprobs or [])
+        choice.completion_tokens += len(ids)
+        stops = {*self.model.stop_token_ids, *request.sampling.stop_token_ids}
+        if output.finish_reason == "stop" and ids and ids[-1] in stops:
+            # The stop id ends the text; it is not part of it (as EOS is not).
+            ids.pop()
+            logprobs = logprobs[: len(ids)]
+        for token_id, (logprob, top) in zip(ids, logprobs, strict=False):
+            choice.tokens.append(self.tokenizer.decode([token_id]))
+            choice.token_logprobs.append(logprob)
+            choice.top_logprobs.append({self.tokenizer.decode([t]): lp for t, lp in top})
+        choice.ids += ids
+        self._decode(choice, final=output.finish_reason is not None)
+        if output.finish_reason is not None:
+            choice.finish_reason = "length" if output.finish_reason == "length" else "stop"
+        cut = _first_stop(choice.text, request.stop, max(choice.sent, choice.start))
+        if cut is not None:
+            choice.text = choice.text[:cut]
+            choice.finish_reason = "stop"
+
+    def _decode(self, choice: _Choice, final: bool) -> None:
+        """Append the text of the choice's new ids, decoding only a short window of them.
+
+        Text ending in an incomplete character waits for the next ids, unless it is the last.
+        """
+        decode = self.tokenizer.decode
+        known = decode(choice.ids[choice.prefix : choice.read])
+        text = decode(choice.ids[choice.prefix :])
+        if len(text) > len(known) and (final or not text.endswith("\ufffd")):
+            choice.text += text[len(known) :]
+            choice.prefix, choice.read = choice.read, len(choice.ids)
+
+    def _logprobs(self, request: CompletionRequest, choice: _Choice, first: int) -> dict | None:
+        """OpenAI's completion logprobs for the choice's tokens from `first` on."""
+        if request.logprobs is None:
+            return None
+        # Offsets into the choice's text (echo, which would shift them, refuses logprobs).
+        offsets = []
+        at = 0
+        for token in choice.tokens:
+            offsets.append(at)
+            at += len(token)
+        # A stop string cut the text: tokens past the cut are not part of the answer.
+        kept = sum(1 for offset in offsets if offset < len(choice.text))
+        return {
+            "tokens": choice.tokens[first:kept],
+            "token_logprobs": choice.token_logprobs[first:kept],
+            "top_logprobs": choice.top_logprobs[first:kept] if request.logprobs else None,
+            "text_offset": offsets[first:kept],
+        }
+
+
+def _first_stop(text: str, stop: list[str], start: int) -> int | None:
+    """Where the earliest stop string starts in `text` at or after `start`.
+
+    Nothing sent can hold one (`_releasable` keeps back a possible start), and an echoed
+    prompt is not searched.
+    """
+    found = [i for s in stop if (i := text.find(s, start)) >= 0]
+    return min(found) if found else None
+
+
+def _releasable(choice: _Choice, stop: list[str]) -> int:
+    """How far the choice's text may be sent: all of it once finished, else short of where
+    a stop string may be starting."""
+    end = len(choice.text)
+    if choice.finish_reason is not None:
+        return end
+    if stop:
+        end -= max(len(s) for s in stop) - 1
+    return max(end, choice.sent)
+
+
+def _envelope(completion_id: str, created: int, model: str) -> dict[str, Any]:
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+
+
+def _choice_json(choice: _Choice, text: str, logprobs: dict | None) -> dict:
+    return {
+        "index": choice.index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason,
+    }
+
+
+def _usage(choices: list[_Choice]) -> dict[str, int]:
+    prompt = sum(c.prompt_tokens for c in choices)
+    completion = sum(c.completion_tokens for c in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    stop = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise _invalid("stop", f"a non-empty string or a list of up to {MAX_STOP_STRINGS}", value)
+    return stop
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _get(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = data.get(name)
+    if value is None:
+        return default
+    if kind is float and _is_int(value):
+        return float(value)
+    if kind is int and not _is_int(value) or not isinstance(value, kind):
+        raise _invalid(name, f"of type {kind.__name__}", value)
+    return value
+
+
+def _invalid(name: str, expected: str, got: Any) -> ApiError:
+    return ApiError(400, f"Invalid '{name}': must be {expected}, got {got!r}.", param=name)

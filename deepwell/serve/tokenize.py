@@ -1,0 +1,90 @@
+"""vLLM's `/tokenize` and `/detokenize`: a prompt (or chat messages) to ids, and ids to text.
+
+Shapes follow vLLM's TokenizeRequest / TokenizeResponse / DetokenizeRequest; the messages
+form renders through the served model's own chat encoding, as a chat request would.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deepwell.recipe import ChatCompletionRequest
+from deepwell.serve.errors import ApiError
+from deepwell.serve.model import ServedModel
+
+
+def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
+    """`{"prompt": str}` or `{"messages": [...], "tools": [...]}` → vLLM's TokenizeResponse."""
+    data = _object(body)
+    tokenizer = _tokenizer(model)
+    name = _model_name(model, data)
+    if "messages" in data:
+        if data.get("add_generation_prompt", True) is not True or data.get(
+            "continue_final_message"
+        ):
+            raise ApiError(
+                400,
+                "Unsupported parameter 'add_generation_prompt': the chat encoding always ends "
+                "with the assistant's turn opening.",
+                param="add_generation_prompt",
+            )
+        chat = {key: data[key] for key in ("messages", "tools", "tool_choice") if key in data}
+        converted = ChatCompletionRequest({**chat, "model": name}).convert(model.conversion_options)
+        ids = model.encode(converted.conversation)
+    else:
+        prompt = data.get("prompt")
+        if not isinstance(prompt, str):
+            raise ApiError(400, "Invalid 'prompt': must be a string.", param="prompt")
+        ids = tokenizer.encode(prompt)
+    strs = [tokenizer.decode([i]) for i in ids] if data.get("return_token_strs") else None
+    return {
+        "count": len(ids),
+        "max_model_len": model.context_limit,
+        "tokens": ids,
+        "token_strs": strs,
+    }
+
+
+def detokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
+    """`{"tokens": [ids]}` → `{"prompt": text}`."""
+    data = _object(body)
+    tokenizer = _tokenizer(model)
+    _model_name(model, data)
+    ids = data.get("tokens")
+    vocab = tokenizer.vocab_size
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids
+    ):
+        raise ApiError(
+            400, f"Invalid 'tokens': must be a list of token ids in [0, {vocab}).", param="tokens"
+        )
+    return {"prompt": tokenizer.decode(ids)}
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise ApiError(400, f"invalid JSON request: {error}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return data
+
+
+def _tokenizer(model: ServedModel):
+    if model.tokenizer is None:
+        raise ApiError(400, "this server has no tokenizer (it serves --mock)")
+    return model.tokenizer
+
+
+def _model_name(model: ServedModel, data: dict[str, Any]) -> str:
+    """The request's `model` (optional, as in vLLM); an unknown one is a 404."""
+    name = data.get("model")
+    if name is None:
+        return model.names[0]
+    if name not in model.names:
+        raise ApiError(
+            404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+        )
+    return name

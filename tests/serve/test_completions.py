@@ -1,0 +1,143 @@
+"""`/v1/completions`, `/tokenize`, `/detokenize`, `/v1/models/{id}` and `/version` against a
+real server on the embedded model, through the openai SDK where it has the call."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def client(model_server):
+    return openai.OpenAI(base_url=f"{model_server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def tokenize(model_server, text: str) -> list[int]:
+    return httpx.post(f"{model_server.base_url}/tokenize", json={"prompt": text}).json()["tokens"]
+
+
+def test_a_completion_continues_the_raw_prompt(client, model_server):
+    completion = client.completions.create(
+        model=model_server.model, prompt=PROMPT, max_tokens=6, temperature=0
+    )
+    (choice,) = completion.choices
+    assert "Paris" in choice.text
+    assert completion.object == "text_completion"
+    assert completion.usage.prompt_tokens == len(tokenize(model_server, PROMPT))
+    assert completion.usage.completion_tokens == 6 and choice.finish_reason == "length"
+
+
+def test_streamed_text_equals_the_whole_completion_for_each_prompt(client, model_server):
+    prompts = [PROMPT, "One, two, three,"]
+    whole = client.completions.create(
+        model=model_server.model, prompt=prompts, max_tokens=8, temperature=0
+    )
+    stream = client.completions.create(
+        model=model_server.model,
+        prompt=prompts,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts, finishes, usage = ["", ""], [None, None], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+        usage = chunk.usage or usage
+    by_index = sorted(whole.choices, key=lambda c: c.index)
+    assert texts == [c.text for c in by_index]
+    assert finishes == [c.finish_reason for c in by_index]
+    assert usage.completion_tokens == whole.usage.completion_tokens == 16
+
+
+def test_token_id_prompts_echo_and_stop_strings(client, model_server):
+    ids = tokenize(model_server, PROMPT)
+    by_ids = client.completions.create(
+        model=model_server.model, prompt=ids, max_tokens=6, temperature=0
+    )
+    by_text = client.completions.create(
+        model=model_server.model, prompt=PROMPT, max_tokens=6, temperature=0, echo=True
+    )
+    assert by_text.choices[0].text == PROMPT + by_ids.choices[0].text
+    word = by_ids.choices[0].text.split()[1]
+    stopped = client.completions.create(
+        model=model_server.model, prompt=ids, max_tokens=6, temperature=0, stop=[word]
+    )
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == by_ids.choices[0].text.split(word)[0]
+
+
+def test_logprobs_name_each_token_with_its_alternatives(client, model_server):
+    completion = client.completions.create(
+        model=model_server.model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3
+    )
+    logprobs = completion.choices[0].logprobs
+    assert "".join(logprobs.tokens) == completion.choices[0].text
+    assert len(logprobs.token_logprobs) == 4 and all(lp <= 0 for lp in logprobs.token_logprobs)
+    for token, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):
+        # Greedy: the chosen token is the most likely of its alternatives.
+        assert len(top) == 3 and max(top, key=top.get) == token
+    assert logprobs.text_offset[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("suffix", "!"), ("n", 2), ("best_of", 3), ("echo", True), ("prompt", []), ("stop", "")],
+)
+def test_unsupported_or_bad_fields_get_a_400_naming_them(client, model_server, field, value):
+    fields = {"prompt": PROMPT, "max_tokens": 2, field: value}
+    if field == "echo":
+        fields["logprobs"] = 1
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=model_server.model, **fields)
+    assert field in error.value.body["message"] and error.value.body["param"] == field
+
+
+def test_an_unknown_model_is_a_404_in_openai_shape(client, model_server):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="nope", prompt=PROMPT)
+    assert error.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_models_say_their_context_length(client, model_server):
+    model = client.models.retrieve(model_server.model)
+    assert model.id == model_server.model
+    assert model.max_model_len == client.models.list().data[0].max_model_len > 0
+
+
+def test_tokenize_and_detokenize_round_trip(model_server):
+    text = "Hello, world! Ça va? 你好"
+    base = model_server.base_url
+    tokens = httpx.post(f"{base}/tokenize", json={"prompt": text, "return_token_strs": True}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] > 0
+    assert len(tokens["token_strs"]) == tokens["count"]
+    back = httpx.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert back == {"prompt": text}
+    chat = httpx.post(
+        f"{base}/tokenize", json={"messages": [{"role": "user", "content": text}]}
+    ).json()
+    assert chat["count"] > tokens["count"]  # the chat encoding wraps the message
+    bad = httpx.post(f"{base}/detokenize", json={"tokens": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_version(model_server):
+    import deepwell
+
+    assert httpx.get(f"{model_server.base_url}/version").json() == {"version": deepwell.__version__}
+
+
+def test_the_mock_server_refuses_what_needs_a_model(mock_server):
+    base = mock_server.base_url
+    body = {"model": mock_server.model, "prompt": PROMPT}
+    response = httpx.post(f"{base}/v1/completions", json=body)
+    assert response.status_code == 400 and "needs a model" in response.json()["error"]["message"]
+    response = httpx.post(f"{base}/tokenize", json={"prompt": PROMPT})
+    assert response.status_code == 400 and "tokenizer" in response.json()["error"]["message"]

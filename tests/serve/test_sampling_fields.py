@@ -1,0 +1,178 @@
+"""Every sampling field through the official SDKs against a real server on the embedded
+model: its effect on a greedy continuation, or a 400 that names it."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from deepwell.serve.sampling_fields import read_sampling_fields
+
+# SmolLM2 answers this greedily with "Cat, cat, cat, ..." to the end of its budget.
+REPEATS = "Write the word 'cat' ten times."
+
+
+@pytest.fixture(scope="module")
+def client(model_server):
+    return openai.OpenAI(base_url=f"{model_server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(model_server):
+    return anthropic.Anthropic(base_url=model_server.base_url, api_key="unused", max_retries=0)
+
+
+def chat(client, model_server, max_tokens=24, **fields):
+    completion = client.chat.completions.create(
+        model=model_server.model,
+        messages=[{"role": "user", "content": REPEATS}],
+        temperature=0,
+        max_tokens=max_tokens,
+        **fields,
+    )
+    return completion.choices[0], completion.usage
+
+
+def token_id(model_server, text: str) -> int:
+    response = httpx.post(f"{model_server.base_url}/tokenize", json={"prompt": text})
+    (token,) = response.json()["tokens"]
+    return token
+
+
+def test_penalties_change_a_greedy_continuation_that_repeats(client, model_server):
+    plain, _ = chat(client, model_server)
+    words = plain.message.content.lower().split()
+    assert len(words) > 4 and len(set(words)) <= 2, plain.message.content
+    for fields in (
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
+        {"extra_body": {"repetition_penalty": 1.5}},
+    ):
+        penalised, _ = chat(client, model_server, **fields)
+        assert penalised.message.content != plain.message.content, fields
+
+
+def test_logit_bias_forces_a_token(client, model_server):
+    dog = token_id(model_server, " dog")
+    choice, usage = chat(client, model_server, max_tokens=6, logit_bias={str(dog): 100})
+    assert choice.message.content == " dog" * 6
+    assert usage.completion_tokens == 6
+
+
+def test_stop_token_ids_stop_and_are_not_shown(client, model_server):
+    plain, _ = chat(client, model_server)
+    comma = token_id(model_server, ",")
+    assert "," in plain.message.content
+    stopped, _ = chat(client, model_server, extra_body={"stop_token_ids": [comma]})
+    assert stopped.finish_reason == "stop"
+    assert stopped.message.content == plain.message.content.split(",")[0]
+
+
+def test_max_completion_tokens_bounds_the_output_and_wins_over_max_tokens(client, model_server):
+    choice, usage = chat(client, model_server, max_tokens=40, max_completion_tokens=3)
+    assert usage.completion_tokens == 3 and choice.finish_reason == "length"
+
+
+def test_min_tokens_and_ignore_eos_outlast_the_end_of_turn(client, model_server):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    short = client.chat.completions.create(
+        model=model_server.model, messages=question, temperature=0, max_tokens=40
+    )
+    assert short.choices[0].finish_reason == "stop"
+    natural = short.usage.completion_tokens
+    for extra in ({"min_tokens": natural + 5}, {"ignore_eos": True}):
+        longer = client.chat.completions.create(
+            model=model_server.model,
+            messages=question,
+            temperature=0,
+            max_tokens=natural + 10,
+            extra_body=extra,
+        )
+        assert longer.usage.completion_tokens >= natural + 5, extra
+        assert longer.choices[0].message.content.startswith(short.choices[0].message.content)
+
+
+def test_top_k_one_and_min_p_one_sample_the_greedy_answer(client, model_server):
+    greedy, _ = chat(client, model_server, max_tokens=8)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        sampled = client.chat.completions.create(
+            model=model_server.model,
+            messages=[{"role": "user", "content": REPEATS}],
+            temperature=1.5,
+            max_tokens=8,
+            seed=3,
+            extra_body=extra,
+        )
+        assert sampled.choices[0].message.content == greedy.message.content, extra
+
+
+def test_messages_top_k_and_extra_fields_reach_the_engine(claude, model_server):
+    def reply(**fields) -> str:
+        # This anthropic SDK has no sampling arguments; the API fields still exist.
+        message = claude.messages.create(
+            model=model_server.model,
+            max_tokens=12,
+            messages=[{"role": "user", "content": REPEATS}],
+            extra_body=fields,
+        )
+        return message.content[0].text
+
+    greedy = reply(temperature=0)
+    assert reply(temperature=1.5, top_k=1, seed=5) == greedy
+    assert reply(temperature=0, frequency_penalty=2.0) != greedy
+
+
+def test_responses_takes_the_extra_fields(client, model_server):
+    dog = token_id(model_server, " dog")
+    response = client.responses.create(
+        model=model_server.model,
+        input=REPEATS,
+        max_output_tokens=4,
+        temperature=0,
+        extra_body={"logit_bias": {str(dog): 100}},
+    )
+    assert response.output_text == " dog" * 4
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0),
+        ("logit_bias", {"5": 101}),
+        ("logit_bias", {"dog": 1}),
+        ("stop_token_ids", [-1]),
+        ("min_tokens", 100),
+        ("ignore_eos", "yes"),
+        ("max_completion_tokens", 0),
+    ],
+)
+def test_bad_fields_get_a_400_naming_them(client, model_server, field, value):
+    with pytest.raises(openai.BadRequestError) as error:
+        chat(client, model_server, max_tokens=10, extra_body={field: value})
+    assert field in error.value.body["message"]
+    assert error.value.body["param"].startswith(field)
+
+
+def test_n_and_foreign_fields_are_refused_by_name(client, claude, model_server):
+    with pytest.raises(openai.BadRequestError, match="n value"):
+        chat(client, model_server, n=2)
+    with pytest.raises(openai.BadRequestError, match="max_completion_tokens"):
+        client.responses.create(
+            model=model_server.model, input="Hi", extra_body={"max_completion_tokens": 5}
+        )
+    for field in ("logprobs", "n"):
+        with pytest.raises(anthropic.BadRequestError, match=f"'{field}'"):
+            claude.messages.create(
+                model=model_server.model,
+                max_tokens=5,
+                messages=[{"role": "user", "content": "Hi"}],
+                extra_body={field: 2},
+            )
+
+
+def test_the_array_form_body_has_no_extra_fields():
+    assert read_sampling_fields("chat", ["messages", "model"]).top_k == -1
