@@ -14,6 +14,7 @@ from typing import TextIO
 
 from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
+from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,8 @@ class Command:
 
 # --- render ---
 
-DIALECTS = ("chat", "responses", "messages")
 # ANSI bold cyan around control tokens when stdout is a terminal.
 _HIGHLIGHT_ON, _HIGHLIGHT_OFF = "\x1b[1;36m", "\x1b[0m"
-# Top-level fields and content blocks only Anthropic Messages requests have.
-_MESSAGES_ONLY_FIELDS = ("system", "stop_sequences", "top_k", "anthropic_version")
-_MESSAGES_ONLY_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 def _configure_render(parser: argparse.ArgumentParser) -> None:
@@ -63,24 +60,6 @@ def _configure_render(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", metavar="PATH", help="tokenizer.json to encode with (needed by --ids)"
     )
-
-
-def detect_dialect(body: object) -> str:
-    """Guess a request's dialect from its shape (see `deepwell render --help`)."""
-    if not isinstance(body, dict):
-        return "chat"
-    if "input" in body and "messages" not in body:
-        return "responses"
-    if any(field in body for field in _MESSAGES_ONLY_FIELDS):
-        return "messages"
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(
-            isinstance(block, dict) and block.get("type") in _MESSAGES_ONLY_BLOCKS
-            for block in content
-        ):
-            return "messages"
-    return "chat"
 
 
 def highlight(prompt: str, special_ranges: list[tuple[int, int]]) -> str:

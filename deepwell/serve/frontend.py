@@ -189,20 +189,8 @@ class Frontend:
                 f"got {cache_class!r}.",
             )
         header_seed = _parse_seed_header(seed_header)
-        try:
-            request = route.request_type(body)
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
-        model_name = request.model
-        converted = request.convert(self.model.conversion_options)
+        model_name, converted, parsing_options = self.convert(route, body)
         conversation = converted.conversation
-        parsing_options = converted.parsing_options
-        if not self.model.supports_tools:
-            if _declares_tools(conversation):
-                raise ApiError(400, f"The model {model_name} does not support tools.")
-            parsing_options.parse_tool_calls = False
-        if not self.model.supports_thinking and conversation.thinking_mode:
-            raise ApiError(400, f"The model {model_name} does not support thinking.")
         prompt_token_ids = self.model.encode(conversation)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
         request_id = str(uuid.uuid4())
@@ -228,6 +216,31 @@ class Frontend:
             inference,
             unenforced_keywords=unenforced,
         )
+
+    def convert(
+        self, route: Route, body: bytes | str
+    ) -> tuple[str, ConversationRequest, ParsingOptions]:
+        """Parse and convert a body for the served model: its model name, the converted
+        request and the parsing options to read the output with.
+
+        Raises `ApiError` for unreadable bodies and what the model cannot do, and
+        `ConversionError` for requests the recipe refuses.
+        """
+        try:
+            request = route.request_type(body)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        model_name = request.model
+        converted = request.convert(self.model.conversion_options)
+        conversation = converted.conversation
+        parsing_options = converted.parsing_options
+        if not self.model.supports_tools:
+            if _declares_tools(conversation):
+                raise ApiError(400, f"The model {model_name} does not support tools.")
+            parsing_options.parse_tool_calls = False
+        if not self.model.supports_thinking and conversation.thinking_mode:
+            raise ApiError(400, f"The model {model_name} does not support thinking.")
+        return model_name, converted, parsing_options
 
     def count_tokens(self, body: bytes) -> int:
         """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""

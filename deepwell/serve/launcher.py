@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         api_keys=tuple(args.api_key),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        playground=not args.no_playground,
     )
     try:
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))

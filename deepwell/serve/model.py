@@ -21,6 +21,8 @@ from deepwell.recipe import (
 )
 from deepwell.serve.messages import ModelInfo
 
+PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatMLEncoding
+
 # Without a tokenizer `--mock` counts prompts as 0 tokens; DeepSeek V4's context then only
 # bounds max_tokens.
 MOCK_CONTEXT_LIMIT = 1_048_576
@@ -43,6 +45,9 @@ class ServedModel:
     supports_tools: bool = True
     supports_thinking: bool = True
     tool_call_grammar: Callable[[Sequence[ToolDefinition]], str] | None = None
+    # The encoding behind `encoder` (the playground shows its rendered prompts); None under
+    # `--mock`, where each request's model version picks a DeepSeek encoding.
+    encoding: PromptEncoding | None = None
 
     def encode(self, conversation: Conversation) -> list[int]:
         return self.encoder(conversation) if self.encoder is not None else []
@@ -89,6 +94,7 @@ def served_model(info: ModelInfo) -> ServedModel:
             tokenizer=tokenizer,
             stop_token_ids=stop,
             tool_call_grammar=encoding.tool_call_grammar,
+            encoding=encoding,
         )
     if info.chat_template is None:
         raise UnsupportedModel(f"model {info.name} has no chat template")
@@ -117,5 +123,6 @@ def served_model(info: ModelInfo) -> ServedModel:
         tokenizer=tokenizer,
         stop_token_ids=stop,
         supports_tools=False,
+        encoding=encoding,
         supports_thinking=False,
     )

@@ -23,6 +23,8 @@ class ServeSettings:
     # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
     max_pending_requests: int = 1024
     retry_after_seconds: int = 1
+    # Serve the static page at /playground (its API calls still need a key).
+    playground: bool = True
 
 
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -58,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
+    )
+    parser.add_argument(
+        "--no-playground",
+        action="store_true",
+        help="do not serve the browser playground at /playground",
     )
     defaults = ServeSettings()
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
