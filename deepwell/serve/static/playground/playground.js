@@ -57,7 +57,7 @@ async function loadModels() {
   const response = await fetch("/v1/models", { headers: headers() });
   const data = await response.json();
   if (!response.ok) {
-    setStatus(errorMessage(data));
+    setStatus(`${response.status}: ${errorMessage(data)}`);
     return;
   }
   const select = $("#model");
@@ -198,6 +198,7 @@ async function sendChat() {
     messages: history,
     stream: true,
     max_tokens: Number($("#chat-max-tokens").value) || 128,
+    temperature: Number($("#chat-temperature").value),
     thinking: { type: $("#chat-thinking").checked ? "enabled" : "disabled" },
   };
   const tools = $("#chat-tools").value.trim();
