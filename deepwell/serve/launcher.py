@@ -160,9 +160,10 @@ async def _announce(server: uvicorn.Server, model: ServedModel, args: argparse.N
         '"temperature": 0}'
     )
     auth = ' -H "Authorization: Bearer $DEEPWELL_API_KEY"' if args.api_key else ""
+    playground = "" if args.no_playground else f"\nOr open http://{host}:{args.port}/playground"
     print(
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"
-        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}",
+        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}",
         flush=True,
     )
