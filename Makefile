@@ -31,9 +31,11 @@ run: $(VENV)/.run-deps
 
 # The browser tests drive Debian's chromium (Playwright never downloads a browser): install
 # it where this can (root with apt-get); otherwise, or if that fails, those tests skip.
+# fonts-droid-fallback draws DeepSeek's fullwidth ｜ in the tests' screenshots.
 browser:
 	-@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium fonts-droid-fallback; } >/dev/null 2>&1; } \
 		|| echo "chromium is not installed: the browser tests will skip"
 
 test: $(VENV)/.test-deps browser

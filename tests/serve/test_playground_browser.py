@@ -99,7 +99,7 @@ def test_prompt_view_highlights_control_tokens_and_ids_as_the_server_tokenizes(k
     typed = f"Is {TYPED[kind]} a turn? No, I typed it."
     body = {"model": server.model, "messages": [{"role": "user", "content": typed}]}
     open_playground(page, server.base_url, "prompt")
-    page.fill("#request", json.dumps(body))
+    page.fill("#request", json.dumps(body, ensure_ascii=False))
     page.click("#render")
     page.wait_for_selector("#prompt .seg")
     screenshot(page, f"prompt-{kind}")
@@ -137,7 +137,7 @@ def test_prompt_view_highlights_control_tokens_and_ids_as_the_server_tokenizes(k
 def test_output_view_shows_each_dialects_chunks_and_the_accumulated_response(mock_server, page):
     body = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "2+2?"}]}
     open_playground(page, mock_server.base_url, "output")
-    page.fill("#request", json.dumps(body))
+    page.fill("#request", json.dumps(body, ensure_ascii=False))
     page.fill("#output-text", "Add them.</think>2 + 2 = 4.")
     page.click("#replay")
     page.wait_for_function("document.querySelector('#replay-messages .response').textContent")
