@@ -86,15 +86,6 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def run_bench(engine_args: EngineArgs, config: BenchConfig, progress: bool = True) -> BenchResult:
     core = EngineCore(dataclasses.replace(engine_args, max_num_seqs=config.decode_num_requests))
-    try:
-        return run_workload(core, config, progress)
-    finally:
-        core.close()
-
-
-def run_workload(core: EngineCore, config: BenchConfig, progress: bool = True) -> BenchResult:
-    """Run one workload on a built core (whose `max_num_seqs` bounds the requests decoding
-    at once); the core stays open, so a sweep loads the model once."""
     requests = random_requests(config, core.vocab_size)
     # Warm up allocator and kernels outside the measurement.
     core.add_request("warmup", requests[0][0][:16], SamplingParams(max_tokens=4, temperature=0))
@@ -126,8 +117,8 @@ def run_workload(core: EngineCore, config: BenchConfig, progress: bool = True) -
                     finished[output.request_id] = now
                     bar.update(1)
     elapsed = time.perf_counter() - start
-    after = core.stats()
-    spec = after.spec
+    core.close()
+    spec = core.stats().spec
 
     prompt_tokens = sum(len(p) for p, _ in requests)
     output_tokens = sum(n for _, n in requests)
@@ -154,8 +145,8 @@ def run_workload(core: EngineCore, config: BenchConfig, progress: bool = True) -
         ttft_ms=percentiles(ttft),
         tpot_ms=percentiles(tpot),
         peak_rss_mib=peak_rss_mib,
-        num_preemptions=after.num_preemptions - before.num_preemptions,
-        prefix_hit_rate=_hit_rate(before, after),
+        num_preemptions=core.num_preemptions,
+        prefix_hit_rate=_hit_rate(before, core.stats()),
         spec_accept_rate=spec.accept_rate,
         spec_position_accept_rates=spec.position_accept_rates,
         spec_tokens_per_decode=spec.tokens_per_decode,

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from deepwell import engine_defaults
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.bench import BenchConfig, run_workload
+from deepwell.engine.bench import BenchConfig, random_requests
 from deepwell.engine.core import EngineCore
 from deepwell.engine.sampling_params import SamplingParams
 
@@ -71,16 +71,18 @@ class MachineFacts:
 
 @dataclass(frozen=True)
 class DecodePoint:
-    """`concurrency` requests decoding together."""
+    """`concurrency` requests sent together and decoding together."""
 
     concurrency: int
-    # Output tokens of decode-only steps per second of those steps: the process's rate.
+    # Output tokens per second of the decode window (all requests decoding, no prefill):
+    # the process's rate.
     decode_tok_s: float
-    # What one user sees: 1 / mean time per output token after the first.
+    # What one user sees in that window: decode_tok_s / concurrency.
     tok_s_per_user: float
+    # All output tokens over the whole point, prefill included.
     output_tok_s: float
     ttft_ms_p50: float
-    tpot_ms_p50: float
+    decode_window_s: float
     elapsed_s: float
 
 
@@ -150,6 +152,7 @@ def run_sweep(
         kv_store_path=None,
     )
     core = EngineCore(args)
+    _warm_up(core)
     total = len(config.concurrency) + len(config.prefill_batch_tokens)
     decode: list[DecodePoint] = []
     prefill: list[PrefillPoint] = []
@@ -177,24 +180,53 @@ def run_sweep(
 
 
 def _decode_point(core: EngineCore, config: SweepConfig, concurrency: int) -> DecodePoint:
+    """Send `concurrency` requests at once; measure decode from the step that gave the last
+    of them its first token to the end, so no prefill work is in the window and every
+    request decodes throughout it (equal output lengths)."""
     workload = BenchConfig(
         num_requests=concurrency,
         input_len=(config.input_len, config.input_len),
         output_len=(config.output_len, config.output_len),
-        decode_num_requests=concurrency,
         seed=config.seed + concurrency,
     )
-    result = run_workload(core, workload, progress=False)
-    tpot_mean = result.tpot_ms["mean"]
+    start = time.perf_counter()
+    for index, (prompt, output_len) in enumerate(random_requests(workload, core.vocab_size)):
+        params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+        core.add_request(f"decode-{concurrency}-{index}", prompt, params)
+    first_token: dict[str, float] = {}
+    window_start: float | None = None
+    window_tokens = 0
+    while core.has_unfinished():
+        outputs = core.step()
+        now = time.perf_counter()
+        for output in outputs:
+            if window_start is not None:
+                window_tokens += len(output.new_token_ids)
+            elif output.new_token_ids:
+                first_token.setdefault(output.request_id, now)
+        if window_start is None and len(first_token) == concurrency:
+            window_start = now
+    end = time.perf_counter()
+    window = end - window_start if window_start is not None else 0.0
+    decode_tok_s = window_tokens / window if window > 0 else 0.0
+    ttft_ms = sorted((t - start) * 1e3 for t in first_token.values())
     return DecodePoint(
         concurrency=concurrency,
-        decode_tok_s=result.decode_tok_s,
-        tok_s_per_user=1000.0 / tpot_mean if tpot_mean else 0.0,
-        output_tok_s=result.output_tok_s,
-        ttft_ms_p50=result.ttft_ms["p50"],
-        tpot_ms_p50=result.tpot_ms["p50"],
-        elapsed_s=result.elapsed_s,
+        decode_tok_s=decode_tok_s,
+        # Every request decodes through the whole window, at the same pace.
+        tok_s_per_user=decode_tok_s / concurrency,
+        output_tok_s=concurrency * config.output_len / (end - start),
+        ttft_ms_p50=statistics.median(ttft_ms),
+        decode_window_s=window,
+        elapsed_s=end - start,
     )
+
+
+def _warm_up(core: EngineCore) -> None:
+    """One short request outside any measurement: allocator and kernels."""
+    core.add_request("warmup", list(range(17, 33)), SamplingParams(max_tokens=4, temperature=0))
+    while core.has_unfinished():
+        core.step()
 
 
 def _prefill_point(core: EngineCore, config: SweepConfig, batch_tokens: int) -> PrefillPoint:
