@@ -170,13 +170,20 @@ def test_output_view_shows_each_dialects_chunks_and_the_accumulated_response(moc
     assert page.locator("#pieces .piece.sent").count() == len(expected["pieces"])
 
 
-def content_updates(page) -> None:
-    """Count how often the assistant's answer changes while it streams."""
+def count_updates(page) -> None:
+    """Count, per part of an assistant turn (reasoning, content, tool-calls), how often it
+    changes while the reply streams: once per delta, not once at the end."""
     page.evaluate(
         """() => {
-        window.updates = 0;
-        new MutationObserver(() => window.updates++).observe(
-            document.querySelector('#chat-log'), {subtree: true, characterData: true, childList: true});
+        window.updates = {};
+        new MutationObserver((records) => {
+            for (const record of records) {
+                const target = record.target;
+                if (target.parentElement && target.parentElement.classList.contains('assistant')) {
+                    window.updates[target.className] = (window.updates[target.className] || 0) + 1;
+                }
+            }
+        }).observe(document.querySelector('#chat-log'), {subtree: true, childList: true});
     }"""
     )
 
@@ -205,7 +212,7 @@ def test_chat_view_streams_the_embedded_models_greedy_reply(model_server, page):
     open_playground(page, model_server.base_url, "chat")
     page.fill("#chat-temperature", "0")
     page.fill("#chat-max-tokens", "24")
-    content_updates(page)
+    count_updates(page)
     shown = send_chat(page, "What is the capital of France?")
     screenshot(page, "chat-model")
     reply = httpx.post(
@@ -220,8 +227,8 @@ def test_chat_view_streams_the_embedded_models_greedy_reply(model_server, page):
         timeout=120,
     ).json()
     assert shown["content"] == reply["choices"][0]["message"]["content"].strip() != ""
-    # The answer grew piece by piece, not in one final update.
-    assert page.evaluate("window.updates") > 3
+    # The answer grew delta by delta, not in one final update.
+    assert page.evaluate("window.updates")["content"] >= 3
 
 
 # The DSML block of a V4.1 tool call (deepwell/recipe/encoding/deepseek.py).
@@ -274,14 +281,15 @@ def test_chat_view_shows_reasoning_content_and_tool_calls_as_they_stream(scripte
         }
     ]
     page.fill("#chat-tools", json.dumps(tools))
-    content_updates(page)
+    count_updates(page)
     shown = send_chat(page, "Add 2.")
     screenshot(page, "chat-tools")
     assert shown["reasoning"] == "Two numbers."
     assert shown["content"] == "Let me add."
     assert shown["tool_calls"] == 'add({"a": 2})'
     assert "finish: tool_calls" in shown["finish"]
-    assert page.evaluate("window.updates") >= len(SCRIPT)
+    updates = page.evaluate("window.updates")
+    assert updates["reasoning"] == 2 and updates["content"] == 2 and updates["tool-calls"] >= 1
 
 
 def test_the_page_sends_the_key_typed_into_it(tmp_path, page):
