@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments
+from deepwell.engine_options import add_engine_arguments, yoco_overrides
 from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 
 
@@ -204,6 +204,49 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _configure_drain(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("worker", type=int, help="the worker's id (see GET /admin/workers)")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the serving front end")
+    parser.add_argument("--api-key", help="one of the server's --api-key values")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the drain"
+    )
+
+
+def _run_drain(args: argparse.Namespace) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = f"{args.url.rstrip('/')}/admin/workers/{args.worker}/drain"
+    try:
+        response = httpx.post(url, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as error:
+        print(f"deepwell drain: {error}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"deepwell drain: {response.json()['error']['message']}", file=sys.stderr)
+        return 1
+    result = response.json()
+    print(
+        f"worker {result['worker_id']} drained: {result['finished']} requests finished on it, "
+        f"{result['migrated']} moved; the others are at "
+        f"{result['remaining_utilisation']:.0%} utilisation"
+    )
+    return 0
+
+
+def _configure_worker(parser: argparse.ArgumentParser) -> None:
+    from deepwell.serve.cluster.remote_worker import configure
+
+    configure(parser)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from deepwell.serve.cluster.remote_worker import run
+
+    return run(args)
+
+
 # --- generate ---
 
 
@@ -238,8 +281,10 @@ def _engine_args(args: argparse.Namespace, **overrides):
         kv_store_path=args.kv_store,
         batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
         num_speculative_tokens=args.num_speculative_tokens,
+        speculative_method=args.speculative_method,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        **yoco_overrides(args),
         **overrides,
     )
 
@@ -307,8 +352,9 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
     models through their own encoding (token ids, thinking off), others through their
     chat template; None when the model has neither."""
     from deepwell.recipe import (
-        ChatMLEncoding,
+        ChatTemplateEncoding,
         Conversation,
+        ConversionError,
         DeepseekV4Encoding,
         DeepseekV41Encoding,
         Tokenizer,
@@ -319,14 +365,23 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
         "DeepseekV4ForCausalLM": DeepseekV4Encoding,
         "DeepseekV41ForCausalLM": DeepseekV41Encoding,
     }.get(llm.core.architecture)
+    tokenizer = Tokenizer.from_str(llm.tokenizer.to_str())
+    conversation = Conversation([UserMessage(message)], thinking_mode=False)
     if deepseek is not None:
-        encoding = deepseek().with_tokenizer(Tokenizer.from_str(llm.tokenizer.to_str()))
-        return encoding.encode(Conversation([UserMessage(message)], thinking_mode=False)), []
+        return deepseek().with_tokenizer(tokenizer).encode(conversation), []
     if llm.core.chat_template is None:
         return None, []
-    encoding = ChatMLEncoding.from_chat_template(llm.core.chat_template)
-    prompt = encoding.render_conversation(Conversation([UserMessage(message)])).prompt
-    return prompt, [llm.tokenizer.token_to_id(token) for token in encoding.stop_tokens]
+    bos = llm.core.bos_token_id
+    encoding = ChatTemplateEncoding(
+        llm.core.chat_template,
+        bos_token="" if bos is None else tokenizer.decode([bos]),
+        eos_token=tokenizer.decode(sorted(llm.core.eos_token_ids)[:1]),
+    ).with_tokenizer(tokenizer)
+    try:
+        prompt = encoding.encode(conversation)
+    except ConversionError as error:
+        raise ValueError(error.message) from None
+    return prompt, [tokenizer.special_token_id(token) for token in encoding.stop_tokens]
 
 
 # --- bench ---
@@ -588,6 +643,19 @@ COMMANDS: list[Command] = [
         "serve a model over HTTP: OpenAI Chat Completions and Responses, Anthropic Messages",
         _configure_serve,
         _run_serve,
+    ),
+    Command(
+        "worker",
+        "run an engine worker that joins a `deepwell serve --worker-address` front end",
+        _configure_worker,
+        _run_worker,
+    ),
+    Command(
+        "drain",
+        "take a worker of a running `deepwell serve --workers N` out of service, if the "
+        "others can carry its load",
+        _configure_drain,
+        _run_drain,
     ),
     Command(
         "render",

@@ -4,6 +4,17 @@ Free of torch imports (beside `engine_options.py`, not inside `deepwell.engine`,
 package imports torch), so the HTTP process reads them without loading the engine.
 """
 
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 # What each one means: the `EngineArgs` field of the same name (engine/args.py).
 # They follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
 DTYPES = ("bfloat16", "float32")
@@ -18,9 +29,19 @@ KV_STORE_CAPACITY_GIB = 100.0
 KV_STORE_TTL_CHAT_S = 7 * 86400.0
 KV_STORE_TTL_AGENT_S = 3 * 86400.0
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
-NUM_SPECULATIVE_TOKENS = 5
+# DeepInfer's DEEPINFER_USE_NEXTN_DECODE (spec/deepinfer.md §1.4), mirrored.
+NUM_SPECULATIVE_TOKENS = _env_int("DEEPWELL_USE_NEXTN_DECODE", 5)
+# None: DSpark when the checkpoint has draft stages (`mtp.*`), n-gram lookup otherwise.
+SPECULATIVE_METHODS = ("ngram", "dspark")
+SPECULATIVE_METHOD = None
 ASYNC_SCHEDULING = True
 QUANTIZE_KV_CACHE = True
+# SWA bounded replay of DeepSeek-V4.1's YOCO consumer layers (DeepInfer's
+# DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE / _KEEP_TOKENS, spec/deepinfer.md §1.4, §1.6):
+# off is exact; 140 is DeepInfer's README keep (window 128 + backtracking 6, and margin).
+YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
+YOCO_PREFILL_TRUNCATION_MODE = "off"
+YOCO_PREFILL_KEEP_TOKENS = 140
 # `deepwell bench --sweep`: chosen so that the sweep of the embedded SmolLM2 finishes in a few
 # minutes on a shared 2-core machine (docs/benchmarks.md); larger machines pass their own.
 SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -52,8 +52,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens",
         type=int,
         default=defaults.NUM_SPECULATIVE_TOKENS,
-        help="n-gram draft tokens verified per request and step; 0 turns speculative "
-        f"decoding off (default: {defaults.NUM_SPECULATIVE_TOKENS})",
+        help="draft tokens verified per request and step; 0 turns speculative decoding off "
+        f"(default: DEEPWELL_USE_NEXTN_DECODE or 5, now {defaults.NUM_SPECULATIVE_TOKENS})",
+    )
+    parser.add_argument(
+        "--speculative-method",
+        choices=defaults.SPECULATIVE_METHODS,
+        default=defaults.SPECULATIVE_METHOD,
+        help="drafter: n-gram prompt lookup, or DeepSeek-V4.1's DSpark stages "
+        "(default: dspark when the checkpoint has them, else ngram)",
     )
     parser.add_argument(
         "--no-async-scheduling",
@@ -67,4 +74,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="DeepSeek-V4.1: keep the caches in the engine dtype instead of the fp8/fp4 "
         "formats the model was trained with (for exact comparisons with a reference)",
     )
+    parser.add_argument(
+        "--yoco-prefill-truncation-mode",
+        choices=defaults.YOCO_TRUNCATION_MODES,
+        help="DeepSeek-V4.1 SWA bounded replay: off (exact), mask or compact (the consumer "
+        "layers' window sees only the last --yoco-prefill-keep-tokens prompt positions) "
+        "(default: DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE or "
+        f"{defaults.YOCO_PREFILL_TRUNCATION_MODE})",
+    )
+    parser.add_argument(
+        "--yoco-prefill-keep-tokens",
+        type=int,
+        help="prompt positions the consumer layers keep in mask/compact mode; at least the "
+        "window plus the backtracking rows (default: DEEPWELL_YOCO_PREFILL_KEEP_TOKENS or "
+        f"{defaults.YOCO_PREFILL_KEEP_TOKENS})",
+    )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+
+
+def yoco_overrides(args: argparse.Namespace) -> dict[str, str | int]:
+    """The bounded-replay flags that were given; the others keep EngineArgs' environment
+    defaults (DEEPWELL_YOCO_PREFILL_*)."""
+    given = {
+        "yoco_prefill_truncation_mode": args.yoco_prefill_truncation_mode,
+        "yoco_prefill_keep_tokens": args.yoco_prefill_keep_tokens,
+    }
+    return {name: value for name, value in given.items() if value is not None}

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from deepwell.cli import _engine_args, build_parser
 from deepwell.engine import EngineArgs
 from deepwell.serve.messages import WorkerConfig
@@ -57,6 +59,26 @@ def test_generate_and_bench_options_default_to_engine_args() -> None:
         assert _engine_args(parser.parse_args(command)) == EngineArgs()
 
 
+def test_bounded_replay_flags_reach_engine_args_and_override_the_environment(
+    monkeypatch,
+) -> None:
+    monkeypatch.setenv("DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE", "mask")
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["bench"])).yoco_prefill_truncation_mode == "mask"
+    flags = ["--yoco-prefill-truncation-mode", "compact", "--yoco-prefill-keep-tokens", "150"]
+    for command in (["bench", *flags], ["generate", "hello", *flags]):
+        args = _engine_args(parser.parse_args(command))
+        assert (args.yoco_prefill_truncation_mode, args.yoco_prefill_keep_tokens) == (
+            "compact",
+            150,
+        )
+    served = parser.parse_args(["serve", *flags])
+    assert (served.yoco_prefill_truncation_mode, served.yoco_prefill_keep_tokens) == (
+        "compact",
+        150,
+    )
+
+
 def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     args = build_parser().parse_args(["serve"])
     engine = EngineArgs()
@@ -83,7 +105,47 @@ def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     shared = {f.name for f in dataclasses.fields(WorkerConfig)} & {
         f.name for f in dataclasses.fields(EngineArgs)
     }
-    shared -= {"max_model_len", "batch_invariant"}  # None / the environment switch
+    # None / the environment switches (DEEPWELL_BATCH_INVARIANT, DEEPWELL_YOCO_PREFILL_*)
+    shared -= {
+        "max_model_len",
+        "batch_invariant",
+        "yoco_prefill_truncation_mode",
+        "yoco_prefill_keep_tokens",
+    }
     assert {name: getattr(config, name) for name in shared} == {
         name: getattr(engine, name) for name in shared
     }
+
+
+def _default_draft_tokens(value: str) -> subprocess.CompletedProcess:
+    code = "from deepwell import engine_defaults; print(engine_defaults.NUM_SPECULATIVE_TOKENS)"
+    env = {"PATH": "", "DEEPWELL_USE_NEXTN_DECODE": value}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_use_nextn_decode_sets_the_default_draft_length() -> None:
+    assert _default_draft_tokens("3").stdout.strip() == "3"
+    assert _default_draft_tokens("").stdout.strip() == "5"
+    refused = _default_draft_tokens("five")
+    assert refused.returncode != 0
+    assert "DEEPWELL_USE_NEXTN_DECODE must be an integer" in refused.stderr
+
+
+def test_confidence_head_temperature_reads_one_or_per_position_floats(monkeypatch) -> None:
+    name = "DEEPWELL_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"
+    assert EngineArgs().dspark_confidence_temperature == (1.0,)
+    monkeypatch.setenv(name, "0.5,1,2")
+    assert EngineArgs().dspark_confidence_temperature == (0.5, 1.0, 2.0)
+    monkeypatch.setenv(name, "warm")
+    with pytest.raises(ValueError, match=name):
+        EngineArgs()
+    monkeypatch.setenv(name, "0")
+    with pytest.raises(ValueError, match="dspark_confidence_temperature must be positive"):
+        EngineArgs()
+
+
+def test_an_unknown_speculative_method_is_refused() -> None:
+    with pytest.raises(ValueError, match="speculative_method must be one of"):
+        EngineArgs(speculative_method="medusa")

@@ -13,9 +13,28 @@ from deepwell import engine_defaults as defaults
 DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES}
 
 
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 def env_flag(name: str) -> bool:
     """DeepInfer's reading of a boolean switch: set and not "0", "false" or "False"."""
     return os.environ.get(name, "") not in ("", "0", "false", "False")
+
+
+def env_floats(name: str, default: str) -> tuple[float, ...]:
+    """A float or a comma-separated list of floats (DeepInfer's per-position switches)."""
+    value = os.environ.get(name, "") or default
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a float or a comma list of floats, got {value!r}"
+        ) from None
 
 
 @dataclass
@@ -51,9 +70,17 @@ class EngineArgs:
     # A request's logits are bitwise the same whatever its batch, neighbours and prefill
     # chunking (layers/batch_invariant.py); costs throughput. Default: DEEPWELL_BATCH_INVARIANT.
     batch_invariant: bool = field(default_factory=lambda: env_flag("DEEPWELL_BATCH_INVARIANT"))
-    # Draft tokens per request and step (n-gram lookup, verified losslessly); 0 turns
-    # speculative decoding off.
+    # Draft tokens per request and step, verified losslessly; 0 turns speculative decoding
+    # off. Default: DEEPWELL_USE_NEXTN_DECODE, else 5.
     num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
+    # "ngram" (prompt lookup) or "dspark" (DeepSeek-V4.1's draft stages); None picks dspark
+    # when the checkpoint has them.
+    speculative_method: str | None = defaults.SPECULATIVE_METHOD
+    # Temperature of DSpark's confidence head, one for all positions or one per position
+    # (DeepInfer's DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE, spec/deepinfer.md §1.4).
+    dspark_confidence_temperature: tuple[float, ...] = field(
+        default_factory=lambda: env_floats("DEEPWELL_DFLASH_CONFIDENCE_HEAD_TEMPERATURE", "1.0")
+    )
     # Schedule step N+1 and hand back step N's tokens while step N+1 computes (core.py);
     # outputs are the same either way.
     async_scheduling: bool = defaults.ASYNC_SCHEDULING
@@ -61,6 +88,21 @@ class EngineArgs:
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
     quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1 SWA bounded replay (kv/replay.py): "off" runs every layer over every
+    # position (exact); "mask" and "compact" let the YOCO consumer layers see only the last
+    # `yoco_prefill_keep_tokens` prompt positions through their window ("compact" also skips
+    # their rows before that). Defaults: DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE and
+    # DEEPWELL_YOCO_PREFILL_KEEP_TOKENS, DeepInfer's DEEPINFER_YOCO_PREFILL_* switches.
+    yoco_prefill_truncation_mode: str = field(
+        default_factory=lambda: os.environ.get(
+            "DEEPWELL_YOCO_PREFILL_TRUNCATION_MODE", defaults.YOCO_PREFILL_TRUNCATION_MODE
+        )
+    )
+    yoco_prefill_keep_tokens: int = field(
+        default_factory=lambda: env_int(
+            "DEEPWELL_YOCO_PREFILL_KEEP_TOKENS", defaults.YOCO_PREFILL_KEEP_TOKENS
+        )
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -82,6 +124,27 @@ class EngineArgs:
         if self.num_speculative_tokens < 0:
             raise ValueError(
                 f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if self.yoco_prefill_truncation_mode not in defaults.YOCO_TRUNCATION_MODES:
+            raise ValueError(
+                "yoco_prefill_truncation_mode must be one of "
+                f"{defaults.YOCO_TRUNCATION_MODES}, got {self.yoco_prefill_truncation_mode!r}"
+            )
+        if self.yoco_prefill_keep_tokens <= 0:
+            raise ValueError(
+                f"yoco_prefill_keep_tokens must be positive, got {self.yoco_prefill_keep_tokens}"
+            )
+        if self.speculative_method not in (None, *defaults.SPECULATIVE_METHODS):
+            raise ValueError(
+                f"speculative_method must be one of {defaults.SPECULATIVE_METHODS}, "
+                f"got {self.speculative_method!r}"
+            )
+        if not self.dspark_confidence_temperature or any(
+            t <= 0 for t in self.dspark_confidence_temperature
+        ):
+            raise ValueError(
+                "dspark_confidence_temperature must be positive, got "
+                f"{self.dspark_confidence_temperature}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")

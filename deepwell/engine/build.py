@@ -18,7 +18,9 @@ from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.layout import KVLayout
 from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.kv.prefix import fingerprint
+from deepwell.engine.kv.replay import BoundedReplay, TruncationMode
 from deepwell.engine.kv.slot_pool import num_slots_for
+from deepwell.engine.kv.snapshots import SNAPSHOTS_PER_SLOT, RingSnapshots, snapshot_parts
 from deepwell.engine.kv.store_io import open_store
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention, tile_linears
 from deepwell.engine.layers.packed_linear import pack_linears
@@ -37,6 +39,8 @@ class BuiltEngine:
     # The model class's own config (e.g. LlamaConfig).
     model_config: Any
     layout: KVLayout
+    # How far the YOCO consumer layers' window reaches (kv/replay.py).
+    replay: BoundedReplay
     kv_cache: KVCache
     # Blocks, slots, prefix keys (rooted in the checkpoint's fingerprint) and the KV store.
     kv: KVCacheManager
@@ -45,21 +49,27 @@ class BuiltEngine:
     model_name: str
     architecture: str
     eos_token_ids: frozenset[int]
+    # For chat templates that write `bos_token` (the HTTP process renders them).
+    bos_token_id: int | None
     # The context limit: the configured one, capped at the model's.
     max_model_len: int
     vocab_size: int
+    # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
+    speculative_method: str | None = None
 
 
 def build_engine(args: EngineArgs) -> BuiltEngine:
     """Load the checkpoint, build its model, plan and allocate its KV cache."""
     started = time.monotonic()
     checkpoint = load_checkpoint(args.model)
+    method = _speculative_method(args, checkpoint.tensors)
     model = build_model(
         checkpoint,
         ModelOptions(
             dtype=args.torch_dtype,
             backend_class=BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
             quantize_kv_cache=args.quantize_kv_cache,
+            dspark=method == "dspark",
         ),
     )
     model.load_weights(checkpoint.tensors)
@@ -76,6 +86,15 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         # Rings and state slots are read by the model's own layers, outside these kernels.
         raise ValueError("batch-invariant mode covers models with paged KV only")
     num_slots = num_slots_for(args.max_num_seqs)
+    replay = BoundedReplay(
+        TruncationMode(args.yoco_prefill_truncation_mode), args.yoco_prefill_keep_tokens
+    )
+    replay.check(layout)
+    snapshots = None
+    if args.enable_prefix_caching and layout.ring_snapshots:
+        layout = layout.with_snapshot_rows(args.block_size)
+        parts = snapshot_parts(layout, replay, args.block_size, args.torch_dtype)
+        snapshots = RingSnapshots(parts, SNAPSHOTS_PER_SLOT * num_slots)
     num_blocks = args.num_kv_blocks or plan_num_blocks(
         layout,
         memory_gib=args.memory_gib,
@@ -84,6 +103,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         num_slots=num_slots,
         dtype=args.torch_dtype,
         max_model_len=max_model_len,
+        reserved_bytes=0 if snapshots is None else snapshots.capacity * snapshots.snapshot_bytes,
     )
     if num_blocks * args.block_size < max_model_len:
         raise MemoryBudgetError(
@@ -101,8 +121,19 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
             args.block_size,
             args.torch_dtype,
         )
-    store = open_store(args, root_key, kv_cache)
-    kv = KVCacheManager(layout, num_blocks, args.block_size, num_slots, root_key, kv_cache, store)
+    parts = None if snapshots is None else snapshots.parts
+    store = open_store(args, root_key, kv_cache, parts)
+    kv = KVCacheManager(
+        layout,
+        num_blocks,
+        args.block_size,
+        num_slots,
+        root_key,
+        kv_cache,
+        store,
+        replay,
+        snapshots,
+    )
     logger.info(
         "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
         checkpoint.path.name,
@@ -116,6 +147,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         model=model,
         model_config=model.config,
         layout=layout,
+        replay=replay,
         kv_cache=kv_cache,
         kv=kv,
         tokenizer=checkpoint.tokenizer,
@@ -123,9 +155,26 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         model_name=checkpoint.name,
         architecture=checkpoint.architecture,
         eos_token_ids=frozenset(model.config.eos_token_ids),
+        bos_token_id=checkpoint.hf_config.get("bos_token_id"),
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
+        speculative_method=method,
     )
+
+
+def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None:
+    """The drafter: the one asked for, else DSpark where the checkpoint has draft stages."""
+    # Verify lengths follow measured step times, so they vary with load: batch-invariant
+    # mode does not speculate (DeepInfer likewise needs MTP_VARLEN off, spec/deepinfer.md §1.6).
+    if not args.num_speculative_tokens or args.batch_invariant:
+        return None
+    has_stages = any(name.startswith("mtp.") for name in tensors)
+    if args.speculative_method == "dspark" and not has_stages:
+        raise ValueError(
+            "speculative_method 'dspark' needs a DeepSeek-V4.1 checkpoint with its draft "
+            "stages (mtp.*); use 'ngram'"
+        )
+    return args.speculative_method or ("dspark" if has_stages else "ngram")
 
 
 def _model_bytes(model: nn.Module) -> int:

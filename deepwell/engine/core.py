@@ -24,6 +24,8 @@ from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
 from deepwell.engine.speculative import SpecStats, Speculator
 from deepwell.engine.speculative.cadence import DraftCadence
+from deepwell.engine.speculative.dspark import DSparkDrafter
+from deepwell.engine.speculative.ngram import NgramDrafter
 
 # An idle step loop whose waiting requests all read the KV store sleeps at most this long.
 _LOAD_POLL_S = 0.005
@@ -65,24 +67,28 @@ class EngineCore:
         self.chat_template = built.chat_template
         self.vocab_size = built.vocab_size
         self.eos_token_ids = built.eos_token_ids
+        self.bos_token_id = built.bos_token_id
         self.max_model_len = built.max_model_len
         self.kv = built.kv
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         self.runner = ModelRunner(
-            built.model, built.kv_cache, args.block_size, args.batch_invariant, built.layout
+            built.model,
+            built.kv_cache,
+            args.block_size,
+            args.batch_invariant,
+            built.layout,
+            built.replay,
+            built.kv.snapshots,
         )
-        # Rollback overwrites rejected positions later; a sliding-window ring or state
-        # slot would need its entries restored, so speculation runs on paged layouts only.
-        # Verify lengths follow measured step times, so they vary with load: a seeded
-        # request would not replay exactly, and batch-invariant mode does not speculate
-        # (DeepInfer likewise needs MTP_VARLEN off for determinism, spec/deepinfer.md §1.6).
-        self.speculator = (
-            Speculator(args.num_speculative_tokens)
-            if args.num_speculative_tokens
-            and not built.layout.needs_slots
-            and not args.batch_invariant
-            else None
-        )
+        self.speculator = None
+        if built.speculative_method is not None:
+            drafter = (
+                DSparkDrafter(built.model, built.kv_cache, args.dspark_confidence_temperature)
+                if built.speculative_method == "dspark"
+                else NgramDrafter()
+            )
+            limit = built.layout.max_draft_tokens(args.num_speculative_tokens)
+            self.speculator = Speculator(min(limit, drafter.max_tokens or limit), drafter)
         self.draft_cadence = DraftCadence()
         # Unfinished requests by id: intake adds them; the pipeline, or an abort, ends them.
         self.requests: dict[str, Request] = {}

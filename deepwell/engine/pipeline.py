@@ -184,15 +184,17 @@ class StepPipeline:
         """Append a finished step's tokens, check stops, and make its KV findable."""
         outputs = []
         samples = iter(zip(*sampled, strict=True))
+        snapshots = launched.prepared.snapshots
         for chunk in launched.prepared.chunks:
             request = chunk.request
+            snapshot = snapshots.get(request.request_id) if snapshots else None
             # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
             computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
             new_tokens, token_logprobs = next(samples) if chunk.completes else ([], None)
             # A prefill chunk, or a request aborted or ended while the step computed.
             if not chunk.completes or request.status is RequestStatus.FINISHED:
                 if request.block_ids:
-                    self.kv.commit(request, computed)
+                    self.kv.commit(request, computed, snapshot)
                 continue
             request.num_pending_tokens -= 1
             if self.speculator is not None and chunk.num_tokens == 1:
@@ -209,7 +211,7 @@ class StepPipeline:
             accepted = len(appended) - 1
             request.num_computed_tokens += accepted
             if request.block_ids:
-                self.kv.commit(request, computed + accepted)
+                self.kv.commit(request, computed + accepted, snapshot)
             new_logprobs = [] if token_logprobs is None else [token_logprobs]
             request.logprobs += new_logprobs
             if request.finish_reason is not None:

@@ -53,10 +53,15 @@ class Request:
     num_committed_blocks: int = 0
     # Tokens the last admission took from the prefix cache instead of computing them.
     num_cached_tokens: int = 0
+    # First position the YOCO consumer layers' window sees (kv/replay.py), set at admission;
+    # 0 when exact.
+    replay_start: int = 0
     # Blocks the KV store had for this prompt, by key: each a list of tensors, one per
     # paged spec and layer (KVCache.read_blocks order). Copied into the cache on admission.
     stored_blocks: dict[bytes, list[torch.Tensor]] = field(default_factory=dict)
-    # The store read of stored_blocks, until admission collects it.
+    # The ring snapshot the KV store had at the end of those blocks (at most one), by key.
+    stored_snapshots: dict[bytes, list[torch.Tensor]] = field(default_factory=dict)
+    # The store read of stored_blocks and stored_snapshots, until admission collects it.
     store_load: Future | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -66,6 +71,9 @@ class Request:
     # Draft tokens to verify after the last token in the next step (speculative/); never
     # part of token_ids, so prefix keys and the counter cover accepted tokens only.
     draft_token_ids: list[int] = field(default_factory=list)
+    # [len(draft_token_ids), vocab]: the distributions the draft tokens were drawn from
+    # (DSpark on a sampled request); None for point-mass drafts.
+    draft_probs: torch.Tensor | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_preemptions: int = 0
     first_token_time: float | None = None

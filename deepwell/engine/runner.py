@@ -6,20 +6,24 @@ rows of a speculative draft. The three stages are separate calls so that the ste
 prepare a step while the one before it computes (core.py).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
+from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
+from deepwell.engine.kv.snapshots import RingSnapshots
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.layers.step_metadata import (
+    CompactPlan,
     SequenceSpan,
     StepMetadata,
     plan_compressed,
     plan_tails,
     plan_windows,
+    split_at_replay_start,
 )
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
@@ -45,6 +49,10 @@ class PreparedStep:
     pending_rows: list[tuple[int, Request]]
     # (row, column) of token-history entries that are a request's pending token.
     pending_history: list[tuple[int, int, Request]]
+    # (request id, slot, block boundary) of each chunk that crosses a boundary, for layouts
+    # with ring snapshots; the forward fills `snapshots` with what it took there.
+    snapshot_points: list[tuple[str, int, int]] = field(default_factory=list)
+    snapshots: dict[str, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -59,11 +67,17 @@ class ModelRunner:
         block_size: int,
         batch_invariant: bool,
         layout: KVLayout,
+        replay: BoundedReplay = EXACT,
+        snapshots: RingSnapshots | None = None,
     ) -> None:
+        """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
+        `snapshots`, every chunk that crosses a block boundary snapshots the rings there."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.layout = layout
+        self.replay = replay
+        self.snapshots = snapshots
         # Earlier token ids each row carries (KVLayout.token_history).
         self.token_history = layout.token_history
         self.full_attention = any(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
@@ -83,6 +97,13 @@ class ModelRunner:
         input_ids, positions, meta, last_rows, pending_rows, pending_history = self._prepare(
             ordered, num_decode_chunks
         )
+        snapshot_points = []
+        if self.snapshots is not None:
+            bs = self.block_size
+            for c in ordered:
+                boundary = (c.start + c.num_tokens) // bs * bs
+                if boundary > c.start and c.request.slot is not None:
+                    snapshot_points.append((c.request.request_id, c.request.slot, boundary))
         completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
         sampling = [(row, c) for row, c in completing if not c.draft]
         verifying = [(row, c) for row, c in completing if c.draft]
@@ -99,6 +120,7 @@ class ModelRunner:
             verifying=[c for _, c in verifying],
             pending_rows=pending_rows,
             pending_history=pending_history,
+            snapshot_points=snapshot_points,
         )
 
     @torch.inference_mode()
@@ -110,6 +132,10 @@ class ModelRunner:
         for row, column, request in step.pending_history:
             step.meta.token_history[row, column] = pending[request.request_id]
         hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
+        for request_id, slot, boundary in step.snapshot_points:
+            # Here, on the compute thread: the next step may overwrite these ring rows.
+            tensors = self.snapshots.capture(self.kv_cache, slot, boundary)
+            step.snapshots[request_id] = (boundary, tensors)
         if not step.logit_rows.numel():
             return None
         return self.model.compute_logits(hidden[step.logit_rows])
@@ -141,7 +167,9 @@ class ModelRunner:
         for chunk in step.verifying:
             num_rows = len(chunk.draft) + 1
             block = logits[offset : offset + num_rows]
-            by_request[id(chunk.request)] = (verify(block, chunk.draft, chunk.request), None)
+            request = chunk.request
+            probs = None if request.draft_probs is None else request.draft_probs[: len(chunk.draft)]
+            by_request[id(request)] = (verify(block, chunk.draft, request, probs), None)
             offset += num_rows
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
@@ -187,7 +215,9 @@ class ModelRunner:
             last_rows.append(row + chunk.num_rows - 1)
             slot = -1 if request.slot is None else request.slot
             table = torch.tensor(blocks[: -(-end // bs)], dtype=torch.long)
-            sequences.append(SequenceSpan(row, chunk.num_rows, start, slot, table))
+            sequences.append(
+                SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
+            )
             if not self.full_attention:
                 continue  # the rest describes paged full attention (AttentionMetadata)
             slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
@@ -285,6 +315,32 @@ class ModelRunner:
         ratios = {s.compress_ratio for s in layout.paged if s.role is CacheRole.COMPRESSED}
         for ratio in sorted(ratios):
             meta.compressed[ratio] = plan_compressed(sequences, ratio, self.block_size)
+        if self.replay.bounded:
+            self._plan_bounded(meta, sorted(ratios))
+
+    def _plan_bounded(self, meta: StepMetadata, ratios: list[int]) -> None:
+        """The YOCO consumer layers' view of a step in a truncation mode: in compact mode
+        the rows they run, otherwise window plans floored at the replay start, where the
+        floor hides some key."""
+        windows = [r for r in self.layout.rings if r.role is CacheRole.WINDOW]
+        sequences = meta.sequences
+        if self.replay.mode is TruncationMode.COMPACT and any(
+            s.start < s.replay_start for s in sequences
+        ):
+            kept, dropped, kept_rows, dropped_rows = split_at_replay_start(sequences)
+            kept_meta, dropped_meta = StepMetadata(kept), StepMetadata(dropped)
+            for ring in windows:
+                kept_meta.windows[ring.name] = plan_windows(kept, ring.window, ring.rows, True)
+            for ratio in ratios:
+                kept_meta.compressed[ratio] = plan_compressed(kept, ratio, self.block_size)
+                dropped_meta.compressed[ratio] = plan_compressed(dropped, ratio, self.block_size)
+            meta.compact = CompactPlan(kept_rows, dropped_rows, kept_meta, dropped_meta)
+            return
+        for ring in windows:
+            if any(s.replay_start > max(0, s.start - ring.window + 1) for s in sequences):
+                meta.bounded_windows[ring.name] = plan_windows(
+                    sequences, ring.window, ring.rows, bounded=True
+                )
 
     def _history(
         self,

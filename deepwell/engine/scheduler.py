@@ -81,6 +81,8 @@ class Scheduler:
                 index += 1  # its pending token is its last
                 continue
             num_tokens = min(request.num_expected_tokens - request.num_computed_tokens, budget)
+            if self.kv.cuts_chunks:
+                num_tokens = self.kv.snapshot_cut(request, request.num_computed_tokens, num_tokens)
             target = request.num_computed_tokens + num_tokens
             draft = request.draft_token_ids[: budget - num_tokens] if num_tokens == 1 else []
             # A draft never preempts anyone: it runs only where blocks are free.
@@ -113,6 +115,8 @@ class Scheduler:
                 index += 1  # its stored prefix is still loading; the next may go first
                 continue
             num_tokens = min(request.num_tokens - hit.num_tokens, budget)
+            if self.kv.cuts_chunks:
+                num_tokens = self.kv.snapshot_cut(request, hit.num_tokens, num_tokens)
             if not self.kv.can_allocate(request, hit.num_tokens + num_tokens, hit):
                 break
             del self.waiting[index]

@@ -31,7 +31,7 @@ from deepwell.recipe.request import ConversationRequest, ResponsesEcho
 
 # --- encoding (prompt rendering, tokenizer) ---
 # isort: split
-from deepwell.recipe.encoding.chatml import ChatMLEncoding
+from deepwell.recipe.encoding.chat_template import ChatTemplateEncoding
 from deepwell.recipe.encoding.prompt import RenderedPrompt
 from deepwell.recipe.encoding.tokenizer import Tokenizer
 from deepwell.recipe.encoding.v4 import DeepseekV4Encoding

@@ -65,6 +65,7 @@ class ParsingOptions:
         "thinking_initial_stage",
         "stop_sequences",
         "special_tokens",
+        "tool_call_format",
     )
 
     def __init__(
@@ -76,6 +77,7 @@ class ParsingOptions:
         thinking_initial_stage: ThinkingInitialStage | None = None,
         stop_sequences: Sequence[str] | None = None,
         special_tokens: SpecialTokens | None = None,
+        tool_call_format: str = "dsml",
     ) -> None:
         self.parse_tool_calls = parse_tool_calls
         self.starts_in_tool_calls = starts_in_tool_calls
@@ -83,6 +85,9 @@ class ParsingOptions:
         self.thinking_initial_stage = thinking_initial_stage
         self.stop_sequences = list(stop_sequences or [])
         self.special_tokens = special_tokens or DEFAULT_SPECIAL_TOKENS
+        # How the model writes tool calls: DeepSeek's DSML blocks, or JSON objects
+        # (`hermes`, `llama3_json`; deepwell's addition for chat-template models).
+        self.tool_call_format = tool_call_format
 
     def copy(self) -> ParsingOptions:
         return ParsingOptions(
@@ -92,4 +97,5 @@ class ParsingOptions:
             thinking_initial_stage=self.thinking_initial_stage,
             stop_sequences=self.stop_sequences,
             special_tokens=self.special_tokens,
+            tool_call_format=self.tool_call_format,
         )

@@ -21,6 +21,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from deepwell.recipe import ConversionError
+from deepwell.serve.cluster.admin import add_admin_routes
+from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.engine_client import EngineClient, InferenceError
 from deepwell.serve.errors import (
     ApiError,
@@ -44,6 +46,7 @@ from deepwell.serve.frontend import (
     mock_infer,
     sse_frame,
 )
+from deepwell.serve.gateway import Gateway, GatewayCollector
 from deepwell.serve.messages import WorkerStats
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
@@ -135,21 +138,28 @@ def create_app(
         )
 
     metrics = ServeMetrics(stats)
+    gateway = Gateway(settings.key_tokens_per_minute)
+    metrics.registry.register(GatewayCollector(gateway))
+    if engine is not None:
+        metrics.registry.register(ClusterCollector(engine.workers, engine.latency))
     frontend = Frontend(model, infer)
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
-    def authorize(request: Request, shape: ErrorShape | None) -> None:
-        """OpenAI routes take `Authorization: Bearer`, Anthropic routes `x-api-key` (or Bearer)."""
+    def authorize(request: Request, shape: ErrorShape | None) -> str | None:
+        """OpenAI routes take `Authorization: Bearer`, Anthropic routes `x-api-key` (or Bearer).
+
+        Returns the key presented, None on a server without keys.
+        """
         if not settings.api_keys:
-            return
+            return None
         bearer = request.headers.get("authorization", "")
         presented = [bearer[7:].strip()] if bearer[:7].lower() == "bearer " else []
         if shape is not ErrorShape.OPENAI:
             presented.append(request.headers.get("x-api-key", ""))
         for key in presented:
             if any(hmac.compare_digest(key.encode(), k.encode()) for k in settings.api_keys):
-                return
+                return key
         header = "Authorization: Bearer" if shape is ErrorShape.OPENAI else "x-api-key"
         raise ApiError(401, f"Invalid or missing API key; pass it in the {header} header.")
 
@@ -169,7 +179,8 @@ def create_app(
     async def generate(route: Route, request: Request) -> Response:
         shape = route.shape
         try:
-            authorize(request, shape)
+            key = authorize(request, shape)
+            gateway.admit(key)
             body = await read_body(request)
             admission.enter()
         except ApiError as error:
@@ -187,10 +198,15 @@ def create_app(
             raise
         timer = RequestTimer(metrics)
         if prepared.converted.stream:
-            return await _stream(prepared, timer)
-        return await _complete(prepared, timer, request)
+            return await _stream(prepared, timer, key)
+        return await _complete(prepared, timer, request, key)
 
-    async def _stream(prepared: PreparedRequest, timer: RequestTimer) -> Response:
+    def bill(key: str | None, prepared: PreparedRequest, timer: RequestTimer) -> None:
+        usage = prepared.prompt_usage
+        prompt, cached = (usage.prompt_tokens, usage.prompt_cache_hit_tokens) if usage else (0, 0)
+        gateway.charge(key, prompt, cached, timer.output_tokens)
+
+    async def _stream(prepared: PreparedRequest, timer: RequestTimer, key: str | None) -> Response:
         route = prepared.route
         sse = frontend.sse(prepared, timer)
         first: list[bytes] = []
@@ -226,10 +242,13 @@ def create_app(
         def on_close(outcome: str) -> None:
             admission.leave()
             timer.finish(route.path, outcome)
+            bill(key, prepared, timer)
 
         return _EventStream(frames(), on_close, _response_headers(prepared))
 
-    async def _complete(prepared: PreparedRequest, timer: RequestTimer, request: Request):
+    async def _complete(
+        prepared: PreparedRequest, timer: RequestTimer, request: Request, key: str | None
+    ):
         route = prepared.route
         outcome = "aborted"
         result = asyncio.ensure_future(frontend.complete(prepared, timer))
@@ -253,6 +272,7 @@ def create_app(
             await asyncio.gather(result, disconnect, return_exceptions=True)
             admission.leave()
             timer.finish(route.path, outcome)
+            bill(key, prepared, timer)
 
     async def internal_error(request: Request, error: Exception) -> Response:
         # A bug, not bad input: still answer in the route's shape, and log it.
@@ -362,6 +382,14 @@ def create_app(
     async def metrics_page() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    if engine is not None:
+        add_admin_routes(
+            app,
+            engine,
+            lambda request: authorize(request, ErrorShape.OPENAI),
+            settings.drain_max_utilisation,
+            settings.drain_timeout_s,
+        )
     return app
 
 

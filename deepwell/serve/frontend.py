@@ -191,7 +191,8 @@ class Frontend:
         header_seed = _parse_seed_header(seed_header)
         model_name, converted, parsing_options = self.convert(route, body)
         conversation = converted.conversation
-        prompt_token_ids = self.model.encode(conversation)
+        kwargs = template_kwargs(body, self.model)
+        prompt_token_ids = self.model.encode(conversation, kwargs)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
         request_id = str(uuid.uuid4())
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
@@ -240,6 +241,7 @@ class Frontend:
             parsing_options.parse_tool_calls = False
         if not self.model.supports_thinking and conversation.thinking_mode:
             raise ApiError(400, f"The model {model_name} does not support thinking.")
+        parsing_options.tool_call_format = self.model.tool_call_format
         return model_name, converted, parsing_options
 
     def count_tokens(self, body: bytes) -> int:
@@ -361,6 +363,27 @@ def structured_output_spec(
             raise ApiError(400, f"structured output in thinking mode needs a {spelling} token")
         trigger = [end]
     return StructuredOutputSpec(kind, spec, trigger)
+
+
+def template_kwargs(body: bytes, model: ServedModel) -> dict | None:
+    """The request's `chat_template_kwargs` (vLLM's extension): extra template variables.
+
+    The recipe ignores unknown fields, so the body is read again for this one, when it
+    can be there.
+    """
+    if b"chat_template_kwargs" not in body:
+        return None
+    data = json.loads(body)
+    value = data.get("chat_template_kwargs") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, "chat_template_kwargs must be an object.")
+    if not model.takes_template_kwargs:
+        raise ApiError(
+            400, "chat_template_kwargs apply only to models served with a chat template."
+        )
+    return value
 
 
 def _declares_tools(conversation) -> bool:

@@ -1,4 +1,4 @@
-"""`deepwell serve`: start the engine worker, wait for its model, serve HTTP, stop it all cleanly.
+"""`deepwell serve`: start the engine workers, wait for their model, serve HTTP, stop it all cleanly.
 
 SIGINT / SIGTERM stop accepting connections, let in-flight requests finish for a grace
 period (then abort them), tell the workers to exit and wait for them: no orphan processes.
@@ -17,11 +17,15 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
+from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
-from deepwell.serve.engine_client import EngineClient, EngineUnavailable
+from deepwell.serve.cluster.options import worker_roles
+from deepwell.serve.cluster.routing import POLICIES
+from deepwell.serve.engine_client import EngineClient, EngineUnavailable, WorkerRole
 from deepwell.serve.messages import WorkerConfig, encode_message
 from deepwell.serve.model import ServedModel, UnsupportedModel, mock_model, served_model
 from deepwell.serve.settings import ServeSettings
@@ -31,7 +35,8 @@ logger = logging.getLogger("deepwell.serve")
 # Loading a model from a cold disk and building its KV cache can take a while on CPU.
 WORKER_READY_TIMEOUT_S = 600.0
 WORKER_EXIT_TIMEOUT_S = 10.0
-WORKER_WATCH_INTERVAL_S = 0.5
+# A killed worker is noticed within this (its heartbeats would take a second).
+WORKER_WATCH_INTERVAL_S = 0.1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         api_keys=tuple(args.api_key),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        drain_max_utilisation=args.drain_max_utilisation,
+        drain_timeout_s=args.drain_timeout,
+        key_tokens_per_minute=args.key_tokens_per_minute,
         playground=not args.no_playground,
     )
     try:
@@ -58,50 +66,124 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
     await _serve_http(create_app(model=model, settings=settings), model, args)
 
 
+def _read_chat_template(path: str | None) -> str | None:
+    """`--chat-template`'s text, compiled once here so a broken one stops us before loading."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        compile_template(text)
+    except (OSError, UnicodeDecodeError, ChatTemplateError) as error:
+        raise UnsupportedModel(f"--chat-template {path}: {error}") from None
+    return text
+
+
 async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> None:
+    chat_template = _read_chat_template(args.chat_template)
+    try:
+        roles = worker_roles(args)
+    except ValueError as error:
+        raise EngineUnavailable(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
-        config = WorkerConfig(
-            worker_id=0,
-            parent_pid=os.getpid(),
-            model_path=args.model,
-            inbox_address=f"ipc://{sockets}/worker-0",
-            outbox_address=f"ipc://{sockets}/outputs",
-            max_num_seqs=args.max_num_seqs,
-            memory_gib=args.memory_gib,
-            max_model_len=args.max_model_len,
+        outbox = f"ipc://{sockets}/outputs"
+        configs = [
+            worker_config(
+                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid()
+            )
+            for worker_id in range(len(roles))
+        ]
+        client = EngineClient(
+            configs[0].outbox_address,
+            [config.inbox_address for config in configs],
+            roles=[WorkerRole(role) for role in roles],
+            policy=POLICIES[args.routing_policy](),
             block_size=args.block_size,
-            enable_prefix_caching=not args.no_prefix_caching,
-            num_speculative_tokens=args.num_speculative_tokens,
-            kv_store_path=args.kv_store,
-            kv_store_capacity_gib=args.kv_store_capacity_gib,
-            kv_store_ttl_chat_s=args.kv_store_ttl_chat,
-            kv_store_ttl_agent_s=args.kv_store_ttl_agent,
-            batch_invariant=args.batch_invariant,
-            async_scheduling=not args.no_async_scheduling,
-            quantize_kv_cache=not args.no_kv_cache_quantization,
-            num_threads=args.threads,
+            shared_store=args.kv_store is not None,
+            heartbeat_timeout=args.heartbeat_timeout,
+            join_address=args.worker_address,
         )
-        client = EngineClient(config.outbox_address, [config.inbox_address])
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "deepwell.serve.worker", encode_message(config).hex()]
-        )
-        watcher = asyncio.create_task(_watch_workers(client, [worker]))
+        workers = [_start_worker(config) for config in configs]
+        serving = asyncio.Event()
+        watcher = asyncio.create_task(_watch_workers(client, configs, workers, serving))
         try:
             info = await client.start(WORKER_READY_TIMEOUT_S)
-            model = served_model(info)
+            serving.set()
+            model = served_model(info, chat_template, args.tool_call_parser)
             app = create_app(model=model, settings=settings, engine=client)
             await _serve_http(app, model, args)
         finally:
             watcher.cancel()
             await client.close()
-            await asyncio.to_thread(_stop_process, worker)
+            for worker in workers:
+                await asyncio.to_thread(_stop_process, worker)
 
 
-async def _watch_workers(client: EngineClient, workers: list[subprocess.Popen]) -> None:
+def worker_config(
+    args: argparse.Namespace,
+    worker_id: int,
+    inbox_address: str,
+    outbox_address: str,
+    parent_pid: int,
+) -> WorkerConfig:
+    """A worker's configuration from `deepwell serve`'s options (`deepwell worker` shares them)."""
+    return WorkerConfig(
+        worker_id=worker_id,
+        parent_pid=parent_pid,
+        model_path=args.model,
+        inbox_address=inbox_address,
+        outbox_address=outbox_address,
+        max_num_seqs=args.max_num_seqs,
+        memory_gib=args.memory_gib,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_speculative_tokens=args.num_speculative_tokens,
+        speculative_method=args.speculative_method,
+        kv_store_path=args.kv_store,
+        kv_store_capacity_gib=args.kv_store_capacity_gib,
+        kv_store_ttl_chat_s=args.kv_store_ttl_chat,
+        kv_store_ttl_agent_s=args.kv_store_ttl_agent,
+        batch_invariant=args.batch_invariant,
+        async_scheduling=not args.no_async_scheduling,
+        quantize_kv_cache=not args.no_kv_cache_quantization,
+        yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
+        yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
+        num_threads=args.threads,
+    )
+
+
+def _start_worker(config: WorkerConfig) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deepwell.serve.worker", encode_message(config).hex()]
+    )
+
+
+async def _watch_workers(
+    client: EngineClient,
+    configs: list[WorkerConfig],
+    workers: list[subprocess.Popen],
+    serving: asyncio.Event,
+) -> None:
+    """Report dead workers to the client; once serving, restart them so they rejoin.
+
+    A worker the client has given up on (no heartbeat) is killed first: it may be hung.
+    Before serving, a dead worker is a failed start, not restarted.
+    """
     while True:
+        views = {view.worker_id: view for view in client.workers()}
         for worker_id, worker in enumerate(workers):
-            if worker.poll() is not None:
-                client.worker_lost(worker_id, f"process exited with code {worker.returncode}")
+            if worker.poll() is None:
+                view = views[worker_id]
+                if serving.is_set() and view.failure is not None and not view.draining:
+                    worker.kill()
+                continue
+            if views[worker_id].draining:
+                continue  # drained on purpose: it stays out
+            client.worker_lost(worker_id, f"process exited with code {worker.returncode}")
+            if serving.is_set():
+                logger.warning("restarting engine worker %d", worker_id)
+                workers[worker_id] = _start_worker(configs[worker_id])
+                client.worker_restarted(worker_id)
         await asyncio.sleep(WORKER_WATCH_INTERVAL_S)
 
 

@@ -32,6 +32,8 @@ class WorkerConfig:
     enable_prefix_caching: bool = engine_defaults.ENABLE_PREFIX_CACHING
     # Draft tokens per request and step; 0: no speculative decoding.
     num_speculative_tokens: int = engine_defaults.NUM_SPECULATIVE_TOKENS
+    # "ngram", "dspark" or None (dspark when the checkpoint has draft stages).
+    speculative_method: str | None = engine_defaults.SPECULATIVE_METHOD
     kv_store_path: str | None = None
     kv_store_capacity_gib: float = engine_defaults.KV_STORE_CAPACITY_GIB
     kv_store_ttl_chat_s: float = engine_defaults.KV_STORE_TTL_CHAT_S
@@ -42,6 +44,10 @@ class WorkerConfig:
     async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
     # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
     quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1 bounded replay (EngineArgs.yoco_prefill_*); None: the worker's
+    # DEEPWELL_YOCO_PREFILL_* environment or the default.
+    yoco_prefill_truncation_mode: str | None = None
+    yoco_prefill_keep_tokens: int | None = None
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
 
@@ -85,7 +91,10 @@ class AbortRequest:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Frontend → worker: abort everything and exit."""
+    """Frontend → worker: abort everything and exit; `refusal` says why a joining worker
+    was turned away ("" for a normal stop)."""
+
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,11 @@ class ModelInfo:
     tokenizer_json: str
     chat_template: str | None
     eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    # Hex of the root of the KV block-key chain (model, weights, KV layout, block size,
+    # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix
+    # caching.
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,9 @@ class WorkerReady:
     worker_id: int
     model: ModelInfo
     stats: WorkerStats
+    # Where a worker that joined on its own (`deepwell worker --connect`) takes requests;
+    # "" for the workers the front end started, whose addresses it chose.
+    inbox_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +228,17 @@ class WorkerFailed:
 
     worker_id: int
     message: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Worker → frontend, every `HEARTBEAT_INTERVAL_S` from a thread of its own: still alive,
+    even while a long engine step runs."""
+
+    worker_id: int
+
+
+HEARTBEAT_INTERVAL_S = 0.1
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
@@ -226,6 +254,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     WorkerReady,
     WorkerFailed,
     StructuredOutputSpec,
+    Heartbeat,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 

@@ -187,6 +187,10 @@ class RequestTimer:
         self._tokens += tokens
         self._metrics.generation_tokens.inc(tokens)
 
+    @property
+    def output_tokens(self) -> int:
+        return self._tokens
+
     def finish(self, route: str, outcome: str) -> None:
         self._metrics.requests.labels(route, outcome).inc()
         if outcome != "completed":

@@ -1,16 +1,16 @@
 """What the HTTP process knows about the served model: names, encoding, tokenizer, context.
 
-The model's metadata picks the encoding: DeepSeek V4 / V4.1 for DeepSeek models, ChatML for
-models whose chat template is ChatML (the embedded SmolLM2).
+The model's metadata picks the encoding: DeepSeek V4 / V4.1 for DeepSeek models, the model's
+own Jinja chat template (or `--chat-template`) for every other one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deepwell.recipe import (
-    ChatMLEncoding,
     Conversation,
     ConversionOptions,
     DeepseekV4Encoding,
@@ -19,9 +19,13 @@ from deepwell.recipe import (
     Tokenizer,
     ToolDefinition,
 )
+from deepwell.recipe.encoding.chat_template import ChatTemplateEncoding, ChatTemplateError
+from deepwell.recipe.encoding.json_call_grammar import json_call_grammar
+from deepwell.recipe.json_value import JsonValue
+from deepwell.recipe.stream.json_calls import DSML
 from deepwell.serve.messages import ModelInfo
 
-PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatMLEncoding
+PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatTemplateEncoding
 
 # Without a tokenizer `--mock` counts prompts as 0 tokens; DeepSeek V4's context then only
 # bounds max_tokens.
@@ -33,24 +37,34 @@ class ServedModel:
     """A model as the HTTP layer sees it; `encode` is None when prompts are not tokenized.
 
     `tool_call_grammar` turns the tools of a forced tool call into the grammar its output
-    must match (DeepSeek's DSML block); None where calls are not constrained.
+    must match (DeepSeek's DSML block, a Hermes or Llama-3 JSON call); None where calls are
+    not constrained. `tool_call_format` tells the stream parser how calls are written.
     """
 
     names: tuple[str, ...]
     conversion_options: ConversionOptions
     context_limit: int
-    encoder: Callable[[Conversation], list[int]] | None = None
+    encoder: Callable[..., list[int]] | None = None
     tokenizer: Tokenizer | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     supports_tools: bool = True
     supports_thinking: bool = True
     tool_call_grammar: Callable[[Sequence[ToolDefinition]], str] | None = None
+    tool_call_format: str = DSML
+    # Chat-template encoders take a request's `chat_template_kwargs`; DeepSeek's do not.
+    takes_template_kwargs: bool = False
     # The encoding behind `encoder` (the playground shows its rendered prompts); None under
     # `--mock`, where each request's model version picks a DeepSeek encoding.
     encoding: PromptEncoding | None = None
 
-    def encode(self, conversation: Conversation) -> list[int]:
-        return self.encoder(conversation) if self.encoder is not None else []
+    def encode(
+        self, conversation: Conversation, template_kwargs: Mapping[str, JsonValue] | None = None
+    ) -> list[int]:
+        if self.encoder is None:
+            return []
+        if template_kwargs:
+            return self.encoder(conversation, template_kwargs)
+        return self.encoder(conversation)
 
 
 def mock_model() -> ServedModel:
@@ -74,11 +88,19 @@ class UnsupportedModel(ValueError):
     """The workers serve a model whose prompt format deepwell cannot produce."""
 
 
-def served_model(info: ModelInfo) -> ServedModel:
-    """The HTTP-side view of the model the workers loaded, with the encoding its metadata names."""
+def served_model(
+    info: ModelInfo, chat_template: str | None = None, tool_call_parser: str | None = None
+) -> ServedModel:
+    """The HTTP-side view of the model the workers loaded, with the encoding its metadata names.
+
+    `chat_template` (`--chat-template`) replaces the model's own; `tool_call_parser`
+    (`--tool-call-parser`) says how a template model writes tool calls, None: it has no tools.
+    """
     tokenizer = Tokenizer.from_str(info.tokenizer_json)
     stop = list(info.eos_token_ids)
-    if info.architecture in _DEEPSEEK:
+    if info.architecture in _DEEPSEEK and chat_template is None:
+        if tool_call_parser is not None:
+            raise UnsupportedModel("DeepSeek models write DSML tool calls; drop --tool-call-parser")
         encoding_type, version = _DEEPSEEK[info.architecture]
         encoding = encoding_type().with_tokenizer(tokenizer)
         options = (
@@ -96,19 +118,33 @@ def served_model(info: ModelInfo) -> ServedModel:
             tool_call_grammar=encoding.tool_call_grammar,
             encoding=encoding,
         )
-    if info.chat_template is None:
-        raise UnsupportedModel(f"model {info.name} has no chat template")
+    template = chat_template if chat_template is not None else info.chat_template
+    if template is None:
+        raise UnsupportedModel(
+            f"model {info.name} has no chat template; give one with --chat-template FILE"
+        )
     try:
-        encoding = ChatMLEncoding.from_chat_template(info.chat_template)
-    except ValueError as error:
+        encoding = ChatTemplateEncoding(
+            template,
+            bos_token=_spelling(tokenizer, info.bos_token_id),
+            eos_token=_spelling(tokenizer, info.eos_token_ids[0] if info.eos_token_ids else None),
+        ).with_tokenizer(tokenizer)
+    except ChatTemplateError as error:
         raise UnsupportedModel(f"model {info.name}: {error}") from None
-    encoding = encoding.with_tokenizer(tokenizer)
     for spelling in encoding.stop_tokens:
         token_id = tokenizer.special_token_id(spelling)
         if token_id is not None and token_id not in stop:
             stop.append(token_id)
-    # ChatML models do not think; the API model version only steers request conversion,
-    # and V4-Pro's keeps a requested top_p outside thinking (V4.1's forces 1.0, spec §6.1).
+    grammar = None
+    if tool_call_parser is not None:
+        grammar = functools.partial(
+            json_call_grammar,
+            tool_call_format=tool_call_parser,
+            token_id=tokenizer.special_token_id,
+        )
+    # Template models do not think here; the API model version only steers request
+    # conversion, and V4-Pro's keeps a requested top_p outside thinking (V4.1's forces 1.0,
+    # spec §6.1).
     options = (
         ConversionOptions()
         .with_model_versions_by_name({info.name: ModelVersion.DeepseekV4Pro})
@@ -122,7 +158,14 @@ def served_model(info: ModelInfo) -> ServedModel:
         encoder=encoding.encode,
         tokenizer=tokenizer,
         stop_token_ids=stop,
-        supports_tools=False,
+        supports_tools=tool_call_parser is not None,
         encoding=encoding,
         supports_thinking=False,
+        tool_call_grammar=grammar,
+        tool_call_format=tool_call_parser or DSML,
+        takes_template_kwargs=True,
     )
+
+
+def _spelling(tokenizer: Tokenizer, token_id: int | None) -> str:
+    return "" if token_id is None else tokenizer.decode([token_id])

@@ -26,7 +26,7 @@ from deepwell.recipe import (
 )
 from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 from deepwell.serve.errors import ApiError
-from deepwell.serve.frontend import CHAT, MESSAGES, RESPONSES, Frontend, Route
+from deepwell.serve.frontend import CHAT, MESSAGES, RESPONSES, Frontend, Route, template_kwargs
 from deepwell.serve.model import PromptEncoding
 
 STATIC_DIR = Path(__file__).parent / "static" / "playground"
@@ -110,7 +110,13 @@ def render(frontend: Frontend, dialect: str, body: bytes | str) -> RenderedReque
     model_name, converted, _ = frontend.convert(ROUTES[dialect], body)
     model = frontend.model
     encoding = model.encoding or _deepseek_encoding(converted)
-    rendered = encoding.render_conversation(converted.conversation)
+    conversation = converted.conversation
+    # A chat-template model renders with the request's `chat_template_kwargs`, as served.
+    kwargs = template_kwargs(body.encode() if isinstance(body, str) else body, model)
+    if kwargs:
+        rendered = encoding.render_conversation(conversation, kwargs)
+    else:
+        rendered = encoding.render_conversation(conversation)
     return RenderedRequest(
         dialect=dialect,
         model=model_name,
@@ -118,7 +124,7 @@ def render(frontend: Frontend, dialect: str, body: bytes | str) -> RenderedReque
         prompt=rendered.prompt,
         special_ranges=rendered.special_ranges,
         segments=_segments(frontend, rendered),
-        token_ids=model.encode(converted.conversation) if model.tokenizer is not None else None,
+        token_ids=model.encode(conversation, kwargs) if model.tokenizer is not None else None,
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments
+from deepwell.serve.cluster.options import add_cluster_arguments
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,18 @@ class ServeSettings:
     # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
     max_pending_requests: int = 1024
     retry_after_seconds: int = 1
+    # Quota guard (spec/deepinfer.md §5): a worker may leave only while the others would
+    # stay at or below this KV utilisation; its requests get drain_timeout_s to finish.
+    drain_max_utilisation: float = 0.8
+    drain_timeout_s: float = 60.0
+    # Gateway: prompt + completion tokens one API key may use per minute (None: no limit).
+    key_tokens_per_minute: int | None = None
     # Serve the static page at /playground (its API calls still need a key).
     playground: bool = True
 
+
+# deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -50,6 +60,7 @@ def _days(seconds: float) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`."""
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -67,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not serve the browser playground at /playground",
     )
     defaults = ServeSettings()
+    parser.add_argument(
+        "--key-tokens-per-minute",
+        type=int,
+        default=None,
+        help="per API key, prompt + completion tokens per minute; beyond it 429 with "
+        "Retry-After (default: no limit)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     parser.add_argument(
         "--max-pending-requests",
@@ -114,4 +132,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    prompts = parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
+    prompts.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja chat template to render prompts with, instead of the model's own",
+    )
+    prompts.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, Qwen and "
+        "others) or llama3_json; without it, requests with tools are refused",
     )

@@ -7,9 +7,11 @@ within one engine step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import Protocol
 
 import zmq
@@ -18,8 +20,10 @@ from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.args import env_flag
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
+    HEARTBEAT_INTERVAL_S,
     AbortRequest,
     GenerateRequest,
+    Heartbeat,
     ModelInfo,
     RequestRejected,
     Shutdown,
@@ -62,12 +66,17 @@ def serve_engine(
     inbox: zmq.Socket,
     outbox: zmq.Socket,
     parent_pid: int | None = None,
-) -> None:
-    """Run the worker loop until a `Shutdown` arrives or the parent process is gone."""
+    inbox_address: str = "",
+) -> Shutdown | None:
+    """Run the worker loop until a `Shutdown` arrives (returned) or the parent process is gone.
+
+    `inbox_address` is announced in `WorkerReady` for a front end that did not start us.
+    """
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     last_stats = engine.stats()
-    outbox.send(encode_message(WorkerReady(worker_id, engine.model_info(), last_stats)))
+    ready = WorkerReady(worker_id, engine.model_info(), last_stats, inbox_address)
+    outbox.send(encode_message(ready))
     while True:
         busy = engine.has_unfinished()
         poller.poll(0 if busy else IDLE_POLL_MS)
@@ -78,7 +87,7 @@ def serve_engine(
             except zmq.Again:
                 break
             if isinstance(message, Shutdown):
-                return
+                return message
             if isinstance(message, GenerateRequest):
                 try:
                     engine.add_request(message)
@@ -89,7 +98,7 @@ def serve_engine(
             else:
                 raise TypeError(f"worker cannot handle {type(message).__name__}")
         if parent_pid is not None and os.getppid() != parent_pid:
-            return
+            return None
         outputs = engine.step() if engine.has_unfinished() else []
         stats = engine.stats()
         if outputs or rejected or stats != last_stats:
@@ -110,6 +119,7 @@ class EngineCoreAdapter:
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
                 num_speculative_tokens=config.num_speculative_tokens,
+                speculative_method=config.speculative_method,
                 kv_store_path=config.kv_store_path,
                 kv_store_capacity_gib=config.kv_store_capacity_gib,
                 kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
@@ -118,6 +128,14 @@ class EngineCoreAdapter:
                 async_scheduling=config.async_scheduling,
                 quantize_kv_cache=config.quantize_kv_cache,
                 num_threads=config.num_threads,
+                **{
+                    name: value
+                    for name, value in (
+                        ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
+                        ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
+                    )
+                    if value is not None
+                },
             )
         )
 
@@ -196,7 +214,26 @@ class EngineCoreAdapter:
             tokenizer_json=core.tokenizer.to_str(),
             chat_template=core.chat_template,
             eos_token_ids=sorted(core.eos_token_ids),
+            bos_token_id=core.bos_token_id,
+            fingerprint=core.kv.root_key.hex() if core.kv.root_key is not None else "",
         )
+
+
+def send_heartbeats(
+    context: zmq.Context, address: str, worker_id: int, stop: threading.Event
+) -> None:
+    """Tell the frontend every `HEARTBEAT_INTERVAL_S` that this process lives; its own socket,
+    since ZeroMQ sockets are not shared across threads."""
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(address)
+    try:
+        while not stop.wait(HEARTBEAT_INTERVAL_S):
+            # A frontend that is not reading decides on its own what that means.
+            with contextlib.suppress(zmq.Again):
+                socket.send(encode_message(Heartbeat(worker_id)), zmq.NOBLOCK)
+    finally:
+        socket.close()
 
 
 def main(config: WorkerConfig) -> None:
@@ -210,17 +247,31 @@ def main(config: WorkerConfig) -> None:
     outbox = context.socket(zmq.PUSH)
     outbox.setsockopt(zmq.LINGER, 1000)
     outbox.connect(config.outbox_address)
+    stop_heartbeats = threading.Event()
+    heartbeats = threading.Thread(
+        target=send_heartbeats,
+        args=(context, config.outbox_address, config.worker_id, stop_heartbeats),
+        daemon=True,
+    )
     try:
         engine = EngineCoreAdapter(config)
+        heartbeats.start()
         try:
-            serve_engine(engine, config.worker_id, inbox, outbox, config.parent_pid)
+            address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+            parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
+            stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
         finally:
             engine.close()
+        if stop is not None and stop.refusal:
+            raise SystemExit(f"deepwell worker: the front end refused this worker: {stop.refusal}")
     except Exception as error:  # the frontend must learn why its worker is gone
         message = f"{type(error).__name__}: {error}"
         outbox.send(encode_message(WorkerFailed(config.worker_id, message)))
         raise
     finally:
+        stop_heartbeats.set()
+        if heartbeats.is_alive():
+            heartbeats.join()
         inbox.close(linger=0)
         outbox.close()
         context.term()

@@ -5,11 +5,15 @@ free blocks are reused in LRU order, blocks without content first (spec/deepinfe
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_evict: Callable[[bytes], None] | None = None) -> None:
+        """`on_evict` hears each key whose block is handed out again (ring snapshots leave
+        with their block)."""
         self.num_blocks = num_blocks
+        self.on_evict = on_evict
         self.ref_counts = [0] * num_blocks
         # Free blocks, next to hand out first. Holds cached blocks too: a hit takes one out.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -68,3 +72,5 @@ class BlockPool:
         if key is not None:
             self._key_of[block_id] = None
             del self._block_of[key]
+            if self.on_evict is not None:
+                self.on_evict(key)

@@ -67,10 +67,12 @@ def plan_num_blocks(
     num_slots: int,
     dtype: torch.dtype,
     max_model_len: int,
+    reserved_bytes: int = 0,
 ) -> int:
-    """Blocks that fit beside the weights; at least one full-length sequence must fit."""
+    """Blocks that fit beside the weights, the slots and `reserved_bytes` (ring snapshots);
+    at least one full-length sequence must fit."""
     budget = int(memory_gib * GIB * (1 - ACTIVATION_RESERVE))
-    available = budget - model_bytes - num_slots * layout.slot_bytes(dtype)
+    available = budget - model_bytes - num_slots * layout.slot_bytes(dtype) - reserved_bytes
     block_bytes = layout.block_bytes(block_size, dtype)
     num_blocks = max(0, available // block_bytes)
     needed = -(-max_model_len // block_size)

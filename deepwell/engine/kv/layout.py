@@ -4,6 +4,7 @@ A model declares its layout; the cache manager allocates from it without knowing
 (spec/deepinfer.md §1.6 "KV cache", spec/deepseek_v41.md §4).
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -59,10 +60,13 @@ class PagedSpec:
 
 @dataclass(frozen=True)
 class RingSpec:
-    """A per-sequence sliding-window ring of `window + max_backtrack` rows per layer.
+    """A per-sequence sliding-window ring of `window + max_backtrack + extra_rows` rows per
+    layer, row `p mod rows` holding position p.
 
     The backtracking slack keeps a full window after a speculative rollback (DeepInfer's
-    DEEPINFER_MAX_BACKTRACKING_TOKENS).
+    DEEPINFER_MAX_BACKTRACKING_TOKENS). `extra_rows` keep the window before the last block
+    boundary a step crossed until the step is done, so it can be snapshotted
+    (kv/snapshots.py; DeepInfer's DEEPINFER_PREFILL_STORE_EXTRA_SIZE).
     """
 
     name: str
@@ -72,10 +76,22 @@ class RingSpec:
     max_backtrack: int
     dtype: torch.dtype | None = None
     role: CacheRole = CacheRole.WINDOW
+    extra_rows: int = 0
+    # The first of its layers written by a YOCO consumer (kv/replay.py), whose rows a
+    # truncation mode rebuilds by replay rather than snapshots; None: no such layer.
+    consumers_from: int | None = None
 
     @property
     def rows(self) -> int:
-        return self.window + self.max_backtrack
+        return self.window + self.max_backtrack + self.extra_rows
+
+    def rows_before_boundary(self, block_size: int) -> int:
+        """Rows before a block boundary that a chunk starting there may read: a window's last
+        `window - 1` (near the start some are before position 0: never read, harmless to
+        copy); a compressor tail's incomplete group."""
+        if self.role is CacheRole.WINDOW:
+            return self.window - 1
+        return block_size % (self.window + 1)
 
 
 @dataclass(frozen=True)
@@ -93,10 +109,15 @@ class KVLayout:
     paged: tuple[PagedSpec, ...]
     rings: tuple[RingSpec, ...] = ()
     states: tuple[StateSpec, ...] = ()
-    # Whether replaying the last ring rows' tokens rebuilds the rings exactly. True when one
-    # ring layer reads exact paged states (tests' sliding-window Llama); stacked ring layers
-    # (V4.1) make bounded replay an approximation, so a prefix hit then reuses nothing.
-    exact_ring_replay: bool = True
+    # False: replaying the last ring rows' tokens rebuilds the rings exactly, as when one
+    # ring layer reads exact paged state (tests' sliding-window Llama). True: stacked ring
+    # layers (V4.1) make such a replay inexact, so a prefix hit restores the rings from a
+    # snapshot taken at its block boundary (kv/snapshots.py).
+    ring_snapshots: bool = False
+    # V4.1's YOCO boundary (DeepInfer's n_prefill_layer): ring layers from this one on are
+    # consumers whose window may be bounded to a replayed suffix (kv/replay.py); None when
+    # the model has no such layers.
+    yoco_boundary: int | None = None
     # How many earlier token ids each step row carries besides its own (V4.1's Engram
     # hashes n-grams of the last tokens; spec/deepseek_v41.md §3.5).
     token_history: int = 0
@@ -110,7 +131,8 @@ class KVLayout:
                 )
 
     def reusable_prefix(self, hit_tokens: int, block_size: int) -> int:
-        """Tokens a request may skip when the block cache holds its first `hit_tokens`.
+        """Tokens a request may skip when the block cache holds its first `hit_tokens`, for
+        layouts whose rings are rebuilt by replay (`ring_snapshots` False).
 
         Paged state is complete at every block boundary. A ring's window is not in the
         blocks, so it is rebuilt by replaying the last `rows` tokens before the hit point
@@ -120,9 +142,26 @@ class KVLayout:
         replay = max((ring.rows for ring in self.rings), default=0)
         if not replay:
             return hit_tokens
-        if not self.exact_ring_replay:
-            return 0
         return max(0, hit_tokens - replay) // block_size * block_size
+
+    def with_snapshot_rows(self, block_size: int) -> "KVLayout":
+        """The layout with room in its window rings to snapshot a block boundary after the
+        step that crossed it (`RingSpec.extra_rows`)."""
+        rings = tuple(
+            dataclasses.replace(ring, extra_rows=block_size)
+            if ring.role is CacheRole.WINDOW
+            else ring
+            for ring in self.rings
+        )
+        return dataclasses.replace(self, rings=rings)
+
+    def max_draft_tokens(self, requested: int) -> int:
+        """Draft tokens a step may verify: a verify chunk writes 1 + k ring rows, and
+        rejected rows stay harmless while they only overwrite rows older than every read
+        after a rollback, which holds for k < max_backtrack (DeepInfer sizes its rings
+        with MAX_BACKTRACKING_TOKENS = NEXTN + 1, spec/deepinfer.md §1.4)."""
+        slack = min((ring.max_backtrack for ring in self.rings), default=requested + 1)
+        return min(requested, slack - 1)
 
     @property
     def needs_slots(self) -> bool:

@@ -1,7 +1,8 @@
 """KVStore: a directory of content-addressed KV block files, shareable by every worker.
 
 One file per block key (header: magic, fingerprint, key, length, checksum; then the block's
-tensors), written atomically (temp file + rename). A file's mtime is its expiry time, so the
+tensors), and beside it the key's ring snapshot if one was taken (`<key>.ring`, its own
+magic; kv/snapshots.py), each written atomically (temp file + rename). A file's mtime is its expiry time, so the
 sweeper needs only `stat`. Point it at a shared file system (3FS, NFS) and every worker on
 every machine reads what any of them wrote (ARCHITECTURE.md "Scale-out").
 """
@@ -20,6 +21,8 @@ import torch
 
 CACHE_CLASSES = ("chat", "agent")
 MAGIC = b"DWKVBLK1"
+SNAPSHOT_MAGIC = b"DWKVRNG1"
+SNAPSHOT_SUFFIX = ".ring"
 # magic, fingerprint, key, payload length, payload crc32
 HEADER = struct.Struct("<8s16s16sQI")
 # A temp file older than this belongs to a writer that died mid-write.
@@ -58,21 +61,28 @@ class KVStore:
         config: StoreConfig,
         fingerprint: bytes,
         parts: list[tuple[tuple[int, ...], torch.dtype]],
+        magic: bytes = MAGIC,
+        suffix: str = "",
+        stats: StoreStats | None = None,
     ) -> None:
-        """`parts`: shape and dtype of each tensor of one block, in file order."""
+        """`parts`: shape and dtype of each tensor of one block, in file order. A ring
+        snapshot store passes its own magic and file suffix, and shares the block store's
+        stats (one error count)."""
         self.config = config
         self.root = Path(config.path)
         self.root.mkdir(parents=True, exist_ok=True)
         self.fingerprint = fingerprint
         self.parts = parts
+        self.magic = magic
+        self.suffix = suffix
         self.payload_bytes = sum(
             math.prod(shape) * torch.finfo(dtype).bits // 8 for shape, dtype in parts
         )
-        self.stats = StoreStats()
+        self.stats = stats if stats is not None else StoreStats()
 
     def path_of(self, key: bytes) -> Path:
         name = key.hex()
-        return self.root / name[:2] / name
+        return self.root / name[:2] / (name + self.suffix)
 
     def read(self, key: bytes, cache_class: str) -> list[torch.Tensor] | None:
         """The block stored under `key`, or None (absent, expired or invalid: never wrong)."""
@@ -110,7 +120,7 @@ class KVStore:
             if len(header) != HEADER.size:
                 raise ValueError("truncated header")
             magic, fingerprint, stored_key, length, checksum = HEADER.unpack(header)
-            if magic != MAGIC or fingerprint != self.fingerprint or stored_key != key:
+            if magic != self.magic or fingerprint != self.fingerprint or stored_key != key:
                 raise ValueError("foreign block file")
             if length != self.payload_bytes:
                 raise ValueError("payload length does not match the layout")
@@ -156,7 +166,7 @@ class KVStore:
         try:
             path.parent.mkdir(exist_ok=True)
             with open(temp, "wb") as file:
-                file.write(HEADER.pack(MAGIC, self.fingerprint, key, length, checksum))
+                file.write(HEADER.pack(self.magic, self.fingerprint, key, length, checksum))
                 for buffer in buffers:
                     file.write(buffer)
             os.utime(temp, (now, expires))
@@ -168,8 +178,8 @@ class KVStore:
         self.stats.written_bytes += HEADER.size + length
 
     def sweep(self) -> int:
-        """Delete expired blocks, then the soonest-expiring ones beyond the capacity, and
-        stale temp files; returns the bytes left."""
+        """Delete expired files (blocks and snapshots alike), then the soonest-expiring ones
+        beyond the capacity, and stale temp files; returns the bytes left."""
         now = time.time()
         blocks: list[tuple[float, int, Path]] = []
         for directory in _subdirs(self.root):

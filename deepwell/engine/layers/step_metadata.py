@@ -5,7 +5,9 @@ per kind of cache the model declared (kv/layout.py), never per layer.
 - sliding-window rings: one `WindowPlan` per sequence, per ring geometry;
 - compressed paged entries at ratio r: one `CompressedPlan` per sequence, per ratio;
 - compressor tails (rings holding an incomplete group's projections): one `TailPlan` per
-  sequence, per ratio.
+  sequence, per ratio;
+- SWA bounded replay (kv/replay.py): window plans floored at each sequence's replay start
+  for the YOCO consumer layers, and in compact mode the `CompactPlan` of the rows they run.
 Every plan is built from the step's `SequenceSpan`s, so a new cache kind adds a plan here
 and the scheduler, block manager and runner stay as they are.
 """
@@ -28,6 +30,8 @@ class SequenceSpan:
     # The sequence's state slot (-1 without one) and the block ids covering its positions.
     slot: int
     block_table: torch.Tensor
+    # First position the YOCO consumer layers' window sees (Request.replay_start).
+    replay_start: int = 0
 
     @property
     def rows(self) -> slice:
@@ -78,6 +82,22 @@ class TailPlan:
 
 
 @dataclass
+class CompactPlan:
+    """Compact bounded replay: from the YOCO boundary layer on, the step runs only its rows
+    at or after their sequence's replay start. The boundary layer still compresses the
+    dropped rows, since the consumers' shared compressed KV covers every position."""
+
+    # Rows of the step kept, ascending, and those dropped.
+    rows: torch.Tensor
+    dropped_rows: torch.Tensor
+    # The kept rows as sequences (renumbered), with window plans floored at the replay start.
+    kept: "StepMetadata"
+    # The dropped rows as sequences (renumbered), with the compressed plans of their new
+    # entries.
+    dropped: "StepMetadata"
+
+
+@dataclass
 class StepMetadata:
     sequences: list[SequenceSpan]
     # [rows, depth]: token ids of the positions just before each row's (column s-1 holds
@@ -90,20 +110,35 @@ class StepMetadata:
     # compress ratio → one plan per sequence
     compressed: dict[int, list[CompressedPlan]] = field(default_factory=dict)
     tails: dict[int, list[TailPlan]] = field(default_factory=dict)
+    # ring spec name → window plans floored at each sequence's replay start, for the YOCO
+    # consumer layers; only in steps where the floor hides some key (kv/replay.py).
+    bounded_windows: dict[str, list[WindowPlan]] = field(default_factory=dict)
+    compact: CompactPlan | None = None
+
+    def consumer_windows(self, ring: str) -> list[WindowPlan]:
+        """The window plans of a YOCO consumer layer."""
+        return self.bounded_windows.get(ring) or self.windows[ring]
 
 
-def plan_windows(sequences: list[SequenceSpan], window: int, ring_rows: int) -> list[WindowPlan]:
+def plan_windows(
+    sequences: list[SequenceSpan], window: int, ring_rows: int, bounded: bool = False
+) -> list[WindowPlan]:
+    """Window plans; `bounded` hides keys before each sequence's replay start."""
     plans = []
     for seq in sequences:
         start, end = seq.start, seq.start + seq.num_rows
-        before = torch.arange(max(0, start - window + 1), start)
+        floor = seq.replay_start if bounded else 0
+        before = torch.arange(min(start, max(0, start - window + 1, floor)), start)
         keys = torch.cat((before, torch.arange(start, end))).unsqueeze(0)
         queries = torch.arange(start, end).unsqueeze(1)
         kept = min(seq.num_rows, ring_rows)
+        visible = (keys <= queries) & (keys > queries - window)
+        if floor:
+            visible &= keys >= floor
         plans.append(
             WindowPlan(
                 ring_rows=before % ring_rows,
-                visible=(keys <= queries) & (keys > queries - window),
+                visible=visible,
                 write_rows=torch.arange(end - kept, end) % ring_rows,
                 write_from=seq.num_rows - kept,
             )
@@ -146,3 +181,39 @@ def plan_tails(sequences: list[SequenceSpan], ratio: int, ring_rows: int) -> lis
             )
         )
     return plans
+
+
+def split_at_replay_start(
+    sequences: list[SequenceSpan],
+) -> tuple[list[SequenceSpan], list[SequenceSpan], torch.Tensor, torch.Tensor]:
+    """The step's sequences cut at their replay starts: (kept spans, dropped spans, each
+    renumbered from row 0 over their own rows; the step's kept rows, its dropped rows)."""
+    kept, dropped, kept_rows, dropped_rows = [], [], [], []
+    for seq in sequences:
+        end = seq.start + seq.num_rows
+        cut = min(max(seq.start, seq.replay_start), end)
+        if cut > seq.start:
+            dropped.append(
+                SequenceSpan(
+                    len(dropped_rows),
+                    cut - seq.start,
+                    seq.start,
+                    seq.slot,
+                    seq.block_table,
+                    seq.replay_start,
+                )
+            )
+            dropped_rows += range(seq.row, seq.row + cut - seq.start)
+        if end > cut:
+            kept.append(
+                SequenceSpan(
+                    len(kept_rows), end - cut, cut, seq.slot, seq.block_table, seq.replay_start
+                )
+            )
+            kept_rows += range(seq.row + cut - seq.start, seq.row + seq.num_rows)
+    return (
+        kept,
+        dropped,
+        torch.tensor(kept_rows, dtype=torch.long),
+        torch.tensor(dropped_rows, dtype=torch.long),
+    )

@@ -1,5 +1,7 @@
 """The Llama family (Llama 2/3 layouts, SmolLM2): config, layers, weight loading, KV layout.
 
+Qwen2/Qwen3 differ only by switches of the config (qkv bias, per-head q/k norm; qwen.py).
+
 Weights arrive under HF names; q/k/v and gate/up are fused here into single matmuls.
 """
 
@@ -33,11 +35,17 @@ class LlamaConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    # Qwen2 adds biases to q/k/v; Qwen3 RMS-normalises each q and k head before rotary.
+    attention_bias: bool = False
+    qk_norm: bool = False
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
-        if hf.get("rope_scaling"):
-            raise ModelLoadError(f"unsupported rope_scaling {hf['rope_scaling']!r} for Llama")
+        # transformers 5 writes `rope_parameters`; released checkpoints a top-level rope_theta.
+        rope = hf.get("rope_parameters") or {}
+        if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+            scaling = hf.get("rope_scaling") or rope
+            raise ModelLoadError(f"unsupported rope scaling {scaling!r} for Llama")
         if hf.get("hidden_act", "silu") != "silu":
             raise ModelLoadError(f"unsupported hidden_act {hf['hidden_act']!r} for Llama")
         eos = hf.get("eos_token_id")
@@ -51,10 +59,11 @@ class LlamaConfig:
             num_key_value_heads=hf.get("num_key_value_heads", heads),
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=hf.get("rope_theta", 10000.0),
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            attention_bias=hf.get("attention_bias", False),
         )
 
 
@@ -66,14 +75,24 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.backend = backend
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta, kv_cache):
         qk, v = self.qkv_proj(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+            # In float32, as HF's Qwen3RMSNorm computes, whatever the compute dtype.
+            q, k = self.q_norm(q.float()), self.k_norm(k.float())
+            qk = torch.cat((q, k), dim=1).to(v.dtype)
         # q and k heads share positions, so rotate them in one go.
-        qk = apply_rotary(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), *rope)
+        qk = apply_rotary(qk, *rope)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(q, k, v, *kv_cache, meta)
@@ -108,8 +127,6 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    config_class = LlamaConfig
-
     def __init__(
         self, config: LlamaConfig, backend_class: type[AttentionBackend], dtype: torch.dtype
     ):
@@ -132,10 +149,13 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     @classmethod
+    def read_config(cls, hf: dict[str, Any]) -> LlamaConfig:
+        """The layer switches of this family, from an HF config.json dict."""
+        return LlamaConfig.from_hf(hf)
+
+    @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "LlamaForCausalLM":
-        return cls(
-            cls.config_class.from_hf(checkpoint.hf_config), options.backend_class, options.dtype
-        )
+        return cls(cls.read_config(checkpoint.hf_config), options.backend_class, options.dtype)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
@@ -169,6 +189,8 @@ class LlamaForCausalLM(nn.Module):
             ),
             "mlp.gate_up_proj.weight": ("mlp.gate_proj", "mlp.up_proj"),
         }
+        if self.config.attention_bias:
+            fused["self_attn.qkv_proj.bias"] = fused["self_attn.qkv_proj.weight"]
         params = dict(self.named_parameters())
         unset = set(params)
 
@@ -183,7 +205,11 @@ class LlamaForCausalLM(nn.Module):
             params[name].copy_(value)
             unset.discard(name)
 
-        part_names = {f"{part}.weight" for parts in fused.values() for part in parts}
+        part_names = {
+            f"{part}.{target.rsplit('.', 1)[1]}"
+            for target, parts in fused.items()
+            for part in parts
+        }
         for name, value in tensors.items():
             name = name.removeprefix("model.")
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
@@ -193,7 +219,8 @@ class LlamaForCausalLM(nn.Module):
         for i in range(self.config.num_hidden_layers):
             prefix = f"layers.{i}."
             for target, parts in fused.items():
-                pieces = [tensors.get(f"model.{prefix}{p}.weight") for p in parts]
+                kind = target.rsplit(".", 1)[1]
+                pieces = [tensors.get(f"model.{prefix}{p}.{kind}") for p in parts]
                 if any(p is None for p in pieces):
                     raise ModelLoadError(f"checkpoint lacks {prefix}{target} pieces {parts}")
                 put(prefix + target, torch.cat(pieces, dim=0))

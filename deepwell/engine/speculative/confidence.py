@@ -38,6 +38,11 @@ class ConfidenceTable:
         for position in range(len(predicted)):
             counts[position][0] += position < num_accepted
             counts[position][1] += 1.0
+        self.record_error(predicted, num_accepted)
+
+    def record_error(self, predicted: list[float], num_accepted: int) -> None:
+        """Count a verification's confidence error (drafters with their own survival
+        estimates report here too)."""
         if predicted:
             self.error_sum += abs(sum(predicted) - num_accepted) / len(predicted)
             self.error_count += 1

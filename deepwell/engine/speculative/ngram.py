@@ -5,6 +5,7 @@ Each request keeps an index from n-gram to the end of its latest occurrence, ext
 tokens arrive, so a proposal costs a few dict lookups rather than a scan.
 """
 
+from deepwell.engine.request import Request
 from deepwell.engine.speculative.drafter import Draft, Drafter
 
 
@@ -15,7 +16,14 @@ class NgramDrafter(Drafter):
         # request id → (per n: n-gram → end index of its latest occurrence, tokens indexed)
         self._indexes: dict[str, tuple[dict[int, dict[tuple[int, ...], int]], int]] = {}
 
-    def propose(self, request_id: str, token_ids: list[int], max_tokens: int) -> Draft | None:
+    def propose(self, requests: list[Request], rooms: list[int]) -> list[Draft | None]:
+        return [
+            self.lookup(request.request_id, request.token_ids, room)
+            for request, room in zip(requests, rooms, strict=True)
+        ]
+
+    def lookup(self, request_id: str, token_ids: list[int], max_tokens: int) -> Draft | None:
+        """Up to `max_tokens` tokens that followed the longest matching suffix."""
         grams, indexed = self._indexes.get(request_id) or (
             {n: {} for n in range(self.min_n, self.max_n + 1)},
             0,

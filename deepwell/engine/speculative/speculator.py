@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from deepwell.engine.request import Request
 from deepwell.engine.speculative.confidence import ConfidenceTable
-from deepwell.engine.speculative.drafter import Drafter
-from deepwell.engine.speculative.ngram import NgramDrafter
+from deepwell.engine.speculative.drafter import Draft, Drafter
 from deepwell.engine.speculative.planner import plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
 
@@ -58,9 +57,9 @@ class _Planned:
 
 
 class Speculator:
-    def __init__(self, num_speculative_tokens: int, drafter: Drafter | None = None) -> None:
+    def __init__(self, num_speculative_tokens: int, drafter: Drafter) -> None:
         self.num_speculative_tokens = num_speculative_tokens
-        self.drafter = drafter or NgramDrafter()
+        self.drafter = drafter
         self.confidence = ConfidenceTable(num_speculative_tokens)
         self.curve = StepTimeCurve()
         self._planned: dict[str, _Planned] = {}
@@ -74,9 +73,11 @@ class Speculator:
         """Set every running request's `draft_token_ids` for the next step."""
         base_rows = 0
         num_decodes = 0
-        drafting: list[tuple[Request, list[int], _Planned]] = []
+        candidates: list[Request] = []
+        rooms: list[int] = []
         for request in running:
             request.draft_token_ids = []
+            request.draft_probs = None
             pending = request.num_tokens - request.num_computed_tokens
             base_rows += pending
             if pending != 1:
@@ -89,18 +90,22 @@ class Speculator:
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
             )
-            if room <= 0:
-                continue
-            draft = self.drafter.propose(request.request_id, request.token_ids, room)
-            if draft is None or not draft.tokens:
-                continue
-            native = draft.survival is not None
-            survival = (
-                draft.survival[: len(draft.tokens)]
-                if native
-                else self.confidence.survival(draft.bucket, len(draft.tokens))
-            )
-            drafting.append((request, draft.tokens, _Planned(draft.bucket, survival, native)))
+            if room > 0:
+                candidates.append(request)
+                rooms.append(room)
+        drafting: list[tuple[Request, Draft, _Planned]] = []
+        if candidates:
+            drafts = self.drafter.propose(candidates, rooms)
+            for request, draft in zip(candidates, drafts, strict=True):
+                if draft is None or not draft.tokens:
+                    continue
+                native = draft.survival is not None
+                survival = (
+                    draft.survival[: len(draft.tokens)]
+                    if native
+                    else self.confidence.survival(draft.bucket, len(draft.tokens))
+                )
+                drafting.append((request, draft, _Planned(draft.bucket, survival, native)))
         if not drafting:
             return
         lengths = plan_verify_lengths(
@@ -110,9 +115,11 @@ class Speculator:
             max(0, budget - base_rows),
             self.curve,
         )
-        for (request, tokens, planned), length in zip(drafting, lengths, strict=True):
+        for (request, draft, planned), length in zip(drafting, lengths, strict=True):
             if length:
-                request.draft_token_ids = tokens[:length]
+                request.draft_token_ids = draft.tokens[:length]
+                if draft.probs is not None:
+                    request.draft_probs = draft.probs[:length]
                 planned.survival = planned.survival[:length]
                 self._planned[request.request_id] = planned
 
@@ -126,8 +133,11 @@ class Speculator:
         for position in range(num_verified):
             self._verified[position] += 1
             self._accepted[position] += position < num_accepted
-        if not planned.native:
-            self.confidence.observe(planned.bucket, planned.survival[:num_verified], num_accepted)
+        predicted = planned.survival[:num_verified]
+        if planned.native:
+            self.confidence.record_error(predicted, num_accepted)
+        else:
+            self.confidence.observe(planned.bucket, predicted, num_accepted)
 
     def record_step(self, rows: int, seconds: float) -> None:
         self.curve.record(rows, seconds)

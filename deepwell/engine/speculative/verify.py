@@ -1,13 +1,19 @@
 """Lossless verification of a draft against the target model's rows.
 
-Drafts are point masses (q = 1 on the drafted token). Each verify row draws the target's
-own token with the sampler's counter-based uniform for its position, and the draft token
-is accepted while it equals that draw: acceptance has probability p(d), the rejection
-sampling optimum for a point-mass draft, the token emitted at every position is exactly
-the target's sample, and a seeded request gets the same tokens with speculation on or
-off (spec/deepinfer.md §1.6). A bonus token follows a fully accepted draft. A request
-with a grammar gets its mask on every verify row, the matcher advanced through the draft
-and rolled back after.
+A point-mass draft (n-gram lookup, greedy drafts: q = 1 on the drafted token) is checked
+against the target's own draw: each verify row draws with the sampler's counter-based
+uniform for its position, and the draft token is accepted while it equals that draw.
+Acceptance has probability p(d), the rejection-sampling optimum for a point mass, every
+emitted token is exactly the target's sample, and a seeded request gets the same tokens
+with speculation on or off.
+
+A draft that carries its distributions q (DSpark on a sampled request) follows the
+speculative-sampling rule: accept d with probability min(1, p(d)/q(d)), resample the first
+rejection from norm(max(0, p − q)), and add a bonus token from p when all are accepted
+(spec/deepinfer.md §1.6). Its uniforms are counter-based too: case 1 of a position drew the
+draft token, case 2 is its acceptance test and case 0 the target's draw, so a seeded request
+replays exactly for the same verify lengths. A request with a grammar gets its mask on
+every verify row, the matcher advanced through the draft and rolled back after.
 """
 
 import numpy as np
@@ -17,15 +23,29 @@ from deepwell.engine.request import Request
 from deepwell.engine.sampling import filtered_probs, inverse_cdf, uniform
 from deepwell.engine.structured import apply_masks
 
+# The uniform of a position's acceptance test (cases 0 and 1 are the target's and the
+# draft's draws, sampling.uniform).
+ACCEPT_CASE = 2
 
-def verify(logits: torch.Tensor, draft: list[int], request: Request) -> list[int]:
-    """logits: [len(draft) + 1, vocab] float32, row i predicting the token after draft[:i].
+
+def verify(
+    logits: torch.Tensor,
+    draft: list[int],
+    request: Request,
+    draft_probs: torch.Tensor | None = None,
+) -> list[int]:
+    """logits: [len(draft) + 1, vocab] float32, row i predicting the token after draft[:i];
+    draft_probs: [len(draft), vocab], the distributions the draft was drawn from (None:
+    point masses).
 
     Returns the accepted draft tokens followed by one token of the target's.
     """
+    proposed = draft
     if request.matcher is not None:
         draft = _apply_grammar(logits, draft, request)
         logits = logits[: len(draft) + 1]
+    if draft_probs is not None and not request.params.greedy:
+        return _speculative_sampling(logits, proposed, len(draft), draft_probs, request)
     if request.params.greedy:
         targets = logits.argmax(dim=-1).tolist()
     else:
@@ -37,6 +57,34 @@ def verify(logits: torch.Tensor, draft: list[int], request: Request) -> list[int
     while accepted < len(draft) and targets[accepted] == draft[accepted]:
         accepted += 1
     return draft[:accepted] + [targets[accepted]]
+
+
+def _speculative_sampling(
+    logits: torch.Tensor,
+    draft: list[int],
+    allowed: int,
+    draft_probs: torch.Tensor,
+    request: Request,
+) -> list[int]:
+    """The rule over draft tokens whose first `allowed` the grammar permits: the next one,
+    if any, has p = 0 under the mask and is rejected (resampled from the residual, not from
+    p, which would bias the emitted token toward what q favoured)."""
+    probs = filtered_probs(logits, [request] * logits.shape[0])
+    for i in range(min(len(draft), allowed + 1)):
+        position = request.num_tokens + i
+        token = draft[i]
+        p, q = probs[i], draft_probs[i].to(probs.dtype)
+        if i < allowed and uniform(request.seed, position, ACCEPT_CASE) * q[token] < p[token]:
+            continue
+        residual = (p - q).clamp(min=0)
+        if not residual.sum() > 0:
+            # p ≤ q everywhere means p = q up to rounding: the residual is p itself.
+            residual = p
+        resampled = inverse_cdf(residual.unsqueeze(0), [uniform(request.seed, position)])
+        return draft[:i] + [int(resampled)]
+    position = request.num_tokens + len(draft)
+    bonus = inverse_cdf(probs[len(draft) : len(draft) + 1], [uniform(request.seed, position)])
+    return draft + [int(bonus)]
 
 
 def _apply_grammar(logits: torch.Tensor, draft: list[int], request: Request) -> list[int]:

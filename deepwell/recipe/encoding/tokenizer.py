@@ -147,6 +147,10 @@ class Tokenizer:
         """The id of the added token spelled exactly `spelling`, if there is one."""
         return self._special_ids.get(spelling)
 
+    def added_spellings(self) -> list[str]:
+        """Every added token's spelling: the text a full-vocabulary encode maps to one id."""
+        return list(self._special_ids)
+
     def decode(self, ids: list[int]) -> str:
         return self._full.decode(ids, skip_special_tokens=False)
 

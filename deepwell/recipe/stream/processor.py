@@ -18,6 +18,7 @@ from deepwell.recipe.stream.chunks import (
     PromptUsage,
     new_tool_call_id,
 )
+from deepwell.recipe.stream.json_calls import DSML, JsonCallParser, json_call_markers
 from deepwell.recipe.stream.parser import (
     ARGUMENT,
     BRACKET,
@@ -100,17 +101,15 @@ class StreamProcessor:
     ) -> None:
         options = parsing_options
         self._generator = generator
-        think_end = options.special_tokens.token(SpecialToken.ThinkingEnd)
-        dsml = options.special_tokens.token(SpecialToken.Dsml)
-        self._text_stages = build_stages(options, think_end, dsml)
+        self._decoder = TokenDecoder(tokenizer) if tokenizer is not None else None
+        self._text_stages = _stages(options, str)
         self._token_stages = None
-        self._decoder = None
-        if tokenizer is not None:
-            self._decoder = TokenDecoder(tokenizer)
-            self._token_stages = build_stages(
-                options, self._decoder.symbol(think_end), self._decoder.symbol(dsml)
-            )
-        self._parser = StreamParser(options, self._text_stages)
+        if self._decoder is not None:
+            self._token_stages = _stages(options, self._decoder.symbol)
+        if options.tool_call_format == DSML:
+            self._parser = StreamParser(options, self._text_stages)
+        else:
+            self._parser = JsonCallParser(options, self._text_stages)
         self._records: deque[_Record] = deque()
         self._state = _OPEN
         self._started = False
@@ -403,6 +402,15 @@ class StreamProcessor:
             # every log probability of the chunk.
             return [entry for entry in entries if entry is not None]
         return [entries[i] for i in taken if entries[i] is not None]
+
+
+def _stages(options: ParsingOptions, spell):
+    """The parser's markers, spelled by `spell` (text as is, or token-chunk symbols)."""
+    if options.tool_call_format == DSML:
+        think_end = options.special_tokens.token(SpecialToken.ThinkingEnd)
+        dsml = options.special_tokens.token(SpecialToken.Dsml)
+        return build_stages(options, spell(think_end), spell(dsml))
+    return json_call_markers(options, spell)
 
 
 def _add(record: _Record, kind: int, text: str, start: int, end: int) -> None:

@@ -4,7 +4,7 @@ import torch
 
 from deepwell.engine import SamplingParams
 from deepwell.engine.kv.cache import KVCache
-from deepwell.engine.kv.layout import KVLayout, PagedSpec, RingSpec, StateSpec
+from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec, StateSpec
 from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.request import Request
 
@@ -41,10 +41,13 @@ def test_a_spec_with_its_own_dtype_is_sized_and_allocated_in_it():
     assert cache.rings["window"][0].dtype == torch.bfloat16
 
 
-def test_stacked_rings_without_exact_replay_reuse_no_prefix():
-    layout = KVLayout(paged=V41_LIKE.paged, rings=V41_LIKE.rings, exact_ring_replay=False)
-    assert layout.reusable_prefix(96, 16) == 0
-    assert V41_LIKE.reusable_prefix(96, 16) == 64
+def test_snapshot_rows_widen_only_window_rings_by_a_block():
+    tail = RingSpec("tail", 3, (2, 8), window=1, max_backtrack=6, role=CacheRole.COMPRESSOR_TAIL)
+    layout = KVLayout(paged=V41_LIKE.paged, rings=(*V41_LIKE.rings, tail), ring_snapshots=True)
+    widened = layout.with_snapshot_rows(16)
+    assert [r.rows for r in widened.rings] == [16 + 6 + 16, 1 + 6]
+    # A chunk starting at a block boundary reads the window's last 15 rows and no tail row.
+    assert [r.rows_before_boundary(16) for r in widened.rings] == [15, 0]
 
 
 def test_cache_tensors_have_blocks_and_slots_leading():

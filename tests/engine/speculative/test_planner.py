@@ -63,12 +63,12 @@ def test_confidence_learns_survival_per_position_and_tracks_its_error():
 def test_ngram_drafts_the_continuation_of_the_longest_latest_match():
     drafter = NgramDrafter(min_n=2, max_n=3)
     tokens = [1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3]
-    draft = drafter.propose("r", tokens, 3)
+    draft = drafter.lookup("r", tokens, 3)
     assert draft.tokens == [4, 5, 9] and draft.bucket == 3
     tokens += [8]
-    assert drafter.propose("r", tokens, 3) is None
+    assert drafter.lookup("r", tokens, 3) is None
     tokens += [2, 3]
     # The 2-gram [2, 3] last occurred before the 8: its continuation follows.
-    assert drafter.propose("r", tokens, 2).tokens == [8, 2]
+    assert drafter.lookup("r", tokens, 2).tokens == [8, 2]
     drafter.forget("r")
-    assert drafter.propose("r", [5, 6, 5, 6], 4).tokens == [5, 6]
+    assert drafter.lookup("r", [5, 6, 5, 6], 4).tokens == [5, 6]

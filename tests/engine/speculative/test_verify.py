@@ -80,3 +80,35 @@ def test_seeded_sampling_is_identical_with_speculation_on_and_off(make_core):
         return tokens
 
     assert generate(5) == generate(0)
+
+
+def test_drafts_with_distributions_emit_the_target_distribution():
+    """The speculative-sampling rule: whatever q drew the draft, the emitted token follows
+    p, acceptance is Σ min(p, q), and the token after an accepted one follows the next row."""
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, VOCAB, generator=generator) * 1.5
+    probs = logits.softmax(dim=-1)
+    # A draft distribution unlike the target's, with mass where p has little.
+    q = (torch.randn(2, VOCAB, generator=generator) * 1.5).softmax(dim=-1)
+    first = torch.zeros(VOCAB)
+    second = torch.zeros(VOCAB)
+    accepted_first = 0
+    for seed in range(DRAWS):
+        draft = torch.multinomial(q, 1, generator=generator).squeeze(1).tolist()
+        tokens = verify(logits, draft, _request(seed), q)
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0] and len(tokens) > 1:
+            accepted_first += 1
+            second[tokens[1]] += 1
+    assert _chi_square(first, probs[0]) < CHI2_11_P001
+    assert _chi_square(second, probs[1]) < CHI2_11_P001
+    rate = accepted_first / DRAWS
+    expected = torch.minimum(probs[0], q[0]).sum().item()
+    assert abs(rate - expected) < 4 * (expected * (1 - expected) / DRAWS) ** 0.5
+
+
+def test_a_draft_with_distributions_replays_for_its_seed():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3))
+    q = torch.full((3, VOCAB), 1 / VOCAB)
+    runs = {tuple(verify(logits, [1, 2, 3], _request(seed), q)) for seed in (5, 5, 5)}
+    assert len(runs) == 1

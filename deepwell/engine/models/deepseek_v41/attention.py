@@ -13,7 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
-from deepwell.engine.layers.step_metadata import CompressedPlan, StepMetadata, TailPlan
+from deepwell.engine.layers.step_metadata import (
+    CompressedPlan,
+    StepMetadata,
+    TailPlan,
+    WindowPlan,
+)
 from deepwell.engine.models.deepseek_v41.cache_formats import qdq_fp8, qdq_mxfp4, qdq_nvfp4
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
@@ -165,13 +170,15 @@ class CSA2Attention(nn.Module):
         u: torch.Tensor,
         rotation: torch.Tensor,
         meta: StepMetadata,
+        windows: list[WindowPlan],
         ring: torch.Tensor,
         compressed: CompressedCaches | None,
         shared: dict[int, SharedSelection],
     ) -> torch.Tensor:
-        """u [rows, hidden] (compute dtype), rotation [rows, pairs]; `ring` is this layer's
-        window ring [slots, ring_rows, dim]; `compressed` the caches of this layer's KV
-        source; `shared` maps a sequence to its compressed state within this forward."""
+        """u [rows, hidden] (compute dtype), rotation [rows, pairs]; `windows` the step's
+        window plans for this layer; `ring` is this layer's window ring [slots, ring_rows,
+        dim]; `compressed` the caches of this layer's KV source; `shared` maps a sequence to
+        its compressed state within this forward."""
         qr = self.q_norm(self.wq_a(u))
         q = self.wq_b(qr).view(-1, self.num_heads, self.head_dim)
         q = self.rotary.apply(q, rotation)
@@ -179,7 +186,6 @@ class CSA2Attention(nn.Module):
         if self.qdq:
             kv = qdq_fp8(kv)
         out = torch.empty_like(q)
-        windows = meta.windows["window"]
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
             rows = seq.rows
             chunk_kv = kv[rows]
@@ -231,6 +237,14 @@ class CSA2Attention(nn.Module):
                 scores = scores.masked_fill(~state.pool, float("-inf"))
             state.selected = indexer.select(scores)
         return state
+
+    def write_entries(self, u: torch.Tensor, meta: StepMetadata, caches: CompressedCaches) -> None:
+        """Compress rows this layer does not otherwise run (compact bounded replay: the
+        rows before the replay start), one sequence of `meta` at a time."""
+        ratio = self.plan.compress_ratio
+        for index, seq in enumerate(meta.sequences):
+            tail = meta.tails[ratio][index] if ratio > 1 else None
+            self._write_entries(u[seq.rows], seq.slot, meta.compressed[ratio][index], tail, caches)
 
     def _write_entries(
         self, u, slot: int, plan: CompressedPlan, tail: TailPlan | None, caches: CompressedCaches

@@ -80,6 +80,14 @@ class DeepseekV41Config:
     engram_pad_token_id: int
     engram_compressed_vocab_size: int
     num_nextn_predict_layers: int
+    # DSpark (spec §3.6): the draft block width, its noise token, the target layers whose
+    # attention inputs feed it, the Markov head's rank and the stages' experts.
+    dspark_block_size: int
+    dspark_noise_token_id: int
+    dspark_target_layer_ids: tuple[int, ...]
+    dspark_markov_rank: int
+    dspark_n_routed_experts: int
+    dspark_num_experts_per_tok: int
     eos_token_ids: tuple[int, ...]
     # Quantise-dequantise the caches in the released formats (fp8 window, fp4 compressed
     # KV and index keys/queries, spec §3.7), as the model was trained and DeepInfer stores
@@ -166,6 +174,13 @@ class DeepseekV41Config:
             engram_pad_token_id=text.get("engram_pad_token_id", 2),
             engram_compressed_vocab_size=text.get("engram_compressed_vocab_size", 0),
             num_nextn_predict_layers=text.get("num_nextn_predict_layers", 0),
+            # The release's values (spec §3): what a config that omits them means.
+            dspark_block_size=text.get("dspark_block_size", 5),
+            dspark_noise_token_id=text.get("dspark_noise_token_id", 128799),
+            dspark_target_layer_ids=tuple(text.get("dspark_target_layer_ids", (37, 38, 39))),
+            dspark_markov_rank=text.get("dspark_markov_rank", 256),
+            dspark_n_routed_experts=text.get("dspark_n_routed_experts", 128),
+            dspark_num_experts_per_tok=text.get("dspark_num_experts_per_tok", 3),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]),
         )
         config.layer_plans()  # a bad schedule fails at load, not at the first forward

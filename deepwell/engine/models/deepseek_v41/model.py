@@ -4,8 +4,11 @@ residual, Engram memory reads, and the KV layout holding all per-sequence state.
 Every cache lives in the engine's layout (spec/deepseek_v41.md §4): the window rows of every
 layer and the ratio-2 compressor tails in per-sequence rings, the compressed entries and
 index keys of the KV sources in the shared paged blocks. Chunked prefill, decode and mixed
-batches therefore run as they do for Llama. The DSpark draft stages (`mtp.*`) load with the
-checkpoint and are not built yet.
+batches therefore run as they do for Llama. The layers from the first ratio-1 layer on are
+YOCO consumers: in a bounded-replay mode (kv/replay.py) their window stops at the request's
+replay start, and in compact mode they run only the rows from there. With DSpark on, the
+target also fills the draft stages' context rings from its `dspark_target_layer_ids`
+layers (dspark.py).
 """
 
 import dataclasses
@@ -25,7 +28,8 @@ from deepwell.engine.models.deepseek_v41.attention import (
     Norm,
     SharedSelection,
 )
-from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
+from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
+from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -84,12 +88,34 @@ class DeepseekV41Block(nn.Module):
                 c.rms_norm_eps,
             )
 
-    def forward(self, streams, pre, rotation, meta, ring, compressed, shared, engram_rows, dtype):
+    def attention_input(self, streams, pre, engram_rows, dtype) -> torch.Tensor:
+        """The attention's input u alone (compact bounded replay compresses dropped rows)."""
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
+        return self.attn_norm(collapse(streams, pre).to(dtype))
+
+    def forward(
+        self,
+        streams,
+        pre,
+        rotation,
+        meta,
+        windows,
+        ring,
+        compressed,
+        shared,
+        engram_rows,
+        dtype,
+        features,
+    ):
+        if self.engram is not None:
+            streams = self.engram(streams, engram_rows)
+        if features is not None:
+            # DSpark's target feature: the residual entering attention, streams averaged.
+            features.append(streams.mean(1))
         attn_pre, post, comb = self.hc_attn(streams)
         u = self.attn_norm(collapse(streams, pre).to(dtype))
-        attended = self.attn(u, rotation, meta, ring, compressed, shared)
+        attended = self.attn(u, rotation, meta, windows, ring, compressed, shared)
         streams = expand(attended.float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
         u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
@@ -106,6 +132,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         dtype: torch.dtype,
         engram_tables: EngramTables | None = None,
         backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
+        dspark: bool = False,
     ) -> None:
         super().__init__()
         self.config = config
@@ -138,6 +165,19 @@ class DeepseekV41ForCausalLM(nn.Module):
             if plan.compress_ratio
         }
         self._ratios = tuple(sorted(sources))
+        self.yoco_boundary = _yoco_boundary(self.plans)
+        self.dspark = None
+        if dspark:
+            if not config.num_nextn_predict_layers:
+                raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
+            targets = list(config.dspark_target_layer_ids)
+            # Their features concatenate in layer order, as the forward meets them.
+            increasing = bool(targets) and targets == sorted(set(targets))
+            if not increasing or targets[0] < 0 or targets[-1] >= len(self.plans):
+                raise ModelLoadError(
+                    f"dspark_target_layer_ids {targets} must be increasing backbone layers"
+                )
+            self.dspark = DSpark(config, self.plain_rotary, backend)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -161,7 +201,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(config, options.dtype, tables, options.sink_backend_class)
+        return cls(config, options.dtype, tables, options.sink_backend_class, options.dspark)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
@@ -180,7 +220,14 @@ class DeepseekV41ForCausalLM(nn.Module):
                     )
                 )
         rings = [
-            RingSpec("window", len(self.plans), (c.head_dim,), c.sliding_window, MAX_BACKTRACK)
+            RingSpec(
+                "window",
+                len(self.plans),
+                (c.head_dim,),
+                c.sliding_window,
+                MAX_BACKTRACK,
+                consumers_from=self.yoco_boundary,
+            )
         ]
         tails = [ratio for ratio in self._ratios if ratio > 1]
         for ratio in tails:
@@ -196,13 +243,31 @@ class DeepseekV41ForCausalLM(nn.Module):
                     role=CacheRole.COMPRESSOR_TAIL,
                 )
             )
+        if self.dspark is not None:
+            # One context ring per draft stage: their window of projected target features.
+            rings.append(
+                RingSpec(
+                    DSPARK_RING,
+                    len(self.dspark.stages),
+                    (c.head_dim,),
+                    c.sliding_window,
+                    MAX_BACKTRACK,
+                    # Fed by the target layers' features: consumers once any target is one.
+                    consumers_from=0 if self._dspark_reads_consumers() else None,
+                )
+            )
         engram = any(p.engram_slot >= 0 for p in self.plans)
         return KVLayout(
             paged=tuple(paged),
             rings=tuple(rings),
-            exact_ring_replay=False,
+            ring_snapshots=True,
+            yoco_boundary=self.yoco_boundary,
             token_history=c.engram_max_ngram_size - 1 if engram else 0,
         )
+
+    def _dspark_reads_consumers(self) -> bool:
+        boundary = self.yoco_boundary
+        return boundary is not None and any(t >= boundary for t in self.dspark.targets)
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
@@ -217,6 +282,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), meta.token_history), dim=1)
         shared: dict[int, SharedSelection] = {}
+        num_rows = input_ids.shape[0]
+        step = meta
+        features: list[torch.Tensor] = []
+        targets = () if self.dspark is None else self.dspark.targets
         for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
             plan = block.plan
             compressed = None
@@ -231,18 +300,56 @@ class DeepseekV41ForCausalLM(nn.Module):
             engram_rows = None
             if block.engram is not None:
                 engram_rows = ngram_rows(self.engram_tables, plan.engram_slot, history)
+            consumer = self.yoco_boundary is not None and plan.index >= self.yoco_boundary
+            if plan.index == self.yoco_boundary and meta.compact is not None:
+                # Compact bounded replay: the boundary layer still compresses the dropped
+                # rows (the consumers' shared KV covers every position), then every row
+                # before its sequence's replay start leaves the step.
+                compact = meta.compact
+                dropped = compact.dropped_rows
+                u = block.attention_input(
+                    streams[dropped],
+                    pre[dropped],
+                    None if engram_rows is None else engram_rows[dropped],
+                    self.dtype,
+                )
+                block.attn.write_entries(u, compact.dropped, compressed)
+                kept = compact.rows
+                if not kept.numel():
+                    return streams.new_zeros(num_rows, c.hidden_size)
+                streams, pre = streams[kept], pre[kept]
+                rotations = {key: value[kept] for key, value in rotations.items()}
+                history = None if history is None else history[kept]
+                engram_rows = None if engram_rows is None else engram_rows[kept]
+                shared.clear()
+                # DSpark's context rings then take the kept rows only: replay keeps at
+                # least a window, all a draft reads.
+                features[:] = [feature[kept] for feature in features]
+                positions = positions[kept]
+                step = compact.kept
+            windows = step.consumer_windows("window") if consumer else step.windows["window"]
             streams, pre = block(
                 streams,
                 pre,
                 rotations[bool(plan.compress_ratio)],
-                meta,
+                step,
+                windows,
                 ring,
                 compressed,
                 shared,
                 engram_rows,
                 self.dtype,
+                features if plan.index in targets else None,
             )
-        return self.norm(collapse(streams, pre))
+        if self.dspark is not None:
+            self.dspark.write_context(features, positions, step, kv_cache.rings[DSPARK_RING])
+        hidden = self.norm(collapse(streams, pre))
+        if step is meta:
+            return hidden
+        # Rows the consumers skipped sample nothing: zeros keep the step's row order.
+        full = hidden.new_zeros(num_rows, hidden.shape[-1])
+        full[meta.compact.rows] = hidden
+        return full
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden.float())
@@ -250,7 +357,7 @@ class DeepseekV41ForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy tensors under the released checkpoint's names (spec §3.8), dequantised to
-        float; every parameter must be set. `mtp.*` (DSpark) is not built yet."""
+        float; every parameter must be set. `mtp.*` (DSpark) loads only when DSpark is on."""
         params = dict(self.named_parameters())
         unset = set(params)
 
@@ -268,9 +375,11 @@ class DeepseekV41ForCausalLM(nn.Module):
 
         halves: dict[str, dict[str, torch.Tensor]] = {}
         for source, value in tensors.items():
-            if source.startswith("mtp.") or source.endswith(".ffn.gate.bias_vl"):
-                continue  # the DSpark drafter; image-token routing
-            name = _parameter_name(source)
+            if source.endswith(".ffn.gate.bias_vl"):
+                continue  # image-token routing
+            if source.startswith("mtp.") and self.dspark is None:
+                continue  # the DSpark drafter, not used
+            name = _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
             if name.endswith((".w1", ".w3")):
                 halves.setdefault(name[:-3], {})[name[-2:]] = value
                 continue
@@ -288,12 +397,27 @@ class DeepseekV41ForCausalLM(nn.Module):
                 module.to(self.dtype)
 
 
+def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
+    """DeepInfer's n_prefill_layer: the first ratio-1 layer, when every layer from it on
+    reads only its compressed KV (or none), so the layers before it decide all paged state
+    and the ones after keep nothing but their own windows (spec/deepinfer.md §1.6)."""
+    boundary = next((p.index for p in plans if p.compress_ratio == 1), None)
+    if boundary is None:
+        return None
+    for plan in plans[boundary + 1 :]:
+        if plan.selection is Selection.FULL or plan.kv_source not in (-1, boundary):
+            return None
+    return boundary
+
+
+# A backbone block or a draft stage (released `mtp.K`, renamed before matching).
+_BLOCK = r"(?:layers|dspark\.stages)\.\d+"
 _PARAMETER_NAMES = (
-    (re.compile(r"(layers\.\d+)\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.weight$"), r"\1.gate"),
-    (re.compile(r"(layers\.\d+\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
-    (re.compile(r"(layers\.\d+\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
-    (re.compile(r"(layers\.\d+\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
+    (re.compile(rf"({_BLOCK})\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.weight$"), r"\1.gate"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
+    (re.compile(rf"({_BLOCK}\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
 )
 
 

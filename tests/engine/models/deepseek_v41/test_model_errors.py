@@ -44,6 +44,16 @@ def test_a_compressed_layer_without_a_source_of_its_ratio_is_refused(tmp_path):
         EngineCore(args(path))
 
 
+@pytest.mark.parametrize("targets", [[7, 5, 6], [5, 6, 8]], ids=["unordered", "past-the-last"])
+def test_dspark_target_layers_must_be_increasing_backbone_layers(tmp_path, targets):
+    path = write_tiny_checkpoint(tmp_path, seed=1).path
+    edit_config(path, dspark_target_layer_ids=targets)
+    with pytest.raises(ModelLoadError, match="must be increasing backbone layers"):
+        EngineCore(args(path, speculative_method="dspark"))
+    # Without DSpark the draft stages are not built, so their targets do not matter.
+    assert EngineCore(args(path, speculative_method="ngram")).speculator is not None
+
+
 def test_a_missing_shard_names_the_file(tmp_path):
     written = write_tiny_checkpoint(tmp_path, seed=1)
     (written.path / written.shards[-1]).unlink()

@@ -1,0 +1,77 @@
+"""Command-line options of a cluster of engine workers behind one `deepwell serve`."""
+
+from __future__ import annotations
+
+import argparse
+
+from deepwell.serve.cluster.routing import POLICIES
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=int, default=1, help="engine worker processes behind this front end"
+    )
+    parser.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=0,
+        help="PD disaggregation: workers that compute prompts and write their KV to --kv-store",
+    )
+    parser.add_argument(
+        "--decode-workers",
+        type=int,
+        default=0,
+        help="PD disaggregation: workers that load a prompt's KV from --kv-store and decode",
+    )
+    parser.add_argument(
+        "--worker-address",
+        metavar="tcp://HOST:PORT",
+        help="also accept workers started elsewhere with `deepwell worker --connect` here",
+    )
+    parser.add_argument(
+        "--routing-policy",
+        choices=sorted(POLICIES),
+        default="least-outstanding",
+        help="how a request picks its worker (default: least outstanding tokens, ties to the "
+        "longest prefix hit)",
+    )
+    parser.add_argument(
+        "--drain-max-utilisation",
+        type=float,
+        default=0.8,
+        help="quota guard: refuse to drain a worker if the others would exceed this KV "
+        "utilisation (default: 0.8)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a draining worker's requests may take to finish before they move",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=1.0,
+        help="seconds without a heartbeat after which a worker is taken for dead",
+    )
+
+
+def worker_roles(args: argparse.Namespace) -> list[str]:
+    """One role per worker to start: all "mixed", or prefill ones then decode ones.
+
+    Raises `ValueError` for combinations that cannot run.
+    """
+    prefill, decode = args.prefill_workers, args.decode_workers
+    if prefill < 0 or decode < 0 or args.workers < 1:
+        raise ValueError("worker counts must be positive")
+    if not prefill and not decode:
+        return ["mixed"] * args.workers
+    if not prefill or not decode:
+        raise ValueError("PD disaggregation needs --prefill-workers and --decode-workers both")
+    if args.workers != 1:
+        raise ValueError("--workers does not combine with --prefill-workers/--decode-workers")
+    if args.kv_store is None or args.no_prefix_caching:
+        raise ValueError(
+            "PD disaggregation moves KV through the store: it needs --kv-store and prefix caching"
+        )
+    return ["prefill"] * prefill + ["decode"] * decode

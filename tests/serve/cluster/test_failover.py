@@ -1,0 +1,386 @@
+"""Routing, failover, PD hand-off, heartbeats and fingerprint refusal in the engine client,
+over real ZeroMQ sockets with scripted engines in threads."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+import zmq
+from servers import free_port
+
+from deepwell.serve.engine_client import (
+    DrainRefused,
+    EngineClient,
+    EngineUnavailable,
+    WorkerRole,
+)
+from deepwell.serve.messages import (
+    GenerateRequest,
+    ModelInfo,
+    Shutdown,
+    TokenOutput,
+    WorkerStats,
+    encode_message,
+)
+from deepwell.serve.worker import send_heartbeats, serve_engine
+
+MODEL = ModelInfo("positional", "none", 4096, "{}", None, [0], fingerprint="00" * 16)
+
+
+class PositionalEngine:
+    """Token at sequence position p is 1000 + p: a continuation on another worker, given
+    the produced tokens as prompt, produces what the first would have."""
+
+    def __init__(self, model=MODEL, step_s=0.005):
+        self.model = model
+        self.step_s = step_s
+        self.requests = {}
+        self.received = []
+
+    def add_request(self, request):
+        self.received.append(request)
+        self.requests[request.request_id] = [request, 0]
+
+    def abort(self, request_ids):
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+
+    def has_unfinished(self):
+        return bool(self.requests)
+
+    def step(self):
+        time.sleep(self.step_s)
+        outputs = []
+        for request_id, state in list(self.requests.items()):
+            request, produced = state
+            token = 1000 + len(request.prompt_token_ids) + produced
+            state[1] = produced + 1
+            done = state[1] >= request.max_tokens
+            if done:
+                del self.requests[request_id]
+            finish = "length" if done else None
+            outputs.append(TokenOutput(request_id, [token], finish, 3, 0, None))
+        return outputs
+
+    def stats(self):
+        n = len(self.requests)
+        return WorkerStats(n, 0, n, 64)
+
+    def model_info(self):
+        return self.model
+
+
+class Workers:
+    """Scripted workers in threads, each with its heartbeat thread (which `silence` stops)."""
+
+    def __init__(self, tmp_path, engines):
+        self.context = zmq.Context()
+        self.outbox = f"ipc://{tmp_path}/out"
+        self.inboxes = [f"ipc://{tmp_path}/in-{i}" for i in range(len(engines))]
+        self.engines = engines
+        self.stops = []
+        self.threads = []
+        self.sockets = []
+        for worker_id, (engine, address) in enumerate(zip(engines, self.inboxes, strict=True)):
+            inbox = self.context.socket(zmq.PULL)
+            inbox.bind(address)
+            outbox = self.context.socket(zmq.PUSH)
+            outbox.connect(self.outbox)
+            self.sockets += [inbox, outbox]
+            stop = threading.Event()
+            self.stops.append(stop)
+            self.threads.append(
+                threading.Thread(target=serve_engine, args=(engine, worker_id, inbox, outbox))
+            )
+            self.threads.append(
+                threading.Thread(
+                    target=send_heartbeats, args=(self.context, self.outbox, worker_id, stop)
+                )
+            )
+        for thread in self.threads:
+            thread.start()
+
+    def silence(self, worker_id):
+        self.stops[worker_id].set()
+
+    def close(self):
+        for stop in self.stops:
+            stop.set()
+        sender = self.context.socket(zmq.PUSH)
+        for address in self.inboxes:
+            sender.connect(address)
+        for _ in self.inboxes:
+            sender.send(encode_message(Shutdown()))
+        for thread in self.threads:
+            thread.join(timeout=5)
+        sender.close(linger=0)
+        for socket in self.sockets:
+            socket.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = []
+
+    def make(*engines):
+        made.append(Workers(tmp_path, list(engines)))
+        return made[-1]
+
+    yield make
+    for workers in made:
+        workers.close()
+
+
+def request(request_id, max_tokens, prompt=(1, 2, 3)):
+    return GenerateRequest(request_id, list(prompt), max_tokens, 1.0, 1.0, 7, [], None)
+
+
+async def collect(stream):
+    return [token async for output in stream for token in output.token_ids]
+
+
+def test_requests_spread_over_workers_by_outstanding_tokens(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        results = await asyncio.gather(
+            *(collect(client.generate(request(str(i), 5))) for i in range(4))
+        )
+        views = client.workers()
+        await client.close()
+        return results, views
+
+    results, views = asyncio.run(main())
+    assert results == [[1003, 1004, 1005, 1006, 1007]] * 4
+    assert [v.routed_requests for v in views] == [2, 2]
+    assert [len(e.received) for e in workers.engines] == [2, 2]
+
+
+def test_a_lost_workers_stream_continues_on_another_without_gap_or_duplicate(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 30))
+        tokens = []
+        async for output in stream:
+            tokens += output.token_ids
+            if len(tokens) == 5:
+                client.worker_lost(0, "killed")
+        views = client.workers()
+        await client.close()
+        return tokens, views
+
+    tokens, views = asyncio.run(main())
+    assert tokens == list(range(1003, 1033))
+    first, second = workers.engines
+    (continuation,) = second.received
+    # The produced tokens became prompt; the budget shrank by as many; the seed stayed.
+    assert continuation.prompt_token_ids[:3] == [1, 2, 3]
+    assert continuation.prompt_token_ids[3:] == tokens[: len(continuation.prompt_token_ids) - 3]
+    assert continuation.max_tokens == 30 - (len(continuation.prompt_token_ids) - 3)
+    assert continuation.seed == 7
+    assert views[0].failure == "killed" and views[1].live
+
+
+def test_without_another_worker_a_lost_workers_stream_fails_clearly(cluster):
+    workers = cluster(PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 10_000))
+        await anext(stream)
+        client.worker_lost(0, "killed")
+        with pytest.raises(EngineUnavailable, match="no engine worker is available"):
+            await collect(stream)
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_silent_worker_is_dropped_within_the_heartbeat_timeout(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes, heartbeat_timeout=0.5)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 400))
+        tokens = [*(await anext(stream)).token_ids]
+        workers.silence(0)
+        # The worker still computes, but nothing it says counts once it is taken for dead.
+        workers.engines[0].step_s = 2.0
+        start = time.monotonic()
+        while client.workers()[0].live:
+            await asyncio.sleep(0.02)
+        noticed = time.monotonic() - start
+        tokens += await collect(stream)
+        await client.close()
+        return tokens, noticed
+
+    tokens, noticed = asyncio.run(main())
+    assert noticed < 1.5
+    assert tokens == list(range(1003, 1403))
+
+
+def test_a_worker_with_another_fingerprint_is_refused(cluster):
+    foreign = ModelInfo("positional", "none", 4096, "{}", None, [0], fingerprint="ff" * 16)
+    workers = cluster(PositionalEngine(), PositionalEngine(model=foreign))
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        with pytest.raises(EngineUnavailable, match="refused: .*fingerprint ffff"):
+            await client.start(timeout=5)
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_pd_prefill_worker_computes_the_prompt_and_a_decode_worker_continues(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(
+            workers.outbox, workers.inboxes, roles=[WorkerRole.PREFILL, WorkerRole.DECODE]
+        )
+        await client.start(timeout=5)
+        tokens = await collect(client.generate(request("a", 6)))
+        await client.close()
+        return tokens, client.latency.handed_off
+
+    tokens, handed_off = asyncio.run(main())
+    assert tokens == list(range(1003, 1009)) and handed_off == 1
+    (prefill,) = workers.engines[0].received
+    (decode,) = workers.engines[1].received
+    assert prefill.max_tokens == 1 and prefill.prompt_token_ids == [1, 2, 3]
+    assert decode.prompt_token_ids == [1, 2, 3, 1003] and decode.max_tokens == 5
+
+
+def test_drain_is_refused_while_the_others_would_be_too_full(cluster):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 50))
+        await anext(stream)
+        # One block in use of the other worker's 64: 1.6 %, over a 1 % limit.
+        with pytest.raises(DrainRefused, match="would leave the others at 2% .* limit of 1%"):
+            await client.drain(0, max_utilisation=0.01, timeout=5)
+        assert not any(view.draining for view in client.workers())
+        await collect(stream)
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_the_last_worker_cannot_be_drained(cluster):
+    workers = cluster(PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        with pytest.raises(DrainRefused, match="inf"):
+            await client.drain(0, max_utilisation=0.8, timeout=5)
+        with pytest.raises(DrainRefused, match="no serving engine worker 3"):
+            await client.drain(3, max_utilisation=0.8, timeout=5)
+        await client.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("timeout", "finished", "migrated"), [(30.0, 1, 0), (0.0, 0, 1)])
+def test_drain_finishes_or_moves_the_workers_requests_then_stops_it(
+    cluster, timeout, finished, migrated
+):
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes)
+        await client.start(timeout=5)
+        stream = client.generate(request("a", 40))
+        tokens = [*(await anext(stream)).token_ids]
+        result = await client.drain(0, max_utilisation=0.8, timeout=timeout)
+        tokens += await collect(stream)
+        # New requests go to the remaining worker.
+        after = await collect(client.generate(request("b", 2)))
+        views = client.workers()
+        await client.close()
+        return result, tokens, after, views
+
+    result, tokens, after, views = asyncio.run(main())
+    assert (result.finished, result.migrated) == (finished, migrated)
+    assert tokens == list(range(1003, 1043)) and after == [1003, 1004]
+    assert views[0].failure == "drained" and not views[0].live
+    assert [r.request_id for r in workers.engines[1].received][-1] == "b"
+    # The drained worker was told to exit.
+    workers.threads[0].join(timeout=5)
+    assert not workers.threads[0].is_alive()
+
+
+def joining_worker(context, engine, worker_id, join_address, result):
+    """A worker that was not started by the front end: tcp inbox, announced in WorkerReady."""
+    inbox = context.socket(zmq.PULL)
+    inbox.bind("tcp://127.0.0.1:*")
+    outbox = context.socket(zmq.PUSH)
+    outbox.connect(join_address)
+    address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+    try:
+        result.append(serve_engine(engine, worker_id, inbox, outbox, None, address))
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=0)
+
+
+def test_a_worker_joins_over_tcp_and_one_with_another_fingerprint_is_refused(cluster, tmp_path):
+    workers = cluster(PositionalEngine())
+    join_address = f"tcp://127.0.0.1:{free_port()}"
+    foreign = ModelInfo("other", "none", 4096, "{}", None, [0], fingerprint="ff" * 16)
+    joiner, stranger = PositionalEngine(), PositionalEngine(model=foreign)
+    results = {7_000_001: [], 7_000_002: []}
+
+    async def main():
+        client = EngineClient(workers.outbox, workers.inboxes, join_address=join_address)
+        await client.start(timeout=5)
+        threads = [
+            threading.Thread(
+                target=joining_worker,
+                args=(workers.context, engine, worker_id, join_address, results[worker_id]),
+            )
+            for worker_id, engine in ((7_000_001, joiner), (7_000_002, stranger))
+        ]
+        for thread in threads:
+            thread.start()
+
+        def settled():
+            views = {view.worker_id: view for view in client.workers()}
+            joined, refused = views.get(7_000_001), views.get(7_000_002)
+            return joined and joined.live and refused and refused.failure
+
+        while not settled():
+            await asyncio.sleep(0.02)
+        # Both workers idle: the default policy's tie goes to the lowest id, so occupy it.
+        busy = client.generate(request("busy", 10_000))
+        await anext(busy)
+        joined = await collect(client.generate(request("joined", 3)))
+        await busy.aclose()
+        views = {view.worker_id: view for view in client.workers()}
+        await client.close()
+        for thread in threads:
+            thread.join(timeout=5)
+        return joined, views
+
+    joined, views = asyncio.run(main())
+    assert joined == [1003, 1004, 1005]
+    assert [r.request_id for r in joiner.received] == ["joined"]
+    assert views[7_000_001].live
+    refusal = views[7_000_002].failure
+    assert refusal.startswith("refused: it serves other (fingerprint ffff")
+    assert "the cluster serves positional" in refusal
+    (stop,) = results[7_000_002]
+    assert stop.refusal == refusal

@@ -1,0 +1,50 @@
+"""`deepwell serve`'s cluster options: worker roles and the combinations refused."""
+
+import argparse
+
+import pytest
+
+from deepwell.serve.cluster.options import worker_roles
+from deepwell.serve.settings import add_arguments
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_workers_are_mixed_by_default():
+    assert worker_roles(parse()) == ["mixed"]
+    assert worker_roles(parse("--workers", "3")) == ["mixed"] * 3
+
+
+def test_pd_starts_prefill_then_decode_workers():
+    args = parse("--prefill-workers", "1", "--decode-workers", "2", "--kv-store", "/tmp/kv")
+    assert worker_roles(args) == ["prefill", "decode", "decode"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--workers", "0"), "must be positive"),
+        (("--prefill-workers", "1"), "needs --prefill-workers and --decode-workers both"),
+        (("--prefill-workers", "1", "--decode-workers", "1"), "needs --kv-store"),
+        (
+            (
+                "--prefill-workers",
+                "1",
+                "--decode-workers",
+                "1",
+                "--workers",
+                "2",
+                "--kv-store",
+                "x",
+            ),
+            "does not combine",
+        ),
+    ],
+)
+def test_impossible_combinations_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        worker_roles(parse(*argv))
