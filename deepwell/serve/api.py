@@ -12,10 +12,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 import deepwell
@@ -50,6 +52,7 @@ from deepwell.serve.gateway import Gateway, GatewayCollector
 from deepwell.serve.messages import ModelInfo, WorkerStats
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
+from deepwell.serve.playground import ROUTES, STATIC_DIR, dialect_of, render, replay
 from deepwell.serve.settings import ServeSettings
 from deepwell.serve.tokenize import detokenize, tokenize
 
@@ -423,6 +426,44 @@ def create_app(
     async def version() -> Response:
         return JSONResponse({"version": deepwell.__version__})
 
+    @app.post("/v1/render")
+    async def render_prompt(request: Request, dialect: str | None = None) -> Response:
+        shape = ErrorShape.OPENAI
+        try:
+            body = await read_body(request)
+            dialect = dialect_of(body, dialect)
+            shape = ROUTES[dialect].shape
+            authorize(request, shape)
+            rendered = await run_in_threadpool(render, frontend, dialect, body)
+        except _REFUSALS as error:
+            return _refusal(shape, error)
+        return JSONResponse(asdict(rendered))
+
+    @app.post("/v1/replay")
+    async def replay_output(request: Request) -> Response:
+        try:
+            authorize(request, None)
+            fields = _replay_fields(await read_body(request))
+            dialect = dialect_of(fields.request, fields.dialect)
+        except _REFUSALS as error:
+            return _refusal(ErrorShape.OPENAI, error)
+        try:
+            result = await run_in_threadpool(
+                replay, frontend, dialect, fields.request, fields.output
+            )
+        except _REFUSALS as error:
+            return _refusal(ROUTES[dialect].shape, error)
+        return JSONResponse(asdict(result))
+
+    if settings.playground:
+        # The page and its scripts are public; every call they make carries the key the
+        # user typed into the page.
+        @app.get("/playground")
+        async def playground_root() -> Response:
+            return RedirectResponse("/playground/")
+
+        app.mount("/playground", StaticFiles(directory=STATIC_DIR, html=True), "playground")
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
@@ -464,6 +505,35 @@ def create_app(
 # What a request can be refused with before it runs: the service's own checks, the recipe's
 # conversion errors, and what the recipe raises for bodies it cannot read or encode (spec §1).
 _REFUSALS = (ApiError, ConversionError, ValueError, RuntimeError, RecursionError, OverflowError)
+
+
+@dataclass(frozen=True)
+class _ReplayFields:
+    """The body of `POST /v1/replay`: a request (JSON text or object), its dialect (None:
+    guessed) and the raw model output to replay."""
+
+    request: str
+    dialect: str | None
+    output: str
+
+
+def _replay_fields(body: bytes) -> _ReplayFields:
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise ApiError(400, f"invalid JSON body: {error}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be an object with `request` and `output`")
+    request, dialect, output = data.get("request"), data.get("dialect"), data.get("output")
+    if isinstance(request, dict):
+        request = json.dumps(request)
+    if not isinstance(request, str):
+        raise ApiError(400, "`request` must be a request body: a JSON object or its text")
+    if dialect is not None and not isinstance(dialect, str):
+        raise ApiError(400, "`dialect` must be a string")
+    if not isinstance(output, str):
+        raise ApiError(400, "`output` must be a string: the model's raw output")
+    return _ReplayFields(request, dialect, output)
 
 
 def _response_headers(prepared: PreparedRequest) -> dict[str, str]:

@@ -228,24 +228,11 @@ class Frontend:
                 f"got {cache_class!r}.",
             )
         header_seed = _parse_seed_header(seed_header)
-        try:
-            request = route.request_type(body)
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
-        model_name = request.model
+        model_name, converted, parsing_options = self.convert(route, body)
         sampling = read_sampling_fields(route.dialect, json.loads(body))
-        converted = request.convert(self.model.conversion_options)
         conversation = converted.conversation
-        parsing_options = converted.parsing_options
-        if not self.model.supports_tools:
-            if _declares_tools(conversation):
-                raise ApiError(400, f"The model {model_name} does not support tools.")
-            parsing_options.parse_tool_calls = False
-        if not self.model.supports_thinking and conversation.thinking_mode:
-            raise ApiError(400, f"The model {model_name} does not support thinking.")
-        parsing_options.tool_call_format = self.model.tool_call_format
-        template_kwargs = _template_kwargs(body, self.model)
-        prompt_token_ids = self.model.encode(conversation, template_kwargs)
+        kwargs = template_kwargs(body, self.model)
+        prompt_token_ids = self.model.encode(conversation, kwargs)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
         if sampling.max_completion_tokens is not None:
             max_tokens = self._completion_budget(
@@ -313,6 +300,32 @@ class Frontend:
                 param="max_completion_tokens",
             )
         return requested
+
+    def convert(
+        self, route: Route, body: bytes | str
+    ) -> tuple[str, ConversationRequest, ParsingOptions]:
+        """Parse and convert a body for the served model: its model name, the converted
+        request and the parsing options to read the output with.
+
+        Raises `ApiError` for unreadable bodies and what the model cannot do, and
+        `ConversionError` for requests the recipe refuses.
+        """
+        try:
+            request = route.request_type(body)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        model_name = request.model
+        converted = request.convert(self.model.conversion_options)
+        conversation = converted.conversation
+        parsing_options = converted.parsing_options
+        if not self.model.supports_tools:
+            if _declares_tools(conversation):
+                raise ApiError(400, f"The model {model_name} does not support tools.")
+            parsing_options.parse_tool_calls = False
+        if not self.model.supports_thinking and conversation.thinking_mode:
+            raise ApiError(400, f"The model {model_name} does not support thinking.")
+        parsing_options.tool_call_format = self.model.tool_call_format
+        return model_name, converted, parsing_options
 
     def count_tokens(self, body: bytes) -> int:
         """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""
@@ -435,7 +448,7 @@ def structured_output_spec(
     return StructuredOutputSpec(kind, spec, trigger)
 
 
-def _template_kwargs(body: bytes, model: ServedModel) -> dict | None:
+def template_kwargs(body: bytes, model: ServedModel) -> dict | None:
     """The request's `chat_template_kwargs` (vLLM's extension): extra template variables.
 
     The recipe ignores unknown fields, so the body is read again for this one, when it

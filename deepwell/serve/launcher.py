@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         key_tokens_per_minute=args.key_tokens_per_minute,
         default_seed=args.seed,
+        playground=not args.no_playground,
     )
     try:
         model_path(args)  # two disagreeing models stop here, before anything starts
@@ -265,9 +266,10 @@ async def _announce(
         '"temperature": 0}'
     )
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
+    playground = "" if args.no_playground else f"\nOr open http://{host}:{args.port}/playground"
     print(
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"
-        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}",
+        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}",
         flush=True,
     )

@@ -25,6 +25,8 @@ from deepwell.recipe.json_value import JsonValue
 from deepwell.recipe.stream.json_calls import DSML
 from deepwell.serve.messages import ModelInfo
 
+PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatTemplateEncoding
+
 # Without a tokenizer `--mock` counts prompts as 0 tokens; DeepSeek V4's context then only
 # bounds max_tokens.
 MOCK_CONTEXT_LIMIT = 1_048_576
@@ -51,6 +53,9 @@ class ServedModel:
     tool_call_format: str = DSML
     # Chat-template encoders take a request's `chat_template_kwargs`; DeepSeek's do not.
     takes_template_kwargs: bool = False
+    # The encoding behind `encoder` (the playground shows its rendered prompts); None under
+    # `--mock`, where each request's model version picks a DeepSeek encoding.
+    encoding: PromptEncoding | None = None
 
     def encode(
         self, conversation: Conversation, template_kwargs: Mapping[str, JsonValue] | None = None
@@ -111,6 +116,7 @@ def served_model(
             tokenizer=tokenizer,
             stop_token_ids=stop,
             tool_call_grammar=encoding.tool_call_grammar,
+            encoding=encoding,
         )
     template = chat_template if chat_template is not None else info.chat_template
     if template is None:
@@ -153,6 +159,7 @@ def served_model(
         tokenizer=tokenizer,
         stop_token_ids=stop,
         supports_tools=tool_call_parser is not None,
+        encoding=encoding,
         supports_thinking=False,
         tool_call_grammar=grammar,
         tool_call_format=tool_call_parser or DSML,

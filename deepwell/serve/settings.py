@@ -36,6 +36,8 @@ class ServeSettings:
     key_tokens_per_minute: int | None = None
     # The sampling seed of requests that bring none (serve --seed); None: a random one each.
     default_seed: int | None = None
+    # Serve the static page at /playground (its API calls still need a key).
+    playground: bool = True
 
 
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
@@ -126,6 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sampling seed of requests that bring none (default: a random one per request)",
     )
     defaults = ServeSettings()
+    http.add_argument(
+        "--no-playground",
+        action="store_true",
+        help="do not serve the browser playground at /playground",
+    )
     http.add_argument(
         "--key-tokens-per-minute",
         type=int,
