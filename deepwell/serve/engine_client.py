@@ -177,6 +177,8 @@ class EngineClient:
         self._block_size = block_size
         self._store = WorkerPrefixes() if shared_store else None
         self._heartbeat_timeout = heartbeat_timeout
+        # When the receive loop last found no frame waiting (_watch_heartbeats).
+        self._caught_up = time.monotonic()
         self._streams: dict[str, _Stream] = {}
         self._tasks: list[asyncio.Task] = []
         self._all_ready = asyncio.Event()
@@ -492,6 +494,8 @@ class EngineClient:
             if worker is None:
                 continue  # a worker this front end does not know: nothing to route to it
             worker.last_seen = time.monotonic()
+            if not self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._caught_up = worker.last_seen
             if isinstance(message, WorkerReady):
                 self._ready(worker, message)
             elif isinstance(message, WorkerFailed):
@@ -511,11 +515,13 @@ class EngineClient:
     async def _watch_heartbeats(self) -> None:
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
-            if self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                # Frames are waiting: this process, not the workers, fell behind (a busy
-                # event loop); judge silence once they are read.
-                continue
+            # With frames waiting, this process (a busy event loop), not the workers, may
+            # have fallen behind: silence counts only up to the last moment every frame
+            # sent had been read. (Skipping the check while frames wait starved it: live
+            # workers' heartbeats keep the socket busy on a loaded machine.)
             now = time.monotonic()
+            if self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                now = self._caught_up
             for worker in self._workers.values():
                 silent = now - worker.last_seen
                 # Giving up on the only live worker cannot save its requests, and on a
