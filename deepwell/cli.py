@@ -260,6 +260,7 @@ def _engine_args(args: argparse.Namespace, **overrides):
         num_speculative_tokens=args.num_speculative_tokens,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        quantization=args.quantization,
         **overrides,
     )
 

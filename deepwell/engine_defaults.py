@@ -8,6 +8,8 @@ package imports torch), so the HTTP process reads them without loading the engin
 # They follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
 DTYPES = ("bfloat16", "float32")
 DTYPE = "bfloat16"
+QUANTIZATIONS = ("none", "int4")
+QUANTIZATION = "none"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
 MAX_NUM_SEQS = 64

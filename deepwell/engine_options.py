@@ -67,4 +67,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="DeepSeek-V4.1: keep the caches in the engine dtype instead of the fp8/fp4 "
         "formats the model was trained with (for exact comparisons with a reference)",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=defaults.QUANTIZATIONS,
+        default=defaults.QUANTIZATION,
+        help="int4: linear calls of up to 6 rows (small decode steps) use 4-bit weights in "
+        "groups of 32, GGUF Q4_1's format (bf16 only; faster batch-1 decode) "
+        f"(default: {defaults.QUANTIZATION})",
+    )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

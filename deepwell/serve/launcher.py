@@ -78,6 +78,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             batch_invariant=args.batch_invariant,
             async_scheduling=not args.no_async_scheduling,
             quantize_kv_cache=not args.no_kv_cache_quantization,
+            quantization=args.quantization,
             num_threads=args.threads,
         )
         client = EngineClient(config.outbox_address, [config.inbox_address])

@@ -42,6 +42,8 @@ class WorkerConfig:
     async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
     # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
     quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
+    # Weight-only int4 for small linear calls (EngineArgs.quantization).
+    quantization: str = engine_defaults.QUANTIZATION
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
 
