@@ -6,7 +6,8 @@ runs in a fresh child process with the same torch thread count and dtype, so no 
 threads, allocator or oneDNN caches slow the other (run in one process, transformers read
 about half its own speed after deepwell's engine had started its threads).
 
-- deepwell: `LLM.generate` over W with speculation off and on (`--k` draft tokens);
+- deepwell: `LLM.generate` over W with speculation off and on (`--k` draft tokens), for
+  each of `--quantizations` (its `--quantization`: none, int4);
 - transformers `generate`: static left-padded batches of each `--hf-batch-sizes` in W's
   order, each generating its longest request's length (only requested tokens count), and
   its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
@@ -20,7 +21,8 @@ and warns when the baseline reads far below transformers' known figure on this k
 (a broken baseline is not a win).
 
     .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
-        [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--dtype bfloat16] [--json out.json]
+        [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
+        [--dtype bfloat16] [--json out.json]
 """
 
 import argparse
@@ -70,7 +72,12 @@ def child_deepwell(args, workload: list[dict], decode_prompt: list[int]) -> dict
     from deepwell.engine import LLM, SamplingParams
 
     # W's prompts share no prefix; off, so that a round does not hit the last round's blocks.
-    llm = LLM(dtype=args.dtype, enable_prefix_caching=False, num_speculative_tokens=args.k)
+    llm = LLM(
+        dtype=args.dtype,
+        enable_prefix_caching=False,
+        num_speculative_tokens=args.k,
+        quantization=args.quantization,
+    )
     greedy = {"temperature": 0, "ignore_eos": True}
     llm.generate(
         prompt_token_ids=[decode_prompt],
@@ -230,11 +237,17 @@ def run_child(args, kind: str, **extra) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-SPEC_OFF, SPEC_ON = "deepwell, speculation off", "deepwell, speculation on"
+def deepwell_name(quantization: str, speculation: str) -> str:
+    weights = "" if quantization == "none" else f" {quantization}"
+    return f"deepwell{weights}, speculation {speculation}"
 
 
 def configurations(args) -> dict[str, tuple[str, dict]]:
-    configs = {SPEC_OFF: ("deepwell", {"k": 0}), SPEC_ON: ("deepwell", {"k": args.k})}
+    configs = {}
+    for quantization in args.quantizations:
+        for label, k in (("off", 0), ("on", args.k)):
+            extra = {"k": k, "quantization": quantization}
+            configs[deepwell_name(quantization, label)] = ("deepwell", extra)
     for size in args.hf_batch_sizes:
         configs[f"transformers static batch {size}"] = ("hf-static", {"batch_size": size})
     if args.hf_continuous:
@@ -272,6 +285,13 @@ def main() -> None:
     )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--k", type=int, default=5, help="deepwell's draft tokens when on")
+    parser.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quantizations",
+        type=lambda text: text.split(","),
+        default=["none"],
+        help="deepwell's --quantization values to run, comma-separated (e.g. none,int4)",
+    )
     parser.add_argument(
         "--hf-batch-sizes",
         type=lambda text: [int(s) for s in text.split(",")],
@@ -353,19 +373,26 @@ def main() -> None:
         "rounds": rounds,
         "transformers_best": hf_name,
     }
-    for label, name in (("off", SPEC_OFF), ("on", SPEC_ON)):
-        if name not in best:
-            continue
-        ratio = best[name]["output_tok_s"] / peers[hf_name]["output_tok_s"]
-        decode_ratio = best[name]["batch1_decode_tok_s"] / hf_decode if hf_decode else None
-        summary[f"throughput_ratio_spec_{label}"] = ratio
-        summary[f"batch1_decode_ratio_spec_{label}"] = decode_ratio
-        print(f"throughput ratio, speculation {label} (deepwell/transformers best): {ratio:.2f}")
-        if decode_ratio:
+    for quantization in args.quantizations:
+        for label in ("off", "on"):
+            name = deepwell_name(quantization, label)
+            if name not in best:
+                continue
+            weights = "" if quantization == "none" else f", {quantization}"
+            key = f"spec_{label}" + ("" if quantization == "none" else f"_{quantization}")
+            ratio = best[name]["output_tok_s"] / peers[hf_name]["output_tok_s"]
+            decode = best[name]["batch1_decode_tok_s"]
+            summary[f"throughput_ratio_{key}"] = ratio
+            summary[f"batch1_decode_ratio_{key}"] = decode / hf_decode if hf_decode else None
             print(
-                f"batch-1 decode ratio, speculation {label} (deepwell/transformers): "
-                f"{decode_ratio:.2f}"
+                f"throughput ratio, speculation {label}{weights} "
+                f"(deepwell/transformers best): {ratio:.2f}"
             )
+            if hf_decode:
+                print(
+                    f"batch-1 decode ratio, speculation {label}{weights} "
+                    f"(deepwell/transformers): {decode / hf_decode:.2f}"
+                )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
 
