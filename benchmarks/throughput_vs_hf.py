@@ -231,7 +231,12 @@ def run_child(args, kind: str, **extra) -> dict:
     for name, value in extra.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        result = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"not done in {args.timeout:.0f} s"}
     if result.returncode:
         return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -310,6 +315,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="alternating rounds; each keeps its fastest"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1200.0, help="seconds one configuration may take"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
