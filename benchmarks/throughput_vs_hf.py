@@ -1,29 +1,51 @@
-"""deepwell vs transformers `generate` on workload W, in one process, on the same bf16 weights.
+"""deepwell vs transformers on workload W, each engine alone in its own process, at its best.
 
 Workload W (../shared/bench/workload.py): 64 requests, prompts of 64–512 random token ids,
-outputs of 64–256 tokens (ignore EOS), seeded. transformers runs static left-padded batches
-of 16 in W's order, each generating its longest request's length; only requested tokens
-count. Also measures batch-1 decode tok/s for both. The engines run in alternating rounds
-and each keeps its fastest (this 2-core box swings by ~10% over minutes, for both
-engines alike). Prints `throughput ratio (deepwell/transformers): X`.
+outputs of 64–256 tokens (EOS ignored), seeded, all submitted at t = 0. Every measurement
+runs in a fresh child process with the same torch thread count and dtype, so no engine's
+threads, allocator or oneDNN caches slow the other (run in one process, transformers read
+about half its own speed after deepwell's engine had started its threads).
 
-    .venv/bin/python benchmarks/throughput_vs_hf.py [--rounds 2] [--threads N] [--json out.json]
+- deepwell: `LLM.generate` over W with speculation off and on (`--k` draft tokens), for
+  each of `--quantizations` (its `--quantization`: none, int4);
+- transformers `generate`: static left-padded batches of each `--hf-batch-sizes` in W's
+  order, each generating its longest request's length (only requested tokens count), and
+  its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
+  `--no-hf-continuous`; its best configuration is the baseline;
+- batch-1 decode tok/s of each engine: 64-token prompt, (time for n + 1 tokens − time for
+  1 token) / n.
+
+Rounds alternate the configurations and each keeps its fastest. Prints
+`throughput ratio, speculation off (deepwell/transformers best): X` and the same for on,
+and warns when the baseline reads far below transformers' known figure on this kind of CPU
+(a broken baseline is not a win).
+
+    .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
+        [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
+        [--dtype bfloat16] [--json out.json]
 """
 
 import argparse
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import torch
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT.parent / "shared" / "bench" / "workload.py"
+
+# transformers 5.x on W measured alone in its process, 2 threads (issue 16): bf16 on a CPU
+# with AVX512_BF16, and float32 on an AVX2-only CPU. Output tok/s of its best static batch
+# and batch-1 decode tok/s.
+KNOWN_BASELINES = {
+    ("bfloat16", True): {"output_tok_s": 156.4, "batch1_decode_tok_s": 49.3},
+    ("float32", False): {"output_tok_s": 38.1, "batch1_decode_tok_s": None},
+}
+# Below this share of the known figure a baseline is called broken.
+BASELINE_FLOOR = 0.7
 
 
 def load_workload() -> tuple[list[dict], str]:
@@ -34,13 +56,28 @@ def load_workload() -> tuple[list[dict], str]:
     return requests, module.workload_sha256(requests)
 
 
-def deepwell_runner(
-    workload: list[dict], decode_prompt: list[int], decode_tokens: int
-) -> Callable[[], dict]:
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (x86 AVX512_BF16/AMX, Arm BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+
+
+# ---- children: each runs one engine configuration and prints one JSON line ----
+
+
+def child_deepwell(args, workload: list[dict], decode_prompt: list[int]) -> dict:
     from deepwell.engine import LLM, SamplingParams
 
     # W's prompts share no prefix; off, so that a round does not hit the last round's blocks.
-    llm = LLM(dtype="bfloat16", enable_prefix_caching=False)
+    llm = LLM(
+        dtype=args.dtype,
+        enable_prefix_caching=False,
+        num_speculative_tokens=args.k,
+        quantization=args.quantization,
+    )
     greedy = {"temperature": 0, "ignore_eos": True}
     llm.generate(
         prompt_token_ids=[decode_prompt],
@@ -53,137 +90,318 @@ def deepwell_runner(
         llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
         return time.perf_counter() - start
 
-    def run() -> dict:
-        params = [SamplingParams(max_tokens=r["output_len"], **greedy) for r in workload]
-        elapsed = timed([r["prompt_ids"] for r in workload], params)
-        first = timed([decode_prompt], SamplingParams(max_tokens=1, **greedy))
-        full = timed([decode_prompt], SamplingParams(max_tokens=decode_tokens + 1, **greedy))
-        return {"seconds": elapsed, "batch1_decode_tok_s": decode_tokens / (full - first)}
-
-    return run
+    params = [SamplingParams(max_tokens=r["output_len"], **greedy) for r in workload]
+    elapsed = timed([r["prompt_ids"] for r in workload], params)
+    first = timed([decode_prompt], SamplingParams(max_tokens=1, **greedy))
+    full = timed([decode_prompt], SamplingParams(max_tokens=args.decode_tokens + 1, **greedy))
+    return {"seconds": elapsed, "batch1_decode_tok_s": args.decode_tokens / (full - first)}
 
 
-def transformers_runner(
-    workload: list[dict], decode_prompt: list[int], decode_tokens: int, batch_size: int
-) -> Callable[[], dict]:
+def hf_model(dtype: str):
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from deepwell.engine.models.loader import load_checkpoint
 
-    # The GGUF dequantised once, as deepwell does, then cast to bf16: both engines run the
-    # very same bf16 weights (transformers' own GGUF path keeps them quantised in float32).
+    # The GGUF dequantised once, as deepwell does, then cast: both engines run the very
+    # same weights (transformers' own GGUF path keeps them quantised in float32).
+    torch_dtype = getattr(torch, dtype)
     checkpoint = load_checkpoint(None)
-    model = LlamaForCausalLM(LlamaConfig(**checkpoint.hf_config)).to(torch.bfloat16)
-    tensors = {name: t.to(torch.bfloat16) for name, t in checkpoint.tensors.items()}
+    model = LlamaForCausalLM(LlamaConfig(**checkpoint.hf_config)).to(torch_dtype)
+    tensors = {name: t.to(torch_dtype) for name, t in checkpoint.tensors.items()}
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
-    model.eval()
+    return model.eval()
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:
+    import torch
+
     pad = 2
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+    return time.perf_counter() - start
 
-    def generate(prompts: list[list[int]], new_tokens: int) -> float:
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-            )
-        return time.perf_counter() - start
 
-    generate([decode_prompt], 8)
+def child_hf_static(args, workload: list[dict], decode_prompt: list[int]) -> dict:
+    model = hf_model(args.dtype)
+    hf_generate(model, [decode_prompt], 8)
+    elapsed = 0.0
+    for i in range(0, len(workload), args.batch_size):
+        batch = workload[i : i + args.batch_size]
+        longest = max(r["output_len"] for r in batch)
+        elapsed += hf_generate(model, [r["prompt_ids"] for r in batch], longest)
+    first = hf_generate(model, [decode_prompt], 1)
+    full = hf_generate(model, [decode_prompt], args.decode_tokens + 1)
+    return {"seconds": elapsed, "batch1_decode_tok_s": args.decode_tokens / (full - first)}
 
-    def run() -> dict:
-        elapsed = 0.0
-        for i in range(0, len(workload), batch_size):
-            batch = workload[i : i + batch_size]
-            longest = max(r["output_len"] for r in batch)
-            elapsed += generate([r["prompt_ids"] for r in batch], longest)
-        first = generate([decode_prompt], 1)
-        full = generate([decode_prompt], decode_tokens + 1)
-        return {"seconds": elapsed, "batch1_decode_tok_s": decode_tokens / (full - first)}
 
-    return run
+def child_hf_continuous(args, workload: list[dict], decode_prompt: list[int]) -> dict:
+    """transformers' continuous batching (the manager behind `generate_batch`), each request
+    with its own length: `generate_batch` takes one max_new_tokens for all."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = hf_model(args.dtype)
+    # Sized as deepwell runs W: 1,024-token steps, all 64 requests at once, room for every
+    # request's whole context (its default sizes the cache from free memory and is killed
+    # for memory on a CPU box), no prefix sharing (W's prompts share none).
+    longest = max(r["prompt_len"] + r["output_len"] for r in workload)
+    page = 256
+    cb_config = ContinuousBatchingConfig(
+        page_size=page,
+        num_blocks=len(workload) * -(-longest // page) + 8,
+        max_batch_tokens=1024,
+        max_requests_per_batch=64,
+        allow_block_sharing=False,
+    )
+    config = GenerationConfig(
+        do_sample=False, eos_token_id=-1, max_new_tokens=max(r["output_len"] for r in workload)
+    )
+
+    def run(requests: list[tuple[list[int], int]]) -> float:
+        with model.continuous_batching_context_manager(
+            generation_config=config, continuous_batching_config=cb_config, block=True, timeout=5
+        ) as manager:
+            start = time.perf_counter()
+            for index, (prompt, length) in enumerate(requests):
+                manager.add_request(prompt, request_id=f"r{index}", max_new_tokens=length)
+            done = 0
+            while done < len(requests):
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    if result.error is not None:
+                        raise RuntimeError(f"transformers request failed: {result.error}")
+                    done += 1
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching loop died")
+            return time.perf_counter() - start
+
+    run([(decode_prompt, 8)])
+    elapsed = run([(r["prompt_ids"], r["output_len"]) for r in workload])
+    return {"seconds": elapsed, "batch1_decode_tok_s": None}
+
+
+CHILDREN = {
+    "deepwell": child_deepwell,
+    "hf-static": child_hf_static,
+    "hf-continuous": child_hf_continuous,
+}
+
+
+def child_main(args) -> None:
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+    workload = load_workload()[0][: args.requests]
+    result = CHILDREN[args.child](args, workload, workload[0]["prompt_ids"][:64])
+    print(json.dumps(result), flush=True)
+
+
+# ---- parent: runs each configuration in a fresh process, alternating rounds ----
+
+
+def run_child(args, kind: str, **extra) -> dict:
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--threads",
+        str(args.threads),
+        "--dtype",
+        args.dtype,
+        "--decode-tokens",
+        str(args.decode_tokens),
+        "--requests",
+        str(args.requests),
+    ]
+    for name, value in extra.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    try:
+        result = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"not done in {args.timeout:.0f} s"}
+    if result.returncode:
+        return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def deepwell_name(quantization: str, speculation: str) -> str:
+    weights = "" if quantization == "none" else f" {quantization}"
+    return f"deepwell{weights}, speculation {speculation}"
+
+
+def configurations(args) -> dict[str, tuple[str, dict]]:
+    configs = {}
+    for quantization in args.quantizations:
+        for label, k in (("off", 0), ("on", args.k)):
+            extra = {"k": k, "quantization": quantization}
+            configs[deepwell_name(quantization, label)] = ("deepwell", extra)
+    for size in args.hf_batch_sizes:
+        configs[f"transformers static batch {size}"] = ("hf-static", {"batch_size": size})
+    if args.hf_continuous:
+        configs["transformers continuous batching"] = ("hf-continuous", {})
+    return configs
+
+
+def warn_if_broken(args, output_tok_s: float, decode_tok_s: float) -> None:
+    """Loud warning when the transformers baseline reads far below its known figure."""
+    known = KNOWN_BASELINES.get((args.dtype, native_bf16()))
+    if known is None or args.threads != 2:
+        print(f"(no known transformers figure for {args.dtype} here at {args.threads} threads)")
+        return
+    measured = {"output_tok_s": output_tok_s, "batch1_decode_tok_s": decode_tok_s}
+    for key, figure in known.items():
+        if figure is None or not measured[key]:
+            continue
+        share = measured[key] / figure
+        line = (
+            f"transformers {key} {measured[key]:.1f} against the known {figure:.1f} ({share:.0%})"
+        )
+        if share < BASELINE_FLOOR:
+            bar = "!" * 78
+            print(f"{bar}\nWARNING: BROKEN BASELINE? {line}\n{bar}", flush=True)
+        else:
+            print(f"baseline check: {line}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--threads", type=int, help="torch threads for both engines (default: torch's)"
+        "--threads", type=int, default=os.cpu_count(), help="torch threads for every engine"
+    )
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--k", type=int, default=5, help="deepwell's draft tokens when on")
+    parser.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quantizations",
+        type=lambda text: text.split(","),
+        default=["none"],
+        help="deepwell's --quantization values to run, comma-separated (e.g. none,int4)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=16, help="transformers' static batch size"
+        "--hf-batch-sizes",
+        type=lambda text: [int(s) for s in text.split(",")],
+        default=[8, 16, 32, 64],
+        help="transformers' static batch sizes to try (comma-separated)",
+    )
+    parser.add_argument(
+        "--no-hf-continuous",
+        dest="hf_continuous",
+        action="store_false",
+        help="skip transformers' continuous batching",
     )
     parser.add_argument("--decode-tokens", type=int, default=128, help="batch-1 decode length")
     parser.add_argument(
-        "--rounds", type=int, default=2, help="alternating rounds; each engine keeps its fastest"
+        "--requests", type=int, default=64, help="W's first N requests only (quick checks)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternating rounds; each keeps its fastest"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1200.0, help="seconds one configuration may take"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.child:
+        child_main(args)
+        return
+
     workload, sha = load_workload()
-    prompt_tokens = sum(r["prompt_len"] for r in workload)
+    workload = workload[: args.requests]
     output_tokens = sum(r["output_len"] for r in workload)
     print(
-        f"workload W: {len(workload)} requests, {prompt_tokens} prompt + {output_tokens} output tokens, sha256 {sha[:16]}…"
+        f"workload W: {len(workload)} requests, {sum(r['prompt_len'] for r in workload)} prompt"
+        f" + {output_tokens} output tokens, sha256 {sha[:16]}…; {args.threads} torch threads,"
+        f" {args.dtype}, native bf16: {native_bf16()}, deepwell k={args.k}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
     )
-    print(f"torch threads: {torch.get_num_threads()}")
-    decode_prompt = workload[0]["prompt_ids"][:64]
-    print("loading deepwell and transformers …", flush=True)
-    runners = {
-        "deepwell": deepwell_runner(workload, decode_prompt, args.decode_tokens),
-        "transformers": transformers_runner(
-            workload, decode_prompt, args.decode_tokens, args.batch_size
-        ),
-    }
-    results: dict[str, dict] = {}
+    best: dict[str, dict] = {}
     rounds: list[dict[str, dict]] = []
     for index in range(args.rounds):
         rounds.append({})
-        for name, run in runners.items():
-            print(f"round {index + 1}/{args.rounds}: running {name} …", flush=True)
-            result = run()
-            result["output_tok_s"] = output_tokens / result["seconds"]
+        for name, (kind, extra) in configurations(args).items():
+            print(f"round {index + 1}/{args.rounds}: {name} …", flush=True)
+            result = run_child(args, kind, **extra)
             rounds[-1][name] = result
+            if "error" in result:
+                print(f"  {name}: failed: {result['error']}", flush=True)
+                continue
+            result["output_tok_s"] = output_tokens / result["seconds"]
+            decode = result["batch1_decode_tok_s"]
             print(
-                f"{name}: {result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s, "
-                f"batch-1 decode {result['batch1_decode_tok_s']:.1f} tok/s",
+                f"  {name}: {result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s"
+                + (f", batch-1 decode {decode:.1f} tok/s" if decode else "")
+                + f" (load average {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
-            best = results.setdefault(name, dict(result))
-            best["seconds"] = min(best["seconds"], result["seconds"])
-            best["output_tok_s"] = output_tokens / best["seconds"]
-            best["batch1_decode_tok_s"] = max(
-                best["batch1_decode_tok_s"], result["batch1_decode_tok_s"]
-            )
-    for name, best in results.items():
+            kept = best.setdefault(name, dict(result))
+            kept["seconds"] = min(kept["seconds"], result["seconds"])
+            kept["output_tok_s"] = output_tokens / kept["seconds"]
+            if decode:
+                kept["batch1_decode_tok_s"] = max(kept["batch1_decode_tok_s"], decode)
+    print(f"fastest of {args.rounds} round(s):")
+    for name, result in best.items():
+        decode = result["batch1_decode_tok_s"]
         print(
-            f"{name} (fastest of {args.rounds}): {best['seconds']:.1f} s, "
-            f"{best['output_tok_s']:.1f} output tok/s, "
-            f"batch-1 decode {best['batch1_decode_tok_s']:.1f} tok/s"
+            f"  {name}: {result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s"
+            + (f", batch-1 decode {decode:.1f} tok/s" if decode else "")
         )
-    ratio = results["deepwell"]["output_tok_s"] / results["transformers"]["output_tok_s"]
-    decode_ratio = (
-        results["deepwell"]["batch1_decode_tok_s"] / results["transformers"]["batch1_decode_tok_s"]
-    )
-    print(f"batch-1 decode ratio (deepwell/transformers): {decode_ratio:.2f}")
-    print(f"throughput ratio (deepwell/transformers): {ratio:.2f}")
+    peers = {name: r for name, r in best.items() if name.startswith("transformers")}
+    if not peers:
+        sys.exit("no transformers configuration ran: no baseline to compare against")
+    hf_name = max(peers, key=lambda name: peers[name]["output_tok_s"])
+    hf_decode = max(r["batch1_decode_tok_s"] or 0.0 for r in peers.values())
+    print(f"transformers best: {hf_name}, {peers[hf_name]['output_tok_s']:.1f} output tok/s")
+    warn_if_broken(args, peers[hf_name]["output_tok_s"], hf_decode)
+    summary = {
+        "workload_sha256": sha,
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "native_bf16": native_bf16(),
+        "results": best,
+        "rounds": rounds,
+        "transformers_best": hf_name,
+    }
+    for quantization in args.quantizations:
+        for label in ("off", "on"):
+            name = deepwell_name(quantization, label)
+            if name not in best:
+                continue
+            weights = "" if quantization == "none" else f", {quantization}"
+            key = f"spec_{label}" + ("" if quantization == "none" else f"_{quantization}")
+            ratio = best[name]["output_tok_s"] / peers[hf_name]["output_tok_s"]
+            decode = best[name]["batch1_decode_tok_s"]
+            summary[f"throughput_ratio_{key}"] = ratio
+            summary[f"batch1_decode_ratio_{key}"] = decode / hf_decode if hf_decode else None
+            print(
+                f"throughput ratio, speculation {label}{weights} "
+                f"(deepwell/transformers best): {ratio:.2f}"
+            )
+            if hf_decode:
+                print(
+                    f"batch-1 decode ratio, speculation {label}{weights} "
+                    f"(deepwell/transformers): {decode / hf_decode:.2f}"
+                )
     if args.json:
-        summary = {
-            "workload_sha256": sha,
-            "threads": torch.get_num_threads(),
-            "results": results,
-            "rounds": rounds,
-            "throughput_ratio": ratio,
-            "batch1_decode_ratio": decode_ratio,
-        }
         args.json.write_text(json.dumps(summary, indent=2))
 
 

@@ -274,6 +274,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         speculative_method=args.speculative_method,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        quantization=args.quantization,
         **yoco_overrides(args),
     )
 

@@ -20,6 +20,8 @@ def _env_int(name: str, default: int) -> int:
 # "auto": bf16 where the CPU computes it natively, else float32 (deepwell/cpu_dtype.py).
 DTYPES = ("auto", "bfloat16", "float32")
 DTYPE = "auto"
+QUANTIZATIONS = ("none", "int4")
+QUANTIZATION = "none"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
 MAX_NUM_SEQS = 64

@@ -129,6 +129,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "window plus the backtracking rows (default: DEEPWELL_YOCO_PREFILL_KEEP_TOKENS or "
         f"{defaults.YOCO_PREFILL_KEEP_TOKENS})",
     )
+    groups.engine.add_argument(
+        "--quantization",
+        choices=defaults.QUANTIZATIONS,
+        default=defaults.QUANTIZATION,
+        help="int4: linear calls of up to 6 rows (small decode steps) use 4-bit weights in "
+        "groups of 32, GGUF Q4_1's format (bf16 only; faster batch-1 decode) "
+        f"(default: {defaults.QUANTIZATION})",
+    )
     return groups
 
 

@@ -45,6 +45,9 @@ class EngineArgs:
     # "auto" computes in bf16 where the CPU has it natively, else float32 (cpu_dtype.py);
     # fp16 matmuls are unusably slow on CPUs; float32 is for exact comparisons.
     dtype: str = defaults.DTYPE
+    # "int4": linear calls of a few rows (decode) use 4-bit weights in groups of 32 (bf16
+    # only, layers/int4_linear.py); "none" keeps every linear in the compute dtype.
+    quantization: str = defaults.QUANTIZATION
     block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
     memory_gib: float = defaults.MEMORY_GIB
@@ -108,6 +111,17 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
             raise ValueError(f"dtype must be one of {list(defaults.DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in defaults.QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {list(defaults.QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
+        if self.quantization == "int4" and (
+            self.dtype_choice.dtype == "float32" or self.batch_invariant
+        ):
+            # Its kernel takes bf16 activations, and a row's bits would change with the
+            # call's row count (int4 below a few rows, bf16 above).
+            raise ValueError("int4 quantization needs dtype bfloat16 and no batch invariance")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -27,6 +27,7 @@ from deepwell.engine.layers.batch_invariant import (
     BatchInvariantSinkAttention,
     tile_linears,
 )
+from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
@@ -83,6 +84,11 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
     )
     model.load_weights(checkpoint.tensors)
     pack_linears(model)
+    # The output head stays bf16: it sets the logits directly, and GGUF files keep it
+    # above 4 bits (Q8_0, Q6_K) where the layers are Q4.
+    head = getattr(model, "lm_head", None)
+    if args.quantization == "int4" and not quantize_linears(model, keep=(head,)):
+        raise ValueError("int4 quantization needs bf16 linears packed by oneDNN on this CPU")
     if args.batch_invariant:
         tile_linears(model)
     model.eval()

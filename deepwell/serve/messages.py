@@ -48,6 +48,8 @@ class WorkerConfig:
     # DEEPWELL_YOCO_PREFILL_* environment or the default.
     yoco_prefill_truncation_mode: str | None = None
     yoco_prefill_keep_tokens: int | None = None
+    # Weight-only int4 for small linear calls (EngineArgs.quantization).
+    quantization: str = engine_defaults.QUANTIZATION
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.

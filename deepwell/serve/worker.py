@@ -128,6 +128,7 @@ class EngineCoreAdapter:
             batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
             async_scheduling=config.async_scheduling,
             quantize_kv_cache=config.quantize_kv_cache,
+            quantization=config.quantization,
             num_threads=config.num_threads,
             **{
                 name: value

@@ -34,6 +34,16 @@ def test_greedy_takes_the_argmax():
     assert tokens == [2, 0] and logprobs == [None, None]
 
 
+def test_greedy_takes_the_first_of_tied_maxima_in_a_wide_batch():
+    torch.manual_seed(0)
+    rows = torch.round(torch.randn(64, 49152) * 2) / 2  # many ties at each row's max
+    rows[3] = float("-inf")
+    rows[5, :1000] = rows[5].max()
+    tokens, _ = Sampler()(rows.clone(), [request(temperature=0) for _ in range(64)])
+    assert tokens == rows.argmax(dim=-1).tolist()
+    assert tokens[3] == 0 and tokens[5] == 0
+
+
 def test_top_k_one_top_p_tiny_and_min_p_one_all_reduce_to_the_argmax():
     row = [0.5, 2.0, 1.9, -1.0]
     for params in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
