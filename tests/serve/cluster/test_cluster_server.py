@@ -194,6 +194,8 @@ def joined_workers(cluster) -> list[dict]:
     return [w for w in workers if w["worker_id"] > 1]
 
 
+# Two more SmolLM2 workers start and join: minutes on a 2-core machine.
+@pytest.mark.slow
 def test_a_worker_joins_over_tcp_and_a_foreign_one_is_refused(cluster, tmp_path):
     wait_for_workers(cluster, 2)
     good = start_joining_worker(cluster, tmp_path, "--threads", "1")
