@@ -191,13 +191,19 @@ def create_app(
                 raise too_large
         return bytes(body)
 
+    async def enter(request: Request, shape: ErrorShape) -> tuple[str | None, bytes]:
+        """Check the key and its token allowance, read the body, take an admission slot
+        (the caller leaves it); the key presented and the body."""
+        key = authorize(request, shape)
+        gateway.admit(key)
+        body = await read_body(request)
+        admission.enter()
+        return key, body
+
     async def generate(route: Route, request: Request) -> Response:
         shape = route.shape
         try:
-            key = authorize(request, shape)
-            gateway.admit(key)
-            body = await read_body(request)
-            admission.enter()
+            key, body = await enter(request, shape)
         except ApiError as error:
             return error_response(shape, error)
         try:
@@ -350,10 +356,7 @@ def create_app(
     async def text_completions(request: Request) -> Response:
         shape, path = ErrorShape.OPENAI, "/v1/completions"
         try:
-            key = authorize(request, shape)
-            gateway.admit(key)
-            body = await read_body(request)
-            admission.enter()
+            key, body = await enter(request, shape)
         except ApiError as error:
             return error_response(shape, error)
         try:
