@@ -17,11 +17,11 @@ from torch import nn
 from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata, WindowPlan
-from deepwell.engine.models.deepseek_v41.attention import CSA2Attention, Norm
+from deepwell.engine.models.deepseek_v41.attention import Norm
+from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
 from deepwell.engine.models.deepseek_v41.cache_formats import qdq_fp8
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
-from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse, expand
-from deepwell.engine.models.deepseek_v41.moe import MoE
+from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 
 # The ring spec of the stages' context rows (one layer per stage).
@@ -45,7 +45,10 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(hidden_size + rank, 1, bias=False)
 
 
-class DSparkStage(nn.Module):
+class DSparkStage(DeepseekV41Block):
+    """A backbone-style block with window-only attention and its own MoE size; the first
+    stage also projects the target features, the last carries the heads."""
+
     def __init__(
         self,
         config: DeepseekV41Config,
@@ -54,29 +57,11 @@ class DSparkStage(nn.Module):
         backend: SinkAttentionBackend,
         invariant: bool,
     ) -> None:
-        super().__init__()
         c = config
         # Window-only attention (compress_ratios' draft entries are 0, spec §3.1).
         plan = LayerPlan(c.num_hidden_layers + stage, 0, Selection.NONE, -1, False, False, -1)
-        self.attn = CSA2Attention(c, plan, backend, rotary, invariant)
-        self.ffn = MoE(
-            c.hidden_size,
-            c.moe_intermediate_size,
-            c.dspark_n_routed_experts,
-            c.dspark_num_experts_per_tok,
-            c.routed_scaling_factor,
-            c.norm_topk_prob,
-            c.swiglu_limit,
-            invariant,
-        )
-        self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
-        self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
-        self.hc_attn = HyperConnection(
-            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
-        )
-        self.hc_ffn = HyperConnection(
-            c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
-        )
+        experts = (c.dspark_n_routed_experts, c.dspark_num_experts_per_tok)
+        super().__init__(c, plan, rotary, backend, invariant, experts)
         if stage == 0:
             targets = len(c.dspark_target_layer_ids)
             self.main_proj = nn.Linear(targets * c.hidden_size, c.hidden_size, bias=False)
@@ -87,14 +72,10 @@ class DSparkStage(nn.Module):
             self.confidence_head = ConfidenceHead(c.hidden_size, c.dspark_markov_rank)
 
     def forward(self, streams, pre, rotation, meta, ring, dtype):
-        attn_pre, post, comb = self.hc_attn(streams)
-        u = self.attn_norm(collapse(streams, pre).to(dtype))
-        attended = self.attn(u, rotation, meta, meta.windows[DSPARK_RING], ring, None, {})
-        streams = expand(attended.float(), streams, post, comb)
-        ffn_pre, post, comb = self.hc_ffn(streams)
-        u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
-        streams = expand(self.ffn(u), streams, post, comb)
-        return streams, ffn_pre
+        windows = meta.windows[DSPARK_RING]
+        return super().forward(
+            streams, pre, rotation, meta, windows, ring, None, {}, None, dtype, None
+        )
 
     def context_rows(self, main_x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """The stage's context KV of target positions: fp8(RoPE(kv_norm(wkv main_x)))."""

@@ -1,0 +1,96 @@
+"""One DeepSeek-V4.1 block (spec/deepseek_v41.md §3.2): Engram read, CSA2 attention and
+MoE on the 4-stream mHC residual. The backbone's layers and DSpark's draft stages are both.
+"""
+
+import torch
+from torch import nn
+
+from deepwell.engine.layers.sink_attention import SinkAttentionBackend
+from deepwell.engine.models.deepseek_v41.attention import CSA2Attention, Norm
+from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
+from deepwell.engine.models.deepseek_v41.engram import Engram
+from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse, expand
+from deepwell.engine.models.deepseek_v41.moe import MoE
+from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+
+
+class DeepseekV41Block(nn.Module):
+    def __init__(
+        self,
+        config: DeepseekV41Config,
+        plan: LayerPlan,
+        rotary: PairRotary,
+        backend: SinkAttentionBackend,
+        invariant: bool,
+        experts: tuple[int, int] | None = None,
+    ) -> None:
+        """`experts`: routed experts and experts per token, if not the backbone's."""
+        super().__init__()
+        self.plan = plan
+        c = config
+        routed, per_token = experts or (c.n_routed_experts, c.num_experts_per_tok)
+        self.attn = CSA2Attention(c, plan, backend, rotary, invariant)
+        self.ffn = MoE(
+            c.hidden_size,
+            c.moe_intermediate_size,
+            routed,
+            per_token,
+            c.routed_scaling_factor,
+            c.norm_topk_prob,
+            c.swiglu_limit,
+            invariant,
+        )
+        self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
+
+        def hyper_connection() -> HyperConnection:
+            return HyperConnection(
+                c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, invariant
+            )
+
+        self.hc_attn = hyper_connection()
+        self.hc_ffn = hyper_connection()
+        self.engram = None
+        if plan.engram_slot >= 0:
+            self.engram = Engram(
+                c.engram_num_embeddings[plan.engram_slot],
+                c.engram_head_dim,
+                (c.engram_max_ngram_size - 1) * c.engram_n_heads,
+                c.hc_mult,
+                c.hidden_size,
+                c.rms_norm_eps,
+            )
+
+    def attention_input(self, streams, pre, engram_rows, dtype) -> torch.Tensor:
+        """The attention's input u alone (compact bounded replay compresses dropped rows)."""
+        if self.engram is not None:
+            streams = self.engram(streams, engram_rows)
+        return self.attn_norm(collapse(streams, pre).to(dtype))
+
+    def forward(
+        self,
+        streams,
+        pre,
+        rotation,
+        meta,
+        windows,
+        ring,
+        compressed,
+        shared,
+        engram_rows,
+        dtype,
+        features,
+    ):
+        if self.engram is not None:
+            streams = self.engram(streams, engram_rows)
+        if features is not None:
+            # DSpark's target feature: the residual entering attention, streams averaged.
+            features.append(streams.mean(1))
+        attn_pre, post, comb = self.hc_attn(streams)
+        u = self.attn_norm(collapse(streams, pre).to(dtype))
+        attended = self.attn(u, rotation, meta, windows, ring, compressed, shared)
+        streams = expand(attended.float(), streams, post, comb)
+        ffn_pre, post, comb = self.hc_ffn(streams)
+        u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
+        streams = expand(self.ffn(u), streams, post, comb)
+        return streams, ffn_pre
