@@ -50,8 +50,9 @@ class DSparkDrafter(Drafter):
             self.ring_rows,
             self.model.dtype,
         )
-        base = self.model.compute_logits(normed)
+        # The head only for the positions some request has room to draft.
         width = min(max(rooms), self.max_tokens)
+        base = self.model.compute_logits(normed[:, :width])
         sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
         sampled_requests = [requests[i] for i in sampled]
         previous = anchors
