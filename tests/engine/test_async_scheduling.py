@@ -109,7 +109,10 @@ def play(core: EngineCore, script, seed: int, run_id: int):
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(script=events, seed=st.integers(0, 2**16))
 def test_outputs_match_the_synchronous_loop_and_the_pool_ends_whole(cores, script, seed):

@@ -119,22 +119,30 @@ def _normalize(conversation: Conversation) -> list[Message]:
         if m.role == "latest_reminder" and messages and messages[-1].role == "latest_reminder":
             continue
         messages.append(m)
-    for i, m in enumerate(messages):
-        if m.role != "assistant" or not m.tool_calls:
+    # Every run of user/tool turns sorts its results into the call order of the latest
+    # assistant that made calls, even when a system turn, a reminder or an assistant
+    # without calls stands between them (measured on the reference).
+    order: dict[str, int] = {}
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m.role not in ("user", "tool"):
+            if m.role == "assistant" and m.tool_calls:
+                order = {}
+                for position, call in enumerate(m.tool_calls):
+                    order.setdefault(call.id, position)
+            i += 1
             continue
-        order: dict[str, int] = {}
-        for position, call in enumerate(m.tool_calls):
-            order.setdefault(call.id, position)
-        end = i + 1
+        end = i
         while end < len(messages) and messages[end].role in ("user", "tool"):
             end += 1
-        run = messages[i + 1 : end]
         # Results with an id move; unknown ids count as the first call. Users and results
-        # without an id keep their slots (measured on the reference).
-        slots = [j for j, r in enumerate(run) if r.role == "tool" and r.tool_call_id is not None]
-        results = sorted((run[j] for j in slots), key=lambda r: order.get(r.tool_call_id, 0))
+        # without an id keep their slots.
+        slots = [j for j in range(i, end) if messages[j].tool_call_id is not None]
+        results = sorted((messages[j] for j in slots), key=lambda r: order.get(r.tool_call_id, 0))
         for j, result in zip(slots, results, strict=True):
-            messages[i + 1 + j] = result
+            messages[j] = result
+        i = end
     if needs_system_head(conversation) and (not messages or messages[0].role != "system"):
         messages.insert(0, SystemMessage(""))
     return messages

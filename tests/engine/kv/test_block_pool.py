@@ -62,7 +62,10 @@ events = st.lists(
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(script=events, seed=st.integers(0, 2**16))
 def test_pool_is_whole_after_finished_aborted_and_preempted_requests(small_pool_core, script, seed):
