@@ -35,7 +35,7 @@ from deepwell.engine.models.loader import load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
-from deepwell.engine.parallel.placement import balanced_placement
+from deepwell.engine.parallel.placement import balanced_placement, check_divisible
 
 logger = logging.getLogger(__name__)
 
@@ -192,11 +192,21 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     )
 
 
+def check_expert_parallel(args: EngineArgs) -> int:
+    """The model's routed experts per layer, if `args.parallel` can shard them (raises
+    otherwise): checked before a rank joins its group, where a refusal would leave the
+    other ranks waiting."""
+    num_experts = routed_expert_count(args.model)
+    parallel = args.parallel
+    check_divisible(num_experts, parallel.world_size, parallel.eplb_redundant_experts)
+    return num_experts
+
+
 def _expert_sharding(args: EngineArgs, group: DistributedGroup | None) -> ExpertSharding | None:
     """The placement every MoE layer starts from: uniform (EPLB has seen no load yet)."""
     if group is None:
         return None
-    num_experts = routed_expert_count(args.model)
+    num_experts = check_expert_parallel(args)
     slots = num_experts + args.parallel.eplb_redundant_experts
     return ExpertSharding(group, balanced_placement([1.0] * num_experts, group.world_size, slots))
 

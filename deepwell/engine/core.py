@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.build import build_engine
+from deepwell.engine.build import build_engine, check_expert_parallel
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.eplb import EplbState
@@ -63,7 +63,10 @@ class EngineCore:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         # Expert parallelism: join the group before loading (a rank loads only its experts).
-        self.group = init_group(args.parallel) if args.parallel.expert_parallel else None
+        self.group = None
+        if args.parallel.expert_parallel:
+            check_expert_parallel(args)
+            self.group = init_group(args.parallel)
         built = build_engine(args, self.group)
         self.model_config = built.model_config
         self.model_name = built.model_name

@@ -3,6 +3,7 @@ to a rank holding a replica of its expert, is computed there, and comes back (al
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ class ExpertParallel:
         self.expert_tokens = torch.zeros(placement.num_experts, dtype=torch.int64)
         # Pairs this rank computed for all ranks (its real load), likewise.
         self.computed_tokens = 0
+        # Seconds spent in this layer's all-to-alls (waiting for peers included).
+        self.exchange_s = 0.0
 
     def set_placement(self, placement: ExpertPlacement) -> None:
         """Swap the routing tables in one assignment, between steps."""
@@ -69,6 +72,7 @@ class ExpertParallel:
         hidden = x.shape[1]
         # Local slot and weight travel together: float64 holds both exactly.
         route = torch.stack(((slots - destinations * per_rank).double(), weights.double()), 1)
+        started = time.perf_counter()
         with collective(self.group, "expert dispatch"):
             dist.all_to_all_single(recv_counts, send_counts)
             sends, receives = send_counts.tolist(), recv_counts.tolist()
@@ -77,12 +81,15 @@ class ExpertParallel:
             received_route = route.new_empty(sum(receives), 2)
             dist.all_to_all_single(received_route, route[send_order], receives, sends)
         self.computed_tokens += len(received)
+        self.exchange_s += time.perf_counter() - started
         computed = local(
             received, received_route[:, 0].long(), received_route[:, 1].to(weights.dtype)
         )
         returned = x.new_empty(len(experts), hidden)
+        started = time.perf_counter()
         with collective(self.group, "expert combine"):
             dist.all_to_all_single(returned, computed.contiguous(), sends, receives)
+        self.exchange_s += time.perf_counter() - started
         routed = torch.empty_like(returned)
         routed[send_order] = returned
         return routed

@@ -13,7 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepwell.engine.args import EngineArgs
+from deepwell.engine.build import check_expert_parallel
 from deepwell.engine.outputs import Completion
+from deepwell.engine.parallel.eplb import Rebalance
 from deepwell.engine.parallel.group import ParallelConfig, ParallelError
 from deepwell.engine.sampling_params import SamplingParams
 
@@ -22,17 +24,41 @@ WATCH_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
+class RankStats:
+    """What a rank measured: steps the group computed, seconds of model work (forward and
+    sampling) and of it in all-to-alls, pairs its experts computed, EPLB's re-placements."""
+
+    rank: int
+    steps: int = 0
+    compute_s: float = 0.0
+    exchange_s: float = 0.0
+    computed_tokens: int = 0
+    rebalances: tuple[Rebalance, ...] = ()
+    # Seconds of this rank's generate call (its requests and its peers' steps).
+    generate_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class RankOutcome:
-    """A rank → the launcher: its completions by prompt index, or why it failed."""
+    """A rank → the launcher: its completions by prompt index and stats, or why it failed."""
 
     rank: int
     completions: dict[int, Completion]
+    stats: RankStats
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ParallelRun:
+    """Completions in input order and each local rank's stats."""
+
+    completions: list[Completion]
+    stats: list[RankStats]
 
 
 def generate_data_parallel(
     args: EngineArgs, prompts: list[list[int]], params: list[SamplingParams]
-) -> list[Completion]:
+) -> ParallelRun:
     """Completions of `prompts` (token ids) computed by `args.parallel`'s ranks on this
     machine, prompt i on rank i mod N. With expert parallelism over several machines each
     machine runs this; global rank 0's machine gets every completion, the others none."""
@@ -42,6 +68,8 @@ def generate_data_parallel(
             "data-parallel ranks without expert parallelism share nothing: run one "
             "`deepwell generate` (or `serve --workers`) per machine instead of --nnodes"
         )
+    if config.expert_parallel:
+        check_expert_parallel(args)  # here, not once per rank
     context = mp.get_context("spawn")
     outcomes = context.Queue()
     processes = {
@@ -61,17 +89,22 @@ def generate_data_parallel(
     for process in processes.values():
         process.start()
     try:
-        completions = _gather(processes, outcomes)
+        completions, stats = _gather(processes, outcomes)
     finally:
         for process in processes.values():
             if process.is_alive():
                 process.kill()
             process.join()
-    return [completions[i] for i in sorted(completions)]
+    return ParallelRun(
+        [completions[i] for i in sorted(completions)], sorted(stats, key=lambda s: s.rank)
+    )
 
 
-def _gather(processes: dict[int, mp.Process], outcomes) -> dict[int, Completion]:
+def _gather(
+    processes: dict[int, mp.Process], outcomes
+) -> tuple[dict[int, Completion], list[RankStats]]:
     completions: dict[int, Completion] = {}
+    stats: list[RankStats] = []
     waiting = set(processes)
     while waiting:
         try:
@@ -91,8 +124,9 @@ def _gather(processes: dict[int, mp.Process], outcomes) -> dict[int, Completion]
         if outcome.error is not None:
             raise ParallelError(f"rank {outcome.rank} failed: {outcome.error}")
         completions.update(outcome.completions)
+        stats.append(outcome.stats)
         waiting.discard(outcome.rank)
-    return completions
+    return completions, stats
 
 
 def _run_rank(
@@ -106,6 +140,7 @@ def _run_rank(
         fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
         llm = LLM(**fields)
         mine = list(range(config.rank, len(prompts), config.world_size))
+        started = time.perf_counter()
         done = llm.generate(
             prompt_token_ids=[prompts[i] for i in mine],
             sampling_params=[params[i] for i in mine],
@@ -120,7 +155,26 @@ def _run_rank(
             completions = (
                 {} if config.rank else {i: c for part in everyone for i, c in part.items()}
             )
+        stats = dataclasses.replace(
+            _rank_stats(llm.core, config.rank), generate_s=time.perf_counter() - started
+        )
         llm.core.close()
-        outcomes.put(RankOutcome(config.rank, completions))
+        outcomes.put(RankOutcome(config.rank, completions, stats))
     except Exception as error:  # the launcher must learn why its rank stopped
-        outcomes.put(RankOutcome(config.rank, {}, f"{type(error).__name__}: {error}"))
+        message = f"{type(error).__name__}: {error}"
+        outcomes.put(RankOutcome(config.rank, {}, RankStats(config.rank), message))
+
+
+def _rank_stats(core, rank: int) -> RankStats:
+    gate = core.lockstep
+    if gate is None:
+        return RankStats(rank, core.num_steps, core.compute_s)
+    layers = [moe.parallel for moe in gate.moe_layers]
+    return RankStats(
+        rank,
+        gate.steps,
+        core.compute_s,
+        sum(layer.exchange_s for layer in layers),
+        sum(layer.computed_tokens for layer in layers),
+        tuple(gate.eplb.history) if gate.eplb is not None else (),
+    )
