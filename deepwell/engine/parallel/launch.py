@@ -178,3 +178,33 @@ def _rank_stats(core, rank: int) -> RankStats:
         sum(layer.computed_tokens for layer in layers),
         tuple(gate.eplb.history) if gate.eplb is not None else (),
     )
+
+
+def run_local_ranks(config: ParallelConfig, target, *args) -> None:
+    """Run `target(config.for_rank(rank), *args)` in a process per local rank until all
+    exit; the first to fail (non-zero exit, or killed) stops the others and raises."""
+    context = mp.get_context("spawn")
+    processes = {
+        rank: context.Process(
+            target=target, args=(config.for_rank(rank), *args), name=f"deepwell-rank-{rank}"
+        )
+        for rank in config.local_ranks()
+    }
+    for process in processes.values():
+        process.start()
+    try:
+        while any(p.exitcode is None for p in processes.values()):
+            for rank, process in processes.items():
+                if process.exitcode:
+                    raise ParallelError(
+                        f"rank {rank} exited with code {process.exitcode}; the group is stopped"
+                    )
+            time.sleep(WATCH_INTERVAL_S)
+        failed = {rank: p.exitcode for rank, p in processes.items() if p.exitcode}
+        if failed:
+            raise ParallelError(f"ranks exited with codes {failed}")
+    finally:
+        for process in processes.values():
+            if process.is_alive():
+                process.kill()
+            process.join()
