@@ -309,6 +309,8 @@ def _configure_generate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    from deepwell.engine import EngineError
+    from deepwell.engine.build import check_expert_parallel
     from deepwell.engine.parallel import ParallelConfig, ParallelError
     from deepwell.engine.parallel.launch import run_local_ranks
 
@@ -330,8 +332,10 @@ def _run_generate(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        # Refused here once, not by every rank.
+        check_expert_parallel(_engine_args(args, parallel=parallel))
         run_local_ranks(parallel, _generate_rank, args)
-    except ParallelError as error:
+    except (EngineError, ValueError, ParallelError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 1
     return 0
