@@ -95,6 +95,7 @@ def generate_data_parallel(
             if process.is_alive():
                 process.kill()
             process.join()
+        outcomes.close()
     return ParallelRun(
         [completions[i] for i in sorted(completions)], sorted(stats, key=lambda s: s.rank)
     )
