@@ -39,7 +39,9 @@ def free_port() -> int:
 def checkpoint(tmp_path_factory) -> str:
     # 16 experts, 2 per token: 8, 4 or 4+1 slots per rank.
     config = TINY_TEXT_CONFIG | dict(n_routed_experts=16)
-    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("v41_16"), seed=0, text_config=config).path)
+    return str(
+        write_tiny_checkpoint(tmp_path_factory.mktemp("v41_16"), seed=0, text_config=config).path
+    )
 
 
 @pytest.fixture(scope="module")
