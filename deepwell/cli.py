@@ -315,8 +315,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     from deepwell.engine.parallel.launch import run_local_ranks
 
     try:
-        parallel = ParallelConfig(**parallel_fields(args))
-        under_torchrun = parallel.from_torchrun()
+        under_torchrun = ParallelConfig.from_torchrun(parallel_fields(args))
+        parallel = under_torchrun or ParallelConfig(**parallel_fields(args))
     except ValueError as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 2

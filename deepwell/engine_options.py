@@ -145,7 +145,7 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "parallelism (torch.distributed; docs/parallel.md)",
         "attention data parallelism with MoE expert parallelism and EPLB; the ranks of this "
-        "machine are started for you, or each rank runs under torchrun",
+        "machine are started for you (`deepwell generate` also runs as one torchrun rank)",
     )
     group.add_argument(
         "--data-parallel-size",

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -84,25 +85,30 @@ class ParallelConfig:
     def for_rank(self, rank: int) -> ParallelConfig:
         return dataclasses.replace(self, rank=rank)
 
-    def from_torchrun(self, environ: Mapping[str, str] = os.environ) -> ParallelConfig | None:
-        """This configuration as the rank torchrun started (RANK, WORLD_SIZE, MASTER_ADDR,
-        MASTER_PORT, GROUP_RANK, NNODES in the environment); None outside torchrun."""
+    @classmethod
+    def from_torchrun(
+        cls, fields: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+    ) -> ParallelConfig | None:
+        """The configuration `fields` give, as the rank torchrun started (RANK, WORLD_SIZE,
+        MASTER_ADDR, MASTER_PORT, GROUP_RANK, NNODES in the environment); None outside it."""
         if "RANK" not in environ or "WORLD_SIZE" not in environ:
             return None
         world = int(environ["WORLD_SIZE"])
-        if self.data_parallel_size not in (1, world):
+        if fields.get("data_parallel_size", 1) not in (1, world):
             raise ValueError(
-                f"--data-parallel-size {self.data_parallel_size} disagrees with torchrun's "
+                f"--data-parallel-size {fields['data_parallel_size']} disagrees with torchrun's "
                 f"WORLD_SIZE {world}"
             )
-        return dataclasses.replace(
-            self,
-            data_parallel_size=world,
-            rank=int(environ["RANK"]),
-            master_addr=environ.get("MASTER_ADDR", self.master_addr),
-            master_port=int(environ.get("MASTER_PORT", self.master_port)),
-            node_rank=int(environ.get("GROUP_RANK", self.node_rank)),
-            nnodes=int(environ.get("NNODES", self.nnodes)),
+        return cls(
+            **{
+                **fields,
+                "data_parallel_size": world,
+                "rank": int(environ["RANK"]),
+                "master_addr": environ.get("MASTER_ADDR", fields.get("master_addr", "127.0.0.1")),
+                "master_port": int(environ.get("MASTER_PORT", fields.get("master_port", 29500))),
+                "node_rank": int(environ.get("GROUP_RANK", 0)),
+                "nnodes": int(environ.get("NNODES", 1)),
+            }
         )
 
 

@@ -72,11 +72,14 @@ def test_configurations_that_cannot_run_are_refused(fields, message):
 
 def test_torchrun_environment_sets_rank_world_and_rendezvous():
     environ = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
-    config = ParallelConfig(expert_parallel=False).from_torchrun(environ)
+    config = ParallelConfig.from_torchrun({"expert_parallel": True}, environ)
     assert (config.rank, config.world_size, config.master_addr, config.master_port) == (
         3,
         4,
         "10.0.0.1",
         1234,
     )
-    assert ParallelConfig().from_torchrun({}) is None
+    assert config.expert_parallel
+    assert ParallelConfig.from_torchrun({}, {}) is None
+    with pytest.raises(ValueError, match="disagrees with torchrun's WORLD_SIZE 4"):
+        ParallelConfig.from_torchrun({"data_parallel_size": 2}, environ)
