@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments, yoco_overrides
+from deepwell.engine_options import (
+    add_engine_arguments,
+    add_parallel_arguments,
+    parallel_fields,
+    yoco_overrides,
+)
 from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 
 
@@ -300,15 +305,57 @@ def _configure_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default: 1)")
     parser.add_argument("--seed", type=int, help="sampling seed")
     add_engine_arguments(parser)
+    add_parallel_arguments(parser)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from deepwell.engine import LLM, EngineError, SamplingParams
+    from deepwell.engine import EngineError
+    from deepwell.engine.build import check_expert_parallel
+    from deepwell.engine.parallel import ParallelConfig, ParallelError
+    from deepwell.engine.parallel.launch import run_local_ranks
 
     try:
-        engine_args = _engine_args(args)
-        print(_loading_line(engine_args), file=sys.stderr, flush=True)
-        llm = LLM(**_engine_kwargs(args))
+        under_torchrun = ParallelConfig.from_torchrun(parallel_fields(args))
+        parallel = under_torchrun or ParallelConfig(**parallel_fields(args))
+    except ValueError as error:
+        print(f"deepwell generate: {error}", file=sys.stderr)
+        return 2
+    if under_torchrun is not None:
+        return _generate(args, under_torchrun)
+    if parallel.world_size == 1:
+        return _generate(args, parallel)
+    if not parallel.expert_parallel:
+        print(
+            "deepwell generate: one prompt runs on one rank; --data-parallel-size needs "
+            "--expert-parallel here (serve spreads requests over data-parallel ranks)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        # Refused here once, not by every rank.
+        check_expert_parallel(_engine_args(args, parallel=parallel))
+        run_local_ranks(parallel, _generate_rank, args)
+    except (EngineError, ValueError, ParallelError) as error:
+        print(f"deepwell generate: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _generate_rank(parallel, args: argparse.Namespace) -> None:
+    sys.exit(_generate(args, parallel))
+
+
+def _generate(args: argparse.Namespace, parallel) -> int:
+    """Generate on one rank: rank 0 takes the prompt and prints; the others (expert
+    parallelism) compute their experts' share of its steps."""
+    from deepwell.engine import LLM, EngineError, SamplingParams
+    from deepwell.engine.parallel import ParallelError
+
+    try:
+        engine_args = _engine_args(args, parallel=parallel)
+        if parallel.rank == 0:
+            print(_loading_line(engine_args), file=sys.stderr, flush=True)
+        llm = LLM(**_engine_kwargs(args), parallel=parallel)
         stop_ids: list[int] = []
         prompt: str | list[int] = args.prompt
         if not args.raw:
@@ -325,16 +372,21 @@ def _run_generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             stop_token_ids=[i for i in stop_ids if i is not None],
         )
-        if isinstance(prompt, str):
-            (completion,) = llm.generate(prompt, params, use_tqdm=False)
+        if parallel.rank:
+            completions = llm.generate(prompt_token_ids=[], sampling_params=params, use_tqdm=False)
+        elif isinstance(prompt, str):
+            completions = llm.generate(prompt, params, use_tqdm=False)
         else:
-            (completion,) = llm.generate(
+            completions = llm.generate(
                 prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False
             )
         llm.core.close()  # writes out the KV store's queue
-    except (EngineError, ValueError) as error:
+    except (EngineError, ValueError, ParallelError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 1
+    if not completions:
+        return 0
+    (completion,) = completions
     text = completion.text
     ends = [*stop_ids, *llm.core.eos_token_ids]
     for spelling in {llm.tokenizer.id_to_token(i) for i in ends if i is not None} - {None}:

@@ -140,6 +140,78 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
     return groups
 
 
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--data-parallel-size`, `--expert-parallel`, EPLB and the rendezvous (generate, serve)."""
+    group = parser.add_argument_group(
+        "parallelism (torch.distributed; docs/parallel.md)",
+        "attention data parallelism with MoE expert parallelism and EPLB; the ranks of this "
+        "machine are started for you (`deepwell generate` also runs as one torchrun rank)",
+    )
+    group.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine ranks, each with its own scheduler, KV cache and requests (default: 1)",
+    )
+    group.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="shard the routed experts over the data-parallel ranks (EP size = DP size); "
+        "tokens move to their experts' ranks by all-to-all each MoE layer (MoE models only)",
+    )
+    group.add_argument(
+        "--enable-eplb",
+        action="store_true",
+        help="expert-parallel load balancing: re-place experts (and replicas of hot ones) "
+        "by their token counts every --eplb-window-steps steps",
+    )
+    group.add_argument(
+        "--eplb-window-steps",
+        type=int,
+        default=32,
+        metavar="STEPS",
+        help="steps of token counts behind each EPLB re-placement (default: 32)",
+    )
+    group.add_argument(
+        "--eplb-redundant-experts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="extra expert slots EPLB fills with replicas of hot experts; also makes the "
+        "slots divide over the ranks (default: 0)",
+    )
+    group.add_argument(
+        "--master-addr",
+        default="127.0.0.1",
+        help="address of global rank 0's machine, where the ranks meet (default: 127.0.0.1)",
+    )
+    group.add_argument(
+        "--master-port", type=int, default=29500, help="its rendezvous port (default: 29500)"
+    )
+    group.add_argument(
+        "--nnodes", type=int, default=1, help="machines the ranks span, equally (default: 1)"
+    )
+    group.add_argument(
+        "--node-rank", type=int, default=0, help="this machine's index among them (default: 0)"
+    )
+
+
+def parallel_fields(args: argparse.Namespace) -> dict[str, int | bool | str]:
+    """The ParallelConfig fields the parallelism flags set."""
+    return {
+        "data_parallel_size": args.data_parallel_size,
+        "expert_parallel": args.expert_parallel,
+        "enable_eplb": args.enable_eplb,
+        "eplb_window_steps": args.eplb_window_steps,
+        "eplb_redundant_experts": args.eplb_redundant_experts,
+        "master_addr": args.master_addr,
+        "master_port": args.master_port,
+        "nnodes": args.nnodes,
+        "node_rank": args.node_rank,
+    }
+
+
 def yoco_overrides(args: argparse.Namespace) -> dict[str, str | int]:
     """The bounded-replay flags that were given; the others keep EngineArgs' environment
     defaults (DEEPWELL_YOCO_PREFILL_*)."""

@@ -10,6 +10,7 @@ import torch
 
 from deepwell import engine_defaults as defaults
 from deepwell.cpu_dtype import AUTO, DtypeChoice, select_dtype
+from deepwell.engine.parallel.group import ParallelConfig
 
 DTYPES = {name: getattr(torch, name) for name in defaults.DTYPES if name != AUTO}
 
@@ -107,6 +108,9 @@ class EngineArgs:
             "DEEPWELL_YOCO_PREFILL_KEEP_TOKENS", defaults.YOCO_PREFILL_KEEP_TOKENS
         )
     )
+    # Attention data parallelism, MoE expert parallelism and EPLB over torch.distributed
+    # (parallel/); one rank per EngineCore.
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
@@ -168,6 +172,19 @@ class EngineArgs:
                 "dspark_confidence_temperature must be positive, got "
                 f"{self.dspark_confidence_temperature}"
             )
+        if self.parallel.expert_parallel:
+            # The ranks' steps meet in every MoE layer's all-to-all, so every rank runs every
+            # MoE layer once per step: no separate drafter forward, no early exit.
+            if self.speculative_method == "dspark":
+                raise ValueError(
+                    "DSpark drafting runs its own MoE stages outside the ranks' lock step; "
+                    "with expert parallelism use --speculative-method ngram"
+                )
+            if self.yoco_prefill_truncation_mode == "compact":
+                raise ValueError(
+                    "compact bounded replay can skip a step's last layers, which expert-parallel "
+                    "ranks must all run; use yoco_prefill_truncation_mode 'mask'"
+                )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
 

@@ -31,8 +31,11 @@ from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
-from deepwell.engine.models.loader import load_checkpoint
+from deepwell.engine.models.loader import load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
+from deepwell.engine.parallel.expert import ExpertSharding
+from deepwell.engine.parallel.group import DistributedGroup
+from deepwell.engine.parallel.placement import balanced_placement, check_divisible
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +67,12 @@ class BuiltEngine:
     speculative_method: str | None = None
 
 
-def build_engine(args: EngineArgs) -> BuiltEngine:
-    """Load the checkpoint, build its model, plan and allocate its KV cache."""
+def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> BuiltEngine:
+    """Load the checkpoint, build its model, plan and allocate its KV cache. With `group`
+    (expert parallelism) this rank loads and holds only its share of the routed experts."""
     started = time.monotonic()
-    checkpoint = load_checkpoint(args.model)
+    experts = _expert_sharding(args, group)
+    checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)
     model = build_model(
         checkpoint,
@@ -80,6 +85,7 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
             quantize_kv_cache=args.quantize_kv_cache,
             dspark=method == "dspark",
             batch_invariant=args.batch_invariant,
+            experts=experts,
         ),
     )
     model.load_weights(checkpoint.tensors)
@@ -132,10 +138,15 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
     kv_cache = KVCache.allocate(layout, num_blocks, args.block_size, num_slots, args.torch_dtype)
     root_key = None
     if args.enable_prefix_caching:
+        # Expert-parallel ranks hold different experts but serve one model: its fingerprint
+        # (which workers compare) leaves the routed experts out.
+        tensors = checkpoint.tensors
+        if experts is not None:
+            tensors = {name: t for name, t in tensors.items() if ".ffn.experts." not in name}
         root_key = fingerprint(
             checkpoint.architecture,
             checkpoint.hf_config,
-            checkpoint.tensors,
+            tensors,
             layout,
             args.block_size,
             args.torch_dtype,
@@ -179,6 +190,25 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
         vocab_size=model.config.vocab_size,
         speculative_method=method,
     )
+
+
+def check_expert_parallel(args: EngineArgs) -> int:
+    """The model's routed experts per layer, if `args.parallel` can shard them (raises
+    otherwise): checked before a rank joins its group, where a refusal would leave the
+    other ranks waiting."""
+    num_experts = routed_expert_count(args.model)
+    parallel = args.parallel
+    check_divisible(num_experts, parallel.world_size, parallel.eplb_redundant_experts)
+    return num_experts
+
+
+def _expert_sharding(args: EngineArgs, group: DistributedGroup | None) -> ExpertSharding | None:
+    """The placement every MoE layer starts from: uniform (EPLB has seen no load yet)."""
+    if group is None:
+        return None
+    num_experts = check_expert_parallel(args)
+    slots = num_experts + args.parallel.eplb_redundant_experts
+    return ExpertSharding(group, balanced_placement([1.0] * num_experts, group.world_size, slots))
 
 
 def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None:

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.build import build_engine
+from deepwell.engine.build import build_engine, check_expert_parallel
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
+from deepwell.engine.parallel.eplb import EplbState
+from deepwell.engine.parallel.group import init_group
+from deepwell.engine.parallel.lockstep import StepGate
 from deepwell.engine.pipeline import StepPipeline, StepStats
 from deepwell.engine.request import Request
 from deepwell.engine.runner import ModelRunner
@@ -59,7 +62,12 @@ class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        built = build_engine(args)
+        # Expert parallelism: join the group before loading (a rank loads only its experts).
+        self.group = None
+        if args.parallel.expert_parallel:
+            check_expert_parallel(args)
+            self.group = init_group(args.parallel)
+        built = build_engine(args, self.group)
         self.model_config = built.model_config
         self.model_name = built.model_name
         self.architecture = built.architecture
@@ -104,12 +112,21 @@ class EngineCore:
             self.kv,
             self.speculator,
             self.requests,
-            args.async_scheduling,
+            # Expert-parallel steps are collectives agreed on this thread: no overlap.
+            args.async_scheduling and self.group is None,
         )
         self.async_scheduling = self.pipeline.async_scheduling
         self.intake = RequestIntake(args, built, self.scheduler, self.requests)
         self._aborted: list[RequestOutput] = []
         self.num_preemptions = 0
+        self.lockstep = None
+        if self.group is not None:
+            eplb = args.parallel
+            self.lockstep = StepGate(
+                self.group,
+                [layer.ffn for layer in built.model.layers],
+                EplbState(eplb.eplb_window_steps) if eplb.enable_eplb else None,
+            )
 
     @property
     def num_steps(self) -> int:
@@ -160,6 +177,8 @@ class EngineCore:
         self.pipeline.close()
         if self.kv.store is not None:
             self.kv.store.close()
+        if self.group is not None:
+            self.group.close()
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted) or self.pipeline.in_flight is not None
@@ -201,6 +220,13 @@ class EngineCore:
             outputs += self._propose_drafts()
         plan = self.scheduler.schedule()
         self.num_preemptions += len(plan.preempted)
+        if (
+            self.lockstep is not None
+            and self.lockstep.agree(bool(plan.chunks), self.has_unfinished())
+            and not plan.chunks
+        ):
+            self.lockstep.dummy_step()
+            return outputs
         if plan.chunks or self.pipeline.in_flight is not None:
             return outputs + self.pipeline.advance(plan)
         # Nothing to compute: wait for a store read or a compile rather than spin.

@@ -60,8 +60,15 @@ class LLM:
         logprobs: dict[str, list] = {i: [] for i in order}
         finished = {}
         seeds: dict[str, int] = {}
+        lockstep = self.core.lockstep
+        if lockstep is not None:
+            # Expert-parallel ranks step together until the whole group is done, so a rank
+            # whose own requests are finished still joins its peers' steps.
+            lockstep.group_unfinished = True
         with tqdm(total=len(order), desc="generate", unit="req", disable=not use_tqdm) as bar:
-            while len(finished) < len(order):
+            while len(finished) < len(order) or (
+                lockstep is not None and lockstep.group_unfinished
+            ):
                 for output in self.core.step():
                     tokens[output.request_id] += output.new_token_ids
                     logprobs[output.request_id] += output.new_logprobs

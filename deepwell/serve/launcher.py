@@ -21,6 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
+from deepwell.engine_options import parallel_fields
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.cluster.options import worker_roles
@@ -170,6 +171,13 @@ def worker_config(
         num_threads=args.threads,
         dtype=args.dtype,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        # Worker i of this machine is global rank node_rank * (ranks per node) + i.
+        data_parallel_rank=(
+            args.node_rank * (args.data_parallel_size // args.nnodes) + worker_id
+            if args.data_parallel_size > 1
+            else 0
+        ),
+        **parallel_fields(args),
     )
 
 

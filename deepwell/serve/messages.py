@@ -55,6 +55,18 @@ class WorkerConfig:
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
     dtype: str = engine_defaults.DTYPE
     max_num_batched_tokens: int = engine_defaults.MAX_NUM_BATCHED_TOKENS
+    # Attention DP / MoE EP (the engine's ParallelConfig, flat: this process has no torch).
+    # A worker is then one rank of the group; with expert parallelism all ranks step together.
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    expert_parallel: bool = False
+    enable_eplb: bool = False
+    eplb_window_steps: int = 32
+    eplb_redundant_experts: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    nnodes: int = 1
+    node_rank: int = 0
 
 
 @dataclass(frozen=True)

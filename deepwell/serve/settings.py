@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments
+from deepwell.engine_options import add_engine_arguments, add_parallel_arguments
 from deepwell.serve.cluster.options import add_cluster_arguments
 
 # The environment variable that also sets an API key (as vLLM's VLLM_API_KEY does).
@@ -66,6 +66,7 @@ def _days(seconds: float) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`, grouped as `--help` shows them."""
     groups = add_engine_arguments(parser)
+    add_parallel_arguments(parser)
     add_cluster_arguments(parser)
     # vLLM's spelling, `deepwell serve MODEL`; `--model PATH` still works.
     parser.add_argument(

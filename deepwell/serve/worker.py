@@ -18,6 +18,7 @@ import zmq
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.args import env_flag
+from deepwell.engine.parallel import ParallelConfig
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
@@ -130,6 +131,18 @@ class EngineCoreAdapter:
             quantize_kv_cache=config.quantize_kv_cache,
             quantization=config.quantization,
             num_threads=config.num_threads,
+            parallel=ParallelConfig(
+                data_parallel_size=config.data_parallel_size,
+                expert_parallel=config.expert_parallel,
+                enable_eplb=config.enable_eplb,
+                eplb_window_steps=config.eplb_window_steps,
+                eplb_redundant_experts=config.eplb_redundant_experts,
+                rank=config.data_parallel_rank,
+                master_addr=config.master_addr,
+                master_port=config.master_port,
+                nnodes=config.nnodes,
+                node_rank=config.node_rank,
+            ),
             **{
                 name: value
                 for name, value in (
@@ -174,7 +187,9 @@ class EngineCoreAdapter:
             self._core.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        return self._core.has_unfinished()
+        # An expert-parallel rank steps while it lives: its peers' steps need it in every
+        # MoE layer's exchange (an idle group ticks slowly, parallel/lockstep.py).
+        return self._core.lockstep is not None or self._core.has_unfinished()
 
     def step(self) -> list[TokenOutput]:
         return [

@@ -8,6 +8,7 @@ directory goes to its own loader (deepseek_v41/checkpoint.py), under the release
 import importlib.util
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,15 @@ def embedded_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
 
 
-def load_checkpoint(model: str | None) -> Checkpoint:
+def load_checkpoint(
+    model: str | None, holds_expert: Callable[[int], bool] | None = None
+) -> Checkpoint:
+    """`holds_expert`: expert parallelism, read only the routed experts it holds (MoE models)."""
     path = embedded_model_path() if model is None else Path(model)
     if not path.exists():
         raise ModelLoadError(f"model path {str(path)!r} does not exist")
     if path.is_dir():
-        return load_safetensors_dir(path)
+        return load_safetensors_dir(path, holds_expert)
     if path.suffix == ".gguf":
         return load_gguf(path)
     raise ModelLoadError(
@@ -168,7 +172,28 @@ def _undo_rotary_permutation(weight: torch.Tensor, num_heads: int) -> torch.Tens
     )
 
 
-def load_safetensors_dir(path: Path) -> Checkpoint:
+def routed_expert_count(model: str | None) -> int:
+    """The routed experts per MoE layer of a checkpoint, read before its weights (expert
+    parallelism places them first); a model without them is refused."""
+    path = embedded_model_path() if model is None else Path(model)
+    config = None
+    if path.is_dir():
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            config = None
+    if not isinstance(config, dict) or not is_deepseek_v41_config(config):
+        raise ModelLoadError(
+            f"expert parallelism shards routed experts; {path.name} is not a mixture-of-experts "
+            "model deepwell runs (DeepSeek-V4.1)"
+        )
+    text = config.get("text_config") or config
+    return int(text["n_routed_experts"])
+
+
+def load_safetensors_dir(
+    path: Path, holds_expert: Callable[[int], bool] | None = None
+) -> Checkpoint:
     from safetensors.torch import load_file
 
     config_path = path / "config.json"
@@ -182,7 +207,7 @@ def load_safetensors_dir(path: Path) -> Checkpoint:
         # Imported here: the V4.1 loader builds on this module's Checkpoint.
         from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
 
-        return load_v41_checkpoint(path)
+        return load_v41_checkpoint(path, holds_expert)
     architectures = config.get("architectures") or []
     if not architectures:
         raise ModelLoadError(f"{str(config_path)!r} names no architecture")

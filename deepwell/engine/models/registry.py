@@ -16,6 +16,7 @@ from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.loader import Checkpoint
 from deepwell.engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
+from deepwell.engine.parallel.expert import ExpertSharding
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class ModelOptions:
     dspark: bool = False
     # Models whose own layers read rings (DeepSeek-V4.1) take their batch-invariant paths.
     batch_invariant: bool = False
+    # DeepSeek-V4.1: its routed experts sharded over expert-parallel ranks (parallel/).
+    experts: ExpertSharding | None = None
 
 
 MODELS: dict[str, type[nn.Module]] = {

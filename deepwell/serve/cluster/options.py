@@ -64,6 +64,17 @@ def worker_roles(args: argparse.Namespace) -> list[str]:
     prefill, decode = args.prefill_workers, args.decode_workers
     if prefill < 0 or decode < 0 or args.workers < 1:
         raise ValueError("worker counts must be positive")
+    ranks, nodes = args.data_parallel_size, args.nnodes
+    if ranks > 1:
+        # Each data-parallel rank is a worker (its own engine, requests routed to it).
+        if args.workers != 1 or prefill or decode:
+            raise ValueError(
+                "--data-parallel-size starts one worker per rank; it does not combine with "
+                "--workers or --prefill-workers/--decode-workers"
+            )
+        if nodes < 1 or ranks % nodes:
+            raise ValueError(f"--data-parallel-size {ranks} must be a multiple of --nnodes {nodes}")
+        return ["mixed"] * (ranks // nodes)
     if not prefill and not decode:
         return ["mixed"] * args.workers
     if not prefill or not decode:

@@ -35,6 +35,13 @@ def run(args: argparse.Namespace) -> int:
     from deepwell.serve.launcher import worker_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.data_parallel_size > 1:
+        # Ranks are numbered by the serve that starts them (--node-rank on each machine).
+        logging.getLogger("deepwell.worker").error(
+            "a joining worker is one engine; run data-parallel ranks with "
+            "`deepwell serve --data-parallel-size N --nnodes M --node-rank K` on each machine"
+        )
+        return 2
     port = args.port or "*"
     config = worker_config(
         args,

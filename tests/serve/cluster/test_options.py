@@ -48,3 +48,10 @@ def test_pd_starts_prefill_then_decode_workers():
 def test_impossible_combinations_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         worker_roles(parse(*argv))
+
+
+def test_data_parallel_ranks_are_the_workers_of_this_machine():
+    assert worker_roles(parse("--data-parallel-size", "4", "--expert-parallel")) == ["mixed"] * 4
+    assert worker_roles(parse("--data-parallel-size", "4", "--nnodes", "2")) == ["mixed"] * 2
+    with pytest.raises(ValueError, match="does not combine with --workers"):
+        worker_roles(parse("--data-parallel-size", "2", "--workers", "2"))

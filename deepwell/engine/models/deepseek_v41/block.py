@@ -12,6 +12,7 @@ from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse, expand
 from deepwell.engine.models.deepseek_v41.moe import MoE
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+from deepwell.engine.parallel.expert import ExpertParallel
 
 
 class DeepseekV41Block(nn.Module):
@@ -23,8 +24,10 @@ class DeepseekV41Block(nn.Module):
         backend: SinkAttentionBackend,
         invariant: bool,
         experts: tuple[int, int] | None = None,
+        parallel: ExpertParallel | None = None,
     ) -> None:
-        """`experts`: routed experts and experts per token, if not the backbone's."""
+        """`experts`: routed experts and experts per token, if not the backbone's;
+        `parallel`: the routed experts are sharded over expert-parallel ranks."""
         super().__init__()
         self.plan = plan
         c = config
@@ -39,6 +42,7 @@ class DeepseekV41Block(nn.Module):
             c.norm_topk_prob,
             c.swiglu_limit,
             invariant,
+            parallel,
         )
         self.attn_norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.ffn_norm = Norm(c.hidden_size, c.rms_norm_eps)
@@ -80,6 +84,7 @@ class DeepseekV41Block(nn.Module):
         engram_rows,
         dtype,
         features,
+        real_rows=None,
     ):
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
@@ -92,5 +97,5 @@ class DeepseekV41Block(nn.Module):
         streams = expand(attended.float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
         u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
-        streams = expand(self.ffn(u), streams, post, comb)
+        streams = expand(self.ffn(u, real_rows), streams, post, comb)
         return streams, ffn_pre

@@ -7,6 +7,8 @@ sit in different shards) and is dequantised (spec §3.8). Bad input is a ModelLo
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,17 @@ _SAFETENSORS_DTYPES = {
 # nemo and spec §3.8 disagree on which unquantised tensors are BF16 and which F32 (the
 # head, the compressor); both are full precision for a float32 model, so either is taken.
 _PLAIN_DTYPES = ("BF16", "F32")
+# A backbone layer's routed expert: with expert parallelism each rank reads only its own.
+_ROUTED_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.(\d+)\.")
 
 
-def load_v41_checkpoint(path: str | Path) -> Checkpoint:
-    """Read config.json, the index, every shard and the tokenizer of a V4.1 directory."""
+def load_v41_checkpoint(
+    path: str | Path, holds_expert: Callable[[int], bool] | None = None
+) -> Checkpoint:
+    """Read config.json, the index, every shard and the tokenizer of a V4.1 directory.
+
+    With `holds_expert` (expert parallelism) only the backbone's routed experts it holds are
+    read, and no draft stage (`mtp.*`, which runs only without expert parallelism)."""
     path = Path(path)
     config = _read_json(path / "config.json")
     schema = _schema(config, path / "config.json")
@@ -49,7 +58,7 @@ def load_v41_checkpoint(path: str | Path) -> Checkpoint:
     _check_names(weight_map, stored, index_path)
     by_shard: dict[str, list[str]] = {}
     for name, file in weight_map.items():
-        if name in stored:
+        if name in stored and _wanted(name, holds_expert):
             by_shard.setdefault(file, []).append(name)
     for file, names in sorted(by_shard.items()):
         if not (path / file).is_file():
@@ -75,8 +84,22 @@ def load_v41_checkpoint(path: str | Path) -> Checkpoint:
     if template_path.is_file():
         template = _read_json(template_path).get("chat_template")
     return Checkpoint(
-        path, ARCHITECTURE, config, {name: tensors[name] for name in schema}, tokenizer, template
+        path,
+        ARCHITECTURE,
+        config,
+        {name: tensors[name] for name in schema if name in tensors},
+        tokenizer,
+        template,
     )
+
+
+def _wanted(name: str, holds_expert: Callable[[int], bool] | None) -> bool:
+    if holds_expert is None:
+        return True
+    if name.startswith("mtp."):
+        return False
+    routed = _ROUTED_EXPERT.match(name)
+    return routed is None or holds_expert(int(routed.group(1)))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

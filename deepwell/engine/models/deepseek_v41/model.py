@@ -40,6 +40,7 @@ from deepwell.engine.models.deepseek_v41.engram_hash import (
 )
 from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
 
 # Rows a sequence may roll back (DeepInfer's DEEPINFER_MAX_BACKTRACKING_TOKENS, 6 with 5
 # draft tokens): the rings keep them beyond the window (spec/deepinfer.md).
@@ -60,9 +61,12 @@ class DeepseekV41ForCausalLM(nn.Module):
         backend_class: type[SinkAttentionBackend] = TorchSinkAttention,
         dspark: bool = False,
         batch_invariant: bool = False,
+        experts: ExpertSharding | None = None,
     ) -> None:
+        """`experts`: shard the backbone's routed experts over expert-parallel ranks."""
         super().__init__()
         self.config = config
+        self.expert_sharding = experts
         self.dtype = dtype
         self.batch_invariant = batch_invariant
         self.plans = config.layer_plans()
@@ -83,6 +87,9 @@ class DeepseekV41ForCausalLM(nn.Module):
                 self.compress_rotary if plan.compress_ratio else self.plain_rotary,
                 backend,
                 batch_invariant,
+                parallel=None
+                if experts is None
+                else ExpertParallel(experts.group, experts.placement),
             )
             for plan in self.plans
         )
@@ -139,6 +146,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             options.sink_backend_class,
             dspark=options.dspark,
             batch_invariant=options.batch_invariant,
+            experts=options.experts,
         )
 
     def kv_layout(self) -> KVLayout:
@@ -287,6 +295,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 engram_rows,
                 self.dtype,
                 features if plan.index in targets else None,
+                num_rows,
             )
         if self.dspark is not None:
             self.dspark.write_context(features, positions, step, kv_cache.rings[DSPARK_RING])
@@ -326,11 +335,13 @@ class DeepseekV41ForCausalLM(nn.Module):
                 continue  # image-token routing
             if source.startswith("mtp.") and self.dspark is None:
                 continue  # the DSpark drafter, not used
-            name = _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
-            if name.endswith((".w1", ".w3")):
-                halves.setdefault(name[:-3], {})[name[-2:]] = value
-                continue
-            put(name, value, source)
+            for name in self._local_names(
+                _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
+            ):
+                if name.endswith((".w1", ".w3")):
+                    halves.setdefault(name[:-3], {})[name[-2:]] = value
+                    continue
+                put(name, value, source)
         for prefix, parts in halves.items():
             if set(parts) != {"w1", "w3"}:
                 raise ModelLoadError(f"checkpoint has only {sorted(parts)} of {prefix}.w1/w3")
@@ -342,6 +353,21 @@ class DeepseekV41ForCausalLM(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding) and name != "head":
                 module.to(self.dtype)
+
+    def _local_names(self, name: str) -> list[str]:
+        """Where a parameter goes: with expert parallelism a routed expert of the backbone
+        goes to each of this rank's slots that hold it (none: another rank's)."""
+        routed = _ROUTED_EXPERT.match(name)
+        if self.expert_sharding is None or routed is None:
+            return [name]
+        layer, expert, rest = routed.groups()
+        sharding = self.expert_sharding
+        held = sharding.placement.rank_experts(sharding.group.rank)
+        return [
+            f"layers.{layer}.ffn.experts.{slot}.{rest}"
+            for slot, logical in enumerate(held)
+            if logical == int(expert)
+        ]
 
 
 def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
@@ -357,6 +383,7 @@ def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
     return boundary
 
 
+_ROUTED_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(.+)$")
 # A backbone block or a draft stage (released `mtp.K`, renamed before matching).
 _BLOCK = r"(?:layers|dspark\.stages)\.\d+"
 _PARAMETER_NAMES = (

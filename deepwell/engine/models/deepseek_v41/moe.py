@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.layers.batch_invariant import tiled_rows
+from deepwell.engine.parallel.expert import ExpertParallel
 
 
 class ClampedSwiGLU(nn.Module):
@@ -36,7 +37,10 @@ class MoE(nn.Module):
         normalize: bool,
         limit: float,
         invariant: bool,
+        parallel: ExpertParallel | None = None,
     ) -> None:
+        """`parallel`: this rank's share of the routed experts (its placement's slots) and
+        their token exchange; None holds every expert here."""
         super().__init__()
         # Batch-invariant: the router and each expert run on fixed row tiles, as an expert
         # sees however many rows of the step chose it (layers/batch_invariant.py).
@@ -47,13 +51,18 @@ class MoE(nn.Module):
         self.gate = nn.Parameter(torch.zeros(num_experts, hidden_size))
         # Selects experts only; the routing weights come from the raw scores (noaux_tc).
         self.gate_bias = nn.Parameter(torch.zeros(num_experts))
+        self.num_experts = num_experts
+        self.parallel = parallel
+        held = num_experts if parallel is None else parallel.placement.slots_per_rank
         self.experts = nn.ModuleList(
-            ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(num_experts)
+            ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(held)
         )
         self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, hidden] in the compute dtype → [rows, hidden] float32."""
+    def forward(self, x: torch.Tensor, real_rows: int | None = None) -> torch.Tensor:
+        """x [rows, hidden] in the compute dtype → [rows, hidden] float32. Rows from
+        `real_rows` on are padding (batch-invariant row tiles): with expert parallelism
+        they are not sent to experts, whose output there nobody reads."""
         scores = tiled_rows(self._scores, x) if self.invariant else self._scores(x)
         chosen = (scores + self.gate_bias).topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, chosen)
@@ -61,6 +70,8 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         weights = weights * self.routed_scaling
         out = self.shared_expert(x).float()
+        if self.parallel is not None:
+            return self._combine_parallel(x, chosen, weights, out, real_rows)
         # Rows grouped by expert: one matmul per expert that any row chose.
         flat_experts = chosen.flatten()
         order = flat_experts.argsort(stable=True)
@@ -78,6 +89,46 @@ class MoE(nn.Module):
             else:
                 routed = self.experts[expert](*expert_rows)
             out.index_add_(0, picked, routed.float())
+            start += count
+        return out
+
+    def _combine_parallel(self, x, chosen, weights, out, real_rows) -> torch.Tensor:
+        """The routed experts over the EP ranks, summed into `out` exactly as above: expert by
+        expert in ascending order, so a row's sum has the same bits on any rank count (with
+        batch-invariant tiles an expert's row does not depend on the rows beside it)."""
+        real = slice(0, x.shape[0] if real_rows is None else real_rows)
+        flat_experts = chosen[real].flatten()
+        order = flat_experts.argsort(stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        rows = order // self.top_k
+        routed = self.parallel.exchange(
+            x, flat_experts[order], rows, weights[real].flatten()[order], self._run_slots
+        )
+        start = 0
+        for count in counts:
+            if count:
+                out.index_add_(
+                    0, rows[start : start + count], routed[start : start + count].float()
+                )
+                start += count
+        return out
+
+    def _run_slots(
+        self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's experts over the rows sent to them (any rank's), in the rows' order."""
+        out = x.new_empty(x.shape)
+        order = slots.argsort(stable=True)
+        start = 0
+        for slot, count in enumerate(torch.bincount(slots, minlength=len(self.experts)).tolist()):
+            if not count:
+                continue
+            picked = order[start : start + count]
+            expert_rows = (x[picked], weights[picked])
+            if self.invariant:
+                out[picked] = tiled_rows(self.experts[slot], *expert_rows)
+            else:
+                out[picked] = self.experts[slot](*expert_rows)
             start += count
         return out
 

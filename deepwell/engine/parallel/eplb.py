@@ -1,0 +1,97 @@
+"""EPLB: count tokens per expert over a window of steps, re-place the experts of every MoE
+layer from the all-reduced counts, and move expert weights between ranks to match."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from deepwell.engine.parallel.group import DistributedGroup, collective
+from deepwell.engine.parallel.placement import ExpertPlacement, balanced_placement, imbalance
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """One re-placement: the window's max/mean rank load under the old placement and,
+    for the same tokens, under the new one (summed over layers)."""
+
+    step: int
+    imbalance_before: float
+    imbalance_after: float
+    moved_experts: int
+
+
+@dataclass
+class EplbState:
+    window_steps: int
+    history: list[Rebalance] = field(default_factory=list)
+
+
+def rebalance(moe_layers: list[nn.Module], group: DistributedGroup, step: int) -> Rebalance:
+    """Re-place every layer's experts by its window's load; the same result on every rank,
+    which must all call this at the same step boundary."""
+    loads = torch.stack([moe.parallel.expert_tokens for moe in moe_layers])
+    with collective(group, "EPLB load all-reduce"):
+        dist.all_reduce(loads)
+    before = [0.0] * group.world_size
+    after = [0.0] * group.world_size
+    moved = 0
+    for moe, layer_loads in zip(moe_layers, loads.tolist(), strict=True):
+        old = moe.parallel.placement
+        new = balanced_placement(layer_loads, old.num_ranks, len(old.slot_experts))
+        for totals, placement in ((before, old), (after, new)):
+            for rank, load in enumerate(placement.rank_loads(layer_loads)):
+                totals[rank] += load
+        if new != old:
+            moved += _move_experts(moe, old, new, group)
+            moe.parallel.set_placement(new)
+        moe.parallel.expert_tokens.zero_()
+    return Rebalance(step, imbalance(before), imbalance(after), moved)
+
+
+def _move_experts(
+    moe: nn.Module, old: ExpertPlacement, new: ExpertPlacement, group: DistributedGroup
+) -> int:
+    """Give this rank's slots their new experts' weights: a copy where the rank held the
+    expert already, else sent by the lowest rank that held it (every rank derives the same
+    transfer list, so sends and receives pair up). Returns the transfers of the group."""
+    rank = group.rank
+    transfers = []  # (destination rank, its local slot, source rank, source local slot)
+    for dst in range(new.num_ranks):
+        had = old.rank_experts(dst)
+        for slot, expert in enumerate(new.rank_experts(dst)):
+            if expert not in had:
+                src_slot = old.slot_experts.index(expert)
+                transfers.append((dst, slot, *divmod(src_slot, old.slots_per_rank)))
+    experts = moe.experts
+    had = old.rank_experts(rank)
+    # New weights first, from the old ones, so no slot is overwritten before it is read.
+    weights = [
+        [w.detach().clone() for w in _weights(experts[had.index(expert)])]
+        if expert in had
+        else [torch.empty_like(w) for w in _weights(experts[slot])]
+        for slot, expert in enumerate(new.rank_experts(rank))
+    ]
+    pending = []
+    with collective(group, "EPLB expert move"):
+        for tag, (dst, slot, src, src_slot) in enumerate(transfers):
+            for part, tensor in enumerate(_weights(experts[src_slot]) if src == rank else ()):
+                pending.append(dist.isend(tensor.detach().contiguous(), dst, tag=2 * tag + part))
+            if dst == rank:
+                for part, tensor in enumerate(weights[slot]):
+                    pending.append(dist.irecv(tensor, src, tag=2 * tag + part))
+        for request in pending:
+            request.wait()
+    for expert_module, tensors in zip(experts, weights, strict=True):
+        for linear, tensor in zip((expert_module.w13, expert_module.w2), tensors, strict=True):
+            linear.weight.data.copy_(tensor)
+            if hasattr(linear, "packed_weight"):  # oneDNN-packed bf16 (layers/packed_linear.py)
+                linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight, None)
+    return len(transfers)
+
+
+def _weights(expert: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    return expert.w13.weight, expert.w2.weight
