@@ -107,6 +107,12 @@ class EngineArgs:
             "DEEPWELL_YOCO_PREFILL_KEEP_TOKENS", defaults.YOCO_PREFILL_KEEP_TOKENS
         )
     )
+    # Mirror context parallelism (parallel/context.py): ranks on this machine that share a
+    # long prefill; 1 runs every step on this process alone.
+    context_parallel_size: int = defaults.CONTEXT_PARALLEL_SIZE
+    # A prefill from position 0 of at least this many tokens runs across the ranks; shorter
+    # ones run on rank 0. None: twice the model's sliding window.
+    context_parallel_min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
@@ -170,6 +176,29 @@ class EngineArgs:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        self._check_context_parallel()
+
+    def _check_context_parallel(self) -> None:
+        if self.context_parallel_size < 1:
+            raise ValueError(
+                f"context_parallel_size must be >= 1, got {self.context_parallel_size}"
+            )
+        if self.context_parallel_min_tokens is not None and self.context_parallel_min_tokens < 1:
+            raise ValueError(
+                "context_parallel_min_tokens must be positive, got "
+                f"{self.context_parallel_min_tokens}"
+            )
+        if self.context_parallel_size == 1:
+            return
+        # The parallel prefill runs every layer over every position and computes rows in
+        # shards the row tiles of batch-invariant mode do not cover (docs/parallel_context.md).
+        if self.batch_invariant:
+            raise ValueError("context parallelism does not combine with batch_invariant yet")
+        if self.yoco_prefill_truncation_mode != "off":
+            raise ValueError(
+                "context parallelism needs yoco_prefill_truncation_mode 'off', got "
+                f"{self.yoco_prefill_truncation_mode!r}"
+            )
 
     @property
     def dtype_choice(self) -> DtypeChoice:

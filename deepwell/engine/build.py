@@ -31,7 +31,7 @@ from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
-from deepwell.engine.models.loader import load_checkpoint
+from deepwell.engine.models.loader import Checkpoint, load_checkpoint
 from deepwell.engine.models.registry import ModelOptions, build_model
 
 logger = logging.getLogger(__name__)
@@ -64,9 +64,19 @@ class BuiltEngine:
     speculative_method: str | None = None
 
 
-def build_engine(args: EngineArgs) -> BuiltEngine:
-    """Load the checkpoint, build its model, plan and allocate its KV cache."""
-    started = time.monotonic()
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint's model with its weights in, ready to compute (no KV cache yet)."""
+
+    model: nn.Module
+    checkpoint: Checkpoint
+    # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
+    speculative_method: str | None
+
+
+def load_model(args: EngineArgs) -> LoadedModel:
+    """Load the checkpoint into its model, packed and quantised as `args` ask: what every
+    rank of a parallel group computes with (parallel/)."""
     checkpoint = load_checkpoint(args.model)
     method = _speculative_method(args, checkpoint.tensors)
     model = build_model(
@@ -92,6 +102,14 @@ def build_engine(args: EngineArgs) -> BuiltEngine:
     if args.batch_invariant:
         tile_linears(model)
     model.eval()
+    return LoadedModel(model, checkpoint, method)
+
+
+def build_engine(args: EngineArgs) -> BuiltEngine:
+    """Load the checkpoint, build its model, plan and allocate its KV cache."""
+    started = time.monotonic()
+    loaded = load_model(args)
+    model, checkpoint, method = loaded.model, loaded.checkpoint, loaded.speculative_method
     max_model_len = min(
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,
