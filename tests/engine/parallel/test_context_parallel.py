@@ -1,0 +1,136 @@
+"""Mirror context parallelism on the tiny DeepSeek-V4.1 (float32, gloo, 2 and 4 processes):
+a long prefill split across ranks leaves rank 0 with the caches a one-process prefill
+leaves, and the tokens and logprobs that follow are the one-process ones."""
+
+import random
+
+import pytest
+import torch
+
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+
+# Longer than the window (8) and than 2N chunks of it; 61 and 101 are no multiple of 2N.
+LONG = (61, 101)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
+
+
+def make_core(checkpoint, **kwargs) -> EngineCore:
+    # Synchronous steps: the state after one step is the state after the prefill. DSpark
+    # on (the checkpoint has its stages), so its context rings are written and compared.
+    args = dict(
+        model=str(checkpoint),
+        dtype="float32",
+        max_model_len=512,
+        block_size=16,
+        memory_gib=0.5,
+        max_num_batched_tokens=256,
+        quantize_kv_cache=False,
+        async_scheduling=False,
+    )
+    return EngineCore(EngineArgs(**(args | kwargs)))
+
+
+@pytest.fixture(scope="module")
+def one_rank(checkpoint):
+    core = make_core(checkpoint)
+    yield core
+    core.close()
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def parallel(checkpoint, request):
+    core = make_core(checkpoint, context_parallel_size=request.param)
+    yield core
+    core.close()
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 250) for _ in range(length)]
+
+
+def generate(core: EngineCore, prompts: dict[str, list[int]], max_tokens: int = 8):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=3)
+    for request_id, ids in prompts.items():
+        core.add_request(request_id, ids, params)
+    out: dict[str, tuple[list[int], list]] = {}
+    while core.has_unfinished():
+        for output in core.step():
+            tokens, logprobs = out.setdefault(output.request_id, ([], []))
+            tokens += output.new_token_ids
+            logprobs += output.new_logprobs
+    return out
+
+
+def sequence_state(core: EngineCore, request_id: str) -> dict[str, torch.Tensor]:
+    """Every cache row the request's prefill wrote: its slot's rings (all rows: the prompt
+    is longer than each ring) and its compressed entries and index keys."""
+    request = core.requests[request_id]
+    cache = core.runner.kv_cache
+    blocks = torch.tensor(request.block_ids)
+    state = {}
+    for name, layers in cache.rings.items():
+        for layer, ring in enumerate(layers):
+            assert request.num_computed_tokens >= ring.shape[1]
+            state[f"{name}[{layer}]"] = ring[request.slot].clone()
+    for name, layers in cache.paged.items():
+        ratio = int(name.rsplit("_r", 1)[1])
+        for layer, paged in enumerate(layers):
+            entries = paged[blocks].flatten(0, 1)[: request.num_computed_tokens // ratio]
+            state[f"{name}[{layer}]"] = entries.clone()
+    return state
+
+
+@pytest.mark.parametrize("length", LONG)
+def test_cache_state_after_a_parallel_prefill_is_the_one_rank_state(one_rank, parallel, length):
+    group = parallel.context_parallel.group
+    # A prompt neither core has seen: a prefix hit would restore only the rows it needs.
+    ids = prompt(length, seed=length * 10 + group.size)
+    prefills = group.num_prefills
+    states = []
+    for core in (one_rank, parallel):
+        core.add_request("state", ids, SamplingParams(max_tokens=4, temperature=0))
+        core.step()  # the prefill, which samples the first token
+        states.append(sequence_state(core, "state"))
+        core.abort("state")
+        core.step()
+    assert group.num_prefills == prefills + 1
+    expected, got = states
+    assert expected.keys() == got.keys()
+    assert {"window[0]", "compressor_tail_r2[0]", "compressed_r1[0]"} <= expected.keys()
+    assert any(name.startswith("dspark") for name in expected)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_tokens_and_logprobs_after_parallel_prefills_are_the_one_rank_ones(one_rank, parallel):
+    # Two long prompts and a short one in one step: the long ones run across the ranks,
+    # the short one on rank 0 beside them; all then decode on rank 0.
+    prompts = {"long-a": prompt(LONG[0], 1), "long-b": prompt(LONG[1], 2), "short": prompt(5, 3)}
+    group = parallel.context_parallel.group
+    prefills = group.num_prefills
+    expected = generate(one_rank, prompts)
+    got = generate(parallel, prompts)
+    assert group.num_prefills == prefills + 2
+    for request_id in prompts:
+        tokens, logprobs = got[request_id]
+        assert tokens == expected[request_id][0], request_id
+        for lp, ref in zip(logprobs, expected[request_id][1], strict=True):
+            assert lp.token_id == ref.token_id
+            assert lp.logprob == pytest.approx(ref.logprob, abs=1e-4)
+            assert [t for t, _ in lp.top] == [t for t, _ in ref.top]
+
+
+def test_a_prompt_below_the_threshold_runs_on_rank_0(parallel):
+    group = parallel.context_parallel.group
+    prefills = group.num_prefills
+    # Twice the window by default.
+    generate(parallel, {"short": prompt(15, 4)}, max_tokens=2)
+    assert group.num_prefills == prefills
+    generate(parallel, {"long": prompt(16, 4)}, max_tokens=2)
+    assert group.num_prefills == prefills + 1
