@@ -170,6 +170,8 @@ def worker_config(
         num_threads=args.threads,
         dtype=args.dtype,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        context_parallel_size=args.context_parallel_size,
+        context_parallel_min_tokens=args.context_parallel_min_tokens,
     )
 
 

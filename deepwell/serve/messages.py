@@ -55,6 +55,10 @@ class WorkerConfig:
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
     dtype: str = engine_defaults.DTYPE
     max_num_batched_tokens: int = engine_defaults.MAX_NUM_BATCHED_TOKENS
+    # Mirror context parallelism: ranks the worker starts for long prefills, and the
+    # prefill length from which they are used (EngineArgs.context_parallel_*).
+    context_parallel_size: int = engine_defaults.CONTEXT_PARALLEL_SIZE
+    context_parallel_min_tokens: int | None = None
 
 
 @dataclass(frozen=True)

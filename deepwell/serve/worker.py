@@ -130,6 +130,8 @@ class EngineCoreAdapter:
             quantize_kv_cache=config.quantize_kv_cache,
             quantization=config.quantization,
             num_threads=config.num_threads,
+            context_parallel_size=config.context_parallel_size,
+            context_parallel_min_tokens=config.context_parallel_min_tokens,
             **{
                 name: value
                 for name, value in (
