@@ -130,28 +130,31 @@ class ContextGroup:
         self.store.set(f"started/{self.rank}", b"1")
         _init_process_group(self.root_store, self.rank, self.size)
 
-    def announce(self, token_ids: torch.Tensor) -> None:
-        """Rank 0: start a prefill of `token_ids` [T] on every rank."""
+    def announce(self, token_ids: torch.Tensor, start: int) -> None:
+        """Rank 0: start a prefill on every rank: `token_ids` [n] and the position its
+        chunk starts at."""
         self._check_followers()
         key = f"prefill/{self.num_prefills}"
         if self.num_prefills:
             # Every follower took part in the previous prefill, so has read its key.
             self.store.delete_key(f"prefill/{self.num_prefills - 1}")
-        self.store.set(key, str(token_ids.numel()).encode())
+        self.store.set(key, f"{token_ids.numel()} {start}".encode())
         self.num_prefills += 1
         self.broadcast(token_ids, src=0)
 
-    def receive(self) -> torch.Tensor | None:
-        """A follower: the next prefill's token ids, or None when rank 0 stops the group."""
+    def receive(self) -> tuple[torch.Tensor, int] | None:
+        """A follower: the next prefill's token ids and start position, or None when rank 0
+        stops the group."""
         key = f"prefill/{self.num_prefills}"
         self.store.wait([key], IDLE_WAIT)
         value = self.store.get(key)
         if value == _STOP:
             return None
         self.num_prefills += 1
-        token_ids = torch.empty(int(value), dtype=torch.long)
+        count, start = (int(part) for part in value.split())
+        token_ids = torch.empty(count, dtype=torch.long)
         self.broadcast(token_ids, src=0)
-        return token_ids
+        return token_ids, start
 
     def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Every rank's `rows` (one shape on all ranks), stacked in rank order."""

@@ -1,5 +1,5 @@
-"""The engine's model on rank 0 under context parallelism: a step's long prefills from
-position 0 run across the group (context.py), everything else on rank 0 alone.
+"""The engine's model on rank 0 under context parallelism: a step's long prefill chunks run
+across the group (context.py), everything else on rank 0 alone.
 
 It stands in for the model in the runner (the same call and `compute_logits`), so the
 scheduler, the KV manager and the step pipeline stay as they are: the prefill's caches land
@@ -14,7 +14,7 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
-from deepwell.engine.parallel.context import CacheWriter, ContextParallelPrefill, run_follower
+from deepwell.engine.parallel.context import ContextParallelPrefill, SequenceCaches, run_follower
 from deepwell.engine.parallel.context_group import ContextGroup
 
 
@@ -45,24 +45,29 @@ class ContextParallelModel:
         kv_cache: KVCache,
     ) -> torch.Tensor:
         long = [
-            index
-            for index, seq in enumerate(meta.sequences)
-            if seq.start == 0 and seq.num_rows >= self.min_tokens
+            index for index, seq in enumerate(meta.sequences) if seq.num_rows >= self.min_tokens
         ]
         if not long:
             return self.model(input_ids, positions, meta, kv_cache)
-        # Only the last row of a parallel prefill is read (it samples); the others stay 0.
+        # Only the last row of a parallel prefill chunk is read (it samples when it ends
+        # the prompt); the others stay 0.
         hidden = torch.zeros(input_ids.numel(), self.model.config.hidden_size)
         rest = [index for index in range(len(meta.sequences)) if index not in long]
         if rest:
             sub, rows = select_sequences(meta, rest)
             hidden[rows] = self.model(input_ids[rows], positions[rows], sub, kv_cache)
+        depth = self.prefill.history
         for index in long:
             seq = meta.sequences[index]
             token_ids = input_ids[seq.rows]
-            self.group.announce(token_ids)
-            writer = CacheWriter(self.model, kv_cache, meta, index)
-            hidden[seq.row + seq.num_rows - 1] = self.prefill.forward(token_ids, writer)[0]
+            if depth:
+                # The tokens before the chunk its Engram hashes read, oldest first.
+                earlier = meta.token_history[seq.row].flip(0)
+                token_ids = torch.cat((earlier, token_ids))
+            self.group.announce(token_ids, seq.start)
+            caches = SequenceCaches(self.model, kv_cache, meta, index)
+            last = self.prefill.forward(token_ids, seq.start, caches)
+            hidden[seq.row + seq.num_rows - 1] = last[0]
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

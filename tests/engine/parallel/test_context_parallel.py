@@ -9,9 +9,12 @@ import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.parallel.context_group import ContextGroup
 
 # Longer than the window (8) and than 2N chunks of it; 61 and 101 are no multiple of 2N.
 LONG = (61, 101)
+# Two chunks at a 256-token budget: the second starts at 256.
+CHUNKED = 300
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def sequence_state(core: EngineCore, request_id: str) -> dict[str, torch.Tensor]
     return state
 
 
-@pytest.mark.parametrize("length", LONG)
+@pytest.mark.parametrize("length", [*LONG, CHUNKED])
 def test_cache_state_after_a_parallel_prefill_is_the_one_rank_state(one_rank, parallel, length):
     group = parallel.context_parallel.group
     # A prompt neither core has seen: a prefix hit would restore only the rows it needs.
@@ -95,11 +98,12 @@ def test_cache_state_after_a_parallel_prefill_is_the_one_rank_state(one_rank, pa
     states = []
     for core in (one_rank, parallel):
         core.add_request("state", ids, SamplingParams(max_tokens=4, temperature=0))
-        core.step()  # the prefill, which samples the first token
+        while core.requests["state"].num_computed_tokens < length:
+            core.step()  # the prefill's chunks, the last of which samples
         states.append(sequence_state(core, "state"))
         core.abort("state")
         core.step()
-    assert group.num_prefills == prefills + 1
+    assert group.num_prefills == prefills + -(-length // 256)
     expected, got = states
     assert expected.keys() == got.keys()
     assert {"window[0]", "compressor_tail_r2[0]", "compressed_r1[0]"} <= expected.keys()
@@ -134,3 +138,31 @@ def test_a_prompt_below_the_threshold_runs_on_rank_0(parallel):
     assert group.num_prefills == prefills
     generate(parallel, {"long": prompt(16, 4)}, max_tokens=2)
     assert group.num_prefills == prefills + 1
+
+
+def test_later_chunks_and_prefix_hits_run_across_ranks_from_rank_0s_caches(
+    one_rank, parallel, monkeypatch
+):
+    # A 300-token prompt is two chunks (budget 256): the second starts at 256 and reads
+    # the first's rings, tail and entries from rank 0. Then a prompt sharing its first 256
+    # tokens hits them (a ring snapshot sits at 256) and prefills the rest from there.
+    starts = []
+    announce = ContextGroup.announce
+
+    def recording(group, token_ids, start):
+        starts.append(start)
+        announce(group, token_ids, start)
+
+    monkeypatch.setattr(ContextGroup, "announce", recording)
+    seed = 100 + parallel.context_parallel.group.size
+    first = prompt(300, seed)
+    second = first[:256] + prompt(40, seed + 1)
+    for ids in (first, second):
+        hits = parallel.stats().prefix_hit_tokens
+        expected = generate(one_rank, {"p": ids}, max_tokens=4)["p"]
+        got = generate(parallel, {"p": ids}, max_tokens=4)["p"]
+        assert got[0] == expected[0]
+        for lp, ref in zip(got[1], expected[1], strict=True):
+            assert lp.logprob == pytest.approx(ref.logprob, abs=1e-4)
+    assert parallel.stats().prefix_hit_tokens - hits == 256
+    assert starts == [0, 256, 256]

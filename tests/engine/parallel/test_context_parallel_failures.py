@@ -59,14 +59,14 @@ def test_a_killed_follower_is_a_clear_error(checkpoint):
 def test_a_rank_leaving_mid_prefill_is_a_clear_error():
     group = ContextGroup.launch(2, _leave_after_the_tokens)
     try:
-        group.announce(torch.arange(20))
+        group.announce(torch.arange(20), 0)
         started = time.monotonic()
         with pytest.raises(ContextParallelError, match="rank 1 .* exited|stopped answering"):
             group.all_gather(torch.zeros(4, 8))
         assert time.monotonic() - started < 30
         # The group stays down: the next prefill fails at once.
         with pytest.raises(ContextParallelError):
-            group.announce(torch.arange(20))
+            group.announce(torch.arange(20), 0)
     finally:
         group.close()
 
