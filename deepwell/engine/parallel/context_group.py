@@ -165,13 +165,23 @@ class ContextGroup:
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self._collective(dist.broadcast, tensor, src)
 
+    def abandon(self, error: BaseException) -> None:
+        """Rank 0: a prefill stopped part-way here, so the ranks' collectives are out of
+        step: the group is down (followers still inside a collective are terminated)."""
+        if self.failed is None:
+            self.failed = ContextParallelError(
+                f"context-parallel prefill stopped on rank {self.rank} ({error!r}); the "
+                "group is down, restart the engine"
+            )
+
     def close(self) -> None:
         """Rank 0: stop the followers and leave the group; a follower: leave it."""
         if self.rank == 0 and self.failed is None:
             self.store.set(f"prefill/{self.num_prefills}", _STOP)
-        deadline = time.monotonic() + _STOP_WAIT_S
+            deadline = time.monotonic() + _STOP_WAIT_S
+            for process in self.followers:
+                process.join(max(0.0, deadline - time.monotonic()))
         for process in self.followers:
-            process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 logger.warning("context-parallel %s did not stop: terminating it", process.name)
                 process.terminate()

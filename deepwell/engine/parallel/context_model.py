@@ -64,9 +64,13 @@ class ContextParallelModel:
                 # The tokens before the chunk its Engram hashes read, oldest first.
                 earlier = meta.token_history[seq.row].flip(0)
                 token_ids = torch.cat((earlier, token_ids))
-            self.group.announce(token_ids, seq.start)
             caches = SequenceCaches(self.model, kv_cache, meta, index)
-            last = self.prefill.forward(token_ids, seq.start, caches)
+            try:
+                self.group.announce(token_ids, seq.start)
+                last = self.prefill.forward(token_ids, seq.start, caches)
+            except BaseException as error:
+                self.group.abandon(error)
+                raise
             hidden[seq.row + seq.num_rows - 1] = last[0]
         return hidden
 

@@ -10,6 +10,7 @@ import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.parallel.context import SequenceCaches
 from deepwell.engine.parallel.context_group import ContextGroup, ContextParallelError
 
 
@@ -104,3 +105,37 @@ def test_a_model_without_context_parallel_support_is_refused(tiny_llama):
                 context_parallel_size=2,
             )
         )
+
+
+def test_a_prefill_failing_on_rank_0_takes_the_group_down_without_a_hang(checkpoint, monkeypatch):
+    core = EngineCore(
+        EngineArgs(
+            model=str(checkpoint),
+            dtype="float32",
+            max_model_len=256,
+            block_size=16,
+            memory_gib=0.25,
+            num_speculative_tokens=0,
+            async_scheduling=False,
+            context_parallel_size=2,
+        )
+    )
+    (follower,) = core.context_parallel.group.followers
+
+    def fail(*args):
+        raise MemoryError("rank 0 ran out of memory mid-prefill")
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(SequenceCaches, "write_window", fail)
+            core.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=2))
+            with pytest.raises(MemoryError):
+                core.step()
+        # The follower is inside a collective rank 0 left: no later prefill may start.
+        with pytest.raises(ContextParallelError, match="stopped on rank 0 .*MemoryError"):
+            core.context_parallel.group.announce(torch.arange(20), 0)
+    finally:
+        started = time.monotonic()
+        core.close()
+        assert time.monotonic() - started < 5
+    assert not follower.is_alive()
