@@ -190,10 +190,7 @@ class EngineArgs:
             )
         if self.context_parallel_size == 1:
             return
-        # The parallel prefill runs every layer over every position and computes rows in
-        # shards the row tiles of batch-invariant mode do not cover (docs/parallel_context.md).
-        if self.batch_invariant:
-            raise ValueError("context parallelism does not combine with batch_invariant yet")
+        # The parallel prefill runs every layer over every position (docs/parallel_context.md).
         if self.yoco_prefill_truncation_mode != "off":
             raise ValueError(
                 "context parallelism needs yoco_prefill_truncation_mode 'off', got "

@@ -19,9 +19,11 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.kv.cache import KVCache
+from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata
 from deepwell.engine.models.deepseek_v41.attention import CSA2Attention, SharedSelection
 from deepwell.engine.models.deepseek_v41.config import LayerPlan
@@ -118,8 +120,9 @@ class _Shard:
     features: list[torch.Tensor] = field(default_factory=list)
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        """Every position's row of the chunk, in sequence order, from each rank's rows."""
-        padded = self.layout.pad(self.group.rank, rows)
+        """Every position's row of the chunk, in sequence order, from each rank's rows
+        (beyond its positions: batch-invariant padding, left out)."""
+        padded = self.layout.pad(self.group.rank, rows[: len(self.positions)])
         return self.group.all_gather(padded)[self.layout.order]
 
     def from_rank_0(self, value: torch.Tensor | None, like: torch.Tensor, rows: int):
@@ -163,18 +166,25 @@ class ContextParallelPrefill:
             [(slice(0, len(early)), early), (slice(len(early), len(offsets)), late)],
             caches,
         )
+        rows = self.history + offsets  # the rank's rows in token_ids
         positions = shard.positions
+        if model.batch_invariant:
+            # Whole row tiles, as the model's own forward pads a step (model.py): no row
+            # falls in a kernel's scalar tail; nothing reads the padding rows.
+            padding = -len(offsets) % ROW_TILE
+            rows = F.pad(rows, (0, padding), value=self.history)
+            positions = F.pad(positions, (0, padding))
         rotations = {
             False: model.plain_rotary.rotation(positions),
             True: model.compress_rotary.rotation(positions),
         }
-        streams, pre = model.initial_streams(token_ids[self.history + offsets])
+        streams, pre = model.initial_streams(token_ids[rows])
         history = None
         if model.engram_tables is not None:
             # Column s: the token s positions earlier (-1 before the sequence), as the
             # runner's token history with the row's own token first.
-            back = (self.history + offsets).unsqueeze(1) - torch.arange(self.history + 1)
-            history = token_ids[back]
+            history = token_ids[rows.unsqueeze(1) - torch.arange(self.history + 1)]
+            history[len(offsets) :] = -1
         targets = () if model.dspark is None else model.dspark.targets
         for block in model.layers:
             plan = block.plan
@@ -215,7 +225,9 @@ class ContextParallelPrefill:
             if attn.compressor is not None:
                 shard.shared = self._compress(attn, u, shard)
             state = shard.shared
-            attn.select(state, u, qr, rotation, (shard.positions + 1) // ratio)
+            # Padding rows see no entry.
+            visible = F.pad((shard.positions + 1) // ratio, (0, u.shape[0] - len(shard.positions)))
+            attn.select(state, u, qr, rotation, visible)
         out = torch.zeros_like(q)
         for rows, span in shard.spans:
             if not span:
@@ -267,8 +279,9 @@ class ContextParallelPrefill:
         rank = self.group.rank
         hidden = None
         if rank == owner:
-            # The last position is its owner's last row.
-            hidden = self.model.norm(collapse(streams[-1:], pre[-1:]))
+            # The last position is its owner's last row before any padding.
+            last = len(layout.positions(rank)) - 1
+            hidden = self.model.norm(collapse(streams[last : last + 1], pre[last : last + 1]))
         if owner != 0:
             if hidden is None:
                 hidden = streams.new_empty((1, self.model.config.hidden_size))

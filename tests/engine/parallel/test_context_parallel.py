@@ -2,40 +2,13 @@
 a long prefill split across ranks leaves rank 0 with the caches a one-process prefill
 leaves, and the tokens and logprobs that follow are the one-process ones."""
 
-import random
-
 import pytest
 import torch
 
-from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine import EngineCore, SamplingParams
 from deepwell.engine.parallel.context_group import ContextGroup
 
-# Longer than the window (8) and than 2N chunks of it; 61 and 101 are no multiple of 2N.
-LONG = (61, 101)
-# Two chunks at a 256-token budget: the second starts at 256.
-CHUNKED = 300
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
-
-
-def make_core(checkpoint, **kwargs) -> EngineCore:
-    # Synchronous steps: the state after one step is the state after the prefill. DSpark
-    # on (the checkpoint has its stages), so its context rings are written and compared.
-    args = dict(
-        model=str(checkpoint),
-        dtype="float32",
-        max_model_len=512,
-        block_size=16,
-        memory_gib=0.5,
-        max_num_batched_tokens=256,
-        quantize_kv_cache=False,
-        async_scheduling=False,
-    )
-    return EngineCore(EngineArgs(**(args | kwargs)))
+from .v41_cores import CHUNKED, LONG, make_core, prompt, sequence_state
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +25,6 @@ def parallel(checkpoint, request):
     core.close()
 
 
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 250) for _ in range(length)]
-
-
 def generate(core: EngineCore, prompts: dict[str, list[int]], max_tokens: int = 8):
     params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=3)
     for request_id, ids in prompts.items():
@@ -70,25 +38,6 @@ def generate(core: EngineCore, prompts: dict[str, list[int]], max_tokens: int = 
     return out
 
 
-def sequence_state(core: EngineCore, request_id: str) -> dict[str, torch.Tensor]:
-    """Every cache row the request's prefill wrote: its slot's rings (all rows: the prompt
-    is longer than each ring) and its compressed entries and index keys."""
-    request = core.requests[request_id]
-    cache = core.runner.kv_cache
-    blocks = torch.tensor(request.block_ids)
-    state = {}
-    for name, layers in cache.rings.items():
-        for layer, ring in enumerate(layers):
-            assert request.num_computed_tokens >= ring.shape[1]
-            state[f"{name}[{layer}]"] = ring[request.slot].clone()
-    for name, layers in cache.paged.items():
-        ratio = int(name.rsplit("_r", 1)[1])
-        for layer, paged in enumerate(layers):
-            entries = paged[blocks].flatten(0, 1)[: request.num_computed_tokens // ratio]
-            state[f"{name}[{layer}]"] = entries.clone()
-    return state
-
-
 @pytest.mark.parametrize("length", [*LONG, CHUNKED])
 def test_cache_state_after_a_parallel_prefill_is_the_one_rank_state(one_rank, parallel, length):
     group = parallel.context_parallel.group
@@ -97,7 +46,7 @@ def test_cache_state_after_a_parallel_prefill_is_the_one_rank_state(one_rank, pa
     prefills = group.num_prefills
     states = []
     for core in (one_rank, parallel):
-        core.add_request("state", ids, SamplingParams(max_tokens=4, temperature=0))
+        core.add_request("state", ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
         while core.requests["state"].num_computed_tokens < length:
             core.step()  # the prefill's chunks, the last of which samples
         states.append(sequence_state(core, "state"))

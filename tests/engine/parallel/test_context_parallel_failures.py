@@ -9,14 +9,8 @@ import pytest
 import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 from deepwell.engine.parallel.context import SequenceCaches
 from deepwell.engine.parallel.context_group import ContextGroup, ContextParallelError
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
 
 
 def _leave_after_the_tokens(rank, address) -> None:
@@ -81,7 +75,6 @@ def test_a_follower_that_cannot_start_is_a_clear_error():
     ("settings", "message"),
     [
         ({"context_parallel_size": 0}, "context_parallel_size must be >= 1"),
-        ({"context_parallel_size": 2, "batch_invariant": True}, "batch_invariant"),
         (
             {"context_parallel_size": 2, "yoco_prefill_truncation_mode": "mask"},
             "truncation_mode 'off'",
