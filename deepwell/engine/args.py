@@ -110,8 +110,8 @@ class EngineArgs:
     # Mirror context parallelism (parallel/context.py): ranks on this machine that share a
     # long prefill; 1 runs every step on this process alone.
     context_parallel_size: int = defaults.CONTEXT_PARALLEL_SIZE
-    # A prefill from position 0 of at least this many tokens runs across the ranks; shorter
-    # ones run on rank 0. None: twice the model's sliding window.
+    # A prefill chunk of at least this many tokens runs across the ranks; shorter ones run
+    # on rank 0. None: twice the model's sliding window.
     context_parallel_min_tokens: int | None = None
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ in rank 0's slot and blocks, and its last row's hidden state in the step's hidde
 """
 
 import dataclasses
+import os
 
 import torch
 
@@ -34,6 +35,9 @@ class ContextParallelModel:
                 f"{type(model).__name__}"
             )
         min_tokens = args.context_parallel_min_tokens or 2 * model.config.sliding_window
+        if not args.num_threads:
+            # The ranks share this machine's cores (followers: run_follower).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.context_parallel_size))
         group = ContextGroup.launch(args.context_parallel_size, run_follower, args)
         return cls(model, group, min_tokens)
 
