@@ -280,6 +280,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
         quantization=args.quantization,
+        context_parallel_size=args.context_parallel_size,
+        context_parallel_min_tokens=args.context_parallel_min_tokens,
         **yoco_overrides(args),
     )
 

@@ -130,6 +130,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         f"{defaults.YOCO_PREFILL_KEEP_TOKENS})",
     )
     groups.engine.add_argument(
+        "--context-parallel-size",
+        type=int,
+        default=defaults.CONTEXT_PARALLEL_SIZE,
+        help="DeepSeek-V4.1: processes on this machine that share each long prefill (mirror "
+        "context parallelism over torch.distributed/gloo); rank 0 decodes "
+        f"(default: {defaults.CONTEXT_PARALLEL_SIZE}, off)",
+    )
+    groups.engine.add_argument(
+        "--context-parallel-min-tokens",
+        type=int,
+        help="prefills from the prompt start of at least this many tokens run across the "
+        "context-parallel ranks, shorter ones on rank 0 (default: twice the model's "
+        "sliding window)",
+    )
+    groups.engine.add_argument(
         "--quantization",
         choices=defaults.QUANTIZATIONS,
         default=defaults.QUANTIZATION,

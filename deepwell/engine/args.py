@@ -111,6 +111,12 @@ class EngineArgs:
     # Attention data parallelism, MoE expert parallelism and EPLB over torch.distributed
     # (parallel/); one rank per EngineCore.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # Mirror context parallelism (parallel/context.py): ranks on this machine that share a
+    # long prefill; 1 runs every step on this process alone.
+    context_parallel_size: int = defaults.CONTEXT_PARALLEL_SIZE
+    # A prefill chunk of at least this many tokens runs across the ranks; shorter ones run
+    # on rank 0. None: twice the model's sliding window.
+    context_parallel_min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in defaults.DTYPES:
@@ -187,6 +193,33 @@ class EngineArgs:
                 )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        self._check_context_parallel()
+
+    def _check_context_parallel(self) -> None:
+        if self.context_parallel_size < 1:
+            raise ValueError(
+                f"context_parallel_size must be >= 1, got {self.context_parallel_size}"
+            )
+        if self.context_parallel_min_tokens is not None and self.context_parallel_min_tokens < 1:
+            raise ValueError(
+                "context_parallel_min_tokens must be positive, got "
+                f"{self.context_parallel_min_tokens}"
+            )
+        if self.context_parallel_size == 1:
+            return
+        # CP spawns its own group from rank 0; it does not yet nest inside a DP/EP group.
+        if self.parallel.data_parallel_size > 1 or self.parallel.expert_parallel:
+            raise ValueError(
+                "context parallelism does not combine with data or expert parallelism yet; "
+                "use --context-parallel-size alone, or --data-parallel-size/--expert-parallel "
+                "alone (docs/parallel_context.md)"
+            )
+        # The parallel prefill runs every layer over every position (docs/parallel_context.md).
+        if self.yoco_prefill_truncation_mode != "off":
+            raise ValueError(
+                "context parallelism needs yoco_prefill_truncation_mode 'off', got "
+                f"{self.yoco_prefill_truncation_mode!r}"
+            )
 
     @property
     def dtype_choice(self) -> DtypeChoice:

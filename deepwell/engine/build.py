@@ -31,7 +31,7 @@ from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
-from deepwell.engine.models.loader import load_checkpoint, routed_expert_count
+from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
@@ -67,10 +67,22 @@ class BuiltEngine:
     speculative_method: str | None = None
 
 
-def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> BuiltEngine:
-    """Load the checkpoint, build its model, plan and allocate its KV cache. With `group`
-    (expert parallelism) this rank loads and holds only its share of the routed experts."""
-    started = time.monotonic()
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint's model with its weights in, ready to compute (no KV cache yet)."""
+
+    model: nn.Module
+    checkpoint: Checkpoint
+    # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
+    speculative_method: str | None
+    # This rank's share of the routed experts under expert parallelism; None holds them all.
+    experts: ExpertSharding | None = None
+
+
+def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> LoadedModel:
+    """Load the checkpoint into its model, packed and quantised as `args` ask: what every
+    rank of a parallel group computes with (parallel/). With `group` (expert parallelism)
+    this rank loads and holds only its share of the routed experts."""
     experts = _expert_sharding(args, group)
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)
@@ -98,6 +110,16 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     if args.batch_invariant:
         tile_linears(model)
     model.eval()
+    return LoadedModel(model, checkpoint, method, experts)
+
+
+def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> BuiltEngine:
+    """Load the checkpoint, build its model, plan and allocate its KV cache (`group`: see
+    load_model)."""
+    started = time.monotonic()
+    loaded = load_model(args, group)
+    model, checkpoint, method = loaded.model, loaded.checkpoint, loaded.speculative_method
+    experts = loaded.experts
     max_model_len = min(
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,

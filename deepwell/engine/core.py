@@ -17,6 +17,7 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import build_engine, check_expert_parallel
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
+from deepwell.engine.parallel.context_model import ContextParallelModel
 from deepwell.engine.parallel.eplb import EplbState
 from deepwell.engine.parallel.group import init_group
 from deepwell.engine.parallel.lockstep import StepGate
@@ -81,8 +82,13 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.kv, args.max_num_seqs, args.max_num_batched_tokens, args.batch_invariant
         )
+        # Rank 0 of a context-parallel group: long prefills run across the group.
+        self.context_parallel = None
+        model = built.model
+        if args.context_parallel_size > 1:
+            model = self.context_parallel = ContextParallelModel.launch(built.model, args)
         self.runner = ModelRunner(
-            built.model,
+            model,
             built.kv_cache,
             args.block_size,
             args.batch_invariant,
@@ -173,12 +179,15 @@ class EngineCore:
         return True
 
     def close(self) -> None:
-        """Finish the step in flight, write queued blocks to the KV store, stop threads."""
+        """Finish the step in flight, write queued blocks to the KV store, stop threads and
+        context-parallel ranks."""
         self.pipeline.close()
         if self.kv.store is not None:
             self.kv.store.close()
         if self.group is not None:
             self.group.close()
+        if self.context_parallel is not None:
+            self.context_parallel.close()
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted) or self.pipeline.in_flight is not None

@@ -178,6 +178,8 @@ def worker_config(
             else 0
         ),
         **parallel_fields(args),
+        context_parallel_size=args.context_parallel_size,
+        context_parallel_min_tokens=args.context_parallel_min_tokens,
     )
 
 

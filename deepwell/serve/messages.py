@@ -67,6 +67,10 @@ class WorkerConfig:
     master_port: int = 29500
     nnodes: int = 1
     node_rank: int = 0
+    # Mirror context parallelism: ranks the worker starts for long prefills, and the
+    # prefill length from which they are used (EngineArgs.context_parallel_*).
+    context_parallel_size: int = engine_defaults.CONTEXT_PARALLEL_SIZE
+    context_parallel_min_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,8 @@ class EngineCoreAdapter:
                 nnodes=config.nnodes,
                 node_rank=config.node_rank,
             ),
+            context_parallel_size=config.context_parallel_size,
+            context_parallel_min_tokens=config.context_parallel_min_tokens,
             **{
                 name: value
                 for name, value in (

@@ -79,6 +79,11 @@ class Compressor(nn.Module):
         if ratio > 1:
             self.wgate = nn.Linear(config.hidden_size, config.head_dim, bias=False)
 
+    def inputs(self, u: torch.Tensor) -> torch.Tensor:
+        """What each position contributes to its entry: the latent at ratio 1, the (kv,
+        gate) projections otherwise; positions are independent up to here."""
+        return self.norm(self.wkv(u)) if self.ratio == 1 else self.projections(u)
+
     def projections(self, u: torch.Tensor) -> torch.Tensor:
         """Per position (kv, gate) [rows, 2, head_dim], float32 (ratio > 1)."""
         return tiled_rows(self._projections, u) if self.invariant else self._projections(u)
@@ -210,12 +215,7 @@ class CSA2Attention(nn.Module):
         window plans for this layer; `ring` is this layer's window ring [slots, ring_rows,
         dim]; `compressed` the caches of this layer's KV source; `shared` maps a sequence to
         its compressed state within this forward."""
-        qr = self.q_norm(self.wq_a(u))
-        q = self.wq_b(qr).view(-1, self.num_heads, self.head_dim)
-        q = self.rotary.apply(q, rotation)
-        kv = self.rotary.apply(self.kv_norm(self.wkv(u)), rotation)
-        if self.qdq:
-            kv = qdq_fp8(kv)
+        qr, q, kv = self.project(u, rotation)
         # Zeros: a batch-invariant step's padding rows belong to no sequence.
         out = torch.zeros_like(q)
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
@@ -223,17 +223,56 @@ class CSA2Attention(nn.Module):
             chunk_kv = kv[rows]
             window_keys = torch.cat((ring[seq.slot, window.ring_rows], chunk_kv))
             ring[seq.slot, window.write_rows] = chunk_kv[window.write_from :].to(ring.dtype)
-            selected_keys = selected_valid = None
+            state = None
             if compressed is not None:
-                state = self._compressed_state(
-                    index, u[rows], qr[rows], rotation[rows], meta, compressed, shared
-                )
-                if state.entries.shape[0]:
-                    selected_valid = state.selected >= 0
-                    selected_keys = state.entries[state.selected.clamp(min=0)]
-            out[rows] = self.backend.forward(
-                q[rows], window_keys, window.visible, selected_keys, selected_valid, self.attn_sink
-            )
+                ratio = self.plan.compress_ratio
+                plan = meta.compressed[ratio][index]
+                if self.compressor is not None:
+                    tail = meta.tails[ratio][index] if ratio > 1 else None
+                    self._write_entries(u[rows], seq.slot, plan, tail, compressed)
+                    shared[index] = SharedSelection(
+                        entries=_gather_entries(compressed.entries, plan),
+                        index_keys=_gather_entries(compressed.index_keys, plan),
+                    )
+                state = shared[index]
+                self.select(state, u[rows], qr[rows], rotation[rows], plan.visible_counts)
+            out[rows] = self.attend(q[rows], window_keys, window.visible, state)
+        return self.output(out, rotation)
+
+    def project(
+        self, u: torch.Tensor, rotation: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: the query latent qr, the rotated queries q [rows, heads, dim] and the
+        row's window KV [rows, dim]; rows are independent here."""
+        qr = self.q_norm(self.wq_a(u))
+        q = self.wq_b(qr).view(-1, self.num_heads, self.head_dim)
+        q = self.rotary.apply(q, rotation)
+        kv = self.rotary.apply(self.kv_norm(self.wkv(u)), rotation)
+        if self.qdq:
+            kv = qdq_fp8(kv)
+        return qr, q, kv
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        window_keys: torch.Tensor,
+        visible: torch.Tensor,
+        state: SharedSelection | None,
+        rows: slice = slice(None),
+    ) -> torch.Tensor:
+        """Queries q of one sequence against its window keys and, when `state` holds
+        entries, the entries its `rows` selected."""
+        selected_keys = selected_valid = None
+        if state is not None and state.entries.shape[0]:
+            selected = state.selected[rows]
+            selected_valid = selected >= 0
+            selected_keys = state.entries[selected.clamp(min=0)]
+        return self.backend.forward(
+            q, window_keys, visible, selected_keys, selected_valid, self.attn_sink
+        )
+
+    def output(self, out: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """Attention outputs [rows, heads, dim] → the layer's output [rows, hidden]."""
         out = self.rotary.apply(out, rotation, inverse=True)
         grouped = out.view(-1, self.groups, self.num_heads // self.groups * self.head_dim)
         weight = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
@@ -244,35 +283,26 @@ class CSA2Attention(nn.Module):
         projected = tiled_rows(project, grouped) if self.invariant else project(grouped)
         return self.wo_b(projected.flatten(1))
 
-    def _compressed_state(
-        self, index: int, u, qr, rotation, meta: StepMetadata, caches: CompressedCaches, shared
-    ) -> SharedSelection:
-        ratio = self.plan.compress_ratio
-        plan = meta.compressed[ratio][index]
-        if self.compressor is not None:
-            tail = meta.tails[ratio][index] if ratio > 1 else None
-            self._write_entries(u, meta.sequences[index].slot, plan, tail, caches)
-            shared[index] = SharedSelection(
-                entries=_gather_entries(caches.entries, plan),
-                index_keys=_gather_entries(caches.index_keys, plan),
-            )
-        state = shared[index]
-        if self.indexer is not None and state.entries.shape[0]:
-            indexer = self.indexer
-            queries = indexer.wq_b(qr).view(-1, indexer.num_heads, indexer.head_dim)
-            queries = self._rotate(queries, rotation)
-            if self.qdq:
-                queries = qdq_mxfp4(queries)
-            weights = indexer.weights_proj(u).float() * (
-                indexer.head_dim**-0.5 * indexer.num_heads**-0.5
-            )
-            scores = indexer.scores(queries, weights, state.index_keys, plan.visible_counts)
-            if self.plan.builds_pool:
-                state.pool = indexer.candidate_pool(scores, plan.visible_counts)
-            elif self.plan.uses_pool:
-                scores = scores.masked_fill(~state.pool, float("-inf"))
-            state.selected = indexer.select(scores)
-        return state
+    def select(self, state: SharedSelection, u, qr, rotation, visible_counts: torch.Tensor) -> None:
+        """An index source or reindex layer scores the entries for one sequence's rows and
+        leaves its selection (and a pool source its candidate pool) in `state`; a reuse
+        layer keeps the selection there."""
+        if self.indexer is None or not state.entries.shape[0]:
+            return
+        indexer = self.indexer
+        queries = indexer.wq_b(qr).view(-1, indexer.num_heads, indexer.head_dim)
+        queries = self._rotate(queries, rotation)
+        if self.qdq:
+            queries = qdq_mxfp4(queries)
+        weights = indexer.weights_proj(u).float() * (
+            indexer.head_dim**-0.5 * indexer.num_heads**-0.5
+        )
+        scores = indexer.scores(queries, weights, state.index_keys, visible_counts)
+        if self.plan.builds_pool:
+            state.pool = indexer.candidate_pool(scores, visible_counts)
+        elif self.plan.uses_pool:
+            scores = scores.masked_fill(~state.pool, float("-inf"))
+        state.selected = indexer.select(scores)
 
     def write_entries(self, u: torch.Tensor, meta: StepMetadata, caches: CompressedCaches) -> None:
         """Compress rows this layer does not otherwise run (compact bounded replay: the
@@ -286,27 +316,43 @@ class CSA2Attention(nn.Module):
         self, u, slot: int, plan: CompressedPlan, tail: TailPlan | None, caches: CompressedCaches
     ) -> None:
         """Compress the chunk's complete groups into new entries and index keys."""
-        compressor = self.compressor
-        if tail is None:
-            latents = compressor.norm(compressor.wkv(u))
-        else:
-            pairs = compressor.projections(u)
+        inputs = self.compressor.inputs(u)
+        if tail is not None:
             ring = caches.tail
             pairs_before = ring[slot, tail.read_rows]
-            ring[slot, tail.write_rows] = pairs[tail.write_from :]
-            # From a group boundary on; a trailing incomplete group waits in the tail.
-            complete = (plan.num_entries - plan.first_new) * compressor.ratio
-            latents = compressor.pool(torch.cat((pairs_before, pairs))[:complete], u.dtype)
-        if not latents.shape[0]:
-            return
+            ring[slot, tail.write_rows] = inputs[tail.write_from :]
+            inputs = torch.cat((pairs_before, inputs))
+        latents = self.latents(inputs, plan.num_entries - plan.first_new, u.dtype)
+        if latents.shape[0]:
+            self.store_entries(caches, plan, *self.entries(latents, plan.new_positions))
+
+    def latents(self, inputs: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """The latents of `count` entries from the compressor inputs (Compressor.inputs) of
+        consecutive positions from a group boundary on; at ratio > 1 a trailing incomplete
+        group waits in the tail."""
+        if self.compressor.ratio == 1:
+            return inputs[:count]
+        return self.compressor.pool(inputs[: count * self.compressor.ratio], dtype)
+
+    def entries(
+        self, latents: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compressed entries and their index keys from latents whose groups start at
+        `positions`, in the cache formats (spec §3.7)."""
         if self.invariant:
-            rotation = tiled_rows(self.rotary.rotation, plan.new_positions)
+            rotation = tiled_rows(self.rotary.rotation, positions)
         else:
-            rotation = self.rotary.rotation(plan.new_positions)
+            rotation = self.rotary.rotation(positions)
         entries = self._rotate(latents, rotation)
         keys = self._rotate(self.indexer.k_norm(self.indexer.wk(latents)), rotation)
         if self.qdq:
             entries, keys = qdq_nvfp4(entries), qdq_mxfp4(keys)
+        return entries, keys
+
+    @staticmethod
+    def store_entries(
+        caches: CompressedCaches, plan: CompressedPlan, entries: torch.Tensor, keys: torch.Tensor
+    ) -> None:
         caches.entries[plan.new_blocks, plan.new_offsets] = entries.to(caches.entries.dtype)
         caches.index_keys[plan.new_blocks, plan.new_offsets] = keys.to(caches.index_keys.dtype)
 

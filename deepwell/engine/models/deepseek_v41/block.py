@@ -2,6 +2,8 @@
 MoE on the 4-stream mHC residual. The backbone's layers and DSpark's draft stages are both.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -86,6 +88,24 @@ class DeepseekV41Block(nn.Module):
         features,
         real_rows=None,
     ):
+        def attend(u: torch.Tensor) -> torch.Tensor:
+            return self.attn(u, rotation, meta, windows, ring, compressed, shared)
+
+        return self.run(streams, pre, attend, engram_rows, dtype, features, real_rows)
+
+    def run(
+        self,
+        streams: torch.Tensor,
+        pre: torch.Tensor,
+        attend: Callable[[torch.Tensor], torch.Tensor],
+        engram_rows: torch.Tensor | None,
+        dtype: torch.dtype,
+        features: list[torch.Tensor] | None,
+        real_rows: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block around its attention `attend(u)`, the one part that reads other
+        positions (context parallelism passes its own, parallel/context.py). `real_rows`:
+        the rows before batch-invariant padding, the ones expert parallelism sends."""
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
         if features is not None:
@@ -93,8 +113,7 @@ class DeepseekV41Block(nn.Module):
             features.append(streams.mean(1))
         attn_pre, post, comb = self.hc_attn(streams)
         u = self.attn_norm(collapse(streams, pre).to(dtype))
-        attended = self.attn(u, rotation, meta, windows, ring, compressed, shared)
-        streams = expand(attended.float(), streams, post, comb)
+        streams = expand(attend(u).float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
         u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
         streams = expand(self.ffn(u, real_rows), streams, post, comb)

@@ -232,9 +232,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             False: self.plain_rotary.rotation(positions),
             True: self.compress_rotary.rotation(positions),
         }
-        streams = self.embed(input_ids).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
-        pre = torch.zeros(input_ids.shape[0], c.hc_mult)
-        pre[:, 0] = 1
+        streams, pre = self.initial_streams(input_ids)
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
         shared: dict[int, SharedSelection] = {}
@@ -243,15 +241,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         targets = () if self.dspark is None else self.dspark.targets
         for block, ring in zip(self.layers, kv_cache.rings["window"], strict=True):
             plan = block.plan
-            compressed = None
-            if plan.compress_ratio:
-                ratio, source = self._source_slots[plan.index]
-                tails = kv_cache.rings.get(f"compressor_tail_r{ratio}")
-                compressed = CompressedCaches(
-                    kv_cache.paged[f"compressed_r{ratio}"][source],
-                    kv_cache.paged[f"index_keys_r{ratio}"][source],
-                    None if tails is None else tails[source],
-                )
+            compressed = self.compressed_caches(plan, kv_cache)
             engram_rows = None
             if block.engram is not None:
                 engram_rows = ngram_rows(self.engram_tables, plan.engram_slot, history)
@@ -306,6 +296,27 @@ class DeepseekV41ForCausalLM(nn.Module):
         full = hidden.new_zeros(num_rows, hidden.shape[-1])
         full[meta.compact.rows] = hidden
         return full
+
+    def initial_streams(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual at the embedding: every stream the token's embedding, and the
+        carried `pre` one-hot on the first stream (spec §3.2)."""
+        hc = self.config.hc_mult
+        streams = self.embed(input_ids).float().unsqueeze(1).expand(-1, hc, -1)
+        pre = torch.zeros(input_ids.shape[0], hc)
+        pre[:, 0] = 1
+        return streams, pre
+
+    def compressed_caches(self, plan: LayerPlan, kv_cache: KVCache) -> CompressedCaches | None:
+        """The caches of the layer's KV source; None for a window-only layer."""
+        if not plan.compress_ratio:
+            return None
+        ratio, source = self._source_slots[plan.index]
+        tails = kv_cache.rings.get(f"compressor_tail_r{ratio}")
+        return CompressedCaches(
+            kv_cache.paged[f"compressed_r{ratio}"][source],
+            kv_cache.paged[f"index_keys_r{ratio}"][source],
+            None if tails is None else tails[source],
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden.float())
