@@ -45,7 +45,7 @@ QUANTIZE_KV_CACHE = True
 YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
 YOCO_PREFILL_TRUNCATION_MODE = "off"
 YOCO_PREFILL_KEEP_TOKENS = 140
-# Mirror context parallelism for long prefills (docs/parallel_context.md): off.
+# Mirror context parallelism for long prefills (docs/parallel.md): off.
 CONTEXT_PARALLEL_SIZE = 1
 # `deepwell bench --sweep`: chosen so that the sweep of the embedded SmolLM2 finishes in a few
 # minutes on a shared 2-core machine (docs/benchmarks.md); larger machines pass their own.

@@ -212,9 +212,9 @@ class EngineArgs:
             raise ValueError(
                 "context parallelism does not combine with data or expert parallelism yet; "
                 "use --context-parallel-size alone, or --data-parallel-size/--expert-parallel "
-                "alone (docs/parallel_context.md)"
+                "alone (docs/parallel.md)"
             )
-        # The parallel prefill runs every layer over every position (docs/parallel_context.md).
+        # The parallel prefill runs every layer over every position (docs/parallel.md).
         if self.yoco_prefill_truncation_mode != "off":
             raise ValueError(
                 "context parallelism needs yoco_prefill_truncation_mode 'off', got "

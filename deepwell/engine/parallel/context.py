@@ -9,7 +9,7 @@ before the chunk (window rows, a compressor tail, earlier entries) is broadcast 
 0's caches. Each rank then attends its own queries (window and causal masks, its own top-k
 selections). Everything else (mHC, norms, Engram, MoE) is per row and stays local.
 `run_follower` is the loop of ranks 1..N−1. spec/deepseek_v41.md §3.3, §4;
-docs/parallel_context.md.
+docs/parallel.md.
 """
 
 import logging
