@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.parallel import ParallelConfig
 from deepwell.engine.parallel.context import SequenceCaches
 from deepwell.engine.parallel.context_group import ContextGroup, ContextParallelError
 
@@ -25,18 +26,21 @@ def _fail_while_loading(rank, address) -> None:
     raise RuntimeError("this follower cannot load its model")
 
 
-def test_a_killed_follower_is_a_clear_error(checkpoint):
-    core = EngineCore(
-        EngineArgs(
-            model=str(checkpoint),
-            dtype="float32",
-            max_model_len=256,
-            block_size=16,
-            memory_gib=0.25,
-            num_speculative_tokens=0,
-            context_parallel_size=2,
-        )
+def two_rank_core(checkpoint, **kwargs) -> EngineCore:
+    args = dict(
+        model=str(checkpoint),
+        dtype="float32",
+        max_model_len=256,
+        block_size=16,
+        memory_gib=0.25,
+        num_speculative_tokens=0,
+        context_parallel_size=2,
     )
+    return EngineCore(EngineArgs(**(args | kwargs)))
+
+
+def test_a_killed_follower_is_a_clear_error(checkpoint):
+    core = two_rank_core(checkpoint)
     try:
         (follower,) = core.context_parallel.group.followers
         os.kill(follower.pid, signal.SIGKILL)
@@ -80,6 +84,10 @@ def test_a_follower_that_cannot_start_is_a_clear_error():
             "truncation_mode 'off'",
         ),
         ({"context_parallel_min_tokens": 0}, "context_parallel_min_tokens must be positive"),
+        (
+            {"context_parallel_size": 2, "parallel": ParallelConfig(data_parallel_size=2)},
+            "does not combine with data or expert parallelism",
+        ),
     ],
 )
 def test_settings_context_parallelism_cannot_run_are_refused(settings, message):
@@ -101,18 +109,7 @@ def test_a_model_without_context_parallel_support_is_refused(tiny_llama):
 
 
 def test_a_prefill_failing_on_rank_0_takes_the_group_down_without_a_hang(checkpoint, monkeypatch):
-    core = EngineCore(
-        EngineArgs(
-            model=str(checkpoint),
-            dtype="float32",
-            max_model_len=256,
-            block_size=16,
-            memory_gib=0.25,
-            num_speculative_tokens=0,
-            async_scheduling=False,
-            context_parallel_size=2,
-        )
-    )
+    core = two_rank_core(checkpoint, async_scheduling=False)
     (follower,) = core.context_parallel.group.followers
 
     def fail(*args):
