@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments, yoco_overrides
+from deepwell.engine_options import (
+    add_engine_arguments,
+    attention_backend_override,
+    yoco_overrides,
+)
 from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 
 
@@ -276,6 +280,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         quantize_kv_cache=not args.no_kv_cache_quantization,
         quantization=args.quantization,
         **yoco_overrides(args),
+        **attention_backend_override(args),
     )
 
 
