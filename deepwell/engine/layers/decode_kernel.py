@@ -50,21 +50,23 @@ def _vector_flags() -> tuple[str, list[str]]:
     return capability, flags
 
 
-def _cpu_fingerprint() -> str:
-    """The CPU's model and feature flags: builds made with -march=native for one CPU must not
-    load on another sharing the same home directory."""
+def _build_key(flags: list[str]) -> str:
+    """A digest of the source, the flags, torch's version and the CPU's model and features:
+    a build made with -march=native for one CPU must not load on another sharing the same
+    home directory, and a changed source is a new build (announced as one)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         lines = [platform.processor()]
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
-    return hashlib.sha256("\n".join([platform.machine(), *described]).encode()).hexdigest()[:10]
+    parts = [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), *described]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def _build_directory(name: str) -> Path:
     """torch's extensions cache (TORCH_EXTENSIONS_DIR, else under ~/.cache), one folder per
-    CPU-keyed build."""
+    build key."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     path = Path(root) / name
     path.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,7 @@ def load_decode_kernel() -> DecodeKernel:
     from torch.utils.cpp_extension import load
 
     capability, flags = _vector_flags()
-    name = f"deepwell_paged_decode_{capability.lower()}_{_cpu_fingerprint()}"
+    name = f"deepwell_paged_decode_{capability.lower()}_{_build_key(flags)}"
     directory = _build_directory(name)
     if not any(directory.glob(f"{name}*.so")):
         logger.warning(

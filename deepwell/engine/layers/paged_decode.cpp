@@ -86,18 +86,30 @@ inline float exp_and_sum(float* scores, int64_t n, float shift) {
   return sum;
 }
 
+// Asks the memory system for rows [begin, end) of a [block_size, head_dim] tile a phase
+// ahead of their use. The cache holds a step's KV of every layer, far beyond the CPU's
+// caches, and a block's tiles are apart in memory: the hardware prefetchers stop at each.
+template <typename T>
+inline void prefetch_rows(const T* tile, int64_t begin, int64_t end, int64_t head_dim) {
+  const char* first = reinterpret_cast<const char*>(tile + begin * head_dim);
+  const char* last = reinterpret_cast<const char*>(tile + end * head_dim);
+  for (const char* line = first; line < last; line += 64) __builtin_prefetch(line);
+}
+
 // The portable scores of one block: per key, a vector of the group's products per query
 // head, summed across its lanes.
 template <typename T>
 void block_scores(
     const float* query,  // [group, head_dim], scaled
     const T* keys,
+    const T* values,  // prefetched as the keys are scored
     int64_t n,
     int64_t head_dim,
     int64_t group,
     float* scores,  // [group, block_size]
     int64_t block_size) {
   for (int64_t t = 0; t < n; ++t) {
+    prefetch_rows(values, t, t + 1, head_dim);
     Vec dot[kMaxGroup];
     for (int64_t g = 0; g < group; ++g) dot[g] = Vec(0.f);
     for (int64_t d = 0; d < head_dim; d += kChunk) {
@@ -178,6 +190,7 @@ void block_scores_avx512(
     const T* q,  // the group's first query head, unscaled
     int64_t q_head_stride,
     const T* keys,
+    const T* values,  // prefetched as the keys are scored
     int64_t n,
     int64_t head_dim,
     int64_t group,
@@ -188,6 +201,7 @@ void block_scores_avx512(
     const T* head = q + g * q_head_stride;
     for (int64_t t0 = 0; t0 < n; t0 += 16) {
       const int64_t m = std::min<int64_t>(16, n - t0);
+      if (g == 0) prefetch_rows(values, t0, t0 + m, head_dim);
       __m512 v[16];
       for (int64_t j = 0; j < 16; ++j) {
         v[j] = j < m ? products(head, keys + (t0 + j) * head_dim, head_dim) : _mm512_setzero_ps();
@@ -242,11 +256,12 @@ void decode_task(
     const T* values = value_cache + offset;
 #if defined(CPU_CAPABILITY_AVX512)
     if (fast_scores) {
-      block_scores_avx512(q, q_head_stride, keys, n, head_dim, group, scale, scores, block_size);
+      block_scores_avx512(
+          q, q_head_stride, keys, values, n, head_dim, group, scale, scores, block_size);
     } else
 #endif
     {
-      block_scores(query, keys, n, head_dim, group, scores, block_size);
+      block_scores(query, keys, values, n, head_dim, group, scores, block_size);
     }
     for (int64_t g = 0; g < group; ++g) {
       float* row = scores + g * block_size;
@@ -261,7 +276,10 @@ void decode_task(
         at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
       }
     }
-    // Weighted values: each head_dim chunk's accumulators stay in registers over the keys.
+    // Weighted values: each head_dim chunk's accumulators stay in registers over the keys,
+    // while the next block's keys are fetched.
+    const T* next_keys =
+        b + 1 < num_blocks ? key_cache + (blocks[b + 1] * kv_heads + kv_head) * tile : nullptr;
     for (int64_t d = 0; d < head_dim; d += kChunk) {
       const int64_t width = std::min(kChunk, head_dim - d);
       Vec acc_lo[kMaxGroup], acc_hi[kMaxGroup];
@@ -269,6 +287,7 @@ void decode_task(
         load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
       }
       for (int64_t t = 0; t < n; ++t) {
+        if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
         Vec lo, hi;
         load_chunk(values + t * head_dim + d, width, lo, hi);
         for (int64_t g = 0; g < group; ++g) {
