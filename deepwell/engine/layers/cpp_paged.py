@@ -2,7 +2,8 @@
 the choice between it and the pure-torch backend (`--attention-backend`).
 
 The kernel walks each row's block list once per KV head with an online softmax: no gather,
-no per-block GEMM calls, no padded scores. Stores and prefill chunks stay on the torch path.
+no per-block GEMM calls, no padded scores; it also stores the step's K/V rows (one copy per
+row). Prefill chunks stay on the torch path.
 """
 
 import functools
@@ -31,6 +32,14 @@ class CppPagedAttention(TorchPagedAttention):
         if self.kernel is not None and self.group > MAX_GROUP:
             _log_group_fallback(self.group)
             self.kernel = None
+
+    def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
+        if self.kernel is None:
+            super()._store(k, v, key_cache, value_cache, meta)
+        else:
+            self.kernel.paged_store(
+                k, v, key_cache, value_cache, meta.slot_blocks, meta.slot_offsets
+            )
 
     def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.kernel is None:

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -417,7 +418,55 @@ at::Tensor paged_decode(
   return out;
 }
 
+// The step's new keys and values into their slots: token i's row of each KV head goes to
+// block slot_blocks[i] at offset slot_offsets[i]. One copy per (token, KV head) row;
+// advanced-indexing assignment (cache[blocks, :, offsets] = k) measured ~0.2 ms a call in
+// W's decode steps for 64 rows.
+void paged_store(
+    const at::Tensor& k,
+    const at::Tensor& v,
+    at::Tensor& key_cache,
+    at::Tensor& value_cache,
+    const at::Tensor& slot_blocks,
+    const at::Tensor& slot_offsets) {
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "k and v must be [tokens, kv_heads, head_dim]");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k and v rows must be contiguous");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+  TORCH_CHECK(k.scalar_type() == key_cache.scalar_type() && v.scalar_type() == key_cache.scalar_type() &&
+                  value_cache.scalar_type() == key_cache.scalar_type(),
+              "k, v and the caches must share a dtype");
+  TORCH_CHECK(key_cache.size(1) == k.size(1) && key_cache.size(3) == k.size(2),
+              "kv_heads and head_dim of k and the caches differ");
+  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
+                  slot_blocks.numel() == k.size(0) && slot_offsets.numel() == k.size(0),
+              "one int64 slot block and offset per token");
+  const int64_t tokens = k.size(0), kv_heads = k.size(1), head_dim = k.size(2);
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
+  const int64_t row_bytes = head_dim * k.element_size();
+  const auto blocks = slot_blocks.contiguous(), offsets = slot_offsets.contiguous();
+  const int64_t* block = blocks.data_ptr<int64_t>();
+  const int64_t* offset = offsets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < tokens; ++i) {
+    TORCH_CHECK(block[i] >= 0 && block[i] < num_blocks && offset[i] >= 0 && offset[i] < block_size,
+                "slot out of the cache");
+  }
+  const char* k_data = static_cast<const char*>(k.data_ptr());
+  const char* v_data = static_cast<const char*>(v.data_ptr());
+  char* key_data = static_cast<char*>(key_cache.data_ptr());
+  char* value_data = static_cast<char*>(value_cache.data_ptr());
+  const int64_t element = k.element_size();
+  for (int64_t i = 0; i < tokens; ++i) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t row = ((block[i] * kv_heads + h) * block_size + offset[i]) * row_bytes;
+      std::memcpy(key_data + row, k_data + (i * k.stride(0) + h * k.stride(1)) * element, row_bytes);
+      std::memcpy(value_data + row, v_data + (i * v.stride(0) + h * v.stride(1)) * element, row_bytes);
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_store", &paged_store, "store a step's K/V rows in their cache slots (CPU)");
   m.def("paged_decode", &paged_decode, "fused paged-attention decode (CPU)");
   m.def("fast_scores", [](bool bf16, int64_t head_dim) {
     return bf16 ? use_fast_scores<at::BFloat16>(head_dim, false)

@@ -275,3 +275,21 @@ def test_embedded_smoke_answers_unchanged_by_the_kernel(dtype):
             del llm
     assert answers["cpp", 1] == answers["torch", 1]
     assert answers["cpp", 2] == answers["torch", 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_store_puts_rows_where_indexed_assignment_does(kernel, dtype):
+    gen = torch.Generator().manual_seed(7)
+    cache = torch.randn(6, 3, 8, 32, generator=gen).to(dtype)
+    fused = torch.randn(10, 9, 32, generator=gen).to(dtype)
+    k, v = fused[:, 3:6], fused[:, 6:]  # strided views, as the model's k and v are
+    slots = torch.randperm(6 * 8, generator=gen)[:10]
+    blocks, offsets = slots // 8, slots % 8
+    expected_keys, expected_values = cache.clone(), cache.clone()
+    expected_keys[blocks, :, offsets] = k
+    expected_values[blocks, :, offsets] = v
+    keys, values = cache.clone(), cache.clone()
+    kernel.paged_store(k, v, keys, values, blocks, offsets)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    with pytest.raises(RuntimeError, match="slot out of the cache"):
+        kernel.paged_store(k, v, keys, values, blocks + 6, offsets)
