@@ -252,29 +252,41 @@ SMOKE = [
 ]
 
 
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_embedded_smoke_answers_unchanged_by_the_kernel(dtype):
-    """SmolLM2 (9 heads over 3 KV heads): the smoke prompts' greedy answers, decoded
-    together (batched rows) and one at a time (the batch-1 path), equal the torch path's."""
+def test_embedded_smoke_answers_unchanged_in_float32_and_closer_to_it_in_bf16():
+    """SmolLM2 (9 heads over 3 KV heads), the smoke prompts decoded together (batched rows)
+    and one at a time: in float32 the kernel's greedy answers are the torch path's; in bf16
+    they stay with float32's at least as long as the torch path's do (measured: all 48
+    tokens of both, where the torch path's haiku leaves float32's at token 12, its scores
+    and weights rounded to bf16)."""
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     answers = {}
-    for choice in ("torch", "cpp"):
-        for seqs in (1, 2):
-            llm = LLM(
-                dtype=dtype,
-                attention_backend=choice,
-                max_num_seqs=seqs,
-                num_kv_blocks=8,
-                max_model_len=512,
-                num_speculative_tokens=0,
-            )
-            answers[choice, seqs] = [
-                c.token_ids for c in llm.generate(SMOKE, greedy, use_tqdm=False)
-            ]
-            del llm
-    assert answers["cpp", 1] == answers["torch", 1]
-    assert answers["cpp", 2] == answers["torch", 2]
+    for dtype in ("float32", "bfloat16"):
+        for choice in ("torch", "cpp"):
+            for seqs in (1, 2):
+                llm = LLM(
+                    dtype=dtype,
+                    attention_backend=choice,
+                    max_num_seqs=seqs,
+                    num_kv_blocks=8,
+                    max_model_len=512,
+                    num_speculative_tokens=0,
+                )
+                answers[dtype, choice, seqs] = [
+                    c.token_ids for c in llm.generate(SMOKE, greedy, use_tqdm=False)
+                ]
+                del llm
+    for seqs in (1, 2):
+        assert answers["float32", "cpp", seqs] == answers["float32", "torch", seqs]
+        exact = answers["float32", "torch", seqs]
+        for prompt, reference in enumerate(exact):
+            kernel = agreeing_prefix(answers["bfloat16", "cpp", seqs][prompt], reference)
+            torch_path = agreeing_prefix(answers["bfloat16", "torch", seqs][prompt], reference)
+            assert kernel >= torch_path, (seqs, prompt, kernel, torch_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
