@@ -404,15 +404,32 @@ at::Tensor paged_decode(
               "block_ids, block_starts and context_lens must be int64");
   TORCH_CHECK(block_starts.numel() == q.size(0) + 1 && context_lens.numel() == q.size(0),
               "one block start per row plus one, one context length per row");
+  // The block lists are checked whole before any is read: a bad one is an error, never a
+  // read outside the cache.
+  const auto ids = block_ids.contiguous(), starts = block_starts.contiguous(),
+             lens = context_lens.contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* start = starts.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
+  TORCH_CHECK(start[0] == 0 && start[q.size(0)] == ids.numel(),
+              "block_starts must run from 0 to the number of block ids");
+  for (int64_t row = 0; row < q.size(0); ++row) {
+    const int64_t count = start[row + 1] - start[row];
+    const int64_t needed = (len[row] + block_size - 1) / block_size;
+    TORCH_CHECK(len[row] >= 1 && count == needed, "row ", row, ": context length ", len[row],
+                " needs ", needed, " blocks, it has ", count);
+  }
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < num_blocks, "block id ", id[i], " is out of the cache");
+  }
   auto out = at::empty({q.size(0), heads, head_dim}, q.options());
   if (q.scalar_type() == at::kBFloat16) {
-    decode_all<at::BFloat16>(q, key_cache, value_cache, block_ids.contiguous(),
-                             block_starts.contiguous(), context_lens.contiguous(), scale,
+    decode_all<at::BFloat16>(q, key_cache, value_cache, ids, starts, lens, scale,
                              use_fast_scores<at::BFloat16>(head_dim, portable), out);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "the kernel takes bfloat16 or float32");
-    decode_all<float>(q, key_cache, value_cache, block_ids.contiguous(),
-                      block_starts.contiguous(), context_lens.contiguous(), scale,
+    decode_all<float>(q, key_cache, value_cache, ids, starts, lens, scale,
                       use_fast_scores<float>(head_dim, portable), out);
   }
   return out;

@@ -2,6 +2,7 @@
 block tables, ragged contexts, GQA ratios, bf16 and float32 caches; in the engine, the same
 tokens as the torch path, the fallback where no compiler exists, and the switch."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_decode_kernel
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.serve.messages import WorkerConfig
+from deepwell.serve.worker import EngineCoreAdapter
 
 from ..tiny_llama import run_to_completion
 
@@ -196,6 +199,13 @@ def test_bad_shapes_are_refused_with_a_message(kernel):
             0.25,
             False,
         )
+    assert kernel.paged_decode(q, cache, cache, ids, starts, lens, 0.25, False).shape == q.shape
+    with pytest.raises(RuntimeError, match="block id 3 is out of the cache"):
+        kernel.paged_decode(q, cache, cache, torch.tensor([0, 3]), starts, lens, 0.25, False)
+    with pytest.raises(RuntimeError, match="row 1: context length 9 needs 2 blocks, it has 1"):
+        kernel.paged_decode(q, cache, cache, ids, starts, torch.tensor([3, 9]), 0.25, False)
+    with pytest.raises(RuntimeError, match="block_starts must run from 0"):
+        kernel.paged_decode(q, cache, cache, ids, torch.tensor([0, 1, 1]), lens, 0.25, False)
 
 
 def backends(core) -> set[type]:
@@ -305,3 +315,26 @@ def test_store_puts_rows_where_indexed_assignment_does(kernel, dtype):
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
     with pytest.raises(RuntimeError, match="slot out of the cache"):
         kernel.paged_store(k, v, keys, values, blocks + 6, offsets)
+
+
+def test_serve_workers_take_the_switch(tiny_llama, monkeypatch):
+    """`serve --attention-backend` reaches the worker's engine; without it the worker reads
+    DEEPWELL_ATTENTION_BACKEND, as EngineArgs does."""
+    config = WorkerConfig(
+        worker_id=0,
+        parent_pid=0,
+        model_path=str(tiny_llama),
+        inbox_address="",
+        outbox_address="",
+        max_num_seqs=4,
+        memory_gib=0.25,
+        max_model_len=None,
+        dtype="float32",
+        block_size=16,
+    )
+    worker = EngineCoreAdapter(dataclasses.replace(config, attention_backend="torch"))
+    assert backends(worker._core) == {TorchPagedAttention}
+    monkeypatch.setenv("DEEPWELL_ATTENTION_BACKEND", "torch")
+    assert backends(EngineCoreAdapter(config)._core) == {TorchPagedAttention}
+    monkeypatch.delenv("DEEPWELL_ATTENTION_BACKEND")
+    assert backends(EngineCoreAdapter(config)._core) == {CppPagedAttention}
