@@ -22,6 +22,11 @@ DTYPES = ("auto", "bfloat16", "float32")
 DTYPE = "auto"
 QUANTIZATIONS = ("none", "int4")
 QUANTIZATION = "none"
+# Decode attention: "cpp" is the fused C++ kernel (layers/cpp_paged.py, built once per
+# machine), "torch" the pure-torch path, "auto" the kernel where it builds, else torch;
+# DEEPWELL_ATTENTION_BACKEND overrides the default (EngineArgs).
+ATTENTION_BACKENDS = ("auto", "torch", "cpp")
+ATTENTION_BACKEND = "auto"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
 MAX_NUM_SEQS = 64

@@ -152,6 +152,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "groups of 32, GGUF Q4_1's format (bf16 only; faster batch-1 decode) "
         f"(default: {defaults.QUANTIZATION})",
     )
+    groups.engine.add_argument(
+        "--attention-backend",
+        choices=defaults.ATTENTION_BACKENDS,
+        help="decode attention: cpp (a fused C++ kernel, compiled once per machine on first "
+        "use; an error without a compiler), torch (pure torch) or auto (cpp where it builds) "
+        f"(default: DEEPWELL_ATTENTION_BACKEND or {defaults.ATTENTION_BACKEND})",
+    )
     return groups
 
 
@@ -225,6 +232,11 @@ def parallel_fields(args: argparse.Namespace) -> dict[str, int | bool | str]:
         "nnodes": args.nnodes,
         "node_rank": args.node_rank,
     }
+
+
+def attention_backend_override(args: argparse.Namespace) -> dict[str, str]:
+    """--attention-backend when given; else EngineArgs reads DEEPWELL_ATTENTION_BACKEND."""
+    return {} if args.attention_backend is None else {"attention_backend": args.attention_backend}
 
 
 def yoco_overrides(args: argparse.Namespace) -> dict[str, str | int]:

@@ -79,6 +79,24 @@ def test_bounded_replay_flags_reach_engine_args_and_override_the_environment(
     )
 
 
+def test_attention_backend_flag_reaches_engine_args_and_overrides_the_environment(
+    monkeypatch,
+) -> None:
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["bench"])).attention_backend == "auto"
+    monkeypatch.setenv("DEEPWELL_ATTENTION_BACKEND", "torch")
+    assert _engine_args(parser.parse_args(["bench"])).attention_backend == "torch"
+    for command in (["bench"], ["generate", "hello"]):
+        args = _engine_args(parser.parse_args([*command, "--attention-backend", "cpp"]))
+        assert args.attention_backend == "cpp"
+    assert parser.parse_args(["serve", "--attention-backend", "cpp"]).attention_backend == "cpp"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--attention-backend", "triton"])
+    monkeypatch.setenv("DEEPWELL_ATTENTION_BACKEND", "triton")
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        EngineArgs()
+
+
 def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     args = build_parser().parse_args(["serve"])
     engine = EngineArgs()
@@ -105,10 +123,12 @@ def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     shared = {f.name for f in dataclasses.fields(WorkerConfig)} & {
         f.name for f in dataclasses.fields(EngineArgs)
     }
-    # None / the environment switches (DEEPWELL_BATCH_INVARIANT, DEEPWELL_YOCO_PREFILL_*)
+    # None / the environment switches (DEEPWELL_BATCH_INVARIANT, DEEPWELL_YOCO_PREFILL_*,
+    # DEEPWELL_ATTENTION_BACKEND)
     shared -= {
         "max_model_len",
         "batch_invariant",
+        "attention_backend",
         "yoco_prefill_truncation_mode",
         "yoco_prefill_keep_tokens",
     }

@@ -49,6 +49,14 @@ class EngineArgs:
     # "int4": linear calls of a few rows (decode) use 4-bit weights in groups of 32 (bf16
     # only, layers/int4_linear.py); "none" keeps every linear in the compute dtype.
     quantization: str = defaults.QUANTIZATION
+    # Decode attention: "cpp" (the fused C++ kernel, an error where it cannot be built),
+    # "torch" or "auto" (the kernel where it builds). Batch-invariant mode runs its own
+    # kernels whatever this says. Default: DEEPWELL_ATTENTION_BACKEND, else auto.
+    attention_backend: str = field(
+        default_factory=lambda: (
+            os.environ.get("DEEPWELL_ATTENTION_BACKEND", "") or defaults.ATTENTION_BACKEND
+        )
+    )
     block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
     memory_gib: float = defaults.MEMORY_GIB
@@ -125,6 +133,11 @@ class EngineArgs:
             raise ValueError(
                 f"quantization must be one of {list(defaults.QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.attention_backend not in defaults.ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {list(defaults.ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
             )
         if self.quantization == "int4" and (
             self.dtype_choice.dtype == "float32" or self.batch_invariant

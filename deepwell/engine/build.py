@@ -27,10 +27,10 @@ from deepwell.engine.layers.batch_invariant import (
     BatchInvariantSinkAttention,
     tile_linears,
 )
+from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
-from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.parallel.expert import ExpertSharding
@@ -90,7 +90,11 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         checkpoint,
         ModelOptions(
             dtype=args.torch_dtype,
-            backend_class=BatchInvariantAttention if args.batch_invariant else TorchPagedAttention,
+            backend_class=(
+                BatchInvariantAttention
+                if args.batch_invariant
+                else paged_backend_class(args.attention_backend)
+            ),
             sink_backend_class=(
                 BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
             ),

@@ -50,6 +50,9 @@ class WorkerConfig:
     yoco_prefill_keep_tokens: int | None = None
     # Weight-only int4 for small linear calls (EngineArgs.quantization).
     quantization: str = engine_defaults.QUANTIZATION
+    # Decode attention (EngineArgs.attention_backend); None: the worker's
+    # DEEPWELL_ATTENTION_BACKEND environment or the default.
+    attention_backend: str | None = None
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.

@@ -150,6 +150,7 @@ class EngineCoreAdapter:
                 for name, value in (
                     ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
                     ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
+                    ("attention_backend", config.attention_backend),
                 )
                 if value is not None
             },

@@ -6,6 +6,7 @@ CUDA kernels can implement the same interface.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -77,6 +78,18 @@ class AttentionMetadata:
     seq_starts: torch.Tensor
     # Set in batch-invariant mode, which lays out no decode rows or prefill spans.
     query_tiles: list[QueryTiles] | None = None
+
+    @cached_property
+    def decode_context_len_tensor(self) -> torch.Tensor:
+        """decode_context_lens as an int64 tensor (built on first use, once per step)."""
+        return torch.tensor(self.decode_context_lens, dtype=torch.long)
+
+    @cached_property
+    def decode_block_starts(self) -> torch.Tensor:
+        """[num_decodes + 1]: where each decode row's blocks begin in decode_block_ids."""
+        block_size = self.decode_block_padding.shape[-1]
+        counts = (self.decode_context_len_tensor + block_size - 1) // block_size
+        return torch.cat((counts.new_zeros(1), counts.cumsum(0)))
 
 
 def stack_decode_blocks(block_ids: list[int]) -> tuple[torch.Tensor, int, int]:

@@ -24,8 +24,7 @@ class TorchPagedAttention(AttentionBackend):
         self.scale = head_dim**-0.5
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
-        key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
-        value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
+        self._store(k, v, key_cache, value_cache, meta)
         if not meta.prefills:
             return self._decode(q, key_cache, value_cache, meta)
         out = torch.empty_like(q)
@@ -50,6 +49,10 @@ class TorchPagedAttention(AttentionBackend):
                 enable_gqa=True,
             )[0].transpose(0, 1)
         return out
+
+    def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
+        key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
+        value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
 
     def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         """All decode rows at once, block by block over their real blocks only.

@@ -123,11 +123,36 @@ def _gather(
                         ) from None
             continue
         if outcome.error is not None:
-            raise ParallelError(f"rank {outcome.rank} failed: {outcome.error}")
+            raise ParallelError(_failure(processes, outcome))
         completions.update(outcome.completions)
         stats.append(outcome.stats)
         waiting.discard(outcome.rank)
     return completions, stats
+
+
+# How long a rank's error waits for a peer's death to show as an exit code.
+PEER_EXIT_GRACE_S = 1.0
+
+
+def _failure(processes: dict[int, mp.Process], outcome: RankOutcome) -> str:
+    """A rank's error, led by the peer whose death caused it: a killed rank reaches the
+    others as a failed collective, often before its own exit code can be read."""
+    deadline = time.monotonic() + PEER_EXIT_GRACE_S
+    while True:
+        dead = {
+            rank: process.exitcode
+            for rank, process in processes.items()
+            if rank != outcome.rank and process.exitcode not in (None, 0)
+        }
+        if dead:
+            rank, code = min(dead.items())
+            return (
+                f"rank {rank} exited with code {code}; the group is stopped "
+                f"(rank {outcome.rank}: {outcome.error})"
+            )
+        if time.monotonic() > deadline:
+            return f"rank {outcome.rank} failed: {outcome.error}"
+        time.sleep(WATCH_INTERVAL_S / 4)
 
 
 def _run_rank(

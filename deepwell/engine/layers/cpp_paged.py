@@ -1,0 +1,94 @@
+"""Paged attention on CPU with decode rows in the fused C++ kernel (paged_decode.cpp), and
+the choice between it and the pure-torch backend (`--attention-backend`).
+
+The kernel walks each row's block list once per KV head with an online softmax: no gather,
+no per-block GEMM calls, no padded scores; it also stores the step's K/V rows (one copy per
+row). Prefill chunks stay on the torch path.
+"""
+
+import functools
+import logging
+from types import ModuleType
+
+import torch
+
+from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
+from deepwell.engine.layers.decode_kernel import load_decode_kernel
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
+
+logger = logging.getLogger(__name__)
+
+# paged_decode.cpp's kMaxGroup: a KV head's query heads keep their accumulators in registers.
+MAX_GROUP = 8
+
+
+class CppPagedAttention(TorchPagedAttention):
+    """Decodes in the kernel when it loads (built on the first instance), else on the torch
+    path, said once in the log."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim)
+        self.kernel = _decode_kernel()
+        if self.kernel is not None and self.group > MAX_GROUP:
+            _log_group_fallback(self.group)
+            self.kernel = None
+
+    def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
+        if self.kernel is None:
+            super()._store(k, v, key_cache, value_cache, meta)
+        else:
+            self.kernel.paged_store(
+                k, v, key_cache, value_cache, meta.slot_blocks, meta.slot_offsets
+            )
+
+    def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if self.kernel is None:
+            return super()._decode(q, key_cache, value_cache, meta)
+        return self.kernel.paged_decode(
+            q,
+            key_cache,
+            value_cache,
+            meta.decode_block_ids,
+            meta.decode_block_starts,
+            meta.decode_context_len_tensor,
+            self.scale,
+            False,
+        )
+
+
+@functools.cache
+def _decode_kernel() -> ModuleType | None:
+    kernel = load_decode_kernel()
+    if kernel.module is None:
+        logger.warning(
+            "decode attention: torch path, the C++ kernel is unavailable: %s", kernel.reason
+        )
+    else:
+        logger.info("decode attention: C++ kernel (%s)", kernel.reason)
+    return kernel.module
+
+
+@functools.cache
+def _log_group_fallback(group: int) -> None:
+    logger.warning(
+        "decode attention: the C++ kernel takes up to %d query heads per KV head, this "
+        "model has %d; it decodes on the torch path",
+        MAX_GROUP,
+        group,
+    )
+
+
+def paged_backend_class(choice: str) -> type[AttentionBackend]:
+    """The backend for `--attention-backend`: "torch"; "cpp", which must load the kernel now
+    (an error naming why it cannot); or "auto", whose first instance tries to."""
+    if choice == "torch":
+        logger.info("decode attention: torch path (--attention-backend torch)")
+        return TorchPagedAttention
+    if choice == "cpp":
+        kernel = load_decode_kernel()
+        if kernel.module is None:
+            raise RuntimeError(
+                f"--attention-backend cpp: the decode attention kernel is not available: "
+                f"{kernel.reason}"
+            )
+    return CppPagedAttention

@@ -1,0 +1,118 @@
+"""Builds and loads the C++ paged-attention decode kernel (paged_decode.cpp): compiled once
+per machine into the torch extensions cache on first use, loaded from there after.
+
+Nothing here runs at import: only an engine that decodes asks for the kernel, so commands
+that never decode never compile. The build uses the local C++ compiler and ninja only; it
+downloads nothing.
+"""
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.cpp")
+# A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
+BUILD_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    """The loaded extension, or None with the reason it is not there."""
+
+    module: ModuleType | None
+    reason: str
+
+
+def _vector_flags() -> tuple[str, list[str]]:
+    """The ATen vector width to compile for (torch's own dispatch level on this CPU), and the
+    compiler flags for it. -march=native lets the compiler use every instruction this CPU
+    has, so the build is keyed by the CPU (`_build_name`)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = ["-O3", "-fopenmp"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags.append("-march=native")
+    # ATen's Vectorized<float> uses intrinsics only under these macros (else plain arrays).
+    level = {"AVX512": "AVX512", "AVX2": "AVX2"}.get(capability)
+    if level is not None:
+        flags += [f"-DCPU_CAPABILITY={level}", f"-DCPU_CAPABILITY_{level}"]
+    return capability, flags
+
+
+def _build_key(flags: list[str]) -> str:
+    """A digest of the source, the flags, torch's version and the CPU's model and features:
+    a build made with -march=native for one CPU must not load on another sharing the same
+    home directory, and a changed source is a new build (announced as one)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = [platform.processor()]
+    wanted = ("model name", "flags", "Features", "CPU part")
+    described = sorted({line for line in lines if line.startswith(wanted)})
+    parts = [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), *described]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def _build_directory(name: str) -> Path:
+    """torch's extensions cache (TORCH_EXTENSIONS_DIR, else under ~/.cache), one folder per
+    build key."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    path = Path(root) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _missing_tool() -> str | None:
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r} is not on PATH)"
+    if not is_ninja_available():
+        return "no ninja build tool on PATH"
+    return None
+
+
+@functools.cache
+def load_decode_kernel() -> DecodeKernel:
+    """The kernel, built on the first call in a process if the cache lacks it."""
+    missing = _missing_tool()
+    if missing is not None:
+        return DecodeKernel(None, missing)
+    from torch.utils.cpp_extension import load
+
+    capability, flags = _vector_flags()
+    name = f"deepwell_paged_decode_{capability.lower()}_{_build_key(flags)}"
+    directory = _build_directory(name)
+    if not any(directory.glob(f"{name}*.so")):
+        logger.warning(
+            "compiling the decode attention kernel, once, ~%d s (cached in %s)",
+            BUILD_SECONDS,
+            directory,
+        )
+    started = time.monotonic()
+    try:
+        module = load(
+            name,
+            [str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+        )
+    except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        return DecodeKernel(None, f"its build failed ({first_line}; log in {directory})")
+    return DecodeKernel(
+        module, f"{capability}, loaded in {time.monotonic() - started:.1f} s from {directory}"
+    )

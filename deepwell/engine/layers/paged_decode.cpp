@@ -1,0 +1,492 @@
+// Fused paged-attention decode on CPU: one pass over each row's KV blocks through its
+// block list, online softmax, no gather; built on first use by layers/decode_kernel.py.
+//
+// Cache layout [num_blocks, kv_heads, block_size, head_dim] (kv/layout.py): one block of
+// one KV head is a contiguous [block_size, head_dim] tile, read once per (row, KV head)
+// task for all the GQA group's query heads. Scores, softmax and the output accumulate in
+// float32 whatever the cache dtype.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+// head_dim is walked in chunks of two float vectors (one bf16 vector's worth), the last
+// one partial when head_dim is not a multiple.
+constexpr int64_t kChunk = 2 * Vec::size();
+// Registers hold the group's accumulators: at most this many query heads per KV head.
+constexpr int64_t kMaxGroup = 8;
+
+// A chunk of `width` <= kChunk values as two float vectors; lanes past width read as 0.
+inline void load_chunk(const float* src, int64_t width, Vec& lo, Vec& hi) {
+  if (width == kChunk) {
+    lo = Vec::loadu(src);
+    hi = Vec::loadu(src + Vec::size());
+    return;
+  }
+  lo = Vec::loadu(src, std::min<int64_t>(width, Vec::size()));
+  hi = width > Vec::size() ? Vec::loadu(src + Vec::size(), width - Vec::size()) : Vec(0.f);
+}
+
+inline void load_chunk(const at::BFloat16* src, int64_t width, Vec& lo, Vec& hi) {
+  using BVec = at::vec::Vectorized<at::BFloat16>;
+  auto both = at::vec::convert_to_float<at::BFloat16>(
+      width == kChunk ? BVec::loadu(src) : BVec::loadu(src, width));
+  lo = std::get<0>(both);
+  hi = std::get<1>(both);
+}
+
+inline void store_chunk(Vec lo, Vec hi, int64_t width, float* dst) {
+  if (width == kChunk) {
+    lo.store(dst);
+    hi.store(dst + Vec::size());
+    return;
+  }
+  lo.store(dst, std::min<int64_t>(width, Vec::size()));
+  if (width > Vec::size()) hi.store(dst + Vec::size(), width - Vec::size());
+}
+
+inline void store_chunk(Vec lo, Vec hi, int64_t width, at::BFloat16* dst) {
+  auto packed = at::vec::convert_from_float<at::BFloat16>(lo, hi);
+  if (width == kChunk) {
+    packed.store(dst);
+  } else {
+    packed.store(dst, width);
+  }
+}
+
+// exp(x - shift) over n scores in place; returns their sum. Scores are finite (only real
+// keys are scored), so the fast exp's range clamps never matter.
+inline float exp_and_sum(float* scores, int64_t n, float shift) {
+  Vec total(0.f);
+  int64_t t = 0;
+  for (; t + Vec::size() <= n; t += Vec::size()) {
+    Vec p = (Vec::loadu(scores + t) - Vec(shift)).exp_u20();
+    p.store(scores + t);
+    total = total + p;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, total);
+  for (; t < n; ++t) {
+    scores[t] = std::exp(scores[t] - shift);
+    sum += scores[t];
+  }
+  return sum;
+}
+
+// Asks the memory system for rows [begin, end) of a [block_size, head_dim] tile a phase
+// ahead of their use. The cache holds a step's KV of every layer, far beyond the CPU's
+// caches, and a block's tiles are apart in memory: the hardware prefetchers stop at each.
+template <typename T>
+inline void prefetch_rows(const T* tile, int64_t begin, int64_t end, int64_t head_dim) {
+  const char* first = reinterpret_cast<const char*>(tile + begin * head_dim);
+  const char* last = reinterpret_cast<const char*>(tile + end * head_dim);
+  for (const char* line = first; line < last; line += 64) __builtin_prefetch(line);
+}
+
+// The portable scores of one block: per key, a vector of the group's products per query
+// head, summed across its lanes.
+template <typename T>
+void block_scores(
+    const float* query,  // [group, head_dim], scaled
+    const T* keys,
+    const T* values,  // prefetched as the keys are scored
+    int64_t n,
+    int64_t head_dim,
+    int64_t group,
+    float* scores,  // [group, block_size]
+    int64_t block_size) {
+  for (int64_t t = 0; t < n; ++t) {
+    prefetch_rows(values, t, t + 1, head_dim);
+    Vec dot[kMaxGroup];
+    for (int64_t g = 0; g < group; ++g) dot[g] = Vec(0.f);
+    for (int64_t d = 0; d < head_dim; d += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d);
+      Vec lo, hi;
+      load_chunk(keys + t * head_dim + d, width, lo, hi);
+      for (int64_t g = 0; g < group; ++g) {
+        Vec q_lo, q_hi;
+        load_chunk(query + g * head_dim + d, width, q_lo, q_hi);
+        dot[g] = at::vec::fmadd(q_lo, lo, dot[g]);
+        dot[g] = at::vec::fmadd(q_hi, hi, dot[g]);
+      }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      scores[g * block_size + t] =
+          at::vec::vec_reduce_all<float>([](Vec a, Vec c) { return a + c; }, dot[g]);
+    }
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// AVX-512: 16 keys at a time, their 16 product vectors summed across lanes together in four
+// shuffle rounds (a full horizontal sum per key costs as much as its products). bf16 caches
+// multiply bf16 pairs straight into float32 sums (AVX512_BF16's vdpbf16ps), no conversion.
+// Lane i of the result: the sum of v[i]'s lanes.
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {
+    // Per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) of a = v[2i], b = v[2i+1].
+    pairs[i] = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    // Per 128-bit lane: the lane's sums of v[4i], ..., v[4i+3].
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 low = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[0], quads[1], kEven), _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
+  const __m512 high = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[2], quads[3], kEven), _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
+  return _mm512_add_ps(
+      _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
+}
+
+inline bool fast_scores_fit(const float*, int64_t head_dim) { return head_dim % 16 == 0; }
+
+inline __m512 products(const float* q, const float* k, int64_t head_dim) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 16) {
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+  }
+  return acc;
+}
+
+#if defined(__AVX512BF16__)
+inline bool fast_scores_fit(const at::BFloat16*, int64_t head_dim) { return head_dim % 32 == 0; }
+
+inline __m512 products(const at::BFloat16* q, const at::BFloat16* k, int64_t head_dim) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    acc = _mm512_dpbf16_ps(
+        acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
+  }
+  return acc;
+}
+#else
+inline bool fast_scores_fit(const at::BFloat16*, int64_t) { return false; }
+inline __m512 products(const at::BFloat16*, const at::BFloat16*, int64_t) {
+  return _mm512_setzero_ps();
+}
+#endif
+
+template <typename T>
+void block_scores_avx512(
+    const T* q,  // the group's first query head, unscaled
+    int64_t q_head_stride,
+    const T* keys,
+    const T* values,  // prefetched as the keys are scored
+    int64_t n,
+    int64_t head_dim,
+    int64_t group,
+    float scale,
+    float* scores,
+    int64_t block_size) {
+  for (int64_t g = 0; g < group; ++g) {
+    const T* head = q + g * q_head_stride;
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+      const int64_t m = std::min<int64_t>(16, n - t0);
+      if (g == 0) prefetch_rows(values, t0, t0 + m, head_dim);
+      __m512 v[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        v[j] = j < m ? products(head, keys + (t0 + j) * head_dim, head_dim) : _mm512_setzero_ps();
+      }
+      const __m512 sums = _mm512_mul_ps(sum_lanes16(v), _mm512_set1_ps(scale));
+      _mm512_mask_storeu_ps(scores + g * block_size + t0, (__mmask16)((1u << m) - 1), sums);
+    }
+  }
+}
+#endif
+
+template <typename T>
+void decode_task(
+    const T* q,  // the row's first query head of this KV head, stride q_head_stride
+    int64_t q_head_stride,
+    const T* key_cache,
+    const T* value_cache,
+    const int64_t* blocks,
+    int64_t num_blocks,
+    int64_t context_len,
+    int64_t kv_head,
+    int64_t kv_heads,
+    int64_t block_size,
+    int64_t head_dim,
+    int64_t group,
+    float scale,
+    T* out,  // the row's first output head of this KV head (contiguous heads)
+    bool fast_scores,
+    std::vector<float>& scratch) {
+  // scratch: [group, head_dim] scaled queries, [group, head_dim] accumulators,
+  // [group, block_size] one block's scores (then weights).
+  scratch.assign(group * (2 * head_dim + block_size), 0.f);
+  float* query = scratch.data();
+  float* acc = query + group * head_dim;
+  float* scores = acc + group * head_dim;
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t d = 0; d < head_dim; d += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d);
+      Vec lo, hi;
+      load_chunk(q + g * q_head_stride + d, width, lo, hi);
+      store_chunk(lo * Vec(scale), hi * Vec(scale), width, query + g * head_dim + d);
+    }
+  }
+  float running_max[kMaxGroup], running_sum[kMaxGroup];
+  std::fill_n(running_max, group, -std::numeric_limits<float>::infinity());
+  std::fill_n(running_sum, group, 0.f);
+  const int64_t tile = block_size * head_dim;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t n = std::min(block_size, context_len - b * block_size);
+    const int64_t offset = (blocks[b] * kv_heads + kv_head) * tile;
+    const T* keys = key_cache + offset;
+    const T* values = value_cache + offset;
+#if defined(CPU_CAPABILITY_AVX512)
+    if (fast_scores) {
+      block_scores_avx512(
+          q, q_head_stride, keys, values, n, head_dim, group, scale, scores, block_size);
+    } else
+#endif
+    {
+      block_scores(query, keys, values, n, head_dim, group, scores, block_size);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      float* row = scores + g * block_size;
+      const float block_max = *std::max_element(row, row + n);
+      const float new_max = std::max(running_max[g], block_max);
+      // exp(-inf) = 0 clears the empty accumulator on a row's first block.
+      const float rescale = std::exp(running_max[g] - new_max);
+      running_sum[g] = running_sum[g] * rescale + exp_and_sum(row, n, new_max);
+      running_max[g] = new_max;
+      if (rescale != 1.f) {
+        float* a = acc + g * head_dim;
+        at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
+      }
+    }
+    // Weighted values: each head_dim chunk's accumulators stay in registers over the keys,
+    // while the next block's keys are fetched.
+    const T* next_keys =
+        b + 1 < num_blocks ? key_cache + (blocks[b + 1] * kv_heads + kv_head) * tile : nullptr;
+    for (int64_t d = 0; d < head_dim; d += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d);
+      Vec acc_lo[kMaxGroup], acc_hi[kMaxGroup];
+      for (int64_t g = 0; g < group; ++g) {
+        load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
+        Vec lo, hi;
+        load_chunk(values + t * head_dim + d, width, lo, hi);
+        for (int64_t g = 0; g < group; ++g) {
+          const Vec w(scores[g * block_size + t]);
+          acc_lo[g] = at::vec::fmadd(w, lo, acc_lo[g]);
+          acc_hi[g] = at::vec::fmadd(w, hi, acc_hi[g]);
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        store_chunk(acc_lo[g], acc_hi[g], width, acc + g * head_dim + d);
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const Vec inverse(1.f / running_sum[g]);
+    for (int64_t d = 0; d < head_dim; d += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d);
+      Vec lo, hi;
+      load_chunk(acc + g * head_dim + d, width, lo, hi);
+      store_chunk(lo * inverse, hi * inverse, width, out + g * head_dim + d);
+    }
+  }
+}
+
+template <typename T>
+void decode_all(
+    const at::Tensor& q,
+    const at::Tensor& key_cache,
+    const at::Tensor& value_cache,
+    const at::Tensor& block_ids,
+    const at::Tensor& block_starts,
+    const at::Tensor& context_lens,
+    double scale,
+    bool fast_scores,
+    at::Tensor& out) {
+  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  const int64_t group = heads / kv_heads;
+  const T* q_data = q.data_ptr<T>();
+  const T* k_data = key_cache.data_ptr<T>();
+  const T* v_data = value_cache.data_ptr<T>();
+  const int64_t* ids = block_ids.data_ptr<int64_t>();
+  const int64_t* starts = block_starts.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  T* out_data = out.data_ptr<T>();
+  const int64_t q_row = q.stride(0), q_head = q.stride(1);
+  const int64_t tasks = rows * kv_heads;
+  // Rows have ragged contexts: hand out (row, KV head) tasks one at a time.
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t row = task / kv_heads, kv_head = task % kv_heads;
+      decode_task<T>(
+          q_data + row * q_row + kv_head * group * q_head,
+          q_head,
+          k_data,
+          v_data,
+          ids + starts[row],
+          starts[row + 1] - starts[row],
+          lens[row],
+          kv_head,
+          kv_heads,
+          block_size,
+          head_dim,
+          group,
+          static_cast<float>(scale),
+          out_data + (row * heads + kv_head * group) * head_dim,
+          fast_scores,
+          scratch);
+    }
+  }
+}
+
+template <typename T>
+bool use_fast_scores(int64_t head_dim, bool portable) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return !portable && fast_scores_fit(static_cast<const T*>(nullptr), head_dim);
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// portable: the portable score loop even where the AVX-512 one fits (so that tests on an
+// AVX-512 machine cover the path other CPUs run).
+// q [rows, heads, head_dim] (head_dim contiguous); caches contiguous
+// [num_blocks, kv_heads, block_size, head_dim]; block_ids: every row's blocks, row by row;
+// block_starts [rows + 1]: where each row's blocks begin in block_ids; context_lens [rows].
+at::Tensor paged_decode(
+    const at::Tensor& q,
+    const at::Tensor& key_cache,
+    const at::Tensor& value_cache,
+    const at::Tensor& block_ids,
+    const at::Tensor& block_starts,
+    const at::Tensor& context_lens,
+    double scale,
+    bool portable) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, head_dim]");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() &&
+                  q.scalar_type() == value_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  const int64_t heads = q.size(1), head_dim = q.size(2), kv_heads = key_cache.size(1);
+  TORCH_CHECK(key_cache.size(3) == head_dim, "head_dim of q and the caches differ");
+  TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup,
+              "query heads per KV head must divide evenly and be at most ", kMaxGroup);
+  TORCH_CHECK(block_ids.scalar_type() == at::kLong && block_starts.scalar_type() == at::kLong &&
+                  context_lens.scalar_type() == at::kLong,
+              "block_ids, block_starts and context_lens must be int64");
+  TORCH_CHECK(block_starts.numel() == q.size(0) + 1 && context_lens.numel() == q.size(0),
+              "one block start per row plus one, one context length per row");
+  // The block lists are checked whole before any is read: a bad one is an error, never a
+  // read outside the cache.
+  const auto ids = block_ids.contiguous(), starts = block_starts.contiguous(),
+             lens = context_lens.contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* start = starts.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
+  TORCH_CHECK(start[0] == 0 && start[q.size(0)] == ids.numel(),
+              "block_starts must run from 0 to the number of block ids");
+  for (int64_t row = 0; row < q.size(0); ++row) {
+    const int64_t count = start[row + 1] - start[row];
+    const int64_t needed = (len[row] + block_size - 1) / block_size;
+    TORCH_CHECK(len[row] >= 1 && count == needed, "row ", row, ": context length ", len[row],
+                " needs ", needed, " blocks, it has ", count);
+  }
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < num_blocks, "block id ", id[i], " is out of the cache");
+  }
+  auto out = at::empty({q.size(0), heads, head_dim}, q.options());
+  if (q.scalar_type() == at::kBFloat16) {
+    decode_all<at::BFloat16>(q, key_cache, value_cache, ids, starts, lens, scale,
+                             use_fast_scores<at::BFloat16>(head_dim, portable), out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "the kernel takes bfloat16 or float32");
+    decode_all<float>(q, key_cache, value_cache, ids, starts, lens, scale,
+                      use_fast_scores<float>(head_dim, portable), out);
+  }
+  return out;
+}
+
+// The step's new keys and values into their slots: token i's row of each KV head goes to
+// block slot_blocks[i] at offset slot_offsets[i]. One copy per (token, KV head) row;
+// advanced-indexing assignment (cache[blocks, :, offsets] = k) measured ~0.2 ms a call in
+// W's decode steps for 64 rows.
+void paged_store(
+    const at::Tensor& k,
+    const at::Tensor& v,
+    at::Tensor& key_cache,
+    at::Tensor& value_cache,
+    const at::Tensor& slot_blocks,
+    const at::Tensor& slot_offsets) {
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "k and v must be [tokens, kv_heads, head_dim]");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k and v rows must be contiguous");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+  TORCH_CHECK(k.scalar_type() == key_cache.scalar_type() && v.scalar_type() == key_cache.scalar_type() &&
+                  value_cache.scalar_type() == key_cache.scalar_type(),
+              "k, v and the caches must share a dtype");
+  TORCH_CHECK(key_cache.size(1) == k.size(1) && key_cache.size(3) == k.size(2),
+              "kv_heads and head_dim of k and the caches differ");
+  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
+                  slot_blocks.numel() == k.size(0) && slot_offsets.numel() == k.size(0),
+              "one int64 slot block and offset per token");
+  const int64_t tokens = k.size(0), kv_heads = k.size(1), head_dim = k.size(2);
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
+  const int64_t row_bytes = head_dim * k.element_size();
+  const auto blocks = slot_blocks.contiguous(), offsets = slot_offsets.contiguous();
+  const int64_t* block = blocks.data_ptr<int64_t>();
+  const int64_t* offset = offsets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < tokens; ++i) {
+    TORCH_CHECK(block[i] >= 0 && block[i] < num_blocks && offset[i] >= 0 && offset[i] < block_size,
+                "slot out of the cache");
+  }
+  const char* k_data = static_cast<const char*>(k.data_ptr());
+  const char* v_data = static_cast<const char*>(v.data_ptr());
+  char* key_data = static_cast<char*>(key_cache.data_ptr());
+  char* value_data = static_cast<char*>(value_cache.data_ptr());
+  const int64_t element = k.element_size();
+  for (int64_t i = 0; i < tokens; ++i) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t row = ((block[i] * kv_heads + h) * block_size + offset[i]) * row_bytes;
+      std::memcpy(key_data + row, k_data + (i * k.stride(0) + h * k.stride(1)) * element, row_bytes);
+      std::memcpy(value_data + row, v_data + (i * v.stride(0) + h * v.stride(1)) * element, row_bytes);
+    }
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_store", &paged_store, "store a step's K/V rows in their cache slots (CPU)");
+  m.def("paged_decode", &paged_decode, "fused paged-attention decode (CPU)");
+  m.def("fast_scores", [](bool bf16, int64_t head_dim) {
+    return bf16 ? use_fast_scores<at::BFloat16>(head_dim, false)
+                : use_fast_scores<float>(head_dim, false);
+  }, "whether the AVX-512 score loop runs for this dtype and head_dim");
+}
