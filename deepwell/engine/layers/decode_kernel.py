@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,9 +74,20 @@ def _build_directory(name: str) -> Path:
     return path
 
 
+def _put_installed_ninja_on_path() -> None:
+    """The `ninja` wheel (a dependency) installs its binary beside this interpreter's
+    scripts, which are not on PATH unless the environment is activated; torch runs
+    `ninja` from PATH."""
+    scripts = sysconfig.get_path("scripts")
+    on_path = os.environ.get("PATH", "").split(os.pathsep)
+    if scripts not in on_path and (Path(scripts) / "ninja").exists():
+        os.environ["PATH"] = os.pathsep.join([*on_path, scripts])
+
+
 def _missing_tool() -> str | None:
     from torch.utils.cpp_extension import is_ninja_available
 
+    _put_installed_ninja_on_path()
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler!r} is not on PATH)"

@@ -3,13 +3,14 @@ block tables, ragged contexts, GQA ratios, bf16 and float32 caches; in the engin
 tokens as the torch path, the fallback where no compiler exists, and the switch."""
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from deepwell.engine import LLM, SamplingParams
-from deepwell.engine.layers import cpp_paged
+from deepwell.engine.layers import cpp_paged, decode_kernel
 from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
@@ -338,3 +339,11 @@ def test_serve_workers_take_the_switch(tiny_llama, monkeypatch):
     assert backends(EngineCoreAdapter(config)._core) == {TorchPagedAttention}
     monkeypatch.delenv("DEEPWELL_ATTENTION_BACKEND")
     assert backends(EngineCoreAdapter(config)._core) == {CppPagedAttention}
+
+
+def test_the_ninja_wheel_is_found_without_an_activated_environment(tmp_path, monkeypatch):
+    # A PATH with a compiler and no ninja, as `.venv/bin/deepwell` sees it unactivated on a
+    # machine without ninja-build: the dependency's binary beside the interpreter serves.
+    (tmp_path / "c++").symlink_to(shutil.which("c++"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert decode_kernel._missing_tool() is None
