@@ -128,7 +128,9 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
     top_ps = [r.params.top_p for r in requests]
     min_ps = [r.params.min_p for r in requests]
     if any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        # Stable: among tied logits the lower id ranks first, so top-k 1 and a tiny top-p
+        # keep greedy's token (the first of tied maxima); bf16 logits tie often.
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         vocab = logits.shape[-1]
         ranks = torch.arange(vocab).unsqueeze(0)
         k = torch.tensor([k if k > 0 else vocab for k in top_ks]).unsqueeze(1)

@@ -52,6 +52,18 @@ def test_top_k_one_top_p_tiny_and_min_p_one_all_reduce_to_the_argmax():
             assert tokens == [1], params
 
 
+def test_top_k_one_and_top_p_tiny_keep_greedys_token_among_tied_maxima():
+    # Ties at the top, as bf16 logits make them: greedy takes the first, and so must top-k 1
+    # and top-p whatever the seed (a sort that is not stable may rank the later one first).
+    torch.manual_seed(0)
+    rows = torch.round(torch.randn(16, 49152) * 2) / 2
+    greedy = rows.argmax(dim=-1).tolist()
+    for params in ({"top_k": 1}, {"top_p": 1e-6}):
+        for seed in range(4):
+            requests = [request(seed=seed, temperature=1.5, **params) for _ in range(16)]
+            assert Sampler()(rows.clone(), requests)[0] == greedy, params
+
+
 def test_top_k_keeps_only_the_k_best():
     row = [3.0, 2.9, 2.8, -5.0, 2.7]
     seen = {Sampler()(logits(row), [request(seed=s, top_k=2)])[0][0] for s in range(60)}

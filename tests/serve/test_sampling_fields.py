@@ -96,16 +96,25 @@ def test_min_tokens_and_ignore_eos_outlast_the_end_of_turn(client, model_server)
 
 def test_top_k_one_and_min_p_one_sample_the_greedy_answer(client, model_server):
     greedy, _ = chat(client, model_server, max_tokens=8)
-    for extra in ({"top_k": 1}, {"min_p": 1.0}):
-        sampled = client.chat.completions.create(
+
+    def sampled(**extra):
+        return client.chat.completions.create(
             model=model_server.model,
             messages=[{"role": "user", "content": REPEATS}],
             temperature=1.5,
             max_tokens=8,
             seed=3,
+            logprobs=True,
+            top_logprobs=2,
             extra_body=extra,
-        )
-        assert sampled.choices[0].message.content == greedy.message.content, extra
+        ).choices[0]
+
+    # Top-k 1 ranks tied logits as greedy does (the first): the same answer.
+    assert sampled(top_k=1).message.content == greedy.message.content
+    # Min-p 1 keeps every token at the maximum: each one drawn is a maximum (bf16 logits
+    # tie often, and a draw between tied maxima need not take greedy's).
+    for position in sampled(min_p=1.0).logprobs.content:
+        assert position.logprob == position.top_logprobs[0].logprob
 
 
 def test_messages_top_k_and_extra_fields_reach_the_engine(claude, model_server):
