@@ -69,17 +69,23 @@ def test_greedy_accepts_the_run_equal_to_the_argmax_then_adds_its_token():
 def test_seeded_sampling_is_identical_with_speculation_on_and_off(make_core):
     prompts = [[7, 8, 9, 10] * 6, [20, 21, 22] * 5 + [20], list(range(30, 50))]
 
-    def generate(k: int) -> dict[str, list[int]]:
+    def generate(k: int) -> tuple[dict[str, list[int]], int]:
         core = make_core(num_speculative_tokens=k)
         for index, prompt in enumerate(prompts):
             params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=index)
             core.add_request(f"r{index}", prompt, params)
         tokens = run_to_completion(core)
-        if k:
-            assert core.speculator.stats().verified_tokens > 0
-        return tokens
+        return tokens, core.speculator.stats().verified_tokens if k else 0
 
-    assert generate(5) == generate(0)
+    plain, _ = generate(0)
+    # The planner weighs drafts against measured step times, so on a loaded box a run may
+    # verify none and compare nothing: such a run is repeated, each one still compared.
+    for _ in range(3):
+        speculative, verified = generate(5)
+        assert speculative == plain
+        if verified:
+            break
+    assert verified > 0
 
 
 def test_drafts_with_distributions_emit_the_target_distribution():
