@@ -70,42 +70,23 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         weights = weights * self.routed_scaling
         out = self.shared_expert(x).float()
-        if self.parallel is not None:
-            return self._combine_parallel(x, chosen, weights, out, real_rows)
-        # Rows grouped by expert: one matmul per expert that any row chose.
-        flat_experts = chosen.flatten()
+        # Padding rows are not routed under expert parallelism (nobody reads them); on one
+        # rank they are, as the tiles they sit in are computed whole anyway.
+        real = x.shape[0] if self.parallel is None or real_rows is None else real_rows
+        flat_experts = chosen[:real].flatten()
         order = flat_experts.argsort(stable=True)
-        counts = torch.bincount(flat_experts, minlength=len(self.experts)).tolist()
         rows = order // self.top_k
-        flat_weights = weights.flatten()[order]
+        experts = flat_experts[order]
+        flat_weights = weights[:real].flatten()[order]
+        if self.parallel is None:
+            routed = self._run_slots(x[rows], experts, flat_weights)
+        else:
+            routed = self.parallel.exchange(x, experts, rows, flat_weights, self._run_slots)
+        # Pairs are sorted by expert: summed expert by expert in ascending order, so a row's
+        # sum has the same bits on any rank count (with batch-invariant tiles an expert's
+        # row does not depend on the rows beside it).
         start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            picked = rows[start : start + count]
-            expert_rows = (x[picked], flat_weights[start : start + count])
-            if self.invariant:
-                routed = tiled_rows(self.experts[expert], *expert_rows)
-            else:
-                routed = self.experts[expert](*expert_rows)
-            out.index_add_(0, picked, routed.float())
-            start += count
-        return out
-
-    def _combine_parallel(self, x, chosen, weights, out, real_rows) -> torch.Tensor:
-        """The routed experts over the EP ranks, summed into `out` exactly as above: expert by
-        expert in ascending order, so a row's sum has the same bits on any rank count (with
-        batch-invariant tiles an expert's row does not depend on the rows beside it)."""
-        real = slice(0, x.shape[0] if real_rows is None else real_rows)
-        flat_experts = chosen[real].flatten()
-        order = flat_experts.argsort(stable=True)
-        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
-        rows = order // self.top_k
-        routed = self.parallel.exchange(
-            x, flat_experts[order], rows, weights[real].flatten()[order], self._run_slots
-        )
-        start = 0
-        for count in counts:
+        for count in torch.bincount(experts, minlength=self.num_experts).tolist():
             if count:
                 out.index_add_(
                     0, rows[start : start + count], routed[start : start + count].float()
@@ -116,7 +97,8 @@ class MoE(nn.Module):
     def _run_slots(
         self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """This rank's experts over the rows sent to them (any rank's), in the rows' order."""
+        """The experts in this module's `slots` over the rows sent to them (one expert per
+        row, weight applied; from any rank under expert parallelism), in the rows' order."""
         out = x.new_empty(x.shape)
         order = slots.argsort(stable=True)
         start = 0
