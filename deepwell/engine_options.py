@@ -148,8 +148,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "--quantization",
         choices=defaults.QUANTIZATIONS,
         default=defaults.QUANTIZATION,
-        help="int4: linear calls of up to 6 rows (small decode steps) use 4-bit weights in "
-        "groups of 32, GGUF Q4_1's format (bf16 only; faster batch-1 decode) "
+        help="int4: linear calls of up to 8 rows (small decode steps) multiply GGUF blocks "
+        "with int8 activations, Q4_1 for the layers and Q8_0 for the output head (a GGUF "
+        "checkpoint's own blocks, else quantised at load; faster batch-1 decode) "
         f"(default: {defaults.QUANTIZATION})",
     )
     groups.engine.add_argument(
