@@ -13,7 +13,7 @@ from torch import nn
 
 from deepwell.engine import LLM, EngineArgs, SamplingParams
 from deepwell.engine.layers.decode_kernel import load_quant_kernel
-from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
+from deepwell.engine.layers.packed_linear import can_pack, pack_linears
 from deepwell.engine.layers.quant_linear import (
     QUANT_MAX_ROWS,
     BlockWeight,
