@@ -6,7 +6,8 @@
 //   Q4_1: nibbles uint8 [N, B/2, 32], byte j of pair p = q[2p][j] | q[2p+1][j] << 4, so one
 //         32-byte load and two masks give two whole blocks in input order; d, m float [N, B]
 //         (w = d * q + m, q in 0..15).
-//   Q8_0: q int8 [N, B, 32]; d float [N, B] (w = d * q).
+//   Q8_0: q int8 [N, B, 32]; d float [N, B] (w = d * q); m float [N, B] = -128 d Σ q, the
+//         correction of the VNNI path, which multiplies q by x + 128 (unsigned).
 // Activations: per row and block, dx = amax / 127, qx = round(x / dx), sx = dx * Σ qx; then
 //   Q4_1: Σ w x ≈ d dx Σ q qx + m sx,   Q8_0: Σ w x ≈ d dx Σ q qx,
 // with the integer sums exact in int32 and the rest in float32.
@@ -47,6 +48,7 @@ struct Activations {
   std::vector<float> d;  // [rows, B]
   std::vector<float> s;  // [rows, B]: d * Σ q
 #if defined(QUANT_VNNI)
+  std::vector<uint8_t> unsigned_q;  // q + 128, for Q8_0 weights (s8) as vpdpbusd's s8 side
   std::vector<float> lanes;  // [rows, B / 2, 16]: d of block 2p in lanes 0-7, 2p+1 in 8-15
 #endif
 };
@@ -82,6 +84,8 @@ Activations quantize_activations(const T* x, int64_t rows, int64_t in_features, 
     }
   }
 #if defined(QUANT_VNNI)
+  a.unsigned_q.resize(a.q.size());
+  for (size_t i = 0; i < a.q.size(); ++i) a.unsigned_q[i] = static_cast<uint8_t>(a.q[i] + 128);
   a.lanes.resize(rows * blocks * 8);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -92,25 +96,98 @@ Activations quantize_activations(const T* x, int64_t rows, int64_t in_features, 
   return a;
 }
 
+#if defined(QUANT_VNNI)
+// Lane i of the result: the sum of v[i]'s 16 lanes (as paged_decode.cpp's sum_lanes16): 16
+// output rows reduced together for the cost of about two horizontal sums.
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {
+    pairs[i] = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 low = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[0], quads[1], kEven), _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
+  const __m512 high = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[2], quads[3], kEven), _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
+  return _mm512_add_ps(
+      _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
+}
+
+// Output rows [begin, end) for R activation rows, 16 output rows at a time. Each row's 16
+// float lanes start at its offset term (Σ m t, 16 blocks a vector: t = sx for Q4_1, dx for
+// Q8_0) and take each pair of blocks as d dx (lanes 0-7: block 2p, 8-15: 2p+1) times the
+// vpdpbusd sums; the tile's lanes are then summed together and stored as one vector a row.
+template <int R, bool kQ4_1>
+void rows_vnni(
+    const uint8_t* weights, const float* wd, const float* wm, const Activations& a,
+    int64_t begin, int64_t end, int64_t out_features, float* out) {
+  const int64_t blocks = a.blocks, pairs = blocks / 2;
+  const int64_t row_bytes = kQ4_1 ? pairs * kBlock : blocks * kBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const float* offset_factor = kQ4_1 ? a.s.data() : a.d.data();
+  const uint8_t* x_bytes = kQ4_1 ? reinterpret_cast<const uint8_t*>(a.q.data()) : a.unsigned_q.data();
+  __m512 tile[R][16];
+  for (int64_t first = begin; first < end; first += 16) {
+    const int64_t count = std::min<int64_t>(16, end - first);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t o = first + i;
+      const float* m = wm + o * blocks;
+      __m512 acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; b += 16) {
+        const __mmask16 valid = blocks - b >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (blocks - b)) - 1);
+        const __m512 mv = _mm512_maskz_loadu_ps(valid, m + b);
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(valid, offset_factor + r * blocks + b), acc[r]);
+        }
+      }
+      const uint8_t* w_row = weights + o * row_bytes;
+      const float* d = wd + o * blocks;
+      for (int64_t p = 0; p < pairs; ++p) {
+        __m512i w;
+        if constexpr (kQ4_1) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_row + p * kBlock));
+          w = _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_and_si256(packed, low)),
+              _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
+        } else {
+          w = _mm512_loadu_si512(w_row + 2 * p * kBlock);
+        }
+        const __m512 scale = _mm512_permutexvar_ps(
+            pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d + 2 * p)))));
+        for (int r = 0; r < R; ++r) {
+          const __m512i x = _mm512_loadu_si512(x_bytes + (r * blocks + 2 * p) * kBlock);
+          // vpdpbusd takes its first operand unsigned: Q4_1's nibbles, or Q8_0's x + 128.
+          const __m512i dot = kQ4_1 ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x)
+                                    : _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, w);
+          const __m512 dx = _mm512_loadu_ps(a.lanes.data() + (r * blocks + 2 * p) * 8);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, dx), acc[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) tile[r][i] = acc[r];
+    }
+    const __mmask16 stored = count == 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
+    for (int r = 0; r < R; ++r) {
+      for (int64_t i = count; i < 16; ++i) tile[r][i] = _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(out + r * out_features + first, stored, sum_lanes16(tile[r]));
+    }
+  }
+}
+#else
 // Σ a[i] b[i] over n floats: the Q4_1 offset term Σ_b m[b] sx[b] of one output row.
 inline float dot_floats(const float* a, const float* b, int64_t n) {
-#if defined(QUANT_VNNI)
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  }
-  if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + i), _mm512_maskz_loadu_ps(tail, b + i), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-#else
   float total = 0.f;
   for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
   return total;
-#endif
 }
+#endif
 
 #if defined(QUANT_AVX2)
 inline float sum_lanes(__m256 v) {
@@ -128,31 +205,26 @@ inline __m256 dot_u8s8(__m256i u, __m256i s) {
 }
 #endif
 
+#if defined(QUANT_VNNI)
+template <int R>
+void q4_1_rows(
+    const uint8_t* nibbles, const float* d, const float* m, const Activations& a,
+    int64_t begin, int64_t end, int64_t out_features, float* out) {
+  rows_vnni<R, true>(nibbles, d, m, a, begin, end, out_features, out);
+}
+
+template <int R>
+void q8_0_rows(
+    const int8_t* q, const float* d, const float* m, const Activations& a, int64_t begin,
+    int64_t end, int64_t out_features, float* out) {
+  rows_vnni<R, false>(reinterpret_cast<const uint8_t*>(q), d, m, a, begin, end, out_features, out);
+}
+#else
 // One output row's dot with each of the R activation rows, out[r] (Q4_1).
 template <int R>
 inline void q4_1_row(const uint8_t* nibbles, const float* wd, const Activations& a, float* out) {
   const int64_t blocks = a.blocks;
-#if defined(QUANT_VNNI)
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + p * kBlock));
-    const __m512i w = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_and_si256(packed, low)),
-        _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
-    const __m512 scale = _mm512_permutexvar_ps(
-        pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(wd + 2 * p)))));
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_loadu_si512(a.q.data() + (r * blocks + 2 * p) * kBlock);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
-      const __m512 dx = _mm512_loadu_ps(a.lanes.data() + (r * blocks + 2 * p) * 8);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, dx), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-#elif defined(QUANT_AVX2)
+#if defined(QUANT_AVX2)
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -190,27 +262,7 @@ inline void q4_1_row(const uint8_t* nibbles, const float* wd, const Activations&
 template <int R>
 inline void q8_0_row(const int8_t* q, const float* wd, const Activations& a, float* out) {
   const int64_t blocks = a.blocks;
-#if defined(QUANT_VNNI)
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i zero = _mm512_setzero_si512();
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m512i w = _mm512_loadu_si512(q + 2 * p * kBlock);
-    const __m512i magnitude = _mm512_abs_epi8(w);
-    const __mmask64 negative = _mm512_movepi8_mask(w);
-    const __m512 scale = _mm512_permutexvar_ps(
-        pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(wd + 2 * p)))));
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_loadu_si512(a.q.data() + (r * blocks + 2 * p) * kBlock);
-      const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, zero, x);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
-      const __m512 dx = _mm512_loadu_ps(a.lanes.data() + (r * blocks + 2 * p) * 8);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, dx), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-#elif defined(QUANT_AVX2)
+#if defined(QUANT_AVX2)
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -251,10 +303,12 @@ void q4_1_rows(
   }
 }
 
+// `m` (the VNNI path's correction for its unsigned x + 128) is not read: this path
+// multiplies signed values directly.
 template <int R>
 void q8_0_rows(
-    const int8_t* q, const float* d, const Activations& a, int64_t begin, int64_t end,
-    int64_t out_features, float* out) {
+    const int8_t* q, const float* d, const float*, const Activations& a, int64_t begin,
+    int64_t end, int64_t out_features, float* out) {
   const int64_t blocks = a.blocks;
   float sums[R];
   for (int64_t o = begin; o < end; ++o) {
@@ -262,6 +316,8 @@ void q8_0_rows(
     for (int r = 0; r < R; ++r) out[r * out_features + o] = sums[r];
   }
 }
+
+#endif
 
 Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in] matrix");
@@ -321,19 +377,23 @@ torch::Tensor q4_1_linear(
   });
 }
 
-torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d) {
+torch::Tensor q8_0_linear(
+    const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
+    const torch::Tensor& m) {
   TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 3 && q.size(2) == kBlock,
               "q must be int8 [out, blocks, 32]");
   TORCH_CHECK(q.size(1) % 2 == 0, "q must have an even number of blocks");
-  TORCH_CHECK(q.is_contiguous() && d.is_contiguous(), "weights must be contiguous");
+  TORCH_CHECK(q.is_contiguous() && d.is_contiguous() && m.is_contiguous(), "weights must be contiguous");
   const int64_t out_features = q.size(0), blocks = q.size(1);
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.numel() == out_features * blocks, "d must be float32 [out, blocks]");
+  TORCH_CHECK(d.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat, "d and m must be float32");
+  TORCH_CHECK(d.numel() == out_features * blocks && m.numel() == out_features * blocks, "d and m must be [out, blocks]");
   const Activations a = quantize_input(x, blocks);
   const int8_t* w = q.data_ptr<int8_t>();
   const float* wd = d.data_ptr<float>();
+  const float* wm = m.data_ptr<float>();
   const int64_t rows = x.size(0);
   return run_rows(x, out_features, [&](int64_t begin, int64_t end, float* out) {
-    DISPATCH_ROWS(rows, q8_0_rows, w, wd, a, begin, end, out_features, out)
+    DISPATCH_ROWS(rows, q8_0_rows, w, wd, wm, a, begin, end, out_features, out)
   });
 }
 

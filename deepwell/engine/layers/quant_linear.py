@@ -7,8 +7,20 @@ weight and Q8_0 (w = d * q, q int8) 1.25, against bf16's 2; the kernel quantises
 activations per 32-block to int8 as llama.cpp does, so the dot products are int8 ones
 (AVX-512 VNNI or AVX2). Weights come from the checkpoint's own blocks where a GGUF file
 stores them so (the embedded SmolLM2: Q4_1 layers, Q8_0 tied embedding), else from the
-float weights quantised at load. Measured figures: docs/benchmarks.md, "GGUF-block decode
-linears".
+float weights quantised at load.
+
+SmolLM2's linears for one decode step (30 layers of qkv, o, gate_up, down and the 49,152-row
+head), one thread, AVX-512 VNNI Xeon, best of 100, ms (benchmarks/quant_decode.py):
+
+    rows             1      2      4      6      8
+    this kernel    5.17   7.09  11.41  17.13  22.20
+    torch int4     6.79   8.94  12.51  21.40  25.59   (_weight_int4pack_mm_for_cpu, replaced)
+    bf16 packed   11.94  11.94  11.32  12.15  11.22   (oneDNN, AMX)
+    float32       18.74  20.43  41.08  43.82  65.15
+
+Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
+next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,
+"GGUF-block decode linears").
 """
 
 from collections.abc import Mapping
@@ -25,9 +37,12 @@ from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
-# Calls of up to this many rows run the kernel (its instantiations stop at 8); larger calls
-# (prefill chunks, batched decode) run the dense weights, faster there (docs/benchmarks.md).
+# Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
+# the dense weights. One thread, SmolLM2's step of linears (docs/benchmarks.md): float32
+# dense is 2.6-3.6x slower at every row count up to 8, where the kernel's instantiations
+# stop; oneDNN's packed bf16 (AMX) ties with the kernel at 4 rows and wins from 6.
 QUANT_MAX_ROWS = 8
+PACKED_MAX_ROWS = 4
 # The Llama family's fused projections (models/llama.py): their rows are these checkpoint
 # tensors' rows, concatenated in this order.
 _FUSED_PARTS = {
@@ -99,25 +114,26 @@ def concatenate(parts: list[BlockWeight]) -> BlockWeight:
 
 
 class QuantDecodeLinear(nn.Linear):
-    """nn.Linear whose calls of 1 to QUANT_MAX_ROWS rows run the block kernel; others run
-    the dense weight, oneDNN-packed where `packed_weight` is set (bf16)."""
+    """nn.Linear whose calls of 1 to `max_rows` rows run the block kernel; others run the
+    dense weight, oneDNN-packed where `packed_weight` is set (bf16)."""
 
     kernel: ModuleType
     kind: str
+    max_rows: int
     # The kernel's layout (quant_gemv.cpp): block count padded even; Q4_1 q as nibble
     # pairs [out, blocks / 2, 32], Q8_0 q [out, blocks, 32]; d, m [out, blocks].
     quant_q: torch.Tensor
     quant_d: torch.Tensor
-    quant_m: torch.Tensor | None
+    quant_m: torch.Tensor
     packed_weight: torch.Tensor | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and 0 < x.shape[0] <= QUANT_MAX_ROWS:
+        if x.dim() == 2 and 0 < x.shape[0] <= self.max_rows:
             x = x.contiguous()
             if self.kind == "Q4_1":
                 out = self.kernel.q4_1_linear(x, self.quant_q, self.quant_d, self.quant_m)
             else:
-                out = self.kernel.q8_0_linear(x, self.quant_q, self.quant_d)
+                out = self.kernel.q8_0_linear(x, self.quant_q, self.quant_d, self.quant_m)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
             return PackedLinear.forward(self, x)
@@ -136,13 +152,18 @@ def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType)
         m = None if m is None else F.pad(m, (0, 1))
     if weight.kind == "Q4_1":
         q = q[:, 0::2] | (q[:, 1::2] << 4)
+    else:
+        # The VNNI path multiplies q by the activations plus 128 (unsigned): this removes
+        # the 128s (quant_gemv.cpp).
+        m = -128 * d * q.sum(dim=-1, dtype=torch.int32).float()
     packed = getattr(module, "packed_weight", None)
     module.__class__ = QuantDecodeLinear
     module.kernel = kernel
     module.kind = weight.kind
+    module.max_rows = QUANT_MAX_ROWS if packed is None else PACKED_MAX_ROWS
     module.register_buffer("quant_q", q.contiguous(), persistent=False)
     module.register_buffer("quant_d", d.contiguous(), persistent=False)
-    module.register_buffer("quant_m", None if m is None else m.contiguous(), persistent=False)
+    module.register_buffer("quant_m", m.contiguous(), persistent=False)
     module.register_buffer("packed_weight", packed, persistent=False)
 
 
