@@ -38,11 +38,11 @@ from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. One thread, SmolLM2's step of linears (docs/benchmarks.md): float32
-# dense is 2.6-3.6x slower at every row count up to 8, where the kernel's instantiations
-# stop; oneDNN's packed bf16 (AMX) ties with the kernel at 4 rows and wins from 6.
+# the dense weights. One thread, SmolLM2's step of linears (the table above): float32 dense
+# is 2.6-3.6x slower at every row count up to 8, where the kernel's instantiations stop;
+# oneDNN's packed bf16 (AMX) is level with the kernel at 4 rows and faster from there.
 QUANT_MAX_ROWS = 8
-PACKED_MAX_ROWS = 4
+PACKED_MAX_ROWS = 3
 # The Llama family's fused projections (models/llama.py): their rows are these checkpoint
 # tensors' rows, concatenated in this order.
 _FUSED_PARTS = {
