@@ -3,9 +3,11 @@ pack kernel, packed bf16 and float32, at the row counts of decode steps; then th
 batch-1 decode with and without it.
 
 Part 1 times SmolLM2-135M's linear shapes (random weights; the kernel's Q4_1 layers and
-Q8_0 head, torch's `_weight_int4pack_mm_for_cpu` with 32-groups, oneDNN-packed bf16, float32
-F.linear) at 1, 2, 4, 6 and 8 rows, and sums them into one step's linears (30 layers of
-qkv, o, gate_up and down, plus the 49,152-row head). Part 2 runs the embedded model
+Q8_0 head; what `--quantization int4` ran before, torch's `_weight_int4pack_mm_for_cpu`
+with 32-groups for the layers and a bf16 head; oneDNN-packed bf16; float32 F.linear) at 1,
+2, 4, 6 and 8 rows: each shape alone with its weights hot in cache, then one step's linears
+in model order (30 distinct layers of qkv, o, gate_up and down, then the 49,152-row head),
+whose weights stream from memory as in the engine. Part 2 runs the embedded model
 (synchronous steps, no speculation, no prefix cache): batch-1 decode tok/s of 128 tokens
 after a 64-token prompt, as benchmarks/throughput_vs_hf.py measures it. Prints ratios and
 the load average.
@@ -35,7 +37,7 @@ SHAPES = [
 ROWS = (1, 2, 4, 6, 8)
 
 
-def best_ms(fn, x: torch.Tensor, repeats: int) -> float:
+def best_ms(fn, x: torch.Tensor | None, repeats: int) -> float:
     for _ in range(5):
         fn(x)
     times = []
@@ -59,25 +61,30 @@ def linear_methods(in_features: int, out_features: int, head: bool, kernel) -> d
     # torch's form: w = (q - 8) * scale + zero per group, [groups, out, 2] in bf16.
     scales_zeros = torch.stack((q4.d, q4.m + 8 * q4.d), dim=-1).transpose(0, 1).contiguous()
     scales_zeros = scales_zeros.to(torch.bfloat16)
+
+    def dense_bf16(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+    def torch_int4(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4, 32, scales_zeros)
+
     return {
         "gguf": (gguf, torch.bfloat16),
-        "torch int4": (
-            lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4, 32, scales_zeros),
-            torch.bfloat16,
-        ),
-        "bf16": (
-            lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], ""),
-            torch.bfloat16,
-        ),
+        # What `--quantization int4` ran before: torch's int4 for the layers, the head bf16.
+        "torch int4": (dense_bf16 if head else torch_int4, torch.bfloat16),
+        "bf16": (dense_bf16, torch.bfloat16),
         "float32": (lambda x: F.linear(x, weight), torch.float32),
     }
 
 
 def linears(args, kernel) -> None:
+    """Each shape alone, its weights hot in cache; then whole steps over 30 distinct layers
+    and the head, in model order, whose weights stream from memory as in the engine."""
     print(
-        f"per-linear best-of-repeats ms (a shared machine: the minimum is the least disturbed), {args.threads} thread(s), instruction set {kernel.instruction_set()}"
+        f"{args.threads} thread(s), instruction set {kernel.instruction_set()}; best of "
+        "repeats (a shared machine: the minimum is the least disturbed)"
     )
-    step = {rows: {} for rows in ROWS}
+    print("per linear, weights hot in cache, ms:")
     for name, in_features, out_features in SHAPES:
         methods = linear_methods(in_features, out_features, name == "head", kernel)
         for rows in ROWS:
@@ -85,15 +92,30 @@ def linears(args, kernel) -> None:
             for method, (fn, dtype) in methods.items():
                 x = torch.randn(rows, in_features).to(dtype)
                 times[method] = best_ms(fn, x, args.repeats)
-                count = 1 if name == "head" else LAYERS
-                step[rows][method] = step[rows].get(method, 0.0) + count * times[method]
             print(
                 f"  {name:8s} rows {rows}: "
                 + ", ".join(f"{m} {t:.3f}" for m, t in times.items())
                 + f"  (bf16 / gguf {times['bf16'] / times['gguf']:.2f}x)"
             )
-    print("one decode step's linears (30 layers + head), ms:")
-    for rows, times in step.items():
+    layers = [
+        linear_methods(i, o, name == "head", kernel)
+        for _ in range(LAYERS)
+        for name, i, o in SHAPES
+        if name != "head"
+    ]
+    layers.append(linear_methods(HIDDEN, VOCAB, True, kernel))
+    print("one decode step's linears (30 distinct layers + head, weights from memory), ms:")
+    for rows in ROWS:
+        times = {}
+        for method in layers[0]:
+            shapes = [s for s in SHAPES if s[0] != "head"] * LAYERS + [SHAPES[-1]]
+            calls = [
+                (m[method][0], torch.randn(rows, i).to(m[method][1]))
+                for m, (_, i, _) in zip(layers, shapes, strict=True)
+            ]
+            times[method] = best_ms(
+                lambda _, calls=calls: [fn(x) for fn, x in calls], None, args.step_repeats
+            )
         print(
             f"  rows {rows}: "
             + ", ".join(f"{m} {t:.2f}" for m, t in times.items())
@@ -141,6 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--step-repeats", type=int, default=20)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--skip-engine", action="store_true")
     args = parser.parse_args()
