@@ -2,21 +2,24 @@
 layer weights and a Q8_0 output head in quant_gemv.cpp; larger calls keep the dense weights.
 
 A decode step at batch 1 multiplies one row by every weight: it streams the weights and is
-bound by memory traffic. Q4_1 (w = d * q + m per 32 inputs, q in 0..15) reads 0.625 bytes a
-weight and Q8_0 (w = d * q, q int8) 1.25, against bf16's 2; the kernel quantises the
-activations per 32-block to int8 as llama.cpp does, so the dot products are int8 ones
-(AVX-512 VNNI or AVX2). Weights come from the checkpoint's own blocks where a GGUF file
+bound by memory traffic. Q4_1 (w = d * q + m per 32 inputs, q in 0..15) reads 0.625 bytes
+a weight and Q8_0 (w = d * q, q int8) 1.125 with its int16 block sums, against bf16's 2;
+the kernel quantises the activations per 32-block to int8 as llama.cpp does, so the dot
+products are int8 ones (AVX-512 VNNI or AVX2). Weights come from the checkpoint's own blocks where a GGUF file
 stores them so (the embedded SmolLM2: Q4_1 layers, Q8_0 tied embedding), else from the
 float weights quantised at load.
 
-SmolLM2's linears for one decode step (30 layers of qkv, o, gate_up, down and the 49,152-row
-head), one thread, AVX-512 VNNI Xeon, best of 100, ms (benchmarks/quant_decode.py):
+SmolLM2's linears for one decode step (30 distinct layers of qkv, o, gate_up, down and the
+49,152-row head, in model order, weights streaming from memory as in the engine), one
+thread, AVX-512 VNNI Xeon VM under load average 4-5, best of 20, ms
+(benchmarks/quant_decode.py):
 
     rows             1      2      4      6      8
-    this kernel    5.17   7.09  11.41  17.13  22.20
-    torch int4     6.79   8.94  12.51  21.40  25.59   (_weight_int4pack_mm_for_cpu, replaced)
-    bf16 packed   11.94  11.94  11.32  12.15  11.22   (oneDNN, AMX)
-    float32       18.74  20.43  41.08  43.82  65.15
+    this kernel   11.95  12.76  16.63  19.05  27.16
+    torch int4    13.61  15.69  18.15  26.37  28.47   (_weight_int4pack_mm_for_cpu + bf16
+                                                       head: what int4 ran before)
+    bf16 packed   30.44  30.56  28.37  29.47  31.40   (oneDNN, AMX)
+    float32       40.59  46.88  81.45 105.62 141.93
 
 Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
 next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,
@@ -38,11 +41,12 @@ from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. One thread, SmolLM2's step of linears (the table above): float32 dense
-# is 2.6-3.6x slower at every row count up to 8, where the kernel's instantiations stop;
-# oneDNN's packed bf16 (AMX) is level with the kernel at 4 rows and faster from there.
+# the dense weights. A step of linears (the table above): float32 dense is 3.4-5.5x slower
+# at every row count up to 8, where the kernel's instantiations stop; oneDNN's packed bf16
+# (AMX) 1.55x slower at 6 rows and level at 8 (1.16x here, 0.96x in a run before the
+# kernel's last change). A 6-row speculative verify still runs the kernel.
 QUANT_MAX_ROWS = 8
-PACKED_MAX_ROWS = 3
+PACKED_MAX_ROWS = 6
 # The Llama family's fused projections (models/llama.py): their rows are these checkpoint
 # tensors' rows, concatenated in this order.
 _FUSED_PARTS = {
