@@ -1,13 +1,15 @@
 // Decode linears on GGUF blocks: Q4_1 or Q8_0 weights times activations quantised per
 // 32-block to int8 (llama.cpp's q8_1), for calls of a few rows; built by decode_kernel.py.
 //
-// Weight layouts (repacked at load by layers/quant_linear.py), N output rows, B blocks of 32
-// inputs per row, B even (a zero block pads an odd count):
-//   Q4_1: nibbles uint8 [N, B/2, 32], byte j of pair p = q[2p][j] | q[2p+1][j] << 4, so one
-//         32-byte load and two masks give two whole blocks in input order; d, m float [N, B]
-//         (w = d * q + m, q in 0..15).
-//   Q8_0: q int8 [N, B, 32]; d float [N, B] (w = d * q); m float [N, B] = -128 d Σ q, the
-//         correction of the VNNI path, which multiplies q by x + 128 (unsigned).
+// Weight layout (repacked at load by layers/quant_linear.py): one uint8 row per output
+// feature, B blocks of 32 inputs (B even: a zero block pads an odd count), everything a row
+// needs in one stream:
+//   Q4_1 (w = d q + m, q in 0..15), 20 B bytes: B/2 pairs of 32 bytes, byte j of pair p =
+//         q[2p][j] | q[2p+1][j] << 4 (one 32-byte load and two masks give two whole blocks in
+//         input order), then fp16 d[B], then fp16 m[B].
+//   Q8_0 (w = d q, q int8), 36 B bytes: q[B][32], then fp16 d[B], then int16 Σq[B], for the
+//         VNNI path, which multiplies q by x + 128 (unsigned) and takes 128 d Σq back out.
+// The scales are GGUF's fp16: a decode step streams every weight, and bytes are its time.
 // Activations: per row and block, dx = amax / 127, qx = round(x / dx), sx = dx * Σ qx; then
 //   Q4_1: Σ w x ≈ d dx Σ q qx + m sx,   Q8_0: Σ w x ≈ d dx Σ q qx,
 // with the integer sums exact in int32 and the rest in float32.
@@ -25,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if !defined(DEEPWELL_QUANT_SCALAR) && !defined(DEEPWELL_QUANT_AVX2) && \
@@ -41,6 +44,20 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
+constexpr int64_t kQ4_1Bytes = 20;  // a Q4_1 row's bytes per block (16 + 2 + 2)
+constexpr int64_t kQ8_0Bytes = 36;  // a Q8_0 row's bytes per block (32 + 2 + 2)
+
+inline float half_to_float(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, sizeof bits);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+inline int16_t load_int16(const uint8_t* bytes) {
+  int16_t value;
+  std::memcpy(&value, bytes, sizeof value);
+  return value;
+}
 // Rows per call the kernels are instantiated for (register-held accumulators per row).
 constexpr int64_t kMaxRows = 8;
 
@@ -122,15 +139,19 @@ inline __m512 sum_lanes16(const __m512* v) {
 }
 
 // Output rows [begin, end) for R activation rows, 16 output rows at a time. Each row's 16
-// float lanes start at its offset term (Σ m t, 16 blocks a vector: t = sx for Q4_1, dx for
+// float lanes start at its offset term (16 blocks a vector: m sx for Q4_1, -128 d Σq dx for
 // Q8_0) and take each pair of blocks as d dx (lanes 0-7: block 2p, 8-15: 2p+1) times the
 // vpdpbusd sums; the tile's lanes are then summed together and stored as one vector a row.
+// Rows ahead whose bytes are prefetched: the weights stream from memory once a step.
+constexpr int64_t kPrefetchRows = 8;
+
 template <int R, bool kQ4_1>
 void rows_vnni(
-    const uint8_t* weights, const float* wd, const float* wm, const Activations& a,
-    int64_t begin, int64_t end, int64_t out_features, float* out) {
+    const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+    int64_t out_features, float* out) {
   const int64_t blocks = a.blocks, pairs = blocks / 2;
-  const int64_t row_bytes = kQ4_1 ? pairs * kBlock : blocks * kBlock;
+  const int64_t quant_bytes = kQ4_1 ? pairs * kBlock : blocks * kBlock;
+  const int64_t row_bytes = blocks * (kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const float* offset_factor = kQ4_1 ? a.s.data() : a.d.data();
@@ -139,31 +160,43 @@ void rows_vnni(
   for (int64_t first = begin; first < end; first += 16) {
     const int64_t count = std::min<int64_t>(16, end - first);
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t o = first + i;
-      const float* m = wm + o * blocks;
+      const uint8_t* row = weights + (first + i) * row_bytes;
+      for (int64_t line = 0; line < row_bytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * row_bytes + line), _MM_HINT_T0);
+      }
+      const uint8_t* d = row + quant_bytes;  // fp16 [B]
+      const uint8_t* extra = d + 2 * blocks;  // Q4_1: fp16 m [B]; Q8_0: int16 Σq [B]
       __m512 acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t b = 0; b < blocks; b += 16) {
         const __mmask16 valid = blocks - b >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (blocks - b)) - 1);
-        const __m512 mv = _mm512_maskz_loadu_ps(valid, m + b);
+        const __m256i raw = _mm256_maskz_loadu_epi16(valid, extra + 2 * b);
+        __m512 offset;
+        if constexpr (kQ4_1) {
+          offset = _mm512_cvtph_ps(raw);
+        } else {
+          const __m512 sums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(raw));
+          const __m512 scales = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, d + 2 * b));
+          offset = _mm512_mul_ps(_mm512_mul_ps(scales, sums), _mm512_set1_ps(-128.f));
+        }
         for (int r = 0; r < R; ++r) {
-          acc[r] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(valid, offset_factor + r * blocks + b), acc[r]);
+          acc[r] = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(valid, offset_factor + r * blocks + b), acc[r]);
         }
       }
-      const uint8_t* w_row = weights + o * row_bytes;
-      const float* d = wd + o * blocks;
       for (int64_t p = 0; p < pairs; ++p) {
         __m512i w;
         if constexpr (kQ4_1) {
-          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_row + p * kBlock));
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * kBlock));
           w = _mm512_inserti64x4(
               _mm512_castsi256_si512(_mm256_and_si256(packed, low)),
               _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
         } else {
-          w = _mm512_loadu_si512(w_row + 2 * p * kBlock);
+          w = _mm512_loadu_si512(row + 2 * p * kBlock);
         }
+        int32_t two_halves;
+        std::memcpy(&two_halves, d + 4 * p, sizeof two_halves);
         const __m512 scale = _mm512_permutexvar_ps(
-            pick, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d + 2 * p)))));
+            pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two_halves))));
         for (int r = 0; r < R; ++r) {
           const __m512i x = _mm512_loadu_si512(x_bytes + (r * blocks + 2 * p) * kBlock);
           // vpdpbusd takes its first operand unsigned: Q4_1's nibbles, or Q8_0's x + 128.
@@ -182,15 +215,17 @@ void rows_vnni(
     }
   }
 }
-#else
-// Σ a[i] b[i] over n floats: the Q4_1 offset term Σ_b m[b] sx[b] of one output row.
-inline float dot_floats(const float* a, const float* b, int64_t n) {
-  float total = 0.f;
-  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
-  return total;
-}
-#endif
 
+template <int R>
+void q4_1_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  rows_vnni<R, true>(w, a, begin, end, n, out);
+}
+
+template <int R>
+void q8_0_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  rows_vnni<R, false>(w, a, begin, end, n, out);
+}
+#else
 #if defined(QUANT_AVX2)
 inline float sum_lanes(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -207,118 +242,103 @@ inline __m256 dot_u8s8(__m256i u, __m256i s) {
 }
 #endif
 
-#if defined(QUANT_VNNI)
+// One output row (`row`, the layout above) against each of the R activation rows: out[r].
 template <int R>
-void q4_1_rows(
-    const uint8_t* nibbles, const float* d, const float* m, const Activations& a,
-    int64_t begin, int64_t end, int64_t out_features, float* out) {
-  rows_vnni<R, true>(nibbles, d, m, a, begin, end, out_features, out);
-}
-
-template <int R>
-void q8_0_rows(
-    const int8_t* q, const float* d, const float* m, const Activations& a, int64_t begin,
-    int64_t end, int64_t out_features, float* out) {
-  rows_vnni<R, false>(reinterpret_cast<const uint8_t*>(q), d, m, a, begin, end, out_features, out);
-}
-#else
-// One output row's dot with each of the R activation rows, out[r] (Q4_1).
-template <int R>
-inline void q4_1_row(const uint8_t* nibbles, const float* wd, const Activations& a, float* out) {
+inline void q4_1_row(const uint8_t* row, const Activations& a, float* out) {
   const int64_t blocks = a.blocks;
+  const uint8_t* d = row + blocks / 2 * kBlock;
+  const uint8_t* m = d + 2 * blocks;
+  for (int r = 0; r < R; ++r) {
+    out[r] = 0.f;
+    for (int64_t b = 0; b < blocks; ++b) out[r] += half_to_float(m + 2 * b) * a.s[r * blocks + b];
+  }
 #if defined(QUANT_AVX2)
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + p * kBlock));
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * kBlock));
     const __m256i w0 = _mm256_and_si256(packed, low);
     const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    const float d0 = half_to_float(d + 4 * p), d1 = half_to_float(d + 4 * p + 2);
     for (int r = 0; r < R; ++r) {
       const int8_t* x = a.q.data() + (r * blocks + 2 * p) * kBlock;
       const float* dx = a.d.data() + r * blocks + 2 * p;
       const __m256 dot0 = dot_u8s8(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
       const __m256 dot1 = dot_u8s8(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kBlock)));
-      acc[r] = _mm256_fmadd_ps(dot0, _mm256_set1_ps(wd[2 * p] * dx[0]), acc[r]);
-      acc[r] = _mm256_fmadd_ps(dot1, _mm256_set1_ps(wd[2 * p + 1] * dx[1]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(dot0, _mm256_set1_ps(d0 * dx[0]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(dot1, _mm256_set1_ps(d1 * dx[1]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = sum_lanes(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] += sum_lanes(acc[r]);
 #else
-  for (int r = 0; r < R; ++r) out[r] = 0.f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* pair = nibbles + (b / 2) * kBlock;
+    const uint8_t* pair = row + (b / 2) * kBlock;
     const int shift = (b % 2) * 4;
+    const float scale = half_to_float(d + 2 * b);
     for (int r = 0; r < R; ++r) {
       const int8_t* x = a.q.data() + (r * blocks + b) * kBlock;
       int32_t dot = 0;
       for (int64_t j = 0; j < kBlock; ++j) dot += ((pair[j] >> shift) & 0x0F) * x[j];
-      out[r] += wd[b] * a.d[r * blocks + b] * static_cast<float>(dot);
+      out[r] += scale * a.d[r * blocks + b] * static_cast<float>(dot);
     }
   }
 #endif
 }
 
-// One output row's dot with each of the R activation rows, out[r] (Q8_0). The int8 × int8
-// products go through the u8 × s8 instructions as |w| × (x with w's sign).
+// Q8_0 (Σq is not read: these paths multiply signed values directly; AVX2 as
+// |w| × (x with w's sign), since x + 128 would saturate vpmaddubsw).
 template <int R>
-inline void q8_0_row(const int8_t* q, const float* wd, const Activations& a, float* out) {
+inline void q8_0_row(const uint8_t* row, const Activations& a, float* out) {
   const int64_t blocks = a.blocks;
+  const int8_t* q = reinterpret_cast<const int8_t*>(row);
+  const uint8_t* d = row + blocks * kBlock;
 #if defined(QUANT_AVX2)
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
     const __m256i magnitude = _mm256_abs_epi8(w);
+    const float scale = half_to_float(d + 2 * b);
     for (int r = 0; r < R; ++r) {
       const __m256i x = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(a.q.data() + (r * blocks + b) * kBlock));
       const __m256 dot = dot_u8s8(magnitude, _mm256_sign_epi8(x, w));
-      acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(wd[b] * a.d[r * blocks + b]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(scale * a.d[r * blocks + b]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = sum_lanes(acc[r]);
 #else
   for (int r = 0; r < R; ++r) out[r] = 0.f;
   for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = half_to_float(d + 2 * b);
     for (int r = 0; r < R; ++r) {
       const int8_t* x = a.q.data() + (r * blocks + b) * kBlock;
       int32_t dot = 0;
       for (int64_t j = 0; j < kBlock; ++j) dot += q[b * kBlock + j] * x[j];
-      out[r] += wd[b] * a.d[r * blocks + b] * static_cast<float>(dot);
+      out[r] += scale * a.d[r * blocks + b] * static_cast<float>(dot);
     }
   }
 #endif
 }
 
 template <int R>
-void q4_1_rows(
-    const uint8_t* nibbles, const float* d, const float* m, const Activations& a,
-    int64_t begin, int64_t end, int64_t out_features, float* out) {
-  const int64_t blocks = a.blocks;
+void q4_1_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
   float sums[R];
   for (int64_t o = begin; o < end; ++o) {
-    q4_1_row<R>(nibbles + o * blocks / 2 * kBlock, d + o * blocks, a, sums);
-    for (int r = 0; r < R; ++r) {
-      out[r * out_features + o] = sums[r] + dot_floats(m + o * blocks, a.s.data() + r * blocks, blocks);
-    }
+    q4_1_row<R>(w + o * a.blocks * kQ4_1Bytes, a, sums);
+    for (int r = 0; r < R; ++r) out[r * n + o] = sums[r];
   }
 }
 
-// `m` (the VNNI path's correction for its unsigned x + 128) is not read: this path
-// multiplies signed values directly.
 template <int R>
-void q8_0_rows(
-    const int8_t* q, const float* d, const float*, const Activations& a, int64_t begin,
-    int64_t end, int64_t out_features, float* out) {
-  const int64_t blocks = a.blocks;
+void q8_0_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
   float sums[R];
   for (int64_t o = begin; o < end; ++o) {
-    q8_0_row<R>(q + o * blocks * kBlock, d + o * blocks, a, sums);
-    for (int r = 0; r < R; ++r) out[r * out_features + o] = sums[r];
+    q8_0_row<R>(w + o * a.blocks * kQ8_0Bytes, a, sums);
+    for (int r = 0; r < R; ++r) out[r * n + o] = sums[r];
   }
 }
-
 #endif
 
 Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
@@ -360,43 +380,31 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t out_features, RowsFn rows
     default: FN<8>(__VA_ARGS__); break; \
   }
 
-torch::Tensor q4_1_linear(
-    const torch::Tensor& x, const torch::Tensor& nibbles, const torch::Tensor& d,
-    const torch::Tensor& m) {
-  TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.dim() == 3 && nibbles.size(2) == kBlock,
-              "nibbles must be uint8 [out, blocks / 2, 32]");
-  TORCH_CHECK(nibbles.is_contiguous() && d.is_contiguous() && m.is_contiguous(), "weights must be contiguous");
-  const int64_t out_features = nibbles.size(0), blocks = 2 * nibbles.size(1);
-  TORCH_CHECK(d.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat, "d and m must be float32");
-  TORCH_CHECK(d.numel() == out_features * blocks && m.numel() == out_features * blocks, "d and m must be [out, blocks]");
+// x [rows, in] @ W.T for `weights` uint8 [out, blocks * bytes_per_block] in the layout above.
+torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& weights, bool q4_1) {
+  const int64_t bytes_per_block = q4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
+              "weights must be a contiguous uint8 [out, bytes] matrix");
+  TORCH_CHECK(weights.size(1) % (2 * bytes_per_block) == 0, "weight rows must hold an even number of blocks");
+  const int64_t out_features = weights.size(0), blocks = weights.size(1) / bytes_per_block;
   const Activations a = quantize_input(x, blocks);
-  const uint8_t* w = nibbles.data_ptr<uint8_t>();
-  const float* wd = d.data_ptr<float>();
-  const float* wm = m.data_ptr<float>();
+  const uint8_t* w = weights.data_ptr<uint8_t>();
   const int64_t rows = x.size(0);
   return run_rows(x, out_features, [&](int64_t begin, int64_t end, float* out) {
-    DISPATCH_ROWS(rows, q4_1_rows, w, wd, wm, a, begin, end, out_features, out)
+    if (q4_1) {
+      DISPATCH_ROWS(rows, q4_1_rows, w, a, begin, end, out_features, out)
+    } else {
+      DISPATCH_ROWS(rows, q8_0_rows, w, a, begin, end, out_features, out)
+    }
   });
 }
 
-torch::Tensor q8_0_linear(
-    const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d,
-    const torch::Tensor& m) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 3 && q.size(2) == kBlock,
-              "q must be int8 [out, blocks, 32]");
-  TORCH_CHECK(q.size(1) % 2 == 0, "q must have an even number of blocks");
-  TORCH_CHECK(q.is_contiguous() && d.is_contiguous() && m.is_contiguous(), "weights must be contiguous");
-  const int64_t out_features = q.size(0), blocks = q.size(1);
-  TORCH_CHECK(d.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat, "d and m must be float32");
-  TORCH_CHECK(d.numel() == out_features * blocks && m.numel() == out_features * blocks, "d and m must be [out, blocks]");
-  const Activations a = quantize_input(x, blocks);
-  const int8_t* w = q.data_ptr<int8_t>();
-  const float* wd = d.data_ptr<float>();
-  const float* wm = m.data_ptr<float>();
-  const int64_t rows = x.size(0);
-  return run_rows(x, out_features, [&](int64_t begin, int64_t end, float* out) {
-    DISPATCH_ROWS(rows, q8_0_rows, w, wd, wm, a, begin, end, out_features, out)
-  });
+torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& weights) {
+  return block_linear(x, weights, true);
+}
+
+torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights) {
+  return block_linear(x, weights, false);
 }
 
 }  // namespace

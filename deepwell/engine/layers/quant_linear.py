@@ -2,21 +2,24 @@
 layer weights and a Q8_0 output head in quant_gemv.cpp; larger calls keep the dense weights.
 
 A decode step at batch 1 multiplies one row by every weight: it streams the weights and is
-bound by memory traffic. Q4_1 (w = d * q + m per 32 inputs, q in 0..15) reads 0.625 bytes a
-weight and Q8_0 (w = d * q, q int8) 1.25, against bf16's 2; the kernel quantises the
-activations per 32-block to int8 as llama.cpp does, so the dot products are int8 ones
-(AVX-512 VNNI or AVX2). Weights come from the checkpoint's own blocks where a GGUF file
+bound by memory traffic. Q4_1 (w = d * q + m per 32 inputs, q in 0..15) reads 0.625 bytes
+a weight and Q8_0 (w = d * q, q int8) 1.125 with its int16 block sums, against bf16's 2;
+the kernel quantises the activations per 32-block to int8 as llama.cpp does, so the dot
+products are int8 ones (AVX-512 VNNI or AVX2). Weights come from the checkpoint's own blocks where a GGUF file
 stores them so (the embedded SmolLM2: Q4_1 layers, Q8_0 tied embedding), else from the
 float weights quantised at load.
 
-SmolLM2's linears for one decode step (30 layers of qkv, o, gate_up, down and the 49,152-row
-head), one thread, AVX-512 VNNI Xeon, best of 100, ms (benchmarks/quant_decode.py):
+SmolLM2's linears for one decode step (30 distinct layers of qkv, o, gate_up, down and the
+49,152-row head, in model order, weights streaming from memory as in the engine), one
+thread, AVX-512 VNNI Xeon VM under load average 4-5, best of 20, ms
+(benchmarks/quant_decode.py):
 
     rows             1      2      4      6      8
-    this kernel    5.17   7.09  11.41  17.13  22.20
-    torch int4     6.79   8.94  12.51  21.40  25.59   (_weight_int4pack_mm_for_cpu, replaced)
-    bf16 packed   11.94  11.94  11.32  12.15  11.22   (oneDNN, AMX)
-    float32       18.74  20.43  41.08  43.82  65.15
+    this kernel   11.95  12.76  16.63  19.05  27.16
+    torch int4    13.61  15.69  18.15  26.37  28.47   (_weight_int4pack_mm_for_cpu + bf16
+                                                       head: what int4 ran before)
+    bf16 packed   30.44  30.56  28.37  29.47  31.40   (oneDNN, AMX)
+    float32       40.59  46.88  81.45 105.62 141.93
 
 Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
 next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,
@@ -38,11 +41,12 @@ from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. One thread, SmolLM2's step of linears (the table above): float32 dense
-# is 2.6-3.6x slower at every row count up to 8, where the kernel's instantiations stop;
-# oneDNN's packed bf16 (AMX) is level with the kernel at 4 rows and faster from there.
+# the dense weights. A step of linears (the table above): float32 dense is 3.4-5.5x slower
+# at every row count up to 8, where the kernel's instantiations stop; oneDNN's packed bf16
+# (AMX) 1.55x slower at 6 rows and level at 8 (1.16x here, 0.96x in a run before the
+# kernel's last change). A 6-row speculative verify still runs the kernel.
 QUANT_MAX_ROWS = 8
-PACKED_MAX_ROWS = 3
+PACKED_MAX_ROWS = 6
 # The Llama family's fused projections (models/llama.py): their rows are these checkpoint
 # tensors' rows, concatenated in this order.
 _FUSED_PARTS = {
@@ -85,21 +89,26 @@ def blocks_from_gguf(blocks: GGUFBlocks) -> BlockWeight:
     return BlockWeight("Q4_1", torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1), half(0), half(2))
 
 
+def _fp16(values: torch.Tensor) -> torch.Tensor:
+    """Rounded to fp16, as GGUF stores scales (the kernel reads them so)."""
+    return values.half().float()
+
+
 def quantize_q4_1(weight: torch.Tensor) -> BlockWeight:
-    """Each block's min and max to q = 0 and 15 (llama.cpp's Q4_1, with d and m kept in
-    float32 rather than rounded to fp16)."""
+    """Each block's min and max to q = 0 and 15, d and m in fp16 (llama.cpp's Q4_1; q is
+    rounded against the fp16 d and m, so it fits what the kernel reads)."""
     groups = weight.float().view(weight.shape[0], -1, BLOCK)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    d = (high - low) / 15
+    d, m = _fp16((high - low) / 15), _fp16(low)
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = torch.round((groups - low.unsqueeze(-1)) * inverse.unsqueeze(-1)).clamp(0, 15)
-    return BlockWeight("Q4_1", q.to(torch.uint8), d, low)
+    q = torch.round((groups - m.unsqueeze(-1)) * inverse.unsqueeze(-1)).clamp(0, 15)
+    return BlockWeight("Q4_1", q.to(torch.uint8), d, m)
 
 
 def quantize_q8_0(weight: torch.Tensor) -> BlockWeight:
-    """Each block's largest magnitude to ±127 (llama.cpp's Q8_0, d kept in float32)."""
+    """Each block's largest magnitude to ±127, d in fp16 (llama.cpp's Q8_0)."""
     groups = weight.float().view(weight.shape[0], -1, BLOCK)
-    d = groups.abs().amax(dim=-1) / 127
+    d = _fp16(groups.abs().amax(dim=-1) / 127)
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     q = torch.round(groups * inverse.unsqueeze(-1)).clamp(-127, 127)
     return BlockWeight("Q8_0", q.to(torch.int8), d, None)
@@ -120,20 +129,18 @@ class QuantDecodeLinear(nn.Linear):
     kernel: ModuleType
     kind: str
     max_rows: int
-    # The kernel's layout (quant_gemv.cpp): block count padded even; Q4_1 q as nibble
-    # pairs [out, blocks / 2, 32], Q8_0 q [out, blocks, 32]; d, m [out, blocks].
-    quant_q: torch.Tensor
-    quant_d: torch.Tensor
-    quant_m: torch.Tensor
+    # The kernel's layout (quant_gemv.cpp): uint8 [out, bytes], a row's blocks (count padded
+    # even) with their fp16 scales behind them.
+    quant_weight: torch.Tensor
     packed_weight: torch.Tensor | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.max_rows:
             x = x.contiguous()
             if self.kind == "Q4_1":
-                out = self.kernel.q4_1_linear(x, self.quant_q, self.quant_d, self.quant_m)
+                out = self.kernel.q4_1_linear(x, self.quant_weight)
             else:
-                out = self.kernel.q8_0_linear(x, self.quant_q, self.quant_d, self.quant_m)
+                out = self.kernel.q8_0_linear(x, self.quant_weight)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
             return PackedLinear.forward(self, x)
@@ -143,28 +150,34 @@ class QuantDecodeLinear(nn.Linear):
 @torch.no_grad()
 def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType) -> None:
     """Give `module` (nn.Linear or PackedLinear) the block weight, repacked for the kernel;
-    in place."""
+    in place. Its scales must be fp16 values (GGUF's; the quantisers round to them)."""
+    module.register_buffer("quant_weight", kernel_layout(weight), persistent=False)
+    packed = getattr(module, "packed_weight", None)
+    module.__class__ = QuantDecodeLinear
+    module.kernel = kernel
+    module.kind = weight.kind
+    module.max_rows = QUANT_MAX_ROWS if packed is None else PACKED_MAX_ROWS
+    module.register_buffer("packed_weight", packed, persistent=False)
+
+
+def kernel_layout(weight: BlockWeight) -> torch.Tensor:
+    """quant_gemv.cpp's rows: Q4_1 nibble pairs, fp16 d, fp16 m; Q8_0 q, fp16 d, int16 Σq."""
     q, d, m = weight.q, weight.d, weight.m
     if q.shape[1] % 2:
         # A zero block (d = m = 0) pads the count even; the kernel pads activations alike.
         q = F.pad(q, (0, 0, 0, 1))
         d = F.pad(d, (0, 1))
         m = None if m is None else F.pad(m, (0, 1))
+    rows = q.shape[0]
+
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().view(torch.uint8).view(rows, -1)
+
     if weight.kind == "Q4_1":
-        q = q[:, 0::2] | (q[:, 1::2] << 4)
+        parts = [q[:, 0::2] | (q[:, 1::2] << 4), d.half(), m.half()]
     else:
-        # The VNNI path multiplies q by the activations plus 128 (unsigned): this removes
-        # the 128s (quant_gemv.cpp).
-        m = -128 * d * q.sum(dim=-1, dtype=torch.int32).float()
-    packed = getattr(module, "packed_weight", None)
-    module.__class__ = QuantDecodeLinear
-    module.kernel = kernel
-    module.kind = weight.kind
-    module.max_rows = QUANT_MAX_ROWS if packed is None else PACKED_MAX_ROWS
-    module.register_buffer("quant_q", q.contiguous(), persistent=False)
-    module.register_buffer("quant_d", d.contiguous(), persistent=False)
-    module.register_buffer("quant_m", m.contiguous(), persistent=False)
-    module.register_buffer("packed_weight", packed, persistent=False)
+        parts = [q, d.half(), q.sum(dim=-1, dtype=torch.int16)]
+    return torch.cat([as_bytes(p) for p in parts], dim=1)
 
 
 def load_kernel() -> ModuleType:

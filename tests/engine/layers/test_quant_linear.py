@@ -121,6 +121,16 @@ def test_bf16_activations_give_bf16_out_from_float32_sums(kernel):
     torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-3)
 
 
+def test_a_bias_is_added_to_the_kernel_rows(kernel):
+    weight = random_weight("Q4_1", 64, 576, seed=4)
+    plain = module_for(weight, kernel, torch.float32)
+    biased = nn.Linear(576, 64)  # Qwen2's q/k/v carry biases
+    biased.weight.data.copy_(weight.dequantize())
+    to_decode_linear(biased, weight, kernel)
+    x = torch.randn(3, 576)
+    assert torch.equal(biased(x), plain(x) + biased.bias)
+
+
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_calls_above_the_cut_over_run_the_dense_weights(kind):
     kernel = load_quant_kernel().module
