@@ -36,13 +36,16 @@ void paged_decode_rows(
     float scale,
     void* out);
 
-// quant_gemv.cpp's weight layout (layers/quant_linear.py repacks it): Q4_1 nibble pairs
-// [out, blocks / 2, 32] or Q8_0 int8 [out, blocks, 32]; d, m float32 [out, blocks].
+// Bytes of one block of 32 weights in quant_gemv.cpp's rows: Q4_1 16 of nibbles, fp16 d and
+// m; Q8_0 32 of int8, fp16 d, int16 Σq.
+constexpr int64_t kQ4_1BlockBytes = 20;
+constexpr int64_t kQ8_0BlockBytes = 36;
+
+// A weight in quant_gemv.cpp's layout (layers/quant_linear.py repacks it): one uint8 row of
+// `blocks` Q4_1 or Q8_0 blocks per output feature.
 struct BlockLinear {
   bool q4_1;
-  const uint8_t* q;
-  const float* d;
-  const float* m;
+  const uint8_t* weights;
   int64_t out_features;
   int64_t blocks;
 };

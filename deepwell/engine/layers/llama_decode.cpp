@@ -15,7 +15,8 @@
 
 #include <cmath>
 #include <optional>
-#include <tuple>
+#include <string>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -24,13 +25,13 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-using Weight = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 // block_linear's row limit: steps of more rows run the model's torch path.
 constexpr int64_t kMaxRows = 8;
+using Weight = std::pair<std::string, at::Tensor>;
 
 struct Linear {
-  // Kept alive here: `view` points into them.
-  at::Tensor q, d, m, bias;
+  // Kept alive here: `view` points into it.
+  at::Tensor weights, bias;
   deepwell::BlockLinear view;
 };
 
@@ -39,29 +40,25 @@ struct Layer {
   Linear qkv, o, gate_up, down;
 };
 
-// A quant_linear.py weight (its quant_q, quant_d, quant_m): Q4_1 when q is uint8 nibble
-// pairs, Q8_0 when it is int8.
-Linear make_linear(const Weight& weight, int64_t in_features, int64_t out_features,
-                   const std::optional<at::Tensor>& bias) {
-  const auto& [q, d, m] = weight;
-  const bool q4_1 = q.scalar_type() == at::kByte;
-  TORCH_CHECK(q4_1 || q.scalar_type() == at::kChar, "a linear's q must be uint8 or int8");
-  TORCH_CHECK(q.is_contiguous() && d.is_contiguous() && m.is_contiguous() && q.dim() == 3,
-              "a linear's q, d, m must be contiguous, q [out, blocks, 32]");
-  const int64_t blocks = q4_1 ? 2 * q.size(1) : q.size(1);
-  TORCH_CHECK(q.size(0) == out_features && blocks == in_features / 32 + (in_features / 32) % 2,
-              "a linear's blocks do not match its shape [", out_features, ", ", in_features, "]");
-  TORCH_CHECK(d.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat &&
-                  d.numel() == out_features * blocks && m.numel() == out_features * blocks,
-              "a linear's d and m must be float32 [out, blocks]");
-  Linear linear{q, d, m, at::Tensor(), {}};
+// A quant_linear.py weight (its quant_weight, in quant_gemv.cpp's layout) of `kind` "Q4_1"
+// or "Q8_0", and its float32 bias if it has one.
+Linear make_linear(const std::string& kind, const at::Tensor& weights, int64_t in_features,
+                   int64_t out_features, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(kind == "Q4_1" || kind == "Q8_0", "a linear's kind must be Q4_1 or Q8_0");
+  const bool q4_1 = kind == "Q4_1";
+  const int64_t blocks = in_features / 32 + (in_features / 32) % 2;
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous() &&
+                  weights.size(0) == out_features &&
+                  weights.size(1) == blocks * (q4_1 ? deepwell::kQ4_1BlockBytes : deepwell::kQ8_0BlockBytes),
+              "a linear's weights must be contiguous uint8 rows of its blocks, [", out_features,
+              ", ", in_features, "] in ", kind);
+  Linear linear{weights, at::Tensor(), {}};
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features,
                 "a bias must be float32 [out]");
     linear.bias = bias->contiguous();
   }
-  linear.view = deepwell::BlockLinear{q4_1, static_cast<const uint8_t*>(q.data_ptr()), d.data_ptr<float>(),
-                                      m.data_ptr<float>(), out_features, blocks};
+  linear.view = deepwell::BlockLinear{q4_1, weights.data_ptr<uint8_t>(), out_features, blocks};
   return linear;
 }
 
@@ -114,6 +111,7 @@ class LlamaDecoder {
     out16_.assign(kMaxRows * heads * head_dim, at::BFloat16(0.f));
   }
 
+  // Linears as (kind, quant_weight) pairs.
   void add_layer(const at::Tensor& input_norm, const at::Tensor& post_norm, const Weight& qkv,
                  const std::optional<at::Tensor>& qkv_bias, const Weight& o,
                  const Weight& gate_up, const Weight& down) {
@@ -121,10 +119,10 @@ class LlamaDecoder {
     layers_.push_back(Layer{
         float_vector(input_norm, hidden_, "an input norm"),
         float_vector(post_norm, hidden_, "a post-attention norm"),
-        make_linear(qkv, hidden_, q_size + 2 * kv_heads_ * head_dim_, qkv_bias),
-        make_linear(o, q_size, hidden_, std::nullopt),
-        make_linear(gate_up, hidden_, 2 * intermediate_, std::nullopt),
-        make_linear(down, intermediate_, hidden_, std::nullopt),
+        make_linear(qkv.first, qkv.second, hidden_, q_size + 2 * kv_heads_ * head_dim_, qkv_bias),
+        make_linear(o.first, o.second, q_size, hidden_, std::nullopt),
+        make_linear(gate_up.first, gate_up.second, hidden_, 2 * intermediate_, std::nullopt),
+        make_linear(down.first, down.second, intermediate_, hidden_, std::nullopt),
     });
   }
 

@@ -44,8 +44,8 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kQ4_1Bytes = 20;  // a Q4_1 row's bytes per block (16 + 2 + 2)
-constexpr int64_t kQ8_0Bytes = 36;  // a Q8_0 row's bytes per block (32 + 2 + 2)
+constexpr int64_t kQ4_1Bytes = deepwell::kQ4_1BlockBytes;  // 16 + 2 + 2
+constexpr int64_t kQ8_0Bytes = deepwell::kQ8_0BlockBytes;  // 32 + 2 + 2
 
 inline float half_to_float(const uint8_t* bytes) {
   uint16_t bits;
@@ -418,10 +418,9 @@ void deepwell::block_linear(
   const int64_t out_features = w.out_features;
   at::parallel_for(0, out_features, kGrain, [&](int64_t begin, int64_t end) {
     if (w.q4_1) {
-      DISPATCH_ROWS(rows, q4_1_rows, w.q, w.d, w.m, a, begin, end, out_features, out)
+      DISPATCH_ROWS(rows, q4_1_rows, w.weights, a, begin, end, out_features, out)
     } else {
-      const int8_t* q = reinterpret_cast<const int8_t*>(w.q);
-      DISPATCH_ROWS(rows, q8_0_rows, q, w.d, w.m, a, begin, end, out_features, out)
+      DISPATCH_ROWS(rows, q8_0_rows, w.weights, a, begin, end, out_features, out)
     }
   });
 }

@@ -135,5 +135,5 @@ def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDe
     return NativeDecode(decoder, min([kernel.max_rows, *(m.max_rows for m in linears)]))
 
 
-def _blocks(linear: QuantDecodeLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return linear.quant_q, linear.quant_d, linear.quant_m
+def _blocks(linear: QuantDecodeLinear) -> tuple[str, torch.Tensor]:
+    return linear.kind, linear.quant_weight
