@@ -10,10 +10,11 @@ import logging
 import pytest
 import torch
 
-from deepwell.engine import LLM, SamplingParams
+from deepwell.engine import LLM, EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
 
 from ..tiny_llama import run_to_completion
+from .tiny_qwen import write_tiny_qwen
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -221,3 +222,17 @@ def test_tiny_bf16_steps_store_bf16_caches_and_match_the_torch_path(make_core):
     # hidden values of ~1-3. Caches read or written in the wrong dtype give garbage.
     assert set(checked.step_rows) == {4}
     assert max(checked.differences) < 0.3
+
+
+def test_tiny_qwen2_adds_its_qkv_bias_and_qwen3_runs_the_torch_path(tmp_path, caplog):
+    qwen2 = write_tiny_qwen(tmp_path / "qwen2", "Qwen2ForCausalLM", seed=3)
+    qwen3 = write_tiny_qwen(tmp_path / "qwen3", "Qwen3ForCausalLM", seed=3)
+    args = {"dtype": "float32", "quantization": "int4", "attention_backend": "cpp"}
+    core = EngineCore(EngineArgs(model=str(qwen2), memory_gib=0.25, **args))
+    checked = check_native_steps(core.runner.model)
+    generate(core, PROMPTS[:3], 8)
+    assert tight(checked)
+    with caplog.at_level(logging.INFO, logger="deepwell.engine.models.llama_native"):
+        core = EngineCore(EngineArgs(model=str(qwen3), memory_gib=0.25, **args))
+    assert core.runner.model.native_decode is None
+    assert "per-head q/k norm (Qwen3)" in caplog.text
