@@ -169,6 +169,24 @@ def test_tiny_prefix_hits_decode_natively(make_core):
     assert native.stats().prefix_hit_tokens == 64 and tight(checked)
 
 
+def test_tiny_speculative_verify_rows_of_a_batch_decode_natively(make_core):
+    # Two requests with drafts: the runner lays their verify rows out as decode rows (one
+    # per drafted position, sharing their sequence's blocks), up to 2 x 4 rows a step.
+    native, checked = tiny(make_core, "auto", num_speculative_tokens=3)
+    verify_steps = []
+    takes = checked.takes
+
+    def counting_takes(input_ids, meta) -> bool:
+        taken = takes(input_ids, meta)
+        if taken and input_ids.shape[0] > len(meta.sequences):
+            verify_steps.append(input_ids.shape[0])
+        return taken
+
+    checked.takes = counting_takes
+    generate(native, [[5, 6, 7, 8] * 10, [9, 10, 11] * 12], 40)
+    assert verify_steps and tight(checked)
+
+
 def test_steps_above_the_row_limit_and_prefills_run_the_torch_path(make_core):
     native, checked = tiny(make_core, "auto", max_num_seqs=12)
     prompts = [[(11 * r + 3 * i) % 300 + 3 for i in range(12 + r)] for r in range(12)]
