@@ -16,8 +16,8 @@
 #include <cmath>
 #include <optional>
 #include <string>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernel_parts.h"
@@ -174,7 +174,7 @@ class LlamaDecoder {
     deepwell::check_block_lists(block_ids.data_ptr<int64_t>(), block_ids.numel(),
                                 block_starts.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
                                 rows, num_blocks, block_size);
-    if (dtype == at::kBFloat16) {
+    if (embedding_.scalar_type() == at::kBFloat16) {
       embed<at::BFloat16>(id, rows);
     } else {
       embed<float>(id, rows);
