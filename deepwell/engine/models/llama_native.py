@@ -63,10 +63,10 @@ class NativeDecode:
 
 
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
-    """The native step for `model` where `choice` ("auto" / "off", --native-decode) and the
-    model allow it, else None; the start-up log says which path decodes and why."""
+    """The native step for `model` where `choice` (EngineArgs.native_decode: "auto" / "off")
+    and the model allow it, else None; the start-up log says which path decodes and why."""
     if choice == "off":
-        logger.info("decode step: torch path (--native-decode off)")
+        logger.info("decode step: torch path (native_decode off)")
         return None
     reason = _unsupported(model)
     if reason is None:
