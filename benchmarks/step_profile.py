@@ -28,7 +28,9 @@ from deepwell.engine.layers.attention import AttentionBackend
 WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
 LINEAR_OPS = {"aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear"}
 FORWARD_PARTS = ("linears", "attention", "glue", "python")
-PHASES = ("schedule", "prepare", "forward", "logits", "sample", "commit")
+# `run` is the runner's whole forward call (the model's forward, its logits, and the
+# runner's own work around them).
+PHASES = ("schedule", "prepare", "run", "forward", "logits", "sample", "commit")
 
 
 def load_w() -> list[dict]:
@@ -46,6 +48,7 @@ class PhaseTimer:
         runner, pipeline = core.runner, core.pipeline
         self._wrap(core.scheduler, "schedule", "schedule")
         self._wrap(runner, "prepare", "prepare")
+        self._wrap(runner, "forward", "run")
         self._wrap(runner.model, "forward", "forward")
         self._wrap(runner.model, "compute_logits", "logits")
         self._wrap(runner, "sample", "sample")
@@ -132,7 +135,14 @@ def measure(core: EngineCore, timer: PhaseTimer, steps: int, label: str) -> None
     print(f"{label}: median step {step_ms:.2f} ms (load average {os.getloadavg()[0]:.2f})")
     print("  phases (median ms): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()))
     outside = step_ms - forward_ms - phases.get("logits", 0)
-    print(f"  engine work outside the forward and logits: {outside:.2f} ms")
+    named = sum(
+        phases[p] for p in ("schedule", "prepare", "run", "sample", "commit") if p in phases
+    )
+    print(
+        f"  engine work outside the forward and logits: {outside:.2f} ms "
+        f"(runner around the forward {phases['run'] - forward_ms - phases.get('logits', 0):.2f}, "
+        f"step loop between phases {step_ms - named:.2f})"
+    )
     traced_total = sum(split[part] for part in FORWARD_PARTS)
     for part in FORWARD_PARTS:
         share = split[part] / traced_total if traced_total else 0.0
