@@ -10,6 +10,9 @@ torch.profiler trace (CPU, self time per op): matmuls are linears, everything un
 attention backend's `forward` is attention, the remaining ops are glue.
 
     .venv/bin/python benchmarks/step_profile.py [--dtype bfloat16] [--steps 30]
+
+`--no-trace` skips the torch.profiler trace, for running under py-spy, whose samples
+benchmarks/pyspy_split.py splits the same way without the profiler's overhead.
 """
 
 import argparse
@@ -117,7 +120,7 @@ def split_trace(prof) -> dict[str, float]:
     return totals
 
 
-def measure(core: EngineCore, timer: PhaseTimer, steps: int, label: str) -> None:
+def measure(core: EngineCore, timer: PhaseTimer, steps: int, label: str, trace: bool) -> None:
     timer.reset()
     walls = []
     for _ in range(steps):
@@ -126,6 +129,9 @@ def measure(core: EngineCore, timer: PhaseTimer, steps: int, label: str) -> None
         walls.append(time.perf_counter() - start)
     step_ms = statistics.median(walls) * 1e3
     phases = {p: statistics.median(timer.seconds[p]) * 1e3 for p in PHASES if timer.seconds[p]}
+    if not trace:
+        print(f"{label}: median step {step_ms:.2f} ms (load average {os.getloadavg()[0]:.2f})")
+        return
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(min(steps, 10)):
             core.step()
@@ -161,6 +167,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", choices=("1", "64", "both"), default="both")
+    parser.add_argument("--no-trace", dest="trace", action="store_false")
     args = parser.parse_args()
     core = EngineCore(
         EngineArgs(
@@ -180,7 +187,7 @@ def main() -> None:
         core.add_request("b1", prompt, SamplingParams(max_tokens=2 * args.steps + 40, **greedy))
         for _ in range(5):
             core.step()
-        measure(core, timer, args.steps, f"batch-1 decode, {args.dtype}")
+        measure(core, timer, args.steps, f"batch-1 decode, {args.dtype}", args.trace)
         core.abort("b1")
         core.step()
     if args.batch in ("64", "both"):
@@ -190,7 +197,7 @@ def main() -> None:
         started: set[str] = set()
         while len(started) < len(workload):
             started |= {out.request_id for out in core.step() if out.new_token_ids}
-        measure(core, timer, args.steps, f"W decode step (64 running), {args.dtype}")
+        measure(core, timer, args.steps, f"W decode step (64 running), {args.dtype}", args.trace)
 
 
 if __name__ == "__main__":
