@@ -2,7 +2,8 @@
 engine's own phases (the split of benchmarks/step_profile.py, without a tracer's overhead).
 
 py-spy (not a project dependency: install it in a scratch venv) samples a plain run; each
-sample inside `EngineCore.step` is charged to what its innermost deepwell frame runs:
+sample of a timed decode step (`EngineCore.step` under step_profile's `measure`, so not
+the prefill before it) is charged to what its innermost deepwell frame runs:
 
     py-spy record -r 1000 --format raw -o b1.txt -- \\
         .venv/bin/python benchmarks/step_profile.py --batch 1 --steps 400 --no-trace
@@ -56,10 +57,10 @@ def main() -> None:
         for line in lines:
             stack, count = line.rsplit(" ", 1)
             frames = stack.split(";")
-            if in_stack(frames, "EngineCore.step"):
+            if in_stack(frames, "measure") and in_stack(frames, "EngineCore.step"):
                 parts[part_of(frames)] += int(count)
     total = sum(parts.values())
-    print(f"{total} samples in EngineCore.step")
+    print(f"{total} samples in timed decode steps")
     for part, count in sorted(parts.items()):
         print(f"  {part:66s} {count / total:6.1%}")
 
