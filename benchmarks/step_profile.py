@@ -120,18 +120,19 @@ def split_trace(prof) -> dict[str, float]:
     return totals
 
 
-def measure(core: EngineCore, timer: PhaseTimer, steps: int, label: str, trace: bool) -> None:
-    timer.reset()
+def measure(core: EngineCore, timer: PhaseTimer | None, steps: int, label: str) -> None:
+    if timer is not None:
+        timer.reset()
     walls = []
     for _ in range(steps):
         start = time.perf_counter()
         core.step()
         walls.append(time.perf_counter() - start)
     step_ms = statistics.median(walls) * 1e3
-    phases = {p: statistics.median(timer.seconds[p]) * 1e3 for p in PHASES if timer.seconds[p]}
-    if not trace:
+    if timer is None:
         print(f"{label}: median step {step_ms:.2f} ms (load average {os.getloadavg()[0]:.2f})")
         return
+    phases = {p: statistics.median(timer.seconds[p]) * 1e3 for p in PHASES if timer.seconds[p]}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(min(steps, 10)):
             core.step()
@@ -178,8 +179,12 @@ def main() -> None:
             num_threads=1,
         )
     )
-    timer = PhaseTimer(core)
-    wrap_attention(core)
+    # Under py-spy (--no-trace) the engine runs unwrapped: the wrappers' own calls would
+    # count as step-loop work.
+    timer = None
+    if args.trace:
+        timer = PhaseTimer(core)
+        wrap_attention(core)
     workload = load_w()
     greedy = {"temperature": 0, "ignore_eos": True}
     if args.batch in ("1", "both"):
@@ -187,7 +192,7 @@ def main() -> None:
         core.add_request("b1", prompt, SamplingParams(max_tokens=2 * args.steps + 40, **greedy))
         for _ in range(5):
             core.step()
-        measure(core, timer, args.steps, f"batch-1 decode, {args.dtype}", args.trace)
+        measure(core, timer, args.steps, f"batch-1 decode, {args.dtype}")
         core.abort("b1")
         core.step()
     if args.batch in ("64", "both"):
@@ -197,7 +202,7 @@ def main() -> None:
         started: set[str] = set()
         while len(started) < len(workload):
             started |= {out.request_id for out in core.step() if out.new_token_ids}
-        measure(core, timer, args.steps, f"W decode step (64 running), {args.dtype}", args.trace)
+        measure(core, timer, args.steps, f"W decode step (64 running), {args.dtype}")
 
 
 if __name__ == "__main__":
