@@ -148,8 +148,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "--quantization",
         choices=defaults.QUANTIZATIONS,
         default=defaults.QUANTIZATION,
-        help="int4: linear calls of up to 6 rows (small decode steps) use 4-bit weights in "
-        "groups of 32, GGUF Q4_1's format (bf16 only; faster batch-1 decode) "
+        help="int4: linear calls of a few rows (small decode steps: up to 6 in bf16, 8 in "
+        "float32) multiply GGUF blocks "
+        "with int8 activations, Q4_1 for the layers and Q8_0 for the output head (a GGUF "
+        "checkpoint's own blocks, else quantised at load; faster batch-1 decode) "
         f"(default: {defaults.QUANTIZATION})",
     )
     groups.engine.add_argument(

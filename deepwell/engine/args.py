@@ -46,8 +46,8 @@ class EngineArgs:
     # "auto" computes in bf16 where the CPU has it natively, else float32 (cpu_dtype.py);
     # fp16 matmuls are unusably slow on CPUs; float32 is for exact comparisons.
     dtype: str = defaults.DTYPE
-    # "int4": linear calls of a few rows (decode) use 4-bit weights in groups of 32 (bf16
-    # only, layers/int4_linear.py); "none" keeps every linear in the compute dtype.
+    # "int4": linear calls of a few rows (decode) use GGUF blocks: Q4_1 layers and a Q8_0
+    # output head (layers/quant_linear.py); "none" keeps every linear in the compute dtype.
     quantization: str = defaults.QUANTIZATION
     # Decode attention: "cpp" (the fused C++ kernel, an error where it cannot be built),
     # "torch" or "auto" (the kernel where it builds). Batch-invariant mode runs its own
@@ -139,12 +139,10 @@ class EngineArgs:
                 f"attention_backend must be one of {list(defaults.ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
-        if self.quantization == "int4" and (
-            self.dtype_choice.dtype == "float32" or self.batch_invariant
-        ):
-            # Its kernel takes bf16 activations, and a row's bits would change with the
-            # call's row count (int4 below a few rows, bf16 above).
-            raise ValueError("int4 quantization needs dtype bfloat16 and no batch invariance")
+        if self.quantization == "int4" and self.batch_invariant:
+            # A row's bits would change with the call's row count (4-bit blocks below a
+            # few rows, the dense weights above).
+            raise ValueError("int4 quantization cannot run batch-invariant")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -28,8 +28,8 @@ from deepwell.engine.layers.batch_invariant import (
     tile_linears,
 )
 from deepwell.engine.layers.cpp_paged import paged_backend_class
-from deepwell.engine.layers.int4_linear import quantize_linears
 from deepwell.engine.layers.packed_linear import pack_linears
+from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
@@ -106,11 +106,11 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     )
     model.load_weights(checkpoint.tensors)
     pack_linears(model)
-    # The output head stays bf16: it sets the logits directly, and GGUF files keep it
-    # above 4 bits (Q8_0, Q6_K) where the layers are Q4.
+    # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
+    # directly, and GGUF files keep it above 4 bits too.
     head = getattr(model, "lm_head", None)
-    if args.quantization == "int4" and not quantize_linears(model, keep=(head,)):
-        raise ValueError("int4 quantization needs bf16 linears packed by oneDNN on this CPU")
+    if args.quantization == "int4" and not quantize_linears(model, head, checkpoint.blocks):
+        raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
     model.eval()

@@ -1,7 +1,8 @@
-"""Builds and loads the C++ paged-attention decode kernel (paged_decode.cpp): compiled once
-per machine into the torch extensions cache on first use, loaded from there after.
+"""Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention; quant_gemv.cpp:
+GGUF-block linears): compiled once per machine into the torch extensions cache on first use,
+loaded from there after.
 
-Nothing here runs at import: only an engine that decodes asks for the kernel, so commands
+Nothing here runs at import: only an engine that decodes asks for a kernel, so commands
 that never decode never compile. The build uses the local C++ compiler and ninja only; it
 downloads nothing.
 """
@@ -24,8 +25,16 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
+QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
 BUILD_SECONDS = 60
+# quant_gemv.cpp's instruction-set paths: "native" takes the best this CPU has; the others
+# force a lower one (the tests build each to keep them all checked).
+QUANT_PATH_DEFINES = {
+    "native": [],
+    "avx2": ["-DDEEPWELL_QUANT_AVX2"],
+    "scalar": ["-DDEEPWELL_QUANT_SCALAR"],
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ def _vector_flags() -> tuple[str, list[str]]:
     return capability, flags
 
 
-def _build_key(flags: list[str]) -> str:
+def _build_key(source: Path, flags: list[str]) -> str:
     """A digest of the source, the flags, torch's version and the CPU's model and features:
     a build made with -march=native for one CPU must not load on another sharing the same
     home directory, and a changed source is a new build (announced as one)."""
@@ -61,7 +70,7 @@ def _build_key(flags: list[str]) -> str:
         lines = [platform.processor()]
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
-    parts = [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), *described]
+    parts = [source.read_text(), *flags, torch.__version__, platform.machine(), *described]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -98,26 +107,36 @@ def _missing_tool() -> str | None:
 
 @functools.cache
 def load_decode_kernel() -> DecodeKernel:
-    """The kernel, built on the first call in a process if the cache lacks it."""
+    """The attention kernel, built on the first call in a process if the cache lacks it."""
+    return _load(SOURCE, "decode attention kernel", [])
+
+
+@functools.cache
+def load_quant_kernel(path: str = "native") -> DecodeKernel:
+    """The GGUF-block linears (quant_gemv.cpp) on the instruction-set `path`
+    (QUANT_PATH_DEFINES), built on the first call in a process if the cache lacks it."""
+    return _load(QUANT_SOURCE, f"quantised linear kernel ({path})", QUANT_PATH_DEFINES[path])
+
+
+def _load(source: Path, what: str, defines: list[str]) -> DecodeKernel:
     missing = _missing_tool()
     if missing is not None:
         return DecodeKernel(None, missing)
     from torch.utils.cpp_extension import load
 
     capability, flags = _vector_flags()
-    name = f"deepwell_paged_decode_{capability.lower()}_{_build_key(flags)}"
+    flags = flags + defines
+    name = f"deepwell_{source.stem}_{capability.lower()}_{_build_key(source, flags)}"
     directory = _build_directory(name)
     if not any(directory.glob(f"{name}*.so")):
         logger.warning(
-            "compiling the decode attention kernel, once, ~%d s (cached in %s)",
-            BUILD_SECONDS,
-            directory,
+            "compiling the %s, once, ~%d s (cached in %s)", what, BUILD_SECONDS, directory
         )
     started = time.monotonic()
     try:
         module = load(
             name,
-            [str(SOURCE)],
+            [str(source)],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),

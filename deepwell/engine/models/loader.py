@@ -1,7 +1,9 @@
 """Checkpoint loaders: a GGUF file, or a directory with config.json + safetensors.
 
 All produce a Checkpoint with HF tensor names and an HF-style config dict; GGUF tensors
-are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone. A DeepSeek-V4.1
+are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone. A GGUF
+file's Q4_1 and Q8_0 tensors also keep their blocks as stored (rows permuted the same way),
+which the quantised decode linears use as they are (layers/quant_linear.py). A DeepSeek-V4.1
 directory goes to its own loader (deepseek_v41/checkpoint.py), under the released names.
 """
 
@@ -9,7 +11,7 @@ import importlib.util
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,19 @@ _GGUF_TENSOR_NAMES = [
 ]
 
 
+# The GGUF block formats the quantised decode linears read (layers/quant_gemv.cpp).
+KEPT_BLOCK_FORMATS = ("Q4_1", "Q8_0")
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A tensor's GGUF blocks as stored: `data` uint8 [rows, bytes per row], each row the
+    blocks of 32 inputs of one output feature, in the format `kind` ("Q4_1" or "Q8_0")."""
+
+    kind: str
+    data: torch.Tensor
+
+
 @dataclass
 class Checkpoint:
     path: Path
@@ -66,6 +81,8 @@ class Checkpoint:
     tokenizer: Tokenizer | None
     # Jinja chat template shipped with the weights, if any (rendering is not the engine's job).
     chat_template: str | None = None
+    # HF tensor name → its stored blocks, for the GGUF tensors in KEPT_BLOCK_FORMATS.
+    blocks: dict[str, GGUFBlocks] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -126,17 +143,28 @@ def load_gguf(path: Path) -> Checkpoint:
     config["eos_token_id"] = field("tokenizer.ggml.eos_token_id")
     config["bos_token_id"] = field("tokenizer.ggml.bos_token_id")
 
-    tensors = {}
+    tensors, blocks = {}, {}
     for tensor in reader.tensors:
         name = _hf_tensor_name(path, tensor.name)
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         weight = torch.from_numpy(np.array(values, dtype=np.float32))
+        kind = tensor.tensor_type.name
+        stored = None
+        if kind in KEPT_BLOCK_FORMATS and tensor.data.ndim == 2:
+            stored = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
         # Only llama.cpp's Llama converter permutes; Qwen files rotate halves as HF does.
+        # A row is whole blocks, so the stored blocks permute exactly as the values do.
+        heads = None
         if arch == "llama" and name.endswith("q_proj.weight"):
-            weight = _undo_rotary_permutation(weight, config["num_attention_heads"])
+            heads = config["num_attention_heads"]
         elif arch == "llama" and name.endswith("k_proj.weight"):
-            weight = _undo_rotary_permutation(weight, config["num_key_value_heads"])
+            heads = config["num_key_value_heads"]
+        if heads is not None:
+            weight = _undo_rotary_permutation(weight, heads)
+            stored = None if stored is None else _undo_rotary_permutation(stored, heads)
         tensors[name] = weight
+        if stored is not None:
+            blocks[name] = GGUFBlocks(kind, stored)
     # No output.weight means the LM head shares the embedding matrix.
     config["tie_word_embeddings"] = "lm_head.weight" not in tensors
     tokenizer = build_tokenizer(
@@ -153,6 +181,7 @@ def load_gguf(path: Path) -> Checkpoint:
         tensors,
         tokenizer,
         field("tokenizer.chat_template"),
+        blocks,
     )
 
 
