@@ -37,9 +37,7 @@ class Sampler:
             for row, request in enumerate(requests):
                 if request.params.adjusts_logits:
                     adjust_logits(logits[row], request)
-        # max's indices are argmax's (the first of tied maxima), 3.5x faster on CPU:
-        # 2.3 against 8.1 ms for 64 rows of SmolLM2's 49,152 logits, one thread.
-        tokens = logits.max(dim=-1).indices
+        tokens = first_argmax(logits)
         sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
         if sampled_rows:
             rows = torch.tensor(sampled_rows)
@@ -55,6 +53,41 @@ class Sampler:
             for row, r in enumerate(requests)
         ]
         return token_ids, logprobs
+
+
+# first_argmax's block: rows of logits are scanned for their maximum a block at a time.
+_ARGMAX_BLOCK = 1024
+# Below this many rows one `max` beats the blocked search's dozen small ops: with the
+# caches cold after the lm_head, as in a step, 75 against 169 µs for one row of SmolLM2's
+# logits, about even at 8 rows.
+_ARGMAX_BLOCKED_MIN_ROWS = 8
+
+
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Per row, the index of the first of its tied maxima (argmax's answer), by blocks.
+
+    On CPU `max(dim)` with indices runs ~4x slower than `amax` (2.1 against 0.5 ms for 64
+    rows of SmolLM2's 49,152 logits, one thread; argmax is slower still): so the row maxima
+    are found per block with amax, the first block holding the row's maximum picked, and
+    only that block searched with indices. Earlier tied maxima would lie in an earlier
+    block, or earlier in the same one, so the answer is the first of the tied maxima.
+    """
+    rows, vocab = logits.shape
+    if rows < _ARGMAX_BLOCKED_MIN_ROWS:
+        # max's indices are argmax's (the first of tied maxima), 3.5x faster on CPU.
+        return logits.max(dim=-1).indices
+    full = vocab // _ARGMAX_BLOCK * _ARGMAX_BLOCK
+    maxima = logits[:, :full].view(rows, -1, _ARGMAX_BLOCK).amax(dim=-1)
+    if full < vocab:
+        maxima = torch.cat((maxima, logits[:, full:].amax(dim=-1, keepdim=True)), dim=1)
+    block = maxima.max(dim=-1).indices
+    # The last block may be short: its columns past the vocabulary repeat the last one,
+    # after its first appearance, so they never win a tie.
+    columns = (block.unsqueeze(1) * _ARGMAX_BLOCK + torch.arange(_ARGMAX_BLOCK)).clamp_(
+        max=vocab - 1
+    )
+    within = logits.gather(1, columns).max(dim=-1, keepdim=True).indices
+    return columns.gather(1, within).squeeze(1)
 
 
 def splitmix64(x: int) -> int:

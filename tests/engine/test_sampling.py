@@ -8,7 +8,7 @@ import torch
 from deepwell.engine import SamplingParams
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler
+from deepwell.engine.sampling import Sampler, first_argmax
 
 from .tiny_llama import run_to_completion
 
@@ -42,6 +42,20 @@ def test_greedy_takes_the_first_of_tied_maxima_in_a_wide_batch():
     tokens, _ = Sampler()(rows.clone(), [request(temperature=0) for _ in range(64)])
     assert tokens == rows.argmax(dim=-1).tolist()
     assert tokens[3] == 0 and tokens[5] == 0
+
+
+@pytest.mark.parametrize("num_rows", [5, 16], ids=["one-max", "blocked"])
+@pytest.mark.parametrize("vocab", [3, 1024, 1025, 3000, 49152, 151936])
+def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(vocab, num_rows):
+    gen = torch.Generator().manual_seed(vocab)
+    rows = torch.round(torch.randn(num_rows, vocab, generator=gen) * 2) / 2
+    top = rows.max() + 1
+    rows[1, -1] = top  # the maximum in the last, maybe short, block
+    rows[2, vocab // 2 :] = top  # tied maxima over several blocks: the first one wins
+    rows[3] = float("-inf")
+    rows[4, 0] = rows[4, vocab - 1] = top
+    assert first_argmax(rows).tolist() == rows.argmax(dim=-1).tolist()
+    assert first_argmax(rows)[[1, 3, 4]].tolist() == [vocab - 1, 0, 0]
 
 
 def test_top_k_one_top_p_tiny_and_min_p_one_all_reduce_to_the_argmax():

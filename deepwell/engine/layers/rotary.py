@@ -14,15 +14,19 @@ class RotaryEmbedding:
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        # rotate_half(x) * sin is roll(x, half) * sin with the first half of sin negated:
+        # the same products (negation is exact), one op where rotate_half takes four.
+        sin = emb.sin()
+        self.signed_sin = torch.cat((-sin[:, : head_dim // 2], sin[:, head_dim // 2 :]), -1).to(
+            dtype
+        )
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for each token: [tokens, 1, head_dim], broadcasting over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos and signed sin for each token: [tokens, 1, head_dim], broadcasting over
+        heads; `apply_rotary` takes them as they are."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; HF's x * cos + rotate_half(x) * sin, bit for bit."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
