@@ -84,7 +84,7 @@ class LlamaDecoder {
  public:
   LlamaDecoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                int64_t intermediate, double eps, at::Tensor embedding, at::Tensor cos,
-               at::Tensor sin, at::Tensor final_norm)
+               at::Tensor signed_sin, at::Tensor final_norm)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         intermediate_(intermediate), eps_(static_cast<float>(eps)),
         scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
@@ -93,11 +93,11 @@ class LlamaDecoder {
                     (embedding.scalar_type() == at::kFloat || embedding.scalar_type() == at::kBFloat16),
                 "the embedding must be contiguous float32 or bfloat16 [vocab, hidden]");
     TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.dim() == 2 && cos.size(1) == head_dim &&
-                    sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat,
-                "cos and sin must be float32 [positions, head_dim]");
+                    signed_sin.sizes() == cos.sizes() && signed_sin.scalar_type() == at::kFloat,
+                "cos and signed_sin must be float32 [positions, head_dim]");
     embedding_ = embedding;
     cos_ = cos.contiguous();
-    sin_ = sin.contiguous();
+    signed_sin_ = signed_sin.contiguous();
     final_norm_ = float_vector(final_norm, hidden, "the final norm");
     const int64_t qkv = (heads + 2 * kv_heads) * head_dim;
     x_.assign(kMaxRows * hidden, 0.f);
@@ -227,17 +227,18 @@ class LlamaDecoder {
     }
   }
 
-  // Rotary ("rotate half", layers/rotary.py) on each row's q and k heads, in place.
+  // Rotary on each row's q and k heads, in place: layers/rotary.py's x * cos + x rolled by
+  // half a head * signed sin (HF's rotate_half form; the sin's first half negated).
   void rotate(const int64_t* position, int64_t rows) {
     const int64_t half = head_dim_ / 2, width = (heads_ + 2 * kv_heads_) * head_dim_;
     for (int64_t r = 0; r < rows; ++r) {
       const float* cos = cos_.data_ptr<float>() + position[r] * head_dim_;
-      const float* sin = sin_.data_ptr<float>() + position[r] * head_dim_;
+      const float* sin = signed_sin_.data_ptr<float>() + position[r] * head_dim_;
       for (int64_t h = 0; h < heads_ + kv_heads_; ++h) {
         float* x = qkv_.data() + r * width + h * head_dim_;
         for (int64_t i = 0; i < half; ++i) {
           const float a = x[i], b = x[i + half];
-          x[i] = a * cos[i] - b * sin[i];
+          x[i] = a * cos[i] + b * sin[i];
           x[i + half] = b * cos[i + half] + a * sin[i + half];
         }
       }
@@ -299,7 +300,7 @@ class LlamaDecoder {
 
   const int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   const float eps_, scale_;
-  at::Tensor embedding_, cos_, sin_, final_norm_;
+  at::Tensor embedding_, cos_, signed_sin_, final_norm_;
   std::vector<Layer> layers_;
   // Float32 buffers of kMaxRows rows, reused by every call (one call at a time).
   std::vector<float> x_, normed_, added_, qkv_, attention_, gate_up_, act_;
@@ -314,7 +315,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     at::Tensor, at::Tensor>(),
            py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("intermediate"), py::arg("eps"), py::arg("embedding"), py::arg("cos"),
-           py::arg("sin"), py::arg("final_norm"))
+           py::arg("signed_sin"), py::arg("final_norm"))
       .def("add_layer", &LlamaDecoder::add_layer, "one decoder layer's norms and block weights")
       .def("forward", &LlamaDecoder::forward, py::call_guard<py::gil_scoped_release>(),
            "a decode step of up to 8 rows through every layer: the final-normed hidden state")

@@ -116,7 +116,7 @@ def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDe
         eps=config.rms_norm_eps,
         embedding=model.embed_tokens.weight.detach().contiguous(),
         cos=rotary.cos,
-        sin=rotary.sin,
+        signed_sin=rotary.signed_sin,
         final_norm=model.norm.weight.detach().float(),
     )
     for layer in model.layers:

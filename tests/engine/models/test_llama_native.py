@@ -29,8 +29,8 @@ def kernel():
 
 class CheckedNative:
     """Wraps a model's NativeDecode: each step it takes runs the torch path first on the same
-    cache state (both write the step's K/V to the same slots, so the native path's stay),
-    and the two final-normed hidden states are recorded, with the step's row count."""
+    cache state (both write the step's K/V to the same slots, so the native path's stay);
+    records each step's row count and each row's largest hidden-state difference."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -49,7 +49,7 @@ class CheckedNative:
         self.model.native_decode = self
         hidden = self.native(input_ids, positions, paged, kv_cache)
         self.step_rows.append(input_ids.shape[0])
-        self.differences.append((hidden - expected).abs().max().item())
+        self.differences += (hidden - expected).abs().amax(dim=-1).tolist()
         return hidden
 
 
@@ -99,9 +99,9 @@ def test_embedded_native_steps_match_the_torch_path_float32(caplog):
     assert set(checked.step_rows) == {2}
     # The same kernels in another float32 order (norms, rotary, silu) agree to ~1e-6 until
     # an activation sits on a rounding edge of the linears' 8-bit quantisation and moves by
-    # a rounding step, which the next layers' roundings spread: over 30 layers most steps
-    # have one (measured: a median of 0.36, at most 0.57 on hidden values up to ~17; the
-    # tiny Llama's tests keep the tight bound). The logprobs below bound their effect.
+    # a rounding step, which the next layers' roundings spread: over 30 layers most rows
+    # have one (measured: a median of 0.27 a row, at most 0.57, on hidden values up to ~17;
+    # the tiny Llama's tests keep the tight bound). The logprobs below bound their effect.
     assert max(checked.differences) < 1.5
     france, haiku = (c.token_ids for c in ours)
     assert france == theirs[0].token_ids
@@ -135,13 +135,14 @@ PROMPTS = [[(13 * r + 5 * i) % 300 + 3 for i in range(10 + 9 * r)] for r in rang
 
 
 def tight(checked: CheckedNative) -> bool:
-    """Native steps within float32 reordering of the torch path's (measured ~1.5e-6 on the
-    tiny Llama's hidden values of ~1-3), but for the rare step where an activation sits on a
-    rounding edge of the linears' 8-bit quantisation and moves by one rounding step (1 of 104
-    steps in the preemption run: 0.026). A wrong row, slot or block is off at every step."""
+    """Native rows within float32 reordering of the torch path's (measured ~1.5e-6 on the
+    tiny Llama's hidden values of ~1-3), but for the rare row where an activation sits on a
+    rounding edge of the linears' 8-bit quantisation and moves by one rounding step (0.017
+    and 0.023 in these runs, a row in every ~100). A wrong row, slot or block is off at
+    every step."""
     differences = checked.differences
-    close = sum(d < 1e-5 for d in differences)
-    return bool(differences) and close >= 0.95 * len(differences) and max(differences) < 0.1
+    off = sum(d >= 1e-5 for d in differences)
+    return bool(differences) and off <= max(1, len(differences) // 20) and max(differences) < 0.1
 
 
 def test_tiny_batches_of_requests_at_different_lengths_match_the_torch_path(make_core):
