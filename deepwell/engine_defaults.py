@@ -27,6 +27,9 @@ QUANTIZATION = "none"
 # DEEPWELL_ATTENTION_BACKEND overrides the default (EngineArgs).
 ATTENTION_BACKENDS = ("auto", "torch", "cpp")
 ATTENTION_BACKEND = "auto"
+# DEEPWELL_NATIVE_DECODE overrides the default (EngineArgs).
+NATIVE_DECODES = ("auto", "off")
+NATIVE_DECODE = "auto"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
 MAX_NUM_SEQS = 64

@@ -57,6 +57,14 @@ class EngineArgs:
             os.environ.get("DEEPWELL_ATTENTION_BACKEND", "") or defaults.ATTENTION_BACKEND
         )
     )
+    # Llama-family decode steps of a few rows through every layer in one C++ call
+    # (models/llama_native.py): "auto" where the model runs int4 linears and the C++
+    # attention, "off" never. Default: DEEPWELL_NATIVE_DECODE, else auto.
+    native_decode: str = field(
+        default_factory=lambda: (
+            os.environ.get("DEEPWELL_NATIVE_DECODE", "") or defaults.NATIVE_DECODE
+        )
+    )
     block_size: int = defaults.BLOCK_SIZE
     # Weights plus KV cache must fit in this many GiB.
     memory_gib: float = defaults.MEMORY_GIB
@@ -138,6 +146,11 @@ class EngineArgs:
             raise ValueError(
                 f"attention_backend must be one of {list(defaults.ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.native_decode not in defaults.NATIVE_DECODES:
+            raise ValueError(
+                f"native_decode must be one of {list(defaults.NATIVE_DECODES)}, "
+                f"got {self.native_decode!r}"
             )
         if self.quantization == "int4" and self.batch_invariant:
             # A row's bits would change with the call's row count (4-bit blocks below a

@@ -31,6 +31,8 @@ from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.models.llama import LlamaForCausalLM
+from deepwell.engine.models.llama_native import native_decode_for
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.parallel.expert import ExpertSharding
@@ -113,6 +115,8 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
+    elif isinstance(model, LlamaForCausalLM):
+        model.native_decode = native_decode_for(model, args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
 

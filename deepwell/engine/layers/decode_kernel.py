@@ -1,5 +1,6 @@
 """Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention; quant_gemv.cpp:
-GGUF-block linears): compiled once per machine into the torch extensions cache on first use,
+GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
+into one extension): compiled once per machine into the torch extensions cache on first use,
 loaded from there after.
 
 Nothing here runs at import: only an engine that decodes asks for a kernel, so commands
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
 QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
+LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOURCE)
+# What the sources share: its changes must change every build key.
+HEADER = Path(__file__).with_name("kernel_parts.h")
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
 BUILD_SECONDS = 60
 # quant_gemv.cpp's instruction-set paths: "native" takes the best this CPU has; the others
@@ -60,17 +64,18 @@ def _vector_flags() -> tuple[str, list[str]]:
     return capability, flags
 
 
-def _build_key(source: Path, flags: list[str]) -> str:
-    """A digest of the source, the flags, torch's version and the CPU's model and features:
-    a build made with -march=native for one CPU must not load on another sharing the same
-    home directory, and a changed source is a new build (announced as one)."""
+def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
+    """A digest of the sources and their header, the flags, torch's version and the CPU's
+    model and features: a build made with -march=native for one CPU must not load on another
+    sharing the same home directory, and a changed source is a new build (announced as one)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         lines = [platform.processor()]
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
-    parts = [source.read_text(), *flags, torch.__version__, platform.machine(), *described]
+    texts = [path.read_text() for path in (*sources, HEADER)]
+    parts = [*texts, *flags, torch.__version__, platform.machine(), *described]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -108,17 +113,25 @@ def _missing_tool() -> str | None:
 @functools.cache
 def load_decode_kernel() -> DecodeKernel:
     """The attention kernel, built on the first call in a process if the cache lacks it."""
-    return _load(SOURCE, "decode attention kernel", [])
+    return _load((SOURCE,), "decode attention kernel", [])
 
 
 @functools.cache
 def load_quant_kernel(path: str = "native") -> DecodeKernel:
     """The GGUF-block linears (quant_gemv.cpp) on the instruction-set `path`
     (QUANT_PATH_DEFINES), built on the first call in a process if the cache lacks it."""
-    return _load(QUANT_SOURCE, f"quantised linear kernel ({path})", QUANT_PATH_DEFINES[path])
+    return _load((QUANT_SOURCE,), f"quantised linear kernel ({path})", QUANT_PATH_DEFINES[path])
 
 
-def _load(source: Path, what: str, defines: list[str]) -> DecodeKernel:
+@functools.cache
+def load_llama_kernel() -> DecodeKernel:
+    """The whole-step Llama decoder with the attention and linear kernels it calls (their
+    own Python modules left out: one extension has one), built on the first call in a
+    process if the cache lacks it."""
+    return _load(LLAMA_SOURCES, "native decode step", ["-DDEEPWELL_ONE_EXTENSION"])
+
+
+def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKernel:
     missing = _missing_tool()
     if missing is not None:
         return DecodeKernel(None, missing)
@@ -126,7 +139,8 @@ def _load(source: Path, what: str, defines: list[str]) -> DecodeKernel:
 
     capability, flags = _vector_flags()
     flags = flags + defines
-    name = f"deepwell_{source.stem}_{capability.lower()}_{_build_key(source, flags)}"
+    key = _build_key(sources, flags)
+    name = f"deepwell_{sources[0].stem}_{capability.lower()}_{key}"
     directory = _build_directory(name)
     if not any(directory.glob(f"{name}*.so")):
         logger.warning(
@@ -136,7 +150,7 @@ def _load(source: Path, what: str, defines: list[str]) -> DecodeKernel:
     try:
         module = load(
             name,
-            [str(source)],
+            [str(source) for source in sources],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),

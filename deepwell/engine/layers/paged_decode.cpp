@@ -8,6 +8,8 @@
 
 #include <torch/extension.h>
 
+#include "kernel_parts.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -315,26 +317,23 @@ void decode_task(
 
 template <typename T>
 void decode_all(
-    const at::Tensor& q,
-    const at::Tensor& key_cache,
-    const at::Tensor& value_cache,
-    const at::Tensor& block_ids,
-    const at::Tensor& block_starts,
-    const at::Tensor& context_lens,
-    double scale,
+    const T* q_data,
+    int64_t q_row,
+    int64_t q_head,
+    int64_t rows,
+    int64_t heads,
+    int64_t head_dim,
+    const T* k_data,
+    const T* v_data,
+    int64_t kv_heads,
+    int64_t block_size,
+    const int64_t* ids,
+    const int64_t* starts,
+    const int64_t* lens,
+    float scale,
     bool fast_scores,
-    at::Tensor& out) {
-  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
-  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+    T* out_data) {
   const int64_t group = heads / kv_heads;
-  const T* q_data = q.data_ptr<T>();
-  const T* k_data = key_cache.data_ptr<T>();
-  const T* v_data = value_cache.data_ptr<T>();
-  const int64_t* ids = block_ids.data_ptr<int64_t>();
-  const int64_t* starts = block_starts.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  T* out_data = out.data_ptr<T>();
-  const int64_t q_row = q.stride(0), q_head = q.stride(1);
   const int64_t tasks = rows * kv_heads;
   // Rows have ragged contexts: hand out (row, KV head) tasks one at a time.
 #pragma omp parallel num_threads(at::get_num_threads())
@@ -356,7 +355,7 @@ void decode_all(
           block_size,
           head_dim,
           group,
-          static_cast<float>(scale),
+          scale,
           out_data + (row * heads + kv_head * group) * head_dim,
           fast_scores,
           scratch);
@@ -374,6 +373,55 @@ bool use_fast_scores(int64_t head_dim, bool portable) {
 }
 
 }  // namespace
+
+void deepwell::check_block_lists(
+    const int64_t* id,
+    int64_t num_ids,
+    const int64_t* start,
+    const int64_t* len,
+    int64_t rows,
+    int64_t num_blocks,
+    int64_t block_size) {
+  TORCH_CHECK(start[0] == 0 && start[rows] == num_ids,
+              "block_starts must run from 0 to the number of block ids");
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t count = start[row + 1] - start[row];
+    const int64_t needed = (len[row] + block_size - 1) / block_size;
+    TORCH_CHECK(len[row] >= 1 && count == needed, "row ", row, ": context length ", len[row],
+                " needs ", needed, " blocks, it has ", count);
+  }
+  for (int64_t i = 0; i < num_ids; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < num_blocks, "block id ", id[i], " is out of the cache");
+  }
+}
+
+void deepwell::paged_decode_rows(
+    const void* q,
+    int64_t q_row,
+    int64_t rows,
+    int64_t heads,
+    const at::Tensor& key_cache,
+    const at::Tensor& value_cache,
+    const int64_t* ids,
+    const int64_t* starts,
+    const int64_t* lens,
+    float scale,
+    void* out) {
+  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  const int64_t head_dim = key_cache.size(3);
+  if (key_cache.scalar_type() == at::kBFloat16) {
+    decode_all<at::BFloat16>(static_cast<const at::BFloat16*>(q), q_row, head_dim,
+                             rows, heads, head_dim, key_cache.data_ptr<at::BFloat16>(),
+                             value_cache.data_ptr<at::BFloat16>(), kv_heads, block_size, ids,
+                             starts, lens, scale, use_fast_scores<at::BFloat16>(head_dim, false),
+                             static_cast<at::BFloat16*>(out));
+  } else {
+    decode_all<float>(static_cast<const float*>(q), q_row, head_dim, rows, heads,
+                      head_dim, key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
+                      kv_heads, block_size, ids, starts, lens, scale,
+                      use_fast_scores<float>(head_dim, false), static_cast<float*>(out));
+  }
+}
 
 // portable: the portable score loop even where the AVX-512 one fits (so that tests on an
 // AVX-512 machine cover the path other CPUs run).
@@ -411,26 +459,23 @@ at::Tensor paged_decode(
   const int64_t* id = ids.data_ptr<int64_t>();
   const int64_t* start = starts.data_ptr<int64_t>();
   const int64_t* len = lens.data_ptr<int64_t>();
-  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(2);
-  TORCH_CHECK(start[0] == 0 && start[q.size(0)] == ids.numel(),
-              "block_starts must run from 0 to the number of block ids");
-  for (int64_t row = 0; row < q.size(0); ++row) {
-    const int64_t count = start[row + 1] - start[row];
-    const int64_t needed = (len[row] + block_size - 1) / block_size;
-    TORCH_CHECK(len[row] >= 1 && count == needed, "row ", row, ": context length ", len[row],
-                " needs ", needed, " blocks, it has ", count);
-  }
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    TORCH_CHECK(id[i] >= 0 && id[i] < num_blocks, "block id ", id[i], " is out of the cache");
-  }
+  deepwell::check_block_lists(id, ids.numel(), start, len, q.size(0), key_cache.size(0),
+                              key_cache.size(2));
   auto out = at::empty({q.size(0), heads, head_dim}, q.options());
+  const int64_t rows = q.size(0), block_size = key_cache.size(2);
   if (q.scalar_type() == at::kBFloat16) {
-    decode_all<at::BFloat16>(q, key_cache, value_cache, ids, starts, lens, scale,
-                             use_fast_scores<at::BFloat16>(head_dim, portable), out);
+    decode_all<at::BFloat16>(q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), rows, heads,
+                             head_dim, key_cache.data_ptr<at::BFloat16>(),
+                             value_cache.data_ptr<at::BFloat16>(), kv_heads, block_size, id, start,
+                             len, static_cast<float>(scale),
+                             use_fast_scores<at::BFloat16>(head_dim, portable),
+                             out.data_ptr<at::BFloat16>());
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "the kernel takes bfloat16 or float32");
-    decode_all<float>(q, key_cache, value_cache, ids, starts, lens, scale,
-                      use_fast_scores<float>(head_dim, portable), out);
+    decode_all<float>(q.data_ptr<float>(), q.stride(0), q.stride(1), rows, heads, head_dim,
+                      key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), kv_heads,
+                      block_size, id, start, len, static_cast<float>(scale),
+                      use_fast_scores<float>(head_dim, portable), out.data_ptr<float>());
   }
   return out;
 }
@@ -482,6 +527,9 @@ void paged_store(
   }
 }
 
+// In the one extension of several sources (decode_kernel.py), llama_decode.cpp's module is
+// the extension's.
+#if !defined(DEEPWELL_ONE_EXTENSION)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_store", &paged_store, "store a step's K/V rows in their cache slots (CPU)");
   m.def("paged_decode", &paged_decode, "fused paged-attention decode (CPU)");
@@ -490,3 +538,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 : use_fast_scores<float>(head_dim, false);
   }, "whether the AVX-512 score loop runs for this dtype and head_dim");
 }
+#endif

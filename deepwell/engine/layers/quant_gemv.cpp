@@ -20,6 +20,8 @@
 
 #include <torch/extension.h>
 
+#include "kernel_parts.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -42,8 +44,8 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kQ4_1Bytes = 20;  // a Q4_1 row's bytes per block (16 + 2 + 2)
-constexpr int64_t kQ8_0Bytes = 36;  // a Q8_0 row's bytes per block (32 + 2 + 2)
+constexpr int64_t kQ4_1Bytes = deepwell::kQ4_1BlockBytes;  // 16 + 2 + 2
+constexpr int64_t kQ8_0Bytes = deepwell::kQ8_0BlockBytes;  // 32 + 2 + 2
 
 inline float half_to_float(const uint8_t* bytes) {
   uint16_t bits;
@@ -405,6 +407,26 @@ torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights) 
   return block_linear(x, weights, false);
 }
 
+}  // namespace
+
+void deepwell::block_linear(
+    const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out) {
+  TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "block_linear takes 1 to ", kMaxRows, " rows");
+  TORCH_CHECK(w.blocks == in_features / kBlock + (in_features / kBlock) % 2,
+              "the weight's blocks do not match in_features ", in_features);
+  const Activations a = quantize_activations(x, rows, in_features, w.blocks);
+  const int64_t out_features = w.out_features;
+  at::parallel_for(0, out_features, kGrain, [&](int64_t begin, int64_t end) {
+    if (w.q4_1) {
+      DISPATCH_ROWS(rows, q4_1_rows, w.weights, a, begin, end, out_features, out)
+    } else {
+      DISPATCH_ROWS(rows, q8_0_rows, w.weights, a, begin, end, out_features, out)
+    }
+  });
+}
+
+namespace {
+
 // The activation quantisation the linears apply, for the tests: (q int8 [rows, B * 32],
 // d float [rows, B], s float [rows, B]) with B the padded block count.
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
@@ -429,6 +451,9 @@ std::string instruction_set() {
 
 }  // namespace
 
+// In the one extension of several sources (decode_kernel.py), llama_decode.cpp's module is
+// the extension's.
+#if !defined(DEEPWELL_ONE_EXTENSION)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_1_linear", &q4_1_linear, "x @ Q4_1 weight.T, float32 accumulation, x's dtype out (CPU)");
   m.def("q8_0_linear", &q8_0_linear, "x @ Q8_0 weight.T, float32 accumulation, x's dtype out (CPU)");
@@ -436,3 +461,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("instruction_set", &instruction_set, "the path this build compiled: avx512_vnni, avx2, scalar");
   m.attr("max_rows") = kMaxRows;
 }
+#endif

@@ -135,6 +135,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # The native decode step (models/llama_native.py), set by build.py where it applies: the
+    # steps it takes skip the layers below.
+    native_decode = None
+
     def __init__(
         self, config: LlamaConfig, backend_class: type[AttentionBackend], dtype: torch.dtype
     ):
@@ -176,6 +180,8 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
+        if self.native_decode is not None and self.native_decode.takes(input_ids, meta):
+            return self.native_decode(input_ids, positions, meta.paged, kv_cache)
         x = self.embed_tokens(input_ids).float()
         rope = self.rotary.lookup(positions)
         caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)

@@ -1,0 +1,139 @@
+"""The native decode step of the Llama family: every layer of a small all-decode step in one
+C++ call (layers/llama_decode.cpp), and which models and steps it takes.
+
+A model qualifies with its layer linears on GGUF blocks (`--quantization int4`), decode
+attention on the C++ kernel and no per-head q/k norm (Qwen3); a step qualifies when all its
+rows are decode rows and there are no more of them than the linears' cut-over to dense
+weights. Any other step runs the model's torch path.
+"""
+
+import logging
+from types import ModuleType
+
+import torch
+
+from deepwell.engine.kv.cache import KVCache
+from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.layers.cpp_paged import CppPagedAttention
+from deepwell.engine.layers.decode_kernel import load_llama_kernel
+from deepwell.engine.layers.quant_linear import QuantDecodeLinear
+from deepwell.engine.layers.rotary import RotaryEmbedding
+from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+class NativeDecode:
+    """The model's C++ decoder (its weights referenced, not copied) and its row limit."""
+
+    def __init__(self, decoder, max_rows: int) -> None:
+        self.decoder = decoder
+        self.max_rows = max_rows
+
+    def takes(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
+        paged = meta.paged
+        rows = input_ids.shape[0]
+        return (
+            paged is not None
+            and not paged.prefills
+            and paged.num_decodes == rows
+            and 0 < rows <= self.max_rows
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        paged: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        """The final-normed hidden state [rows, hidden], float32."""
+        return self.decoder.forward(
+            input_ids,
+            positions,
+            kv_cache.paged["key"],
+            kv_cache.paged["value"],
+            paged.slot_blocks,
+            paged.slot_offsets,
+            paged.decode_block_ids,
+            paged.decode_block_starts,
+            paged.decode_context_len_tensor,
+        )
+
+
+def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
+    """The native step for `model` where `choice` (EngineArgs.native_decode: "auto" / "off")
+    and the model allow it, else None; the start-up log says which path decodes and why."""
+    if choice == "off":
+        logger.info("decode step: torch path (native_decode off)")
+        return None
+    reason = _unsupported(model)
+    if reason is None:
+        kernel = load_llama_kernel()
+        if kernel.module is None:
+            reason = f"its kernel is unavailable: {kernel.reason}"
+    if reason is not None:
+        logger.info("decode step: torch path, the native step does not apply: %s", reason)
+        return None
+    native = build_native_decode(model, kernel.module)
+    logger.info(
+        "decode step: native (all layers in one C++ call) for steps of up to %d decode rows",
+        native.max_rows,
+    )
+    return native
+
+
+def _unsupported(model: LlamaForCausalLM) -> str | None:
+    config = model.config
+    if config.qk_norm:
+        return "per-head q/k norm (Qwen3)"
+    layer = model.layers[0]
+    if not isinstance(layer.self_attn.backend, CppPagedAttention):
+        return "decode attention is not on the C++ kernel"
+    if layer.self_attn.backend.kernel is None:
+        return "the C++ attention kernel did not load"
+    linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    if not all(type(m) is QuantDecodeLinear for m in linears):
+        return "the layer linears are not on GGUF blocks (--quantization int4)"
+    return None
+
+
+@torch.no_grad()
+def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDecode:
+    """The C++ decoder over the model's own tensors (after build.py quantised them)."""
+    config = model.config
+    # float32 tables whatever the engine's dtype: the native step is float32 between linears.
+    rotary = RotaryEmbedding(
+        config.head_dim, config.rope_theta, config.max_position_embeddings, torch.float32
+    )
+    decoder = kernel.LlamaDecoder(
+        hidden=config.hidden_size,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate=config.intermediate_size,
+        eps=config.rms_norm_eps,
+        embedding=model.embed_tokens.weight.detach().contiguous(),
+        cos=rotary.cos,
+        signed_sin=rotary.signed_sin,
+        final_norm=model.norm.weight.detach().float(),
+    )
+    for layer in model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        bias = attention.qkv_proj.bias
+        decoder.add_layer(
+            layer.input_layernorm.weight.detach().float(),
+            layer.post_attention_layernorm.weight.detach().float(),
+            _blocks(attention.qkv_proj),
+            None if bias is None else bias.detach().float(),
+            _blocks(attention.o_proj),
+            _blocks(mlp.gate_up_proj),
+            _blocks(mlp.down_proj),
+        )
+    linears = [m for m in model.layers.modules() if isinstance(m, QuantDecodeLinear)]
+    return NativeDecode(decoder, min([kernel.max_rows, *(m.max_rows for m in linears)]))
+
+
+def _blocks(linear: QuantDecodeLinear) -> tuple[str, torch.Tensor]:
+    return linear.kind, linear.quant_weight
