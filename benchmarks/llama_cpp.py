@@ -7,7 +7,8 @@ the network) and builds `llama-bench` and `llama-server` (about 15 minutes on 2 
 submits workload W (../shared/bench/workload.py) at t = 0 to `llama-server -np 16`
 (continuous batching, no prompt cache) as token ids and reports output tok/s over wall time,
 as benchmarks/throughput_vs_hf.py does. As a script: tg128 (and pp, with --n-prompt) at each
-of --threads, then W at the largest, with the CPU's SIMD flags and llama.cpp's build.
+of --threads (at llama.cpp's defaults and with llama-server's plain weight buffers), then W
+at the largest, with the CPU's SIMD flags and llama.cpp's build.
 
     .venv/bin/python benchmarks/llama_cpp.py [--threads 1,2] [--repetitions 5]
         [--n-prompt 64] [--no-serve] [--cache-dir DIR] [--json out.json]
@@ -47,11 +48,6 @@ TARGETS = ("llama-bench", "llama-server")
 BUILD_TOOLS = ("cmake", "make", "cc", "c++")
 # Issue 16: llama.cpp's tg128 on this GGUF with 2 threads, on the issue author's machine.
 QUOTED_TG128_2_THREADS = (151.0, 166.0)
-# llama.cpp's AMX matmul for Q4_1 (an "extra buffer type", on by default where the CPU has
-# AMX) dies of SIGILL (`tilezero`) in prompt processing on the 2-vCPU KVM Xeon this was
-# measured on, though the process holds AMX permission. Off, the weights stay in plain CPU
-# buffers (its AVX-512 kernels); no other repacking applies to Q4_1 on x86.
-REPACK = False
 # The SIMD flags that decide llama.cpp's (and torch's) kernels, x86 and Arm.
 SIMD_FLAG_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "asimd", "sve", "bf16", "i8mm")
 
@@ -79,6 +75,8 @@ class BenchResult:
 
     test: str
     n_threads: int
+    # Weights in llama.cpp's "extra" buffers (on an AMX CPU its AMX/VNNI Q4_1 kernels).
+    repack: bool
     tok_s: float
     stddev_tok_s: float
     samples_tok_s: tuple[float, ...]
@@ -196,13 +194,19 @@ def model_path() -> Path:
 
 
 def llama_bench_command(
-    llama: LlamaCpp, model: Path, threads: int, n_prompt: int, n_gen: int, repetitions: int
+    llama: LlamaCpp,
+    model: Path,
+    threads: int,
+    n_prompt: int,
+    n_gen: int,
+    repetitions: int,
+    repack: bool = True,
 ) -> list[str]:
     # -p and -n are separate tests (pp<n_prompt>, tg<n_gen>); -p 0 leaves only tg.
     return [
         str(llama.bench),
         *("-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen)),
-        *("--repack", str(int(REPACK)), "-r", str(repetitions), "-o", "json"),
+        *("--repack", str(int(repack)), "-r", str(repetitions), "-o", "json"),
     ]
 
 
@@ -217,6 +221,7 @@ def parse_llama_bench(text: str) -> list[BenchResult]:
             BenchResult(
                 test=name,
                 n_threads=test["n_threads"],
+                repack=test["repack"],
                 tok_s=test["avg_ts"],
                 stddev_tok_s=test["stddev_ts"],
                 samples_tok_s=tuple(test["samples_ts"]),
@@ -228,9 +233,15 @@ def parse_llama_bench(text: str) -> list[BenchResult]:
 
 
 def llama_bench(
-    llama: LlamaCpp, threads: int, n_prompt: int = 0, n_gen: int = 128, repetitions: int = 5
+    llama: LlamaCpp,
+    threads: int,
+    n_prompt: int = 0,
+    n_gen: int = 128,
+    repetitions: int = 5,
+    repack: bool = True,
 ) -> list[BenchResult]:
-    command = llama_bench_command(llama, model_path(), threads, n_prompt, n_gen, repetitions)
+    model = model_path()
+    command = llama_bench_command(llama, model, threads, n_prompt, n_gen, repetitions, repack)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         tail = "\n".join(result.stderr.strip().splitlines()[-10:])
@@ -239,7 +250,9 @@ def llama_bench(
 
 
 def tg128(llama: LlamaCpp, threads: int, repetitions: int = 5) -> BenchResult:
-    """Batch-1 decode tok/s of 128 tokens (mean and stddev over `repetitions`)."""
+    """Batch-1 decode tok/s of 128 tokens (mean and stddev over `repetitions`), llama.cpp's
+    defaults: on an AMX CPU its decode (one row) takes the AMX buffers' VNNI kernel, 2x
+    the plain buffers' speed on the Xeon of docs/benchmarks.md, and touches no tile."""
     (result,) = llama_bench(llama, threads, n_prompt=0, n_gen=128, repetitions=repetitions)
     return result
 
@@ -265,7 +278,11 @@ def llama_server_command(
         # W's prompts share no prefix; no prompt cache, in the slots or in RAM, so a
         # request never starts from an earlier one's KV (deepwell runs W without it too).
         *("--no-cache-prompt", "--cache-ram", "0", "--no-webui"),
-        "--repack" if REPACK else "--no-repack",
+        # llama.cpp's AMX Q4_1 matmul (weights "repacked" into AMX buffers, its default on an
+        # AMX CPU) dies on the first prompt of more than one token on the KVM Xeon of
+        # docs/benchmarks.md (SIGILL at `tilezero`, AMX permission granted); plain buffers
+        # work everywhere, and no other repacking applies to Q4_1 on x86.
+        "--no-repack",
     ]
 
 
@@ -432,11 +449,16 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
     summary: dict = {"simd_flags": simd_flags(), "bench": [], "load_average": os.getloadavg()[0]}
     for threads in args.threads:
-        for result in llama_bench(llama, threads, args.n_prompt, 128, args.repetitions):
+        # tg128 at llama.cpp's defaults, then with the weights as llama-server holds them
+        # (plain buffers, see llama_server_command), where prompt processing runs too.
+        results = [tg128(llama, threads, args.repetitions)]
+        results += llama_bench(llama, threads, args.n_prompt, 128, args.repetitions, repack=False)
+        for result in results:
             summary["bench"].append(asdict(result))
             print(
-                f"{result.test}, {threads} threads: {result.tok_s:.1f} ± {result.stddev_tok_s:.1f}"
-                f" tok/s ({result.cpu_info}, build {result.build_commit})",
+                f"{result.test}, {threads} threads, repack {'on' if result.repack else 'off'}:"
+                f" {result.tok_s:.1f} ± {result.stddev_tok_s:.1f} tok/s ({result.cpu_info},"
+                f" build {result.build_commit}; load average {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
     if args.serve:

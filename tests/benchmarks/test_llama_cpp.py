@@ -26,6 +26,7 @@ def test_llama_bench_json_gives_each_test_its_mean_and_stddev():
         assert (result.tok_s, result.stddev_tok_s) == (test["avg_ts"], test["stddev_ts"])
         assert result.samples_tok_s == tuple(test["samples_ts"])
         assert result.n_threads == 1 and result.build_commit == test["build_commit"]
+        assert result.repack is test["repack"] is False
 
 
 def test_tg128_is_batch1_decode_of_128_tokens_only():
@@ -39,6 +40,8 @@ def test_tg128_is_batch1_decode_of_128_tokens_only():
         "5",
     )
     assert option(command, "-o") == "json"
+    # llama.cpp's defaults: on an AMX CPU its fastest decode kernel.
+    assert option(command, "--repack") == "1"
 
 
 def test_llama_server_holds_every_w_request_whole_in_its_slot():
@@ -49,6 +52,8 @@ def test_llama_server_holds_every_w_request_whole_in_its_slot():
     assert int(option(command, "-c")) // int(option(command, "-np")) == slot
     assert option(command, "-t") == option(command, "-tb") == "2"
     assert "--cont-batching" in command
+    # Its AMX weight buffers die on multi-token prompts on the measured Xeon.
+    assert "--no-repack" in command
 
 
 def test_llama_server_reuses_no_prompt_across_requests():
