@@ -15,9 +15,11 @@ at the largest, with the CPU's SIMD flags and llama.cpp's build.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -328,6 +330,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    # A benchmark child killed on timeout (SIGKILL: no cleanup runs) must not leave its
+    # llama-server running on the shared cores.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class LlamaServer:
     """A running llama-server on loopback, stopped on exit; its log goes to `log_path`."""
 
@@ -339,7 +350,12 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
         try:
             self.wait_ready(timeout=120.0)
         except BaseException:
@@ -440,6 +456,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where it is built")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    # Stopped with SIGTERM, the script still stops its llama-server (the `with` exits).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))
 
     try:
         llama = ensure_llama_cpp(args.cache_dir)

@@ -2,6 +2,10 @@
 where a build is in the cache) the real binaries on the embedded GGUF."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import llama_cpp
@@ -144,3 +148,36 @@ def test_llama_server_generates_each_w_request_whole():
     served = llama_cpp.serve_w(llama_cpp.find_llama_cpp(), 1, requests, parallel=2)
     assert (served.requests, served.output_tokens) == (3, 8 + 9 + 10)
     assert served.seconds > 0
+
+
+@pytest.mark.slow
+@needs_build
+def test_llama_server_dies_with_a_benchmark_killed_on_timeout(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "import llama_cpp\n"
+        "llama = llama_cpp.find_llama_cpp()\n"
+        "command = llama_cpp.llama_server_command(llama, llama_cpp.model_path(), 1, 1, 256)\n"
+        "with llama_cpp.LlamaServer(command, Path(sys.argv[1])) as server:\n"
+        "    print(server.process.pid, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(llama_cpp.__file__).parent))
+    process = subprocess.Popen(
+        [sys.executable, str(child), str(tmp_path / "server.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    server_pid = int(process.stdout.readline())
+    process.kill()  # what subprocess.run does on its timeout: no cleanup runs
+    process.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (
+        not Path(f"/proc/{server_pid}").exists()
+        or "Z" in Path(f"/proc/{server_pid}/stat").read_text().split()[2]
+    )
