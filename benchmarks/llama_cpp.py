@@ -486,7 +486,11 @@ def main() -> None:
         threads = max(args.threads)
         print(f"W (sha256 {sha[:16]}…) through llama-server -np {args.parallel} …", flush=True)
         served = serve_w(llama, threads, workload, args.parallel)
-        summary["w"] = asdict(served) | {"threads": threads, "parallel": args.parallel}
+        summary["w"] = asdict(served) | {
+            "output_tok_s": served.output_tok_s,
+            "threads": threads,
+            "parallel": args.parallel,
+        }
         print(
             f"W, {threads} threads, -np {args.parallel}: {served.seconds:.1f} s,"
             f" {served.output_tok_s:.1f} output tok/s (load average {os.getloadavg()[0]:.2f})"
