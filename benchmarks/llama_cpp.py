@@ -416,10 +416,15 @@ def serve_w(llama: LlamaCpp, threads: int, workload: list[dict], parallel: int =
             body = completion_body(request["prompt_ids"], request["output_len"])
             check_completion(post_json(url, body, timeout=1800), request["output_len"])
 
-        start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(workload)) as pool:
+        # Not a `with`: on an error or SIGTERM the server must stop (failing the requests still
+        # in flight) before anything waits for the request threads.
+        pool = ThreadPoolExecutor(max_workers=len(workload))
+        try:
+            start = time.perf_counter()
             list(pool.map(one, workload))
-        seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
     return ServeResult(len(workload), sum(r["output_len"] for r in workload), seconds)
 
 
