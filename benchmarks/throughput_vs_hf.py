@@ -22,8 +22,8 @@ about half its own speed after deepwell's engine had started its threads).
 Rounds alternate the configurations and each keeps its fastest. Prints
 `throughput ratio, speculation off (deepwell/transformers best): X` and the same for on,
 `batch-1 decode ratio vs llama.cpp tg128, …`, with `--llama-cpp` the W ratio against
-llama-server, and warns when the baseline reads far below transformers' known figure on this kind of CPU
-(a broken baseline is not a win).
+llama-server, and warns when the baseline reads far below transformers' known figure on
+this kind of CPU (a broken baseline is not a win).
 
     .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
         [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
