@@ -13,16 +13,21 @@ about half its own speed after deepwell's engine had started its threads).
   its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
   `--no-hf-continuous`; its best configuration is the baseline;
 - batch-1 decode tok/s of each engine: 64-token prompt, (time for n + 1 tokens − time for
-  1 token) / n.
+  1 token) / n;
+- llama.cpp (benchmarks/llama_cpp.py, the same GGUF, the same threads): its tg128 whenever a
+  build is in the cache, and with `--llama-cpp` (which builds it first if needed, ~15 min)
+  also W through `llama-server -np 16`. Without a build, batch-1 decode is compared against
+  the tg128 issue 16 quotes (151–166 tok/s, 2 threads, another machine), and says so.
 
 Rounds alternate the configurations and each keeps its fastest. Prints
 `throughput ratio, speculation off (deepwell/transformers best): X` and the same for on,
-and warns when the baseline reads far below transformers' known figure on this kind of CPU
-(a broken baseline is not a win).
+`batch-1 decode ratio vs llama.cpp tg128, …`, with `--llama-cpp` the W ratio against
+llama-server, and warns when the baseline reads far below transformers' known figure on
+this kind of CPU (a broken baseline is not a win).
 
     .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
         [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
-        [--dtype bfloat16] [--json out.json]
+        [--dtype bfloat16] [--llama-cpp] [--llama-cpp-cache DIR] [--json out.json]
 """
 
 import argparse
@@ -32,7 +37,10 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+
+import llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT.parent / "shared" / "bench" / "workload.py"
@@ -46,6 +54,7 @@ KNOWN_BASELINES = {
 }
 # Below this share of the known figure a baseline is called broken.
 BASELINE_FLOOR = 0.7
+LLAMA_CPP = "llama.cpp"
 
 
 def load_workload() -> tuple[list[dict], str]:
@@ -193,10 +202,21 @@ def child_hf_continuous(args, workload: list[dict], decode_prompt: list[int]) ->
     return {"seconds": elapsed, "batch1_decode_tok_s": None}
 
 
+def child_llama_cpp(args, workload: list[dict], decode_prompt: list[int]) -> dict:
+    """llama-bench's tg128 and, with `serve_w`, W through llama-server (its own processes)."""
+    llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
+    if llama is None:
+        raise llama_cpp.LlamaCppError(f"no llama.cpp build in {args.llama_cpp_cache}")
+    decode = llama_cpp.tg128(llama, args.threads)
+    seconds = llama_cpp.serve_w(llama, args.threads, workload).seconds if args.serve_w else None
+    return {"seconds": seconds, "batch1_decode_tok_s": decode.tok_s, "tg128": asdict(decode)}
+
+
 CHILDREN = {
     "deepwell": child_deepwell,
     "hf-static": child_hf_static,
     "hf-continuous": child_hf_continuous,
+    "llama-cpp": child_llama_cpp,
 }
 
 
@@ -227,6 +247,8 @@ def run_child(args, kind: str, **extra) -> dict:
         str(args.decode_tokens),
         "--requests",
         str(args.requests),
+        "--llama-cpp-cache",
+        str(args.llama_cpp_cache),
     ]
     for name, value in extra.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
@@ -257,6 +279,8 @@ def configurations(args) -> dict[str, tuple[str, dict]]:
         configs[f"transformers static batch {size}"] = ("hf-static", {"batch_size": size})
     if args.hf_continuous:
         configs["transformers continuous batching"] = ("hf-continuous", {})
+    if args.llama_cpp or llama_cpp.find_llama_cpp(args.llama_cpp_cache) is not None:
+        configs[LLAMA_CPP] = ("llama-cpp", {"serve_w": int(args.llama_cpp)})
     return configs
 
 
@@ -279,6 +303,39 @@ def warn_if_broken(args, output_tok_s: float, decode_tok_s: float) -> None:
             print(f"{bar}\nWARNING: BROKEN BASELINE? {line}\n{bar}", flush=True)
         else:
             print(f"baseline check: {line}")
+
+
+def compare_with_llama_cpp(setting: str, deepwell: dict, llama: dict | None) -> tuple[list, dict]:
+    """Lines and summary entries for one deepwell configuration (`setting`, e.g. "speculation
+    off") against llama.cpp: its tg128 and W when they ran here, else issue 16's quoted tg128."""
+    decode = deepwell["batch1_decode_tok_s"]
+    name = f"batch-1 decode ratio vs llama.cpp tg128, {setting} (deepwell/llama.cpp)"
+    if llama is None:
+        low, high = llama_cpp.QUOTED_TG128_2_THREADS
+        line = (
+            f"{name}: {decode / high:.2f}–{decode / low:.2f} against the {low:.0f}–{high:.0f}"
+            " tok/s issue 16 quotes (2 threads, another machine): llama.cpp is not built here"
+            " (--llama-cpp builds and runs it)"
+        )
+        return [line], {"batch1_decode_ratio_vs_quoted_llama_cpp": [decode / high, decode / low]}
+    ratio = decode / llama["batch1_decode_tok_s"]
+    lines, entries = [f"{name}: {ratio:.2f}"], {"batch1_decode_ratio_vs_llama_cpp": ratio}
+    if llama["seconds"] is not None:
+        ratio = deepwell["output_tok_s"] / llama["output_tok_s"]
+        lines.append(
+            f"throughput ratio vs llama-server -np 16, {setting} (deepwell/llama.cpp): {ratio:.2f}"
+        )
+        entries["throughput_ratio_vs_llama_server"] = ratio
+    return lines, entries
+
+
+def describe(name: str, result: dict) -> str:
+    parts = []
+    if result["seconds"] is not None:
+        parts.append(f"{result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s")
+    if result["batch1_decode_tok_s"]:
+        parts.append(f"batch-1 decode {result['batch1_decode_tok_s']:.1f} tok/s")
+    return f"  {name}: {', '.join(parts)}"
 
 
 def main() -> None:
@@ -319,6 +376,18 @@ def main() -> None:
     parser.add_argument(
         "--timeout", type=float, default=1200.0, help="seconds one configuration may take"
     )
+    parser.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="build llama.cpp if needed (~15 min) and run W through llama-server too",
+    )
+    parser.add_argument(
+        "--llama-cpp-cache",
+        type=Path,
+        default=llama_cpp.CACHE_DIR,
+        help="where llama.cpp is built (benchmarks/llama_cpp.py)",
+    )
+    parser.add_argument("--serve-w", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.child:
@@ -334,6 +403,17 @@ def main() -> None:
         f" {args.dtype}, native bf16: {native_bf16()}, deepwell k={args.k}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    if args.llama_cpp:
+        try:
+            llama_cpp.ensure_llama_cpp(args.llama_cpp_cache)
+        except llama_cpp.LlamaCppError as error:
+            sys.exit(str(error))
+    elif llama_cpp.find_llama_cpp(args.llama_cpp_cache) is None:
+        print(
+            f"llama.cpp: no build in {args.llama_cpp_cache} (--llama-cpp builds it);"
+            " batch-1 decode is compared against issue 16's quoted tg128",
+            flush=True,
+        )
     best: dict[str, dict] = {}
     rounds: list[dict[str, dict]] = []
     for index in range(args.rounds):
@@ -345,26 +425,20 @@ def main() -> None:
             if "error" in result:
                 print(f"  {name}: failed: {result['error']}", flush=True)
                 continue
-            result["output_tok_s"] = output_tokens / result["seconds"]
-            decode = result["batch1_decode_tok_s"]
-            print(
-                f"  {name}: {result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s"
-                + (f", batch-1 decode {decode:.1f} tok/s" if decode else "")
-                + f" (load average {os.getloadavg()[0]:.2f})",
-                flush=True,
-            )
+            if result["seconds"] is not None:
+                result["output_tok_s"] = output_tokens / result["seconds"]
+            load = os.getloadavg()[0]
+            print(f"{describe(name, result)} (load average {load:.2f})", flush=True)
             kept = best.setdefault(name, dict(result))
-            kept["seconds"] = min(kept["seconds"], result["seconds"])
-            kept["output_tok_s"] = output_tokens / kept["seconds"]
+            if result["seconds"] is not None:
+                kept["seconds"] = min(kept["seconds"], result["seconds"])
+                kept["output_tok_s"] = output_tokens / kept["seconds"]
+            decode = result["batch1_decode_tok_s"]
             if decode:
                 kept["batch1_decode_tok_s"] = max(kept["batch1_decode_tok_s"], decode)
     print(f"fastest of {args.rounds} round(s):")
     for name, result in best.items():
-        decode = result["batch1_decode_tok_s"]
-        print(
-            f"  {name}: {result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s"
-            + (f", batch-1 decode {decode:.1f} tok/s" if decode else "")
-        )
+        print(describe(name, result))
     peers = {name: r for name, r in best.items() if name.startswith("transformers")}
     if not peers:
         sys.exit("no transformers configuration ran: no baseline to compare against")
@@ -401,6 +475,11 @@ def main() -> None:
                     f"batch-1 decode ratio, speculation {label}{weights} "
                     f"(deepwell/transformers): {decode / hf_decode:.2f}"
                 )
+            lines, entries = compare_with_llama_cpp(
+                f"speculation {label}{weights}", best[name], best.get(LLAMA_CPP)
+            )
+            print("\n".join(lines))
+            summary.update({f"{entry}_{key}": value for entry, value in entries.items()})
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
 
