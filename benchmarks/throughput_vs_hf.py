@@ -14,7 +14,7 @@ about half its own speed after deepwell's engine had started its threads).
   `--no-hf-continuous`; its best configuration is the baseline;
 - batch-1 decode tok/s of each engine: 64-token prompt, (time for n + 1 tokens − time for
   1 token) / n;
-- llama.cpp (benchmarks/llama_cpp.py, the same GGUF, the same threads): its tg128 whenever a
+- llama.cpp (benchmarks/llama_cpp_peer.py, the same GGUF, the same threads): its tg128 whenever a
   build is in the cache, and with `--llama-cpp` (which builds it first if needed, ~15 min)
   also W through `llama-server -np 16`. Without a build, batch-1 decode is compared against
   the tg128 issue 16 quotes (151–166 tok/s, 2 threads, another machine), and says so.
@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import llama_cpp
+import llama_cpp_peer as llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT.parent / "shared" / "bench" / "workload.py"
@@ -385,7 +385,7 @@ def main() -> None:
         "--llama-cpp-cache",
         type=Path,
         default=llama_cpp.CACHE_DIR,
-        help="where llama.cpp is built (benchmarks/llama_cpp.py)",
+        help="where llama.cpp is built (benchmarks/llama_cpp_peer.py)",
     )
     parser.add_argument("--serve-w", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")

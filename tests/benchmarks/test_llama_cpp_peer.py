@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import llama_cpp
+import llama_cpp_peer as llama_cpp
 import pytest
-from llama_cpp import LlamaCpp, LlamaCppError
+from llama_cpp_peer import LlamaCpp, LlamaCppError
 from throughput_vs_hf import compare_with_llama_cpp, load_workload
 
 # Recorded from `llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t 1 -p 16 -n 16 -r 2
@@ -123,7 +123,7 @@ def test_without_llama_cpp_batch1_is_against_the_quoted_figure_and_says_so():
     assert "issue 16 quotes" in line and "not built here" in line
 
 
-# ---- the real binaries (built once by `python benchmarks/llama_cpp.py`) ----
+# ---- the real binaries (built once by `python benchmarks/llama_cpp_peer.py`) ----
 
 needs_build = pytest.mark.skipif(
     llama_cpp.find_llama_cpp() is None, reason=f"no llama.cpp build in {llama_cpp.CACHE_DIR}"

@@ -10,7 +10,7 @@ as benchmarks/throughput_vs_hf.py does. As a script: tg128 (and pp, with --n-pro
 of --threads (at llama.cpp's defaults and with llama-server's plain weight buffers), then W
 at the largest, with the CPU's SIMD flags and llama.cpp's build.
 
-    .venv/bin/python benchmarks/llama_cpp.py [--threads 1,2] [--repetitions 5]
+    .venv/bin/python benchmarks/llama_cpp_peer.py [--threads 1,2] [--repetitions 5]
         [--n-prompt 64] [--no-serve] [--cache-dir DIR] [--json out.json]
 """
 
