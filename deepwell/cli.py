@@ -17,7 +17,7 @@ from deepwell import engine_defaults
 from deepwell.engine_options import (
     add_engine_arguments,
     add_parallel_arguments,
-    attention_backend_override,
+    kernel_overrides,
     parallel_fields,
     yoco_overrides,
 )
@@ -284,7 +284,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         context_parallel_size=args.context_parallel_size,
         context_parallel_min_tokens=args.context_parallel_min_tokens,
         **yoco_overrides(args),
-        **attention_backend_override(args),
+        **kernel_overrides(args),
     )
 
 

@@ -161,6 +161,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "use; an error without a compiler), torch (pure torch) or auto (cpp where it builds) "
         f"(default: DEEPWELL_ATTENTION_BACKEND or {defaults.ATTENTION_BACKEND})",
     )
+    groups.engine.add_argument(
+        "--native-decode",
+        choices=defaults.NATIVE_DECODES,
+        help="auto: Llama-family decode steps of a few rows run every layer in one C++ call "
+        "where the model has --quantization int4 linears and the cpp attention; off: always "
+        f"the torch path (default: DEEPWELL_NATIVE_DECODE or {defaults.NATIVE_DECODE})",
+    )
     return groups
 
 
@@ -236,9 +243,11 @@ def parallel_fields(args: argparse.Namespace) -> dict[str, int | bool | str]:
     }
 
 
-def attention_backend_override(args: argparse.Namespace) -> dict[str, str]:
-    """--attention-backend when given; else EngineArgs reads DEEPWELL_ATTENTION_BACKEND."""
-    return {} if args.attention_backend is None else {"attention_backend": args.attention_backend}
+def kernel_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """--attention-backend and --native-decode where given; else EngineArgs reads
+    DEEPWELL_ATTENTION_BACKEND / DEEPWELL_NATIVE_DECODE."""
+    given = {"attention_backend": args.attention_backend, "native_decode": args.native_decode}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def yoco_overrides(args: argparse.Namespace) -> dict[str, str | int]:

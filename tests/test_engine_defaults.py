@@ -12,6 +12,7 @@ import pytest
 
 from deepwell.cli import _engine_args, build_parser
 from deepwell.engine import EngineArgs
+from deepwell.serve.launcher import worker_config
 from deepwell.serve.messages import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +98,21 @@ def test_attention_backend_flag_reaches_engine_args_and_overrides_the_environmen
         EngineArgs()
 
 
+def test_native_decode_flag_reaches_engine_args_and_the_worker_config(monkeypatch) -> None:
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["bench"])).native_decode == "auto"
+    monkeypatch.setenv("DEEPWELL_NATIVE_DECODE", "off")
+    assert _engine_args(parser.parse_args(["bench"])).native_decode == "off"
+    for command in (["bench"], ["generate", "hello"]):
+        args = _engine_args(parser.parse_args([*command, "--native-decode", "auto"]))
+        assert args.native_decode == "auto"
+    served = parser.parse_args(["serve", "--native-decode", "off"])
+    assert served.native_decode == "off"
+    assert worker_config(served, 0, "", "", 0).native_decode == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--native-decode", "on"])
+
+
 def test_serve_options_and_worker_config_default_to_engine_args() -> None:
     args = build_parser().parse_args(["serve"])
     engine = EngineArgs()
@@ -124,11 +140,12 @@ def test_serve_options_and_worker_config_default_to_engine_args() -> None:
         f.name for f in dataclasses.fields(EngineArgs)
     }
     # None / the environment switches (DEEPWELL_BATCH_INVARIANT, DEEPWELL_YOCO_PREFILL_*,
-    # DEEPWELL_ATTENTION_BACKEND)
+    # DEEPWELL_ATTENTION_BACKEND, DEEPWELL_NATIVE_DECODE)
     shared -= {
         "max_model_len",
         "batch_invariant",
         "attention_backend",
+        "native_decode",
         "yoco_prefill_truncation_mode",
         "yoco_prefill_keep_tokens",
     }

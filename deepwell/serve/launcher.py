@@ -167,6 +167,7 @@ def worker_config(
         quantize_kv_cache=not args.no_kv_cache_quantization,
         quantization=args.quantization,
         attention_backend=args.attention_backend,
+        native_decode=args.native_decode,
         yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
         yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
         num_threads=args.threads,

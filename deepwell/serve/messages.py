@@ -53,6 +53,9 @@ class WorkerConfig:
     # Decode attention (EngineArgs.attention_backend); None: the worker's
     # DEEPWELL_ATTENTION_BACKEND environment or the default.
     attention_backend: str | None = None
+    # The native decode step (EngineArgs.native_decode); None: DEEPWELL_NATIVE_DECODE or
+    # the default.
+    native_decode: str | None = None
     # Torch threads in the worker (None: torch's choice).
     num_threads: int | None = None
     # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.

@@ -151,6 +151,7 @@ class EngineCoreAdapter:
                     ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
                     ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
                     ("attention_backend", config.attention_backend),
+                    ("native_decode", config.native_decode),
                 )
                 if value is not None
             },

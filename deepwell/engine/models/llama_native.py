@@ -66,7 +66,7 @@ def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | No
     """The native step for `model` where `choice` (EngineArgs.native_decode: "auto" / "off")
     and the model allow it, else None; the start-up log says which path decodes and why."""
     if choice == "off":
-        logger.info("decode step: torch path (native_decode off)")
+        logger.info("decode step: torch path (--native-decode off)")
         return None
     reason = _unsupported(model)
     if reason is None:
