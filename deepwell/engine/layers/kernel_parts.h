@@ -6,6 +6,10 @@
 
 #include <cstdint>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace deepwell {
 
 // paged_decode.cpp. Every row's block list against a cache of num_blocks blocks: a bad one
@@ -54,5 +58,32 @@ struct BlockLinear {
 // activations quantised per 32-block as the linears do; 1 to 8 rows.
 void block_linear(
     const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out);
+
+#if defined(__AVX512F__)
+// Lane i of the result: the sum of v[i]'s 16 lanes, 16 vectors reduced together in four
+// shuffle rounds for about the cost of two horizontal sums (paged_decode.cpp's scores of 16
+// keys, quant_gemv.cpp's 16 output features).
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {
+    // Per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) of a = v[2i], b = v[2i+1].
+    pairs[i] = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    // Per 128-bit lane: the lane's sums of v[4i], ..., v[4i+3].
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 low = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[0], quads[1], kEven), _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
+  const __m512 high = _mm512_add_ps(
+      _mm512_shuffle_f32x4(quads[2], quads[3], kEven), _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
+  return _mm512_add_ps(
+      _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
+}
+#endif
 
 }  // namespace deepwell

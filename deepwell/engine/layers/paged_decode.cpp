@@ -137,28 +137,6 @@ void block_scores(
 // AVX-512: 16 keys at a time, their 16 product vectors summed across lanes together in four
 // shuffle rounds (a full horizontal sum per key costs as much as its products). bf16 caches
 // multiply bf16 pairs straight into float32 sums (AVX512_BF16's vdpbf16ps), no conversion.
-// Lane i of the result: the sum of v[i]'s lanes.
-inline __m512 sum_lanes16(const __m512* v) {
-  __m512 pairs[8], quads[4];
-  for (int i = 0; i < 8; ++i) {
-    // Per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) of a = v[2i], b = v[2i+1].
-    pairs[i] = _mm512_add_ps(
-        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {
-    // Per 128-bit lane: the lane's sums of v[4i], ..., v[4i+3].
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-    quads[i] = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 low = _mm512_add_ps(
-      _mm512_shuffle_f32x4(quads[0], quads[1], kEven), _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
-  const __m512 high = _mm512_add_ps(
-      _mm512_shuffle_f32x4(quads[2], quads[3], kEven), _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
-  return _mm512_add_ps(
-      _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
-}
 
 inline bool fast_scores_fit(const float*, int64_t head_dim) { return head_dim % 16 == 0; }
 
@@ -209,7 +187,7 @@ void block_scores_avx512(
       for (int64_t j = 0; j < 16; ++j) {
         v[j] = j < m ? products(head, keys + (t0 + j) * head_dim, head_dim) : _mm512_setzero_ps();
       }
-      const __m512 sums = _mm512_mul_ps(sum_lanes16(v), _mm512_set1_ps(scale));
+      const __m512 sums = _mm512_mul_ps(deepwell::sum_lanes16(v), _mm512_set1_ps(scale));
       _mm512_mask_storeu_ps(scores + g * block_size + t0, (__mmask16)((1u << m) - 1), sums);
     }
   }

@@ -116,27 +116,6 @@ Activations quantize_activations(const T* x, int64_t rows, int64_t in_features, 
 }
 
 #if defined(QUANT_VNNI)
-// Lane i of the result: the sum of v[i]'s 16 lanes (as paged_decode.cpp's sum_lanes16): 16
-// output rows reduced together for the cost of about two horizontal sums.
-inline __m512 sum_lanes16(const __m512* v) {
-  __m512 pairs[8], quads[4];
-  for (int i = 0; i < 8; ++i) {
-    pairs[i] = _mm512_add_ps(
-        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-    quads[i] = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 low = _mm512_add_ps(
-      _mm512_shuffle_f32x4(quads[0], quads[1], kEven), _mm512_shuffle_f32x4(quads[0], quads[1], kOdd));
-  const __m512 high = _mm512_add_ps(
-      _mm512_shuffle_f32x4(quads[2], quads[3], kEven), _mm512_shuffle_f32x4(quads[2], quads[3], kOdd));
-  return _mm512_add_ps(
-      _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
-}
 
 // Output rows [begin, end) for R activation rows, 16 output rows at a time. Each row's 16
 // float lanes start at its offset term (16 blocks a vector: m sx for Q4_1, -128 d Σq dx for
@@ -211,7 +190,7 @@ void rows_vnni(
     const __mmask16 stored = count == 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
     for (int r = 0; r < R; ++r) {
       for (int64_t i = count; i < 16; ++i) tile[r][i] = _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(out + r * out_features + first, stored, sum_lanes16(tile[r]));
+      _mm512_mask_storeu_ps(out + r * out_features + first, stored, deepwell::sum_lanes16(tile[r]));
     }
   }
 }
