@@ -47,12 +47,6 @@ BLOCK = 32
 # kernel's last change). A 6-row speculative verify still runs the kernel.
 QUANT_MAX_ROWS = 8
 PACKED_MAX_ROWS = 6
-# The Llama family's fused projections (models/llama.py): their rows are these checkpoint
-# tensors' rows, concatenated in this order.
-_FUSED_PARTS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-}
 
 
 @dataclass(frozen=True)
@@ -239,9 +233,11 @@ def _source_names(model: nn.Module, name: str, module: nn.Module) -> list[str]:
     for other_name, other in model.named_modules():
         if other is not module and getattr(other, "weight", None) is module.weight:
             return [other_name]
-    prefix, _, leaf = name.rpartition(".")
-    if leaf in _FUSED_PARTS:
-        return [f"{prefix}.{part}" for part in _FUSED_PARTS[leaf]]
+    # The model's fused projections (models/llama.py's `fused_projections`), if it has any.
+    for target, parts in getattr(model, "fused_projections", {}).items():
+        if name.endswith(f".{target}"):
+            prefix = name.removesuffix(target)
+            return [prefix + part for part in parts]
     return [name]
 
 

@@ -135,6 +135,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # A layer's fused projections and the checkpoint tensors whose rows they concatenate, in
+    # order: load_weights fuses the float weights so, quant_linear.py the GGUF blocks.
+    fused_projections = {
+        "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    }
     # The native decode step (models/llama_native.py), set by build.py where it applies: the
     # steps it takes skip the layers below.
     native_decode = None
@@ -195,16 +201,9 @@ class LlamaForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
-        fused = {
-            "self_attn.qkv_proj.weight": (
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-            ),
-            "mlp.gate_up_proj.weight": ("mlp.gate_proj", "mlp.up_proj"),
-        }
+        fused = {f"{target}.weight": parts for target, parts in self.fused_projections.items()}
         if self.config.attention_bias:
-            fused["self_attn.qkv_proj.bias"] = fused["self_attn.qkv_proj.weight"]
+            fused["self_attn.qkv_proj.bias"] = self.fused_projections["self_attn.qkv_proj"]
         params = dict(self.named_parameters())
         unset = set(params)
 
