@@ -13,7 +13,7 @@ about half its own speed after deepwell's engine had started its threads).
   its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
   `--no-hf-continuous`; its best configuration is the baseline;
 - batch-1 decode tok/s of each engine: 64-token prompt, (time for n + 1 tokens − time for
-  1 token) / n;
+  1 token) / n, the mean of `--decode-repetitions` runs;
 - llama.cpp (benchmarks/llama_cpp_peer.py, the same GGUF, the same threads): its tg128 whenever a
   build is in the cache, and with `--llama-cpp` (which builds it first if needed, ~15 min)
   also W through `llama-server -np 16`. Without a build, batch-1 decode is compared against
@@ -34,6 +34,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -101,9 +102,22 @@ def child_deepwell(args, workload: list[dict], decode_prompt: list[int]) -> dict
 
     params = [SamplingParams(max_tokens=r["output_len"], **greedy) for r in workload]
     elapsed = timed([r["prompt_ids"] for r in workload], params)
-    first = timed([decode_prompt], SamplingParams(max_tokens=1, **greedy))
-    full = timed([decode_prompt], SamplingParams(max_tokens=args.decode_tokens + 1, **greedy))
-    return {"seconds": elapsed, "batch1_decode_tok_s": args.decode_tokens / (full - first)}
+    decode = batch1_decode(
+        args, lambda tokens: timed([decode_prompt], SamplingParams(max_tokens=tokens, **greedy))
+    )
+    return {"seconds": elapsed, **decode}
+
+
+def batch1_decode(args, timed_tokens) -> dict:
+    """Batch-1 decode tok/s, (time of n + 1 tokens - time of 1) / n, as the mean of
+    `--decode-repetitions` runs (llama-bench reports its tg128 so: mean ± standard deviation)."""
+    rates = []
+    for _ in range(args.decode_repetitions):
+        first = timed_tokens(1)
+        full = timed_tokens(args.decode_tokens + 1)
+        rates.append(args.decode_tokens / (full - first))
+    spread = statistics.stdev(rates) if len(rates) > 1 else 0.0
+    return {"batch1_decode_tok_s": statistics.fmean(rates), "batch1_decode_std": spread}
 
 
 def hf_model(dtype: str):
@@ -152,9 +166,8 @@ def child_hf_static(args, workload: list[dict], decode_prompt: list[int]) -> dic
         batch = workload[i : i + args.batch_size]
         longest = max(r["output_len"] for r in batch)
         elapsed += hf_generate(model, [r["prompt_ids"] for r in batch], longest)
-    first = hf_generate(model, [decode_prompt], 1)
-    full = hf_generate(model, [decode_prompt], args.decode_tokens + 1)
-    return {"seconds": elapsed, "batch1_decode_tok_s": args.decode_tokens / (full - first)}
+    decode = batch1_decode(args, lambda tokens: hf_generate(model, [decode_prompt], tokens))
+    return {"seconds": elapsed, **decode}
 
 
 def child_hf_continuous(args, workload: list[dict], decode_prompt: list[int]) -> dict:
@@ -209,7 +222,12 @@ def child_llama_cpp(args, workload: list[dict], decode_prompt: list[int]) -> dic
         raise llama_cpp.LlamaCppError(f"no llama.cpp build in {args.llama_cpp_cache}")
     decode = llama_cpp.tg128(llama, args.threads)
     seconds = llama_cpp.serve_w(llama, args.threads, workload).seconds if args.serve_w else None
-    return {"seconds": seconds, "batch1_decode_tok_s": decode.tok_s, "tg128": asdict(decode)}
+    return {
+        "seconds": seconds,
+        "batch1_decode_tok_s": decode.tok_s,
+        "batch1_decode_std": decode.stddev_tok_s,
+        "tg128": asdict(decode),
+    }
 
 
 CHILDREN = {
@@ -245,6 +263,8 @@ def run_child(args, kind: str, **extra) -> dict:
         args.dtype,
         "--decode-tokens",
         str(args.decode_tokens),
+        "--decode-repetitions",
+        str(args.decode_repetitions),
         "--requests",
         str(args.requests),
         "--llama-cpp-cache",
@@ -334,7 +354,9 @@ def describe(name: str, result: dict) -> str:
     if result["seconds"] is not None:
         parts.append(f"{result['seconds']:.1f} s, {result['output_tok_s']:.1f} output tok/s")
     if result["batch1_decode_tok_s"]:
-        parts.append(f"batch-1 decode {result['batch1_decode_tok_s']:.1f} tok/s")
+        spread = result.get("batch1_decode_std")
+        plus_minus = f" ± {spread:.1f}" if spread else ""
+        parts.append(f"batch-1 decode {result['batch1_decode_tok_s']:.1f}{plus_minus} tok/s")
     return f"  {name}: {', '.join(parts)}"
 
 
@@ -367,6 +389,12 @@ def main() -> None:
         help="skip transformers' continuous batching",
     )
     parser.add_argument("--decode-tokens", type=int, default=128, help="batch-1 decode length")
+    parser.add_argument(
+        "--decode-repetitions",
+        type=int,
+        default=3,
+        help="batch-1 decode runs per engine, averaged (llama-bench's tg128 averages 5)",
+    )
     parser.add_argument(
         "--requests", type=int, default=64, help="W's first N requests only (quick checks)"
     )
@@ -434,8 +462,9 @@ def main() -> None:
                 kept["seconds"] = min(kept["seconds"], result["seconds"])
                 kept["output_tok_s"] = output_tokens / kept["seconds"]
             decode = result["batch1_decode_tok_s"]
-            if decode:
-                kept["batch1_decode_tok_s"] = max(kept["batch1_decode_tok_s"], decode)
+            if decode and decode > kept["batch1_decode_tok_s"]:
+                kept["batch1_decode_tok_s"] = decode
+                kept["batch1_decode_std"] = result.get("batch1_decode_std")
     print(f"fastest of {args.rounds} round(s):")
     for name, result in best.items():
         print(describe(name, result))
