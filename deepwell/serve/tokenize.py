@@ -1,7 +1,8 @@
 """vLLM's `/tokenize` and `/detokenize`: a prompt (or chat messages) to ids, and ids to text.
 
 Shapes follow vLLM's TokenizeRequest / TokenizeResponse / DetokenizeRequest; the messages
-form renders through the served model's own chat encoding, as a chat request would.
+form renders through the served model's own chat encoding, with the request's
+`chat_template_kwargs`, as a chat request would.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from deepwell.recipe import ChatCompletionRequest
 from deepwell.serve.errors import ApiError
+from deepwell.serve.frontend import template_kwargs
 from deepwell.serve.model import ServedModel
 
 
@@ -31,7 +33,7 @@ def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
             )
         chat = {key: data[key] for key in ("messages", "tools", "tool_choice") if key in data}
         converted = ChatCompletionRequest({**chat, "model": name}).convert(model.conversion_options)
-        ids = model.encode(converted.conversation)
+        ids = model.encode(converted.conversation, template_kwargs(body, model))
     else:
         prompt = data.get("prompt")
         if not isinstance(prompt, str):

@@ -49,6 +49,8 @@ TRAPS = (
     "{%- endif %}"
     "{%- if messages[0].content == 'ESCAPE' %}{{ ''.__class__.__mro__[1].__subclasses__() }}"
     "{%- endif %}"
+    # A variable only a request's chat_template_kwargs sets.
+    "{%- if preamble is defined %}{{ preamble }}{%- endif %}"
 )
 
 
@@ -265,6 +267,27 @@ def test_chat_template_kwargs_must_be_an_object(qwen_server):
     )
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "chat_template_kwargs must be an object."
+
+
+def test_tokenize_renders_messages_with_the_requests_chat_template_kwargs(qwen_server):
+    def tokenize(**extra) -> dict:
+        body = {"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}
+        response = httpx.post(f"{qwen_server.base_url}/tokenize", json={**body, **extra})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    plain = tokenize()
+    preamble = "Answer in French."
+    with_kwargs = tokenize(chat_template_kwargs={"preamble": preamble})
+    assert with_kwargs["count"] > plain["count"]
+    assert "".join(with_kwargs["token_strs"]).startswith(preamble)
+    assert "".join(with_kwargs["token_strs"]).endswith("".join(plain["token_strs"]))
+    bad = httpx.post(
+        f"{qwen_server.base_url}/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]},
+    )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == "chat_template_kwargs must be an object."
 
 
 def test_a_template_that_does_not_compile_stops_serve_before_loading(tmp_path):
