@@ -205,6 +205,15 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
         help="steps of token counts behind each EPLB re-placement (default: 32)",
     )
     group.add_argument(
+        "--eplb-min-gain",
+        type=float,
+        default=0.05,
+        metavar="G",
+        help="move a layer's experts only when the new placement lowers its window's "
+        "max/mean rank load by at least G, so that noise in the counts moves no weights "
+        "(default: 0.05; 0 re-places at every window)",
+    )
+    group.add_argument(
         "--eplb-redundant-experts",
         type=int,
         default=0,
@@ -228,13 +237,14 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parallel_fields(args: argparse.Namespace) -> dict[str, int | bool | str]:
+def parallel_fields(args: argparse.Namespace) -> dict[str, int | float | bool | str]:
     """The ParallelConfig fields the parallelism flags set."""
     return {
         "data_parallel_size": args.data_parallel_size,
         "expert_parallel": args.expert_parallel,
         "enable_eplb": args.enable_eplb,
         "eplb_window_steps": args.eplb_window_steps,
+        "eplb_min_gain": args.eplb_min_gain,
         "eplb_redundant_experts": args.eplb_redundant_experts,
         "master_addr": args.master_addr,
         "master_port": args.master_port,

@@ -131,7 +131,7 @@ class EngineCore:
             self.lockstep = StepGate(
                 self.group,
                 [layer.ffn for layer in built.model.layers],
-                EplbState(eplb.eplb_window_steps) if eplb.enable_eplb else None,
+                EplbState(eplb.eplb_window_steps, eplb.eplb_min_gain) if eplb.enable_eplb else None,
             )
 
     @property

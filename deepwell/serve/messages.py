@@ -68,6 +68,7 @@ class WorkerConfig:
     expert_parallel: bool = False
     enable_eplb: bool = False
     eplb_window_steps: int = 32
+    eplb_min_gain: float = 0.05
     eplb_redundant_experts: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500

@@ -136,6 +136,7 @@ class EngineCoreAdapter:
                 expert_parallel=config.expert_parallel,
                 enable_eplb=config.enable_eplb,
                 eplb_window_steps=config.eplb_window_steps,
+                eplb_min_gain=config.eplb_min_gain,
                 eplb_redundant_experts=config.eplb_redundant_experts,
                 rank=config.data_parallel_rank,
                 master_addr=config.master_addr,

@@ -1,5 +1,6 @@
 """EPLB: count tokens per expert over a window of steps, re-place the experts of every MoE
-layer from the all-reduced counts, and move expert weights between ranks to match."""
+layer from the all-reduced counts, and move expert weights between ranks to match, for the
+layers where that lowers the load's imbalance enough to be worth the move."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import torch.distributed as dist
 from torch import nn
 
 from deepwell.engine.parallel.group import DistributedGroup, collective
-from deepwell.engine.parallel.placement import ExpertPlacement, balanced_placement, imbalance
+from deepwell.engine.parallel.placement import (
+    ExpertPlacement,
+    balanced_placement,
+    imbalance,
+    worth_moving,
+)
 
 
 @dataclass(frozen=True)
@@ -27,12 +33,17 @@ class Rebalance:
 @dataclass
 class EplbState:
     window_steps: int
+    # ParallelConfig.eplb_min_gain.
+    min_gain: float
     history: list[Rebalance] = field(default_factory=list)
 
 
-def rebalance(moe_layers: list[nn.Module], group: DistributedGroup, step: int) -> Rebalance:
-    """Re-place every layer's experts by its window's load; the same result on every rank,
-    which must all call this at the same step boundary."""
+def rebalance(
+    moe_layers: list[nn.Module], group: DistributedGroup, step: int, min_gain: float
+) -> Rebalance:
+    """Re-place each layer's experts by its window's load where that lowers the layer's
+    max/mean rank load by `min_gain` or more; the same result on every rank, which must all
+    call this at the same step boundary."""
     loads = torch.stack([moe.parallel.expert_tokens for moe in moe_layers])
     with collective(group, "EPLB load all-reduce"):
         dist.all_reduce(loads)
@@ -42,6 +53,8 @@ def rebalance(moe_layers: list[nn.Module], group: DistributedGroup, step: int) -
     for moe, layer_loads in zip(moe_layers, loads.tolist(), strict=True):
         old = moe.parallel.placement
         new = balanced_placement(layer_loads, old.num_ranks, len(old.slot_experts))
+        if not worth_moving(layer_loads, old, new, min_gain):
+            new = old
         for totals, placement in ((before, old), (after, new)):
             for rank, load in enumerate(placement.rank_loads(layer_loads)):
                 totals[rank] += load

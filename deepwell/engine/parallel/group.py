@@ -34,6 +34,10 @@ class ParallelConfig:
     eplb_window_steps: int = 32
     # Physical expert slots beyond the logical experts, filled with replicas of hot ones.
     eplb_redundant_experts: int = 0
+    # A layer's experts move only when the new placement lowers its window's max/mean rank
+    # load by at least this much: moving weights costs a step's wait, a shift of a few
+    # percent in the counts is noise.
+    eplb_min_gain: float = 0.05
     # This process's global rank: node_rank * (ranks per node) + local rank.
     rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -64,6 +68,8 @@ class ParallelConfig:
             raise ValueError("enable_eplb balances expert-parallel ranks: it needs expert_parallel")
         if self.eplb_redundant_experts < 0 or self.eplb_window_steps < 1:
             raise ValueError("eplb_redundant_experts must be >= 0 and eplb_window_steps >= 1")
+        if self.eplb_min_gain < 0:
+            raise ValueError(f"eplb_min_gain must be >= 0, got {self.eplb_min_gain}")
         if self.eplb_redundant_experts and not self.enable_eplb:
             raise ValueError("eplb_redundant_experts places replicas by load: it needs enable_eplb")
         if self.timeout_s <= 0:

@@ -42,7 +42,7 @@ class StepGate:
             return False
         eplb = self.eplb
         if eplb is not None and self.steps and self.steps % eplb.window_steps == 0:
-            eplb.history.append(rebalance(self.moe_layers, self.group, self.steps))
+            eplb.history.append(rebalance(self.moe_layers, self.group, self.steps, eplb.min_gain))
         self.steps += 1
         return True
 

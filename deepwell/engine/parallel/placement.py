@@ -54,6 +54,18 @@ def imbalance(rank_loads: Sequence[float]) -> float:
     return max(rank_loads) / mean if mean else 1.0
 
 
+def worth_moving(
+    expert_loads: Sequence[float], old: ExpertPlacement, new: ExpertPlacement, min_gain: float
+) -> bool:
+    """Whether `new` lowers the max/mean rank load of `expert_loads` by `min_gain` or more
+    against `old` (EPLB's hysteresis: a balanced placement stays put)."""
+    if new == old:
+        return False
+    before = imbalance(old.rank_loads(expert_loads))
+    after = imbalance(new.rank_loads(expert_loads))
+    return before - after >= min_gain
+
+
 def check_divisible(num_experts: int, num_ranks: int, redundant: int) -> None:
     """Refuse expert counts that cannot fill every rank with the same number of slots."""
     slots = num_experts + redundant

@@ -59,6 +59,10 @@ def test_a_dead_peer_fails_the_next_collective_with_a_clear_error():
         (dict(data_parallel_size=4, nnodes=3), "multiple of nnodes"),
         (dict(data_parallel_size=2, enable_eplb=True), "needs expert_parallel"),
         (
+            dict(data_parallel_size=2, expert_parallel=True, enable_eplb=True, eplb_min_gain=-1),
+            "eplb_min_gain must be >= 0",
+        ),
+        (
             dict(data_parallel_size=2, expert_parallel=True, eplb_redundant_experts=2),
             "needs enable_eplb",
         ),

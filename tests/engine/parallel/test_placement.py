@@ -9,6 +9,7 @@ from deepwell.engine.parallel.placement import (
     balanced_placement,
     check_divisible,
     imbalance,
+    worth_moving,
 )
 
 
@@ -32,6 +33,25 @@ def test_skewed_load_gets_replicas_and_a_lower_max_over_mean():
     for rank in range(4):
         held = placement.rank_experts(rank)
         assert len(held) == 5 and len(set(held)) == 5
+
+
+def test_experts_move_only_for_a_gain_of_min_gain_or_more():
+    loads = [8.0, 1.0, 8.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    round_robin = balanced_placement([1.0] * 8, 2, 8)  # ranks (0, 2, 4, 6) and (1, 3, 5, 7)
+    balanced = balanced_placement(loads, 2, 8)
+    gain = imbalance(round_robin.rank_loads(loads)) - imbalance(balanced.rank_loads(loads))
+    assert gain > 0.5
+    assert worth_moving(loads, round_robin, balanced, 0.05)
+    assert not worth_moving(loads, round_robin, balanced, gain + 0.01)
+    # Counts that shifted a little: the placement they would give is no real gain.
+    nudged = [8.0, 1.0, 8.0, 1.0, 1.0, 1.2, 1.0, 1.0]
+    renewed = balanced_placement(nudged, 2, 8)
+    assert renewed != balanced
+    assert not worth_moving(nudged, balanced, renewed, 0.05)
+    assert worth_moving(nudged, balanced, renewed, 0.0) == (
+        imbalance(renewed.rank_loads(nudged)) <= imbalance(balanced.rank_loads(nudged))
+    )
+    assert not worth_moving(loads, balanced, balanced, 0.0)
 
 
 def test_placement_is_a_function_of_the_loads():
