@@ -2,8 +2,9 @@
 built once into a cache, run on deepwell's embedded GGUF (the very same Q4_1 weights).
 
 `ensure_llama_cpp` downloads the sdist (from the package registry, the only step that needs
-the network) and builds `llama-bench` and `llama-server` (about 15 minutes on 2 cores);
-`find_llama_cpp` only looks. `tg128` is llama-bench's batch-1 decode figure; `serve_w`
+the network) and builds `llama-bench`, `llama-server` and `llama-batched-bench` (about 15
+minutes on 2 cores); `find_llama_cpp` only looks. `tg128` is llama-bench's batch-1 decode figure;
+`batched_decode` is llama-batched-bench's decode tok/s at several batch sizes; `serve_w`
 submits workload W (../shared/bench/workload.py) at t = 0 to `llama-server -np 16`
 (continuous batching, no prompt cache) as token ids and reports output tok/s over wall time,
 as benchmarks/throughput_vs_hf.py does. As a script: tg128 (and pp, with --n-prompt) at each
@@ -46,7 +47,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
-TARGETS = ("llama-bench", "llama-server")
+TARGETS = ("llama-bench", "llama-server", "llama-batched-bench")
 BUILD_TOOLS = ("cmake", "make", "cc", "c++")
 # Issue 16: llama.cpp's tg128 on this GGUF with 2 threads, on the issue author's machine.
 QUOTED_TG128_2_THREADS = (151.0, 166.0)
@@ -70,6 +71,10 @@ class LlamaCpp:
     def server(self) -> Path:
         return self.bin_dir / "llama-server"
 
+    @property
+    def batched_bench(self) -> Path:
+        return self.bin_dir / "llama-batched-bench"
+
 
 @dataclass(frozen=True)
 class BenchResult:
@@ -84,6 +89,20 @@ class BenchResult:
     samples_tok_s: tuple[float, ...]
     cpu_info: str
     build_commit: str
+
+
+@dataclass(frozen=True)
+class BatchedDecode:
+    """One llama-batched-bench row: `batch` sequences of `prompt` tokens each, then `tokens`
+    decode steps of all of them together."""
+
+    batch: int
+    prompt: int
+    tokens: int
+    n_threads: int
+    repack: bool
+    # batch * tokens / the decode steps' seconds.
+    tok_s: float
 
 
 @dataclass(frozen=True)
@@ -105,9 +124,9 @@ def source_dir(cache_dir: Path) -> Path:
 
 
 def find_llama_cpp(cache_dir: Path = CACHE_DIR) -> LlamaCpp | None:
-    """The build in `cache_dir` if both binaries are there; never builds."""
+    """The build in `cache_dir` if every target's binary is there; never builds."""
     llama = LlamaCpp(source_dir(cache_dir) / "build" / "bin")
-    ready = all(os.access(path, os.X_OK) for path in (llama.bench, llama.server))
+    ready = all(os.access(llama.bin_dir / target, os.X_OK) for target in TARGETS)
     return llama if ready else None
 
 
@@ -133,7 +152,7 @@ def ensure_llama_cpp(cache_dir: Path = CACHE_DIR, log: Callable[[str], None] = p
             raise LlamaCppError(f"{sdist} holds no {source.relative_to(cache_dir)}")
     build_log = cache_dir / "build.log"
     log(
-        f"building {' and '.join(TARGETS)} in {source / 'build'} (about 15 minutes on 2 cores;"
+        f"building {', '.join(TARGETS)} in {source / 'build'} (about 15 minutes on 2 cores;"
         f" full log: {build_log})"
     )
     start = time.perf_counter()
@@ -143,7 +162,9 @@ def ensure_llama_cpp(cache_dir: Path = CACHE_DIR, log: Callable[[str], None] = p
         run_logged(["cmake", "--build", "build", jobs, "--target", *TARGETS], source, log_file, log)
     found = find_llama_cpp(cache_dir)
     if found is None:
-        raise LlamaCppError(f"the build finished without {' and '.join(TARGETS)}; see {build_log}")
+        raise LlamaCppError(
+            f"the build finished without all of {', '.join(TARGETS)}; see {build_log}"
+        )
     log(f"built llama.cpp in {time.perf_counter() - start:.0f} s")
     return found
 
@@ -257,6 +278,64 @@ def tg128(llama: LlamaCpp, threads: int, repetitions: int = 5) -> BenchResult:
     the plain buffers' speed on the Xeon of docs/benchmarks.md, and touches no tile."""
     (result,) = llama_bench(llama, threads, n_prompt=0, n_gen=128, repetitions=repetitions)
     return result
+
+
+# ---- llama-batched-bench: decode at several batch sizes ----
+
+
+def batched_bench_command(
+    llama: LlamaCpp,
+    model: Path,
+    threads: int,
+    prompt: int,
+    tokens: int,
+    batches: list[int],
+    repack: bool,
+) -> list[str]:
+    # Each sequence has its own prompt (no -pps) and its whole context in the cache.
+    context = -(-max(batches) * (prompt + tokens) // 256) * 256
+    command = [
+        str(llama.batched_bench),
+        *("-m", str(model), "-t", str(threads), "-c", str(context), "-b", "2048", "-ub", "512"),
+        *("-npp", str(prompt), "-ntg", str(tokens), "-npl", ",".join(map(str, batches))),
+        *("--output-format", "jsonl"),
+    ]
+    return command if repack else [*command, "--no-repack"]
+
+
+def parse_batched_bench(text: str, repack: bool) -> list[BatchedDecode]:
+    """llama-batched-bench's jsonl rows (its log lines around them skipped)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        rows.append(
+            BatchedDecode(
+                batch=row["pl"],
+                prompt=row["pp"],
+                tokens=row["tg"],
+                n_threads=row["n_threads"],
+                repack=repack,
+                tok_s=row["speed_tg"],
+            )
+        )
+    return rows
+
+
+def batched_decode(
+    llama: LlamaCpp, threads: int, batches: list[int], prompt: int = 64, tokens: int = 128
+) -> list[BatchedDecode]:
+    """Decode tok/s at each batch size, with plain weight buffers: its AMX buffers (the
+    default on an AMX CPU) die on multi-token prompts on the Xeon of docs/benchmarks.md, see
+    llama_server_command; its batch-1 best is tg128."""
+    model = model_path()
+    command = batched_bench_command(llama, model, threads, prompt, tokens, batches, repack=False)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise LlamaCppError(f"llama-batched-bench failed (exit {result.returncode}):\n{tail}")
+    return parse_batched_bench(result.stdout, repack=False)
 
 
 # ---- llama-server on W ----

@@ -16,6 +16,9 @@ from throughput_vs_hf import compare_with_llama_cpp, load_workload
 # Recorded from `llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t 1 -p 16 -n 16 -r 2
 # --repack 0 -o json` (the pinned build, 2-vCPU Xeon): parser input.
 RECORDED = Path(__file__).with_name("llama_bench_pp16_tg16.json")
+# Recorded from `llama-batched-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -c 512 -b 2048
+# -ub 512 -npp 16 -ntg 16 -npl 1,2 -t 1 -nr --output-format jsonl` (same build and machine).
+RECORDED_BATCHED = Path(__file__).with_name("llama_batched_bench_pp16_tg16.jsonl")
 
 
 def option(command: list[str], flag: str) -> str:
@@ -46,6 +49,33 @@ def test_tg128_is_batch1_decode_of_128_tokens_only():
     assert option(command, "-o") == "json"
     # llama.cpp's defaults: on an AMX CPU its fastest decode kernel.
     assert option(command, "--repack") == "1"
+
+
+def test_batched_bench_decodes_each_batch_of_own_prompts_in_one_context():
+    llama = LlamaCpp(Path("/opt/llama/bin"))
+    command = llama_cpp.batched_bench_command(llama, Path("m.gguf"), 2, 64, 128, [1, 4, 16], False)
+    assert command[0] == "/opt/llama/bin/llama-batched-bench"
+    assert (option(command, "-npp"), option(command, "-ntg"), option(command, "-npl")) == (
+        "64",
+        "128",
+        "1,4,16",
+    )
+    assert int(option(command, "-c")) >= 16 * (64 + 128) and option(command, "-t") == "2"
+    # No shared prompt; plain buffers unless asked (AMX buffers die on multi-token prompts).
+    assert "-pps" not in command and "--no-repack" in command
+    repacked = llama_cpp.batched_bench_command(llama, Path("m.gguf"), 2, 64, 128, [1], True)
+    assert "--no-repack" not in repacked
+
+
+def test_batched_bench_jsonl_gives_each_batch_its_decode_speed():
+    text = "main: loading model\n" + RECORDED_BATCHED.read_text() + "llama_perf: done\n"
+    rows = llama_cpp.parse_batched_bench(text, repack=False)
+    lines = RECORDED_BATCHED.read_text().splitlines()
+    recorded = [json.loads(line) for line in lines if line]
+    assert [r.batch for r in rows] == [1, 2]
+    for row, line in zip(rows, recorded, strict=True):
+        assert row.tok_s == line["speed_tg"] == pytest.approx(line["pl"] * 16 / line["t_tg"])
+        assert (row.prompt, row.tokens, row.n_threads, row.repack) == (16, 16, 1, False)
 
 
 def test_llama_server_holds_every_w_request_whole_in_its_slot():
@@ -140,6 +170,14 @@ def test_tg128_runs_on_the_embedded_gguf():
 
 @pytest.mark.slow
 @needs_build
+def test_batched_decode_runs_each_batch_size_on_the_embedded_gguf():
+    rows = llama_cpp.batched_decode(llama_cpp.find_llama_cpp(), 1, [1, 2], prompt=16, tokens=8)
+    assert [(r.batch, r.tokens) for r in rows] == [(1, 8), (2, 8)]
+    assert all(r.tok_s > 0 for r in rows)
+
+
+@pytest.mark.slow
+@needs_build
 def test_llama_server_generates_each_w_request_whole():
     requests = [
         {"prompt_len": 64, "output_len": 8 + i, "prompt_ids": r["prompt_ids"][:64]}
@@ -157,7 +195,7 @@ def test_llama_server_dies_with_a_benchmark_killed_on_timeout(tmp_path):
     child.write_text(
         "import sys, time\n"
         "from pathlib import Path\n"
-        "import llama_cpp\n"
+        "import llama_cpp_peer as llama_cpp\n"
         "llama = llama_cpp.find_llama_cpp()\n"
         "command = llama_cpp.llama_server_command(llama, llama_cpp.model_path(), 1, 1, 256)\n"
         "with llama_cpp.LlamaServer(command, Path(sys.argv[1])) as server:\n"
