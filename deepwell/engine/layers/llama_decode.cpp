@@ -45,12 +45,13 @@ struct Layer {
 Linear make_linear(const std::string& kind, const at::Tensor& weights, int64_t in_features,
                    int64_t out_features, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(kind == "Q4_1" || kind == "Q8_0", "a linear's kind must be Q4_1 or Q8_0");
+  TORCH_CHECK(in_features % 32 == 0, "a linear's in_features must be a multiple of 32");
   const bool q4_1 = kind == "Q4_1";
-  const int64_t blocks = in_features / 32 + (in_features / 32) % 2;
+  const int64_t blocks = in_features / 32, tile = deepwell::kTileOutputs;
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous() &&
-                  weights.size(0) == out_features &&
-                  weights.size(1) == blocks * (q4_1 ? deepwell::kQ4_1BlockBytes : deepwell::kQ8_0BlockBytes),
-              "a linear's weights must be contiguous uint8 rows of its blocks, [", out_features,
+                  weights.size(0) == (out_features + tile - 1) / tile &&
+                  weights.size(1) == blocks * tile * (q4_1 ? deepwell::kQ4_1BlockBytes : deepwell::kQ8_0BlockBytes),
+              "a linear's weights must be contiguous uint8 tiles of its blocks, [", out_features,
               ", ", in_features, "] in ", kind);
   Linear linear{weights, at::Tensor(), {}};
   if (bias.has_value()) {

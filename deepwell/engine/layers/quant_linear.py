@@ -40,6 +40,8 @@ from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
+# Outputs per tile of the kernel's layout (kernel_layout; kernel_parts.h kTileOutputs).
+TILE = 16
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
 # the dense weights. A step of linears (the table above): float32 dense is 3.4-5.5x slower
 # at every row count up to 8, where the kernel's instantiations stop; oneDNN's packed bf16
@@ -123,8 +125,8 @@ class QuantDecodeLinear(nn.Linear):
     kernel: ModuleType
     kind: str
     max_rows: int
-    # The kernel's layout (quant_gemv.cpp): uint8 [out, bytes], a row's blocks (count padded
-    # even) with their fp16 scales behind them.
+    # The kernel's layout (quant_gemv.cpp, kernel_layout): uint8 [tiles, bytes], 16 outputs
+    # interleaved per tile, their blocks' fp16 scales behind each block.
     quant_weight: torch.Tensor
     packed_weight: torch.Tensor | None
 
@@ -132,9 +134,9 @@ class QuantDecodeLinear(nn.Linear):
         if x.dim() == 2 and 0 < x.shape[0] <= self.max_rows:
             x = x.contiguous()
             if self.kind == "Q4_1":
-                out = self.kernel.q4_1_linear(x, self.quant_weight)
+                out = self.kernel.q4_1_linear(x, self.quant_weight, self.out_features)
             else:
-                out = self.kernel.q8_0_linear(x, self.quant_weight)
+                out = self.kernel.q8_0_linear(x, self.quant_weight, self.out_features)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
             return PackedLinear.forward(self, x)
@@ -155,23 +157,34 @@ def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType)
 
 
 def kernel_layout(weight: BlockWeight) -> torch.Tensor:
-    """quant_gemv.cpp's rows: Q4_1 nibble pairs, fp16 d, fp16 m; Q8_0 q, fp16 d, int16 Σq."""
+    """quant_gemv.cpp's row-interleaved tiles, uint8 [ceil(out / 16), blocks * 16 * bytes]:
+    per tile and block, the 16 outputs' q four inputs at a time (Q4_1: inputs i and i + 16
+    in one byte's nibbles), then fp16 d[16], then fp16 m[16] (Q4_1) or int16 Σq[16] (Q8_0)."""
     q, d, m = weight.q, weight.d, weight.m
-    if q.shape[1] % 2:
-        # A zero block (d = m = 0) pads the count even; the kernel pads activations alike.
-        q = F.pad(q, (0, 0, 0, 1))
-        d = F.pad(d, (0, 1))
-        m = None if m is None else F.pad(m, (0, 1))
-    rows = q.shape[0]
+    padding = -q.shape[0] % TILE
+    if padding:
+        # Zero rows (d = m = 0) fill the last tile; the kernel stores only real outputs.
+        q = F.pad(q, (0, 0, 0, 0, 0, padding))
+        d = F.pad(d, (0, 0, 0, padding))
+        m = None if m is None else F.pad(m, (0, 0, 0, padding))
+    tiles, blocks = q.shape[0] // TILE, q.shape[1]
+    # [tile, output, block, group of 4 inputs, input] -> [tile, block, group, output, input]
+    groups = q.view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)
 
-    def as_bytes(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().view(torch.uint8).view(rows, -1)
+    def per_tile(t: torch.Tensor) -> torch.Tensor:
+        """[out, blocks] -> [tiles, blocks, 16]."""
+        return t.view(tiles, TILE, blocks).transpose(1, 2)
 
     if weight.kind == "Q4_1":
-        parts = [q[:, 0::2] | (q[:, 1::2] << 4), d.half(), m.half()]
+        quants = groups[:, :, :4] | (groups[:, :, 4:] << 4)
+        parts = [quants, per_tile(d).half(), per_tile(m).half()]
     else:
-        parts = [q, d.half(), q.sum(dim=-1, dtype=torch.int16)]
-    return torch.cat([as_bytes(p) for p in parts], dim=1)
+        parts = [groups, per_tile(d).half(), per_tile(q.sum(dim=-1, dtype=torch.int16))]
+
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().view(torch.uint8).view(tiles, blocks, -1)
+
+    return torch.cat([as_bytes(p) for p in parts], dim=2).view(tiles, -1)
 
 
 def load_kernel() -> ModuleType:
