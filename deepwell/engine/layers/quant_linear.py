@@ -9,17 +9,29 @@ products are int8 ones (AVX-512 VNNI or AVX2). Weights come from the checkpoint'
 stores them so (the embedded SmolLM2: Q4_1 layers, Q8_0 tied embedding), else from the
 float weights quantised at load.
 
+The weights are repacked at load into row-interleaved tiles of 16 outputs (kernel_layout;
+the byte map in quant_gemv.cpp), so VNNI's vpdpbusd adds 4 inputs to 16 outputs' lanes at
+once with no horizontal sums; one layout for the VNNI, AVX2 and scalar paths.
+
 SmolLM2's linears for one decode step (30 distinct layers of qkv, o, gate_up, down and the
 49,152-row head, in model order, weights streaming from memory as in the engine), one
 thread, AVX-512 VNNI Xeon VM under load average 4-5, best of 20, ms
-(benchmarks/quant_decode.py):
+(benchmarks/quant_decode.py), with the per-row layout this replaced:
 
     rows             1      2      4      6      8
-    this kernel   11.95  12.76  16.63  19.05  27.16
+    per-row layout 11.95  12.76  16.63  19.05  27.16
     torch int4    13.61  15.69  18.15  26.37  28.47   (_weight_int4pack_mm_for_cpu + bf16
                                                        head: what int4 ran before)
     bf16 packed   30.44  30.56  28.37  29.47  31.40   (oneDNN, AMX)
     float32       40.59  46.88  81.45 105.62 141.93
+
+and the tiles against the per-row layout in alternating processes (load 1.5-2.2, best of
+4 rounds, docs/benchmarks.md "Row-interleaved tiles"):
+
+    rows             1      2      4      8
+    per-row layout 10.69  10.78  14.36  22.35
+    tiles           7.45   7.67   9.29  13.40    (AVX2 build: 9.31 11.00 14.10 22.52,
+                                                  2.0-2.9x its per-row layout)
 
 Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
 next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,

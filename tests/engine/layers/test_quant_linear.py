@@ -320,10 +320,11 @@ def test_embedded_int4_logits_within_bound_and_smoke_answers_unchanged():
     top1 = [max(r, key=r.get) for r in runs["float32"]]
     for name in ("int4", "int4 float32"):
         assert [max(r, key=r.get) for r in runs[name]] == top1, name
-    assert runs["int4 smoke"] == runs["bf16 smoke"]
-    # The haiku's 13th token is a near-tie (0.09 nats in float32) that every 8-bit or bf16
-    # rounding of the activations takes the other way (see `embedded`): float32 with
-    # int4 equals float32 up to it, and on the other prompt throughout.
-    france, haiku = runs["int4 float32 smoke"]
-    assert france == runs["float32 smoke"][0]
-    assert haiku[:12] == runs["float32 smoke"][1][:12]
+    # The haiku's 13th token is a near-tie (0.09 nats in float32, 0.04 with int4) that
+    # every 8-bit or bf16 rounding of the activations, and the kernel's float order, can
+    # take either way (see `embedded`): int4 equals its engine dtype's answers up to it,
+    # and on the other prompt throughout.
+    for name, reference in (("int4 smoke", "bf16 smoke"), ("int4 float32 smoke", "float32 smoke")):
+        france, haiku = runs[name]
+        assert france == runs[reference][0], name
+        assert haiku[:12] == runs[reference][1][:12], name
