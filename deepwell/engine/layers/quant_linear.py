@@ -15,23 +15,20 @@ once with no horizontal sums; one layout for the VNNI, AVX2 and scalar paths.
 
 SmolLM2's linears for one decode step (30 distinct layers of qkv, o, gate_up, down and the
 49,152-row head, in model order, weights streaming from memory as in the engine), one
-thread, AVX-512 VNNI Xeon VM under load average 4-5, best of 20, ms
-(benchmarks/quant_decode.py), with the per-row layout this replaced:
+thread, AVX-512 VNNI Xeon VM, load average 1.2-1.5, best of 5, ms
+(PYTHONPATH=. benchmarks/quant_decode.py --threads 1 --repeats 20 --step-repeats 5
+--skip-engine):
 
     rows             1      2      4      6      8
-    per-row layout 11.95  12.76  16.63  19.05  27.16
-    torch int4    13.61  15.69  18.15  26.37  28.47   (_weight_int4pack_mm_for_cpu + bf16
+    this kernel    5.62   7.25  11.93  12.36  12.59
+    torch int4    12.37  14.71  17.49  25.29  27.11   (_weight_int4pack_mm_for_cpu + bf16
                                                        head: what int4 ran before)
-    bf16 packed   30.44  30.56  28.37  29.47  31.40   (oneDNN, AMX)
-    float32       40.59  46.88  81.45 105.62 141.93
+    bf16 packed   26.84  28.94  29.69  29.74  27.69   (oneDNN, AMX)
+    float32       40.16  45.31  81.30  81.91 105.12
 
-and the tiles against the per-row layout in alternating processes (load 1.5-2.2, best of
-4 rounds, docs/benchmarks.md "Row-interleaved tiles"):
-
-    rows             1      2      4      8
-    per-row layout 10.69  10.78  14.36  22.35
-    tiles           7.45   7.67   9.29  13.40    (AVX2 build: 9.31 11.00 14.10 22.52,
-                                                  2.0-2.9x its per-row layout)
+The per-row layout this replaced, in alternating processes with it (load 1.5-2.2, best of
+4 rounds; docs/benchmarks.md "Row-interleaved tiles"): 10.69 / 10.78 / 14.36 / 22.35 ms at
+1 / 2 / 4 / 8 rows against the tiles' 7.45 / 7.67 / 9.29 / 13.40; the AVX2 build 2.0-2.9x.
 
 Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
 next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,
@@ -55,10 +52,11 @@ BLOCK = 32
 # Outputs per tile of the kernel's layout (kernel_layout; kernel_parts.h kTileOutputs).
 TILE = 16
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. A step of linears (the table above): float32 dense is 3.4-5.5x slower
-# at every row count up to 8, where the kernel's instantiations stop; oneDNN's packed bf16
-# (AMX) 1.55x slower at 6 rows and level at 8 (1.16x here, 0.96x in a run before the
-# kernel's last change). A 6-row speculative verify still runs the kernel.
+# the dense weights. A step of linears (the table above): float32 dense is 6-8x slower
+# at every row count up to 8, where the kernel's instantiations stop. The bf16 limit of 6
+# was set on the per-row layout, which oneDNN's packed bf16 (AMX) was level with at 8 rows;
+# the tiles are 2.2x faster than it at 8, so it may rise to 8 once an engine run confirms
+# it. A 6-row speculative verify runs the kernel.
 QUANT_MAX_ROWS = 8
 PACKED_MAX_ROWS = 6
 
