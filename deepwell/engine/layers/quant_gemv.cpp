@@ -147,7 +147,8 @@ inline void prefetch_block(const uint8_t* w, int64_t block_bytes) {
 #if defined(QUANT_VNNI)
 
 // Tiles [begin, end) for R activation rows. Per block and row: the int32 sums of the
-// tile's 16 outputs in two chains (inputs 0-15 and 16-31, to hide vpdpbusd's latency), one
+// tile's 16 outputs in two chains (Q4_1: inputs 0-15 and 16-31, the low and high nibbles;
+// Q8_0: even and odd groups of 4 inputs; two, to hide vpdpbusd's latency), one
 // fma of d dx into the row's float lanes, and for Q4_1 one fma of m sx into a second set.
 template <int R, bool kQ4_1>
 void tiles_vnni(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
