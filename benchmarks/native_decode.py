@@ -6,8 +6,8 @@ Each engine (synchronous steps, no speculation, no prefix cache, C++ attention) 
 tokens after a 64-token prompt, as benchmarks/throughput_vs_hf.py measures batch-1 decode:
 (time of 129 tokens - time of 1) / 128. The engines run in turn, round after round, so a busy
 machine slows all alike; each one's best round is printed. The profile times one native
-engine's steps: the C++ call (every layer), the head (Q8_0 kernel from Python), and the
-rest of the step (scheduling, metadata, sampling). Prints the load average.
+engine's steps: the C++ call (every layer and the Q8_0 head), compute_logits (which hands
+the call's logits back), and the rest of the step (scheduling, metadata, sampling). Prints the load average.
 
     .venv/bin/python benchmarks/native_decode.py [--threads 1] [--dtype bfloat16] [--rounds 3]
 """
@@ -83,18 +83,21 @@ def profile(args, llm: LLM) -> None:
     core = llm.core
     model = core.runner.model
     native = model.native_decode = Timed(model.native_decode)
-    head = model.compute_logits = Timed(model.compute_logits)
+    logits = model.compute_logits = Timed(model.compute_logits)
     step = core.step = Timed(core.step)
     seconds(llm, args.decode_tokens + 1)
     # Decode steps only: the native call ran in them (the prefill's step is the first).
     steps = step.times[-len(native.times) :]
-    total, layers = statistics.median(steps), statistics.median(native.times)
-    logits = statistics.median(head.times[-len(native.times) :])
+    total, native_ms = statistics.median(steps), statistics.median(native.times)
+    handed = statistics.median(logits.times[-len(native.times) :])
     print(f"native step profile (median of {len(steps)} decode steps), ms:")
-    print(f"  whole step {1000 * total:.2f} = every layer (one C++ call) {1000 * layers:.2f}")
-    print(f"  + head (Q8_0, 49,152 rows) {1000 * logits:.2f}")
     print(
-        f"  + the rest (scheduler, metadata, sampling, outputs) {1000 * (total - layers - logits):.2f}"
+        f"  whole step {1000 * total:.2f} = every layer and the head (one C++ call) "
+        f"{1000 * native_ms:.2f}"
+    )
+    print(f"  + compute_logits (the step's logits handed back) {1000 * handed:.2f}")
+    print(
+        f"  + the rest (scheduler, metadata, sampling, outputs) {1000 * (total - native_ms - handed):.2f}"
     )
 
 

@@ -40,13 +40,15 @@ void paged_decode_rows(
     float scale,
     void* out);
 
-// Bytes of one block of 32 weights in quant_gemv.cpp's rows: Q4_1 16 of nibbles, fp16 d and
-// m; Q8_0 32 of int8, fp16 d, int16 Σq.
+// Bytes of one block of 32 weights of one output in quant_gemv.cpp's tiles: Q4_1 16 of
+// nibbles, fp16 d and m; Q8_0 32 of int8, fp16 d, int16 Σq.
 constexpr int64_t kQ4_1BlockBytes = 20;
 constexpr int64_t kQ8_0BlockBytes = 36;
+// Outputs per tile of quant_gemv.cpp's row-interleaved layout: one AVX-512 vector of int32.
+constexpr int64_t kTileOutputs = 16;
 
-// A weight in quant_gemv.cpp's layout (layers/quant_linear.py repacks it): one uint8 row of
-// `blocks` Q4_1 or Q8_0 blocks per output feature.
+// A weight in quant_gemv.cpp's layout (layers/quant_linear.py repacks it): ceil(out / 16)
+// tiles of `blocks` Q4_1 or Q8_0 blocks of 16 outputs each.
 struct BlockLinear {
   bool q4_1;
   const uint8_t* weights;
@@ -62,7 +64,7 @@ void block_linear(
 #if defined(__AVX512F__)
 // Lane i of the result: the sum of v[i]'s 16 lanes, 16 vectors reduced together in four
 // shuffle rounds for about the cost of two horizontal sums (paged_decode.cpp's scores of 16
-// keys, quant_gemv.cpp's 16 output features).
+// keys).
 inline __m512 sum_lanes16(const __m512* v) {
   __m512 pairs[8], quads[4];
   for (int i = 0; i < 8; ++i) {

@@ -45,12 +45,13 @@ struct Layer {
 Linear make_linear(const std::string& kind, const at::Tensor& weights, int64_t in_features,
                    int64_t out_features, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(kind == "Q4_1" || kind == "Q8_0", "a linear's kind must be Q4_1 or Q8_0");
+  TORCH_CHECK(in_features % 32 == 0, "a linear's in_features must be a multiple of 32");
   const bool q4_1 = kind == "Q4_1";
-  const int64_t blocks = in_features / 32 + (in_features / 32) % 2;
+  const int64_t blocks = in_features / 32, tile = deepwell::kTileOutputs;
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous() &&
-                  weights.size(0) == out_features &&
-                  weights.size(1) == blocks * (q4_1 ? deepwell::kQ4_1BlockBytes : deepwell::kQ8_0BlockBytes),
-              "a linear's weights must be contiguous uint8 rows of its blocks, [", out_features,
+                  weights.size(0) == (out_features + tile - 1) / tile &&
+                  weights.size(1) == blocks * tile * (q4_1 ? deepwell::kQ4_1BlockBytes : deepwell::kQ8_0BlockBytes),
+              "a linear's weights must be contiguous uint8 tiles of its blocks, [", out_features,
               ", ", in_features, "] in ", kind);
   Linear linear{weights, at::Tensor(), {}};
   if (bias.has_value()) {
@@ -127,8 +128,9 @@ class LlamaDecoder {
   }
 
   // The final-normed hidden state [rows, hidden] (float32) of a step of `rows` decode rows
-  // (AttentionMetadata's slots and decode block lists), storing each layer's K/V.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions,
+  // (AttentionMetadata's slots and decode block lists), storing each layer's K/V; and the
+  // logits [rows, vocab] (float32) where the decoder has the head (set_head), else None.
+  std::pair<at::Tensor, std::optional<at::Tensor>> forward(const at::Tensor& ids, const at::Tensor& positions,
                      const std::vector<at::Tensor>& key_caches,
                      const std::vector<at::Tensor>& value_caches, const at::Tensor& slot_blocks,
                      const at::Tensor& slot_offsets, const at::Tensor& block_ids,
@@ -200,8 +202,27 @@ class LlamaDecoder {
       add_to_residual(rows);
     }
     auto out = at::empty({rows, hidden_}, at::kFloat);
-    rms_norm(x_.data(), final_norm_.data_ptr<float>(), rows, hidden_, eps_, out.data_ptr<float>());
-    return out;
+    float* hidden = out.data_ptr<float>();
+    rms_norm(x_.data(), final_norm_.data_ptr<float>(), rows, hidden_, eps_, hidden);
+    if (!head_.has_value()) return {out, std::nullopt};
+    auto logits = at::empty({rows, head_->view.out_features}, at::kFloat);
+    if (head_bf16_) {
+      // The head called from Python takes the hidden state in the engine's dtype and gives
+      // its logits in it (models/llama.py compute_logits): round alike, for equal values.
+      round_to_bf16(hidden, rows * hidden_, normed_.data());
+      linear(*head_, normed_.data(), rows, hidden_, logits.data_ptr<float>());
+      round_to_bf16(logits.data_ptr<float>(), logits.numel(), logits.data_ptr<float>());
+    } else {
+      linear(*head_, hidden, rows, hidden_, logits.data_ptr<float>());
+    }
+    return {out, logits};
+  }
+
+  // The output head (its quant_weight, like a layer's linears) over `vocab` outputs, the
+  // logits rounded through bfloat16 where the engine computes in it.
+  void set_head(const Weight& head, int64_t vocab, bool bf16) {
+    head_ = make_linear(head.first, head.second, hidden_, vocab, std::nullopt);
+    head_bf16_ = bf16;
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -283,6 +304,10 @@ class LlamaDecoder {
     }
   }
 
+  static void round_to_bf16(const float* x, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<at::BFloat16>(x[i]));
+  }
+
   void add_to_residual(int64_t rows) {
     at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, x_.data(), x_.data(), added_.data(),
                          rows * hidden_);
@@ -302,6 +327,8 @@ class LlamaDecoder {
   const float eps_, scale_;
   at::Tensor embedding_, cos_, signed_sin_, final_norm_;
   std::vector<Layer> layers_;
+  std::optional<Linear> head_;
+  bool head_bf16_ = false;
   // Float32 buffers of kMaxRows rows, reused by every call (one call at a time).
   std::vector<float> x_, normed_, added_, qkv_, attention_, gate_up_, act_;
   std::vector<at::BFloat16> q16_, out16_;
@@ -317,8 +344,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("intermediate"), py::arg("eps"), py::arg("embedding"), py::arg("cos"),
            py::arg("signed_sin"), py::arg("final_norm"))
       .def("add_layer", &LlamaDecoder::add_layer, "one decoder layer's norms and block weights")
+      .def("set_head", &LlamaDecoder::set_head, py::arg("head"), py::arg("vocab"), py::arg("bf16"),
+           "the output head's block weight: forward then returns the logits too")
       .def("forward", &LlamaDecoder::forward, py::call_guard<py::gil_scoped_release>(),
-           "a decode step of up to 8 rows through every layer: the final-normed hidden state")
+           "a decode step of up to 8 rows through every layer: (the final-normed hidden state, "
+           "the logits or None)")
       .def_property_readonly("num_layers", &LlamaDecoder::num_layers);
   m.attr("max_rows") = kMaxRows;
 }

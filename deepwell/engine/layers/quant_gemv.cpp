@@ -1,18 +1,24 @@
 // Decode linears on GGUF blocks: Q4_1 or Q8_0 weights times activations quantised per
 // 32-block to int8 (llama.cpp's q8_1), for calls of a few rows; built by decode_kernel.py.
 //
-// Weight layout (repacked at load by layers/quant_linear.py): one uint8 row per output
-// feature, B blocks of 32 inputs (B even: a zero block pads an odd count), everything a row
-// needs in one stream:
-//   Q4_1 (w = d q + m, q in 0..15), 20 B bytes: B/2 pairs of 32 bytes, byte j of pair p =
-//         q[2p][j] | q[2p+1][j] << 4 (one 32-byte load and two masks give two whole blocks in
-//         input order), then fp16 d[B], then fp16 m[B].
-//   Q8_0 (w = d q, q int8), 36 B bytes: q[B][32], then fp16 d[B], then int16 Σq[B], for the
-//         VNNI path, which multiplies q by x + 128 (unsigned) and takes 128 d Σq back out.
-// The scales are GGUF's fp16: a decode step streams every weight, and bytes are its time.
+// Weight layout (repacked at load by layers/quant_linear.py), row-interleaved: output
+// features in tiles of 16 (the last padded with zero rows), each tile one stream of its B
+// blocks of 32 inputs, every block of the tile stored as
+//   Q4_1 (w = d q + m, q in 0..15), 320 bytes: 4 vectors of 64 bytes, byte 4o + j of vector
+//         v = q[o][4v + j] | q[o][16 + 4v + j] << 4 (o the tile's output, j 0..3), then fp16
+//         d[16], then fp16 m[16];
+//   Q8_0 (w = d q, q int8), 576 bytes: 8 vectors of 64 bytes, byte 4o + j of vector g =
+//         q[o][4g + j], then fp16 d[16], then int16 Σq[16], for the VNNI path, which
+//         multiplies q by x + 128 (unsigned) and takes 128 Σq back out in int32.
+// So one 64-byte vector holds 4 inputs of each of 16 outputs, the order vpdpbusd sums in:
+// 4 activation bytes broadcast against it add to 16 outputs' int32 lanes at once, and the
+// tile's 16 lanes are its 16 outputs (no horizontal sums). A 32-byte half is 8 outputs, the
+// AVX2 path's vector. The scales are GGUF's fp16: a decode step streams every weight, and
+// bytes are its time.
 // Activations: per row and block, dx = amax / 127, qx = round(x / dx), sx = dx * Σ qx; then
 //   Q4_1: Σ w x ≈ d dx Σ q qx + m sx,   Q8_0: Σ w x ≈ d dx Σ q qx,
-// with the integer sums exact in int32 and the rest in float32.
+// with the integer sums exact in int32 and the rest in float32 (the d dx terms and the
+// m sx terms summed over blocks apart, then added).
 //
 // The instruction set is fixed at compile time: AVX-512 VNNI (vpdpbusd: 64 u8 × s8 products
 // summed in fours into 16 int32 lanes), else AVX2 (vpmaddubsw + vpmaddwd), else scalar C++.
@@ -33,7 +39,7 @@
 #if !defined(DEEPWELL_QUANT_SCALAR) && !defined(DEEPWELL_QUANT_AVX2) && \
     defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANT_VNNI 1
-#elif !defined(DEEPWELL_QUANT_SCALAR) && defined(__AVX2__) && defined(__FMA__)
+#elif !defined(DEEPWELL_QUANT_SCALAR) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QUANT_AVX2 1
 #endif
 
@@ -44,8 +50,13 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kQ4_1Bytes = deepwell::kQ4_1BlockBytes;  // 16 + 2 + 2
-constexpr int64_t kQ8_0Bytes = deepwell::kQ8_0BlockBytes;  // 32 + 2 + 2
+constexpr int64_t kTile = deepwell::kTileOutputs;
+// One block of one tile: Q4_1 16 × (16 nibble bytes, fp16 d, fp16 m); Q8_0 16 × (32 int8,
+// fp16 d, int16 Σq).
+constexpr int64_t kQ4_1TileBlock = kTile * deepwell::kQ4_1BlockBytes;  // 320
+constexpr int64_t kQ8_0TileBlock = kTile * deepwell::kQ8_0BlockBytes;  // 576
+constexpr int64_t kQ4_1Quants = kTile * kBlock / 2;  // 256
+constexpr int64_t kQ8_0Quants = kTile * kBlock;  // 512
 
 inline float half_to_float(const uint8_t* bytes) {
   uint16_t bits;
@@ -53,36 +64,36 @@ inline float half_to_float(const uint8_t* bytes) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-inline int16_t load_int16(const uint8_t* bytes) {
-  int16_t value;
+inline int32_t load_int32(const void* bytes) {
+  int32_t value;
   std::memcpy(&value, bytes, sizeof value);
   return value;
 }
+
 // Rows per call the kernels are instantiated for (register-held accumulators per row).
 constexpr int64_t kMaxRows = 8;
 
 struct Activations {
-  int64_t blocks = 0;  // B, padded even
+  int64_t blocks = 0;
   std::vector<int8_t> q;  // [rows, B * 32]
   std::vector<float> d;  // [rows, B]
   std::vector<float> s;  // [rows, B]: d * Σ q
 #if defined(QUANT_VNNI)
   std::vector<uint8_t> unsigned_q;  // q + 128, for Q8_0 weights (s8) as vpdpbusd's s8 side
-  std::vector<float> lanes;  // [rows, B / 2, 16]: d of block 2p in lanes 0-7, 2p+1 in 8-15
 #endif
 };
 
 template <typename T>
-Activations quantize_activations(const T* x, int64_t rows, int64_t in_features, int64_t blocks) {
+Activations quantize_activations(const T* x, int64_t rows, int64_t in_features) {
   Activations a;
+  const int64_t blocks = in_features / kBlock;
   a.blocks = blocks;
   a.q.assign(rows * blocks * kBlock, 0);
   a.d.assign(rows * blocks, 0.f);
   a.s.assign(rows * blocks, 0.f);
-  const int64_t real_blocks = in_features / kBlock;
   float values[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < real_blocks; ++b) {
+    for (int64_t b = 0; b < blocks; ++b) {
       const T* src = x + r * in_features + b * kBlock;
       float amax = 0.f;
       for (int64_t j = 0; j < kBlock; ++j) {
@@ -105,218 +116,250 @@ Activations quantize_activations(const T* x, int64_t rows, int64_t in_features, 
 #if defined(QUANT_VNNI)
   a.unsigned_q.resize(a.q.size());
   for (size_t i = 0; i < a.q.size(); ++i) a.unsigned_q[i] = static_cast<uint8_t>(a.q[i] + 128);
-  a.lanes.resize(rows * blocks * 8);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      std::fill_n(a.lanes.data() + (r * blocks + b) * 8, 8, a.d[r * blocks + b]);
-    }
-  }
 #endif
   return a;
 }
 
+// Stores a tile's 16 (or, the last tile, fewer) outputs of each row.
+inline void store_tile(const float* sums, int64_t rows, int64_t first, int64_t out_features, float* out) {
+  const int64_t count = std::min<int64_t>(kTile, out_features - first);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out + r * out_features + first, sums + r * kTile, count * sizeof(float));
+  }
+}
+
+#if defined(QUANT_VNNI) || defined(QUANT_AVX2)
+// Bytes ahead of the block being read that are prefetched into L2: the weights stream from
+// memory once a step, and a tile's blocks (a thread's tiles) are one contiguous run. Into L2,
+// not L1: a prefetch to L1 holds one of the core's few line-fill buffers until its line
+// arrives, which capped one thread at ~7 GB/s; measured (one thread, one step's linears of
+// SmolLM2, /tmp A/B at 2, 4, 8, 32 and 64 KB): L1 at 2 KB 9.2 ms, L2 at 4-64 KB 5.4-6.0 ms
+// within the machine's noise, 8 KB the middle.
+constexpr int64_t kPrefetchBytes = 8192;
+
+inline void prefetch_block(const uint8_t* w, int64_t block_bytes) {
+  for (int64_t line = 0; line < block_bytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + line), _MM_HINT_T1);
+  }
+}
+#endif
+
 #if defined(QUANT_VNNI)
 
-// Output rows [begin, end) for R activation rows, 16 output rows at a time. Each row's 16
-// float lanes start at its offset term (16 blocks a vector: m sx for Q4_1, -128 d Σq dx for
-// Q8_0) and take each pair of blocks as d dx (lanes 0-7: block 2p, 8-15: 2p+1) times the
-// vpdpbusd sums; the tile's lanes are then summed together and stored as one vector a row.
-// Rows ahead whose bytes are prefetched: the weights stream from memory once a step.
-constexpr int64_t kPrefetchRows = 8;
+// Tiles [begin, end) for R activation rows. Per block and row: the int32 sums of the
+// tile's 16 outputs in two chains (Q4_1: inputs 0-15 and 16-31, the low and high nibbles;
+// Q8_0: even and odd groups of 4 inputs; two, to hide vpdpbusd's latency), one
+// fma of d dx into the row's float lanes, and for Q4_1 one fma of m sx into a second set.
+template <int R, bool kQ4_1>
+void tiles_vnni(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+                int64_t out_features, float* out) {
+  const int64_t blocks = a.blocks;
+  const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
+  const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  // 4 activation bytes as one int32 to broadcast: 8 per block.
+  const uint8_t* x_bytes = kQ4_1 ? reinterpret_cast<const uint8_t*>(a.q.data()) : a.unsigned_q.data();
+  alignas(64) float sums[R * kTile];
+  for (int64_t t = begin; t < end; ++t) {
+    const uint8_t* tile = weights + t * blocks * block_bytes;
+    __m512 acc[R], offsets[R];
+    for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* w = tile + b * block_bytes;
+      prefetch_block(w, block_bytes);
+      const uint8_t* x = x_bytes + b * kBlock;
+      __m512i first[R], second[R];
+      for (int r = 0; r < R; ++r) first[r] = second[r] = _mm512_setzero_si512();
+      if constexpr (kQ4_1) {
+        for (int v = 0; v < 4; ++v) {
+          const __m512i packed = _mm512_loadu_si512(w + 64 * v);
+          const __m512i w_low = _mm512_and_si512(packed, low);
+          const __m512i w_high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+          for (int r = 0; r < R; ++r) {
+            const uint8_t* xr = x + r * blocks * kBlock;
+            first[r] = _mm512_dpbusd_epi32(first[r], w_low, _mm512_set1_epi32(load_int32(xr + 4 * v)));
+            second[r] = _mm512_dpbusd_epi32(second[r], w_high, _mm512_set1_epi32(load_int32(xr + 16 + 4 * v)));
+          }
+        }
+      } else {
+        for (int g = 0; g < 8; g += 2) {
+          const __m512i w0 = _mm512_loadu_si512(w + 64 * g);
+          const __m512i w1 = _mm512_loadu_si512(w + 64 * (g + 1));
+          for (int r = 0; r < R; ++r) {
+            const uint8_t* xr = x + r * blocks * kBlock;
+            // vpdpbusd takes its first operand unsigned: Q8_0's x + 128 here.
+            first[r] = _mm512_dpbusd_epi32(first[r], _mm512_set1_epi32(load_int32(xr + 4 * g)), w0);
+            second[r] = _mm512_dpbusd_epi32(second[r], _mm512_set1_epi32(load_int32(xr + 4 * g + 4)), w1);
+          }
+        }
+      }
+      const uint8_t* scales = w + quant_bytes;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      const __m256i extra = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 2 * kTile));
+      if constexpr (kQ4_1) {
+        const __m512 m = _mm512_cvtph_ps(extra);
+        for (int r = 0; r < R; ++r) {
+          const int64_t at = r * blocks + b;
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(first[r], second[r]));
+          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a.d[at])), acc[r]);
+          offsets[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[at]), offsets[r]);
+        }
+      } else {
+        // Σ q (qx + 128) - 128 Σq, exact in int32.
+        const __m512i bias = _mm512_slli_epi32(_mm512_cvtepi16_epi32(extra), 7);
+        for (int r = 0; r < R; ++r) {
+          const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(first[r], second[r]), bias);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(a.d[r * blocks + b])), acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_store_ps(sums + r * kTile, _mm512_add_ps(acc[r], offsets[r]));
+    store_tile(sums, R, t * kTile, out_features, out);
+  }
+}
+
+template <int R>
+void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_vnni<R, true>(w, a, begin, end, n, out);
+}
+
+template <int R>
+void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_vnni<R, false>(w, a, begin, end, n, out);
+}
+#elif defined(QUANT_AVX2)
+
+// u8 × s8 products of 32 lanes summed in pairs into 16 int16 lanes. Neither operand here
+// reaches vpmaddubsw's int16 saturation: |u| ≤ 127 and |s| ≤ 127.
+inline __m256i pair_sums(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
+
+inline __m256i quad_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// Tiles [begin, end) for R activation rows, each tile as two halves of 8 outputs (a 32-byte
+// half of every 64-byte vector), the half's R × 2 accumulators in registers.
+template <int R, bool kQ4_1>
+void tiles_avx2(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+                int64_t out_features, float* out) {
+  const int64_t blocks = a.blocks;
+  const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
+  const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const uint8_t* x_bytes = reinterpret_cast<const uint8_t*>(a.q.data());
+  alignas(32) float sums[R * kTile];
+  for (int64_t t = begin; t < end; ++t) {
+    const uint8_t* tile = weights + t * blocks * block_bytes;
+    for (int half = 0; half < 2; ++half) {
+      __m256 acc[R], offsets[R];
+      for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* w = tile + b * block_bytes + 32 * half;
+        if (half == 0) prefetch_block(w, block_bytes);
+        const uint8_t* x = x_bytes + b * kBlock;
+        __m256i dots[R];
+        if constexpr (kQ4_1) {
+          // The 8 pair sums of a block add up in int16: 8 × 2 × 15 × 127 = 30480 < 32768.
+          __m256i pairs[R];
+          for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+          for (int v = 0; v < 4; ++v) {
+            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * v));
+            const __m256i w_low = _mm256_and_si256(packed, low);
+            const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            for (int r = 0; r < R; ++r) {
+              const uint8_t* xr = x + r * blocks * kBlock;
+              pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(w_low, _mm256_set1_epi32(load_int32(xr + 4 * v))));
+              pairs[r] = _mm256_add_epi16(pairs[r], pair_sums(w_high, _mm256_set1_epi32(load_int32(xr + 16 + 4 * v))));
+            }
+          }
+          for (int r = 0; r < R; ++r) dots[r] = quad_sums(pairs[r]);
+        } else {
+          // |w| × (x with w's sign): x + 128 against signed w would saturate vpmaddubsw.
+          for (int r = 0; r < R; ++r) dots[r] = _mm256_setzero_si256();
+          for (int g = 0; g < 8; ++g) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * g));
+            const __m256i magnitude = _mm256_abs_epi8(wv);
+            for (int r = 0; r < R; ++r) {
+              const __m256i xv = _mm256_set1_epi32(load_int32(x + r * blocks * kBlock + 4 * g));
+              dots[r] = _mm256_add_epi32(dots[r], quad_sums(pair_sums(magnitude, _mm256_sign_epi8(xv, wv))));
+            }
+          }
+        }
+        const uint8_t* scales = tile + b * block_bytes + quant_bytes + 16 * half;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+        for (int r = 0; r < R; ++r) {
+          const int64_t at = r * blocks + b;
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(d, _mm256_set1_ps(a.d[at])), acc[r]);
+        }
+        if constexpr (kQ4_1) {
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * kTile)));
+          for (int r = 0; r < R; ++r) {
+            offsets[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[r * blocks + b]), offsets[r]);
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) _mm256_store_ps(sums + r * kTile + 8 * half, _mm256_add_ps(acc[r], offsets[r]));
+    }
+    store_tile(sums, R, t * kTile, out_features, out);
+  }
+}
+
+template <int R>
+void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_avx2<R, true>(w, a, begin, end, n, out);
+}
+
+template <int R>
+void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_avx2<R, false>(w, a, begin, end, n, out);
+}
+#else
+
+// Weight q of the tile's output o, input i of the block at w (the layout above).
+template <bool kQ4_1>
+inline int32_t weight_at(const uint8_t* w, int64_t o, int64_t i) {
+  const int64_t group = i / 4, j = i % 4;
+  if constexpr (kQ4_1) {
+    return (w[64 * (group % 4) + 4 * o + j] >> (group / 4 * 4)) & 0x0F;
+  } else {
+    return static_cast<int8_t>(w[64 * group + 4 * o + j]);
+  }
+}
 
 template <int R, bool kQ4_1>
-void rows_vnni(
-    const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-    int64_t out_features, float* out) {
-  const int64_t blocks = a.blocks, pairs = blocks / 2;
-  const int64_t quant_bytes = kQ4_1 ? pairs * kBlock : blocks * kBlock;
-  const int64_t row_bytes = blocks * (kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const float* offset_factor = kQ4_1 ? a.s.data() : a.d.data();
-  const uint8_t* x_bytes = kQ4_1 ? reinterpret_cast<const uint8_t*>(a.q.data()) : a.unsigned_q.data();
-  __m512 tile[R][16];
-  for (int64_t first = begin; first < end; first += 16) {
-    const int64_t count = std::min<int64_t>(16, end - first);
-    for (int64_t i = 0; i < count; ++i) {
-      const uint8_t* row = weights + (first + i) * row_bytes;
-      for (int64_t line = 0; line < row_bytes; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * row_bytes + line), _MM_HINT_T0);
-      }
-      const uint8_t* d = row + quant_bytes;  // fp16 [B]
-      const uint8_t* extra = d + 2 * blocks;  // Q4_1: fp16 m [B]; Q8_0: int16 Σq [B]
-      __m512 acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; b += 16) {
-        const __mmask16 valid = blocks - b >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (blocks - b)) - 1);
-        const __m256i raw = _mm256_maskz_loadu_epi16(valid, extra + 2 * b);
-        __m512 offset;
-        if constexpr (kQ4_1) {
-          offset = _mm512_cvtph_ps(raw);
-        } else {
-          const __m512 sums = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(raw));
-          const __m512 scales = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, d + 2 * b));
-          offset = _mm512_mul_ps(_mm512_mul_ps(scales, sums), _mm512_set1_ps(-128.f));
-        }
-        for (int r = 0; r < R; ++r) {
-          acc[r] = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(valid, offset_factor + r * blocks + b), acc[r]);
-        }
-      }
-      for (int64_t p = 0; p < pairs; ++p) {
-        __m512i w;
-        if constexpr (kQ4_1) {
-          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * kBlock));
-          w = _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_and_si256(packed, low)),
-              _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
-        } else {
-          w = _mm512_loadu_si512(row + 2 * p * kBlock);
-        }
-        int32_t two_halves;
-        std::memcpy(&two_halves, d + 4 * p, sizeof two_halves);
-        const __m512 scale = _mm512_permutexvar_ps(
-            pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two_halves))));
-        for (int r = 0; r < R; ++r) {
-          const __m512i x = _mm512_loadu_si512(x_bytes + (r * blocks + 2 * p) * kBlock);
-          // vpdpbusd takes its first operand unsigned: Q4_1's nibbles, or Q8_0's x + 128.
-          const __m512i dot = kQ4_1 ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x)
-                                    : _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, w);
-          const __m512 dx = _mm512_loadu_ps(a.lanes.data() + (r * blocks + 2 * p) * 8);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, dx), acc[r]);
-        }
-      }
-      for (int r = 0; r < R; ++r) tile[r][i] = acc[r];
-    }
-    const __mmask16 stored = count == 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
-    for (int r = 0; r < R; ++r) {
-      for (int64_t i = count; i < 16; ++i) tile[r][i] = _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(out + r * out_features + first, stored, deepwell::sum_lanes16(tile[r]));
-    }
-  }
-}
-
-template <int R>
-void q4_1_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  rows_vnni<R, true>(w, a, begin, end, n, out);
-}
-
-template <int R>
-void q8_0_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  rows_vnni<R, false>(w, a, begin, end, n, out);
-}
-#else
-#if defined(QUANT_AVX2)
-inline float sum_lanes(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-
-// u8 × s8 products of 32 lanes summed in fours into 8 int32 lanes, as float. Neither
-// operand here reaches vpmaddubsw's int16 saturation: |u| ≤ 128 and |s| ≤ 127.
-inline __m256 dot_u8s8(__m256i u, __m256i s) {
-  const __m256i pairs = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-#endif
-
-// One output row (`row`, the layout above) against each of the R activation rows: out[r].
-template <int R>
-inline void q4_1_row(const uint8_t* row, const Activations& a, float* out) {
+void tiles_scalar(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+                  int64_t out_features, float* out) {
   const int64_t blocks = a.blocks;
-  const uint8_t* d = row + blocks / 2 * kBlock;
-  const uint8_t* m = d + 2 * blocks;
-  for (int r = 0; r < R; ++r) {
-    out[r] = 0.f;
-    for (int64_t b = 0; b < blocks; ++b) out[r] += half_to_float(m + 2 * b) * a.s[r * blocks + b];
-  }
-#if defined(QUANT_AVX2)
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * kBlock));
-    const __m256i w0 = _mm256_and_si256(packed, low);
-    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    const float d0 = half_to_float(d + 4 * p), d1 = half_to_float(d + 4 * p + 2);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = a.q.data() + (r * blocks + 2 * p) * kBlock;
-      const float* dx = a.d.data() + r * blocks + 2 * p;
-      const __m256 dot0 = dot_u8s8(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-      const __m256 dot1 = dot_u8s8(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kBlock)));
-      acc[r] = _mm256_fmadd_ps(dot0, _mm256_set1_ps(d0 * dx[0]), acc[r]);
-      acc[r] = _mm256_fmadd_ps(dot1, _mm256_set1_ps(d1 * dx[1]), acc[r]);
+  const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
+  const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
+  float sums[R * kTile];
+  for (int64_t t = begin; t < end; ++t) {
+    const uint8_t* tile = weights + t * blocks * block_bytes;
+    for (int64_t o = 0; o < kTile; ++o) {
+      for (int r = 0; r < R; ++r) {
+        float acc = 0.f, offsets = 0.f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* w = tile + b * block_bytes;
+          const int8_t* x = a.q.data() + (r * blocks + b) * kBlock;
+          int32_t dot = 0;
+          for (int64_t i = 0; i < kBlock; ++i) dot += weight_at<kQ4_1>(w, o, i) * x[i];
+          const uint8_t* scales = w + quant_bytes;
+          acc += half_to_float(scales + 2 * o) * a.d[r * blocks + b] * static_cast<float>(dot);
+          if constexpr (kQ4_1) offsets += half_to_float(scales + 2 * kTile + 2 * o) * a.s[r * blocks + b];
+        }
+        sums[r * kTile + o] = acc + offsets;
+      }
     }
-  }
-  for (int r = 0; r < R; ++r) out[r] += sum_lanes(acc[r]);
-#else
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* pair = row + (b / 2) * kBlock;
-    const int shift = (b % 2) * 4;
-    const float scale = half_to_float(d + 2 * b);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = a.q.data() + (r * blocks + b) * kBlock;
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kBlock; ++j) dot += ((pair[j] >> shift) & 0x0F) * x[j];
-      out[r] += scale * a.d[r * blocks + b] * static_cast<float>(dot);
-    }
-  }
-#endif
-}
-
-// Q8_0 (Σq is not read: these paths multiply signed values directly; AVX2 as
-// |w| × (x with w's sign), since x + 128 would saturate vpmaddubsw).
-template <int R>
-inline void q8_0_row(const uint8_t* row, const Activations& a, float* out) {
-  const int64_t blocks = a.blocks;
-  const int8_t* q = reinterpret_cast<const int8_t*>(row);
-  const uint8_t* d = row + blocks * kBlock;
-#if defined(QUANT_AVX2)
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
-    const __m256i magnitude = _mm256_abs_epi8(w);
-    const float scale = half_to_float(d + 2 * b);
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(a.q.data() + (r * blocks + b) * kBlock));
-      const __m256 dot = dot_u8s8(magnitude, _mm256_sign_epi8(x, w));
-      acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(scale * a.d[r * blocks + b]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = sum_lanes(acc[r]);
-#else
-  for (int r = 0; r < R; ++r) out[r] = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float scale = half_to_float(d + 2 * b);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = a.q.data() + (r * blocks + b) * kBlock;
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kBlock; ++j) dot += q[b * kBlock + j] * x[j];
-      out[r] += scale * a.d[r * blocks + b] * static_cast<float>(dot);
-    }
-  }
-#endif
-}
-
-template <int R>
-void q4_1_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  float sums[R];
-  for (int64_t o = begin; o < end; ++o) {
-    q4_1_row<R>(w + o * a.blocks * kQ4_1Bytes, a, sums);
-    for (int r = 0; r < R; ++r) out[r * n + o] = sums[r];
+    store_tile(sums, R, t * kTile, out_features, out);
   }
 }
 
 template <int R>
-void q8_0_rows(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  float sums[R];
-  for (int64_t o = begin; o < end; ++o) {
-    q8_0_row<R>(w + o * a.blocks * kQ8_0Bytes, a, sums);
-    for (int r = 0; r < R; ++r) out[r * n + o] = sums[r];
-  }
+void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_scalar<R, true>(w, a, begin, end, n, out);
+}
+
+template <int R>
+void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
+  tiles_scalar<R, false>(w, a, begin, end, n, out);
 }
 #endif
 
@@ -324,28 +367,16 @@ Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in] matrix");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxRows, "x must have 1 to ", kMaxRows, " rows");
   TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of ", kBlock);
-  TORCH_CHECK(
-      blocks == x.size(1) / kBlock + (x.size(1) / kBlock) % 2,
-      "the weight's blocks do not match in_features ", x.size(1));
+  TORCH_CHECK(blocks == x.size(1) / kBlock, "the weight's blocks do not match in_features ", x.size(1));
   if (x.scalar_type() == at::kBFloat16) {
-    return quantize_activations(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1), blocks);
+    return quantize_activations(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1));
   }
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be bfloat16 or float32");
-  return quantize_activations(x.data_ptr<float>(), x.size(0), x.size(1), blocks);
+  return quantize_activations(x.data_ptr<float>(), x.size(0), x.size(1));
 }
 
-// Output rows per task: a thread's share is one contiguous slice of the weight.
-constexpr int64_t kGrain = 64;
-
-template <typename RowsFn>
-torch::Tensor run_rows(const torch::Tensor& x, int64_t out_features, RowsFn rows_fn) {
-  auto out = torch::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, out_features, kGrain, [&](int64_t begin, int64_t end) {
-    rows_fn(begin, end, dst);
-  });
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
-}
+// Tiles per task (64 outputs): a thread's share is one contiguous slice of the weight.
+constexpr int64_t kGrainTiles = 4;
 
 #define DISPATCH_ROWS(rows, FN, ...) \
   switch (rows) {                    \
@@ -359,31 +390,40 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t out_features, RowsFn rows
     default: FN<8>(__VA_ARGS__); break; \
   }
 
-// x [rows, in] @ W.T for `weights` uint8 [out, blocks * bytes_per_block] in the layout above.
-torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& weights, bool q4_1) {
-  const int64_t bytes_per_block = q4_1 ? kQ4_1Bytes : kQ8_0Bytes;
-  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
-              "weights must be a contiguous uint8 [out, bytes] matrix");
-  TORCH_CHECK(weights.size(1) % (2 * bytes_per_block) == 0, "weight rows must hold an even number of blocks");
-  const int64_t out_features = weights.size(0), blocks = weights.size(1) / bytes_per_block;
-  const Activations a = quantize_input(x, blocks);
-  const uint8_t* w = weights.data_ptr<uint8_t>();
-  const int64_t rows = x.size(0);
-  return run_rows(x, out_features, [&](int64_t begin, int64_t end, float* out) {
-    if (q4_1) {
-      DISPATCH_ROWS(rows, q4_1_rows, w, a, begin, end, out_features, out)
+void run_tiles(const Activations& a, int64_t rows, const deepwell::BlockLinear& w, float* out) {
+  const int64_t tiles = (w.out_features + kTile - 1) / kTile;
+  at::parallel_for(0, tiles, kGrainTiles, [&](int64_t begin, int64_t end) {
+    if (w.q4_1) {
+      DISPATCH_ROWS(rows, q4_1_tiles, w.weights, a, begin, end, w.out_features, out)
     } else {
-      DISPATCH_ROWS(rows, q8_0_rows, w, a, begin, end, out_features, out)
+      DISPATCH_ROWS(rows, q8_0_tiles, w.weights, a, begin, end, w.out_features, out)
     }
   });
 }
 
-torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& weights) {
-  return block_linear(x, weights, true);
+// x [rows, in] @ W.T for `weights` uint8 [tiles, blocks * tile block bytes] in the layout
+// above, of `out_features` real outputs.
+torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features, bool q4_1) {
+  const int64_t tile_block = q4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
+              "weights must be a contiguous uint8 [tiles, bytes] matrix");
+  TORCH_CHECK(out_features >= 1 && weights.size(0) == (out_features + kTile - 1) / kTile,
+              "weights must hold one tile per ", kTile, " of the ", out_features, " outputs");
+  TORCH_CHECK(weights.size(1) % tile_block == 0, "a tile must hold whole blocks");
+  const int64_t blocks = weights.size(1) / tile_block;
+  const Activations a = quantize_input(x, blocks);
+  auto out = torch::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
+  run_tiles(a, x.size(0), deepwell::BlockLinear{q4_1, weights.data_ptr<uint8_t>(), out_features, blocks},
+            out.data_ptr<float>());
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights) {
-  return block_linear(x, weights, false);
+torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features) {
+  return block_linear(x, weights, out_features, true);
+}
+
+torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features) {
+  return block_linear(x, weights, out_features, false);
 }
 
 }  // namespace
@@ -391,27 +431,17 @@ torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights) 
 void deepwell::block_linear(
     const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out) {
   TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "block_linear takes 1 to ", kMaxRows, " rows");
-  TORCH_CHECK(w.blocks == in_features / kBlock + (in_features / kBlock) % 2,
-              "the weight's blocks do not match in_features ", in_features);
-  const Activations a = quantize_activations(x, rows, in_features, w.blocks);
-  const int64_t out_features = w.out_features;
-  at::parallel_for(0, out_features, kGrain, [&](int64_t begin, int64_t end) {
-    if (w.q4_1) {
-      DISPATCH_ROWS(rows, q4_1_rows, w.weights, a, begin, end, out_features, out)
-    } else {
-      DISPATCH_ROWS(rows, q8_0_rows, w.weights, a, begin, end, out_features, out)
-    }
-  });
+  TORCH_CHECK(w.blocks * kBlock == in_features, "the weight's blocks do not match in_features ", in_features);
+  run_tiles(quantize_activations(x, rows, in_features), rows, w, out);
 }
 
 namespace {
 
 // The activation quantisation the linears apply, for the tests: (q int8 [rows, B * 32],
-// d float [rows, B], s float [rows, B]) with B the padded block count.
+// d float [rows, B], s float [rows, B]).
 std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
-  const int64_t blocks = x.size(1) / kBlock + (x.size(1) / kBlock) % 2;
-  const Activations a = quantize_input(x, blocks);
-  const int64_t rows = x.size(0);
+  const Activations a = quantize_input(x, x.size(1) / kBlock);
+  const int64_t rows = x.size(0), blocks = a.blocks;
   auto q = torch::from_blob(const_cast<int8_t*>(a.q.data()), {rows, blocks * kBlock}, at::kChar).clone();
   auto d = torch::from_blob(const_cast<float*>(a.d.data()), {rows, blocks}, at::kFloat).clone();
   auto s = torch::from_blob(const_cast<float*>(a.s.data()), {rows, blocks}, at::kFloat).clone();
@@ -434,10 +464,13 @@ std::string instruction_set() {
 // the extension's.
 #if !defined(DEEPWELL_ONE_EXTENSION)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_1_linear", &q4_1_linear, "x @ Q4_1 weight.T, float32 accumulation, x's dtype out (CPU)");
-  m.def("q8_0_linear", &q8_0_linear, "x @ Q8_0 weight.T, float32 accumulation, x's dtype out (CPU)");
+  m.def("q4_1_linear", &q4_1_linear, "x @ Q4_1 weight.T, float32 accumulation, x's dtype out (CPU)",
+        py::arg("x"), py::arg("weights"), py::arg("out_features"));
+  m.def("q8_0_linear", &q8_0_linear, "x @ Q8_0 weight.T, float32 accumulation, x's dtype out (CPU)",
+        py::arg("x"), py::arg("weights"), py::arg("out_features"));
   m.def("quantize_rows", &quantize_rows, "the linears' activation quantisation, for tests");
   m.def("instruction_set", &instruction_set, "the path this build compiled: avx512_vnni, avx2, scalar");
   m.attr("max_rows") = kMaxRows;
+  m.attr("tile_outputs") = kTile;
 }
 #endif

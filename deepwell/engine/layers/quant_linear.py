@@ -9,17 +9,26 @@ products are int8 ones (AVX-512 VNNI or AVX2). Weights come from the checkpoint'
 stores them so (the embedded SmolLM2: Q4_1 layers, Q8_0 tied embedding), else from the
 float weights quantised at load.
 
+The weights are repacked at load into row-interleaved tiles of 16 outputs (kernel_layout;
+the byte map in quant_gemv.cpp), so VNNI's vpdpbusd adds 4 inputs to 16 outputs' lanes at
+once with no horizontal sums; one layout for the VNNI, AVX2 and scalar paths.
+
 SmolLM2's linears for one decode step (30 distinct layers of qkv, o, gate_up, down and the
 49,152-row head, in model order, weights streaming from memory as in the engine), one
-thread, AVX-512 VNNI Xeon VM under load average 4-5, best of 20, ms
-(benchmarks/quant_decode.py):
+thread, AVX-512 VNNI Xeon VM, load average 1.2-1.5, best of 5, ms
+(PYTHONPATH=. benchmarks/quant_decode.py --threads 1 --repeats 20 --step-repeats 5
+--skip-engine):
 
     rows             1      2      4      6      8
-    this kernel   11.95  12.76  16.63  19.05  27.16
-    torch int4    13.61  15.69  18.15  26.37  28.47   (_weight_int4pack_mm_for_cpu + bf16
+    this kernel    5.62   7.25  11.93  12.36  12.59
+    torch int4    12.37  14.71  17.49  25.29  27.11   (_weight_int4pack_mm_for_cpu + bf16
                                                        head: what int4 ran before)
-    bf16 packed   30.44  30.56  28.37  29.47  31.40   (oneDNN, AMX)
-    float32       40.59  46.88  81.45 105.62 141.93
+    bf16 packed   26.84  28.94  29.69  29.74  27.69   (oneDNN, AMX)
+    float32       40.16  45.31  81.30  81.91 105.12
+
+The per-row layout this replaced, in alternating processes with it (load 1.5-2.2, best of
+4 rounds; docs/benchmarks.md "Row-interleaved tiles"): 10.69 / 10.78 / 14.36 / 22.35 ms at
+1 / 2 / 4 / 8 rows against the tiles' 7.45 / 7.67 / 9.29 / 13.40; the AVX2 build 2.0-2.9x.
 
 Hence the cut-overs below. Activations rounded to 8 bits move the embedded model's
 next-token logprobs 0.45 nats from float32's at most (bf16: 0.16; docs/benchmarks.md,
@@ -40,11 +49,14 @@ from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.models.loader import GGUFBlocks
 
 BLOCK = 32
+# Outputs per tile of the kernel's layout (kernel_layout; kernel_parts.h kTileOutputs).
+TILE = 16
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. A step of linears (the table above): float32 dense is 3.4-5.5x slower
-# at every row count up to 8, where the kernel's instantiations stop; oneDNN's packed bf16
-# (AMX) 1.55x slower at 6 rows and level at 8 (1.16x here, 0.96x in a run before the
-# kernel's last change). A 6-row speculative verify still runs the kernel.
+# the dense weights. A step of linears (the table above): float32 dense is 6-8x slower
+# at every row count up to 8, where the kernel's instantiations stop. The bf16 limit of 6
+# was set on the per-row layout, which oneDNN's packed bf16 (AMX) was level with at 8 rows;
+# the tiles are 2.2x faster than it at 8, so it may rise to 8 once an engine run confirms
+# it. A 6-row speculative verify runs the kernel.
 QUANT_MAX_ROWS = 8
 PACKED_MAX_ROWS = 6
 
@@ -123,8 +135,8 @@ class QuantDecodeLinear(nn.Linear):
     kernel: ModuleType
     kind: str
     max_rows: int
-    # The kernel's layout (quant_gemv.cpp): uint8 [out, bytes], a row's blocks (count padded
-    # even) with their fp16 scales behind them.
+    # The kernel's layout (quant_gemv.cpp, kernel_layout): uint8 [tiles, bytes], 16 outputs
+    # interleaved per tile, their blocks' fp16 scales behind each block.
     quant_weight: torch.Tensor
     packed_weight: torch.Tensor | None
 
@@ -132,9 +144,9 @@ class QuantDecodeLinear(nn.Linear):
         if x.dim() == 2 and 0 < x.shape[0] <= self.max_rows:
             x = x.contiguous()
             if self.kind == "Q4_1":
-                out = self.kernel.q4_1_linear(x, self.quant_weight)
+                out = self.kernel.q4_1_linear(x, self.quant_weight, self.out_features)
             else:
-                out = self.kernel.q8_0_linear(x, self.quant_weight)
+                out = self.kernel.q8_0_linear(x, self.quant_weight, self.out_features)
             return out if self.bias is None else out + self.bias
         if self.packed_weight is not None:
             return PackedLinear.forward(self, x)
@@ -155,23 +167,34 @@ def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType)
 
 
 def kernel_layout(weight: BlockWeight) -> torch.Tensor:
-    """quant_gemv.cpp's rows: Q4_1 nibble pairs, fp16 d, fp16 m; Q8_0 q, fp16 d, int16 Σq."""
+    """quant_gemv.cpp's row-interleaved tiles, uint8 [ceil(out / 16), blocks * 16 * bytes]:
+    per tile and block, the 16 outputs' q four inputs at a time (Q4_1: inputs i and i + 16
+    in one byte's nibbles), then fp16 d[16], then fp16 m[16] (Q4_1) or int16 Σq[16] (Q8_0)."""
     q, d, m = weight.q, weight.d, weight.m
-    if q.shape[1] % 2:
-        # A zero block (d = m = 0) pads the count even; the kernel pads activations alike.
-        q = F.pad(q, (0, 0, 0, 1))
-        d = F.pad(d, (0, 1))
-        m = None if m is None else F.pad(m, (0, 1))
-    rows = q.shape[0]
+    padding = -q.shape[0] % TILE
+    if padding:
+        # Zero rows (d = m = 0) fill the last tile; the kernel stores only real outputs.
+        q = F.pad(q, (0, 0, 0, 0, 0, padding))
+        d = F.pad(d, (0, 0, 0, padding))
+        m = None if m is None else F.pad(m, (0, 0, 0, padding))
+    tiles, blocks = q.shape[0] // TILE, q.shape[1]
+    # [tile, output, block, group of 4 inputs, input] -> [tile, block, group, output, input]
+    groups = q.view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4)
 
-    def as_bytes(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().view(torch.uint8).view(rows, -1)
+    def per_tile(t: torch.Tensor) -> torch.Tensor:
+        """[out, blocks] -> [tiles, blocks, 16]."""
+        return t.view(tiles, TILE, blocks).transpose(1, 2)
 
     if weight.kind == "Q4_1":
-        parts = [q[:, 0::2] | (q[:, 1::2] << 4), d.half(), m.half()]
+        quants = groups[:, :, :4] | (groups[:, :, 4:] << 4)
+        parts = [quants, per_tile(d).half(), per_tile(m).half()]
     else:
-        parts = [q, d.half(), q.sum(dim=-1, dtype=torch.int16)]
-    return torch.cat([as_bytes(p) for p in parts], dim=1)
+        parts = [groups, per_tile(d).half(), per_tile(q.sum(dim=-1, dtype=torch.int16))]
+
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().view(torch.uint8).view(tiles, blocks, -1)
+
+    return torch.cat([as_bytes(p) for p in parts], dim=2).view(tiles, -1)
 
 
 def load_kernel() -> ModuleType:

@@ -196,6 +196,11 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.native_decode is not None:
+            # A native step with the head inside has made these logits already.
+            logits = self.native_decode.logits_of(hidden)
+            if logits is not None:
+                return logits
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
     @torch.no_grad()

@@ -2,7 +2,8 @@
 C++ call (layers/llama_decode.cpp), and which models and steps it takes.
 
 A model qualifies with its layer linears on GGUF blocks (`--quantization int4`), decode
-attention on the C++ kernel and no per-head q/k norm (Qwen3); a step qualifies when all its
+attention on the C++ kernel and no per-head q/k norm (Qwen3); its head runs inside the step
+too where it is on GGUF blocks (the logits handed to compute_logits). A step qualifies when all its
 rows are decode rows and there are no more of them than the linears' cut-over to dense
 weights. Any other step runs the model's torch path.
 """
@@ -25,11 +26,14 @@ logger = logging.getLogger(__name__)
 
 
 class NativeDecode:
-    """The model's C++ decoder (its weights referenced, not copied) and its row limit."""
+    """The model's C++ decoder (its weights referenced, not copied) and its row limit; with
+    the head inside, the logits of its last step, for compute_logits to hand back."""
 
     def __init__(self, decoder, max_rows: int) -> None:
         self.decoder = decoder
         self.max_rows = max_rows
+        # (hidden, logits) of the last step, until compute_logits takes them.
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def takes(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
         paged = meta.paged
@@ -49,7 +53,7 @@ class NativeDecode:
         kv_cache: KVCache,
     ) -> torch.Tensor:
         """The final-normed hidden state [rows, hidden], float32."""
-        return self.decoder.forward(
+        hidden, logits = self.decoder.forward(
             input_ids,
             positions,
             kv_cache.paged["key"],
@@ -60,6 +64,26 @@ class NativeDecode:
             paged.decode_block_starts,
             paged.decode_context_len_tensor,
         )
+        self._last = None if logits is None else (hidden, logits)
+        return hidden
+
+    def logits_of(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The last step's logits of the rows of `hidden`, if each is one of its hidden
+        state's rows, else None. The runner gathers its logit rows (not always every row in
+        order) from the hidden state before asking for logits; equal hidden rows have equal
+        logits, so matching values finds them."""
+        last, self._last = self._last, None
+        if last is None:
+            return None
+        made, logits = last
+        if made.shape == hidden.shape and torch.equal(made, hidden):
+            return logits
+        if hidden.dim() != 2 or hidden.shape[1] != made.shape[1]:
+            return None
+        matches = (hidden.unsqueeze(1) == made.unsqueeze(0)).all(dim=-1)
+        if not matches.any(dim=1).all():
+            return None
+        return logits[matches.int().argmax(dim=1)]
 
 
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
@@ -132,6 +156,11 @@ def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDe
             _blocks(mlp.down_proj),
         )
     linears = [m for m in model.layers.modules() if isinstance(m, QuantDecodeLinear)]
+    head = model.lm_head
+    # A float head (not on GGUF blocks) stays in Python, in compute_logits.
+    if type(head) is QuantDecodeLinear:
+        decoder.set_head(_blocks(head), head.out_features, head.weight.dtype == torch.bfloat16)
+        linears.append(head)
     return NativeDecode(decoder, min([kernel.max_rows, *(m.max_rows for m in linears)]))
 
 
