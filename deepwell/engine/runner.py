@@ -187,6 +187,7 @@ class ModelRunner:
         decode_rows: list[int] = []
         decode_padding: list[int] = []  # per decode block: keys past the context
         decode_lens: list[int] = []
+        decode_sequence_rows: list[int] = []
         prefills: list[PrefillSpan] = []
         spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
         pending_rows: list[tuple[int, Request]] = []
@@ -227,6 +228,7 @@ class ModelRunner:
                 spans.append((row, start, chunk.num_rows, blocks))
                 continue
             if index < num_decode_chunks:
+                decode_sequence_rows.append(chunk.num_rows)
                 # Each row sees the keys up to its own position.
                 for query, query_end in enumerate(range(start + 1, end + 1), row):
                     n = -(-query_end // bs)
@@ -248,6 +250,7 @@ class ModelRunner:
                 decode_rows,
                 decode_padding,
                 decode_lens,
+                decode_sequence_rows,
                 prefills,
                 seq_slots,
                 seq_starts,
@@ -274,6 +277,7 @@ class ModelRunner:
         decode_rows,
         decode_padding,
         decode_lens,
+        decode_sequence_rows,
         prefills,
         seq_slots,
         seq_starts,
@@ -300,6 +304,7 @@ class ModelRunner:
             seq_slots=torch.tensor(seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
             query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
+            decode_sequence_rows=decode_sequence_rows,
         )
 
     def plan_caches(self, meta: StepMetadata) -> None:
