@@ -27,9 +27,9 @@ from deepwell.engine.layers.step_metadata import (
 )
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler
+from deepwell.engine.sampling import Sampler, first_argmax
 from deepwell.engine.scheduler import ScheduledChunk
-from deepwell.engine.speculative.verify import verify
+from deepwell.engine.speculative.verify import takes_batched_argmax, verify
 
 
 @dataclass
@@ -164,12 +164,19 @@ class ModelRunner:
             for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
                 by_request[id(request)] = ([token], token_logprobs)
         offset = len(step.sampling)
+        targets = None
+        if any(takes_batched_argmax(c.request) for c in step.verifying):
+            targets = first_argmax(logits[offset:]).tolist()
         for chunk in step.verifying:
             num_rows = len(chunk.draft) + 1
             block = logits[offset : offset + num_rows]
             request = chunk.request
             probs = None if request.draft_probs is None else request.draft_probs[: len(chunk.draft)]
-            by_request[id(request)] = (verify(block, chunk.draft, request, probs), None)
+            own = None
+            if targets is not None:
+                start = offset - len(step.sampling)
+                own = targets[start : start + num_rows]
+            by_request[id(request)] = (verify(block, chunk.draft, request, probs, own), None)
             offset += num_rows
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
