@@ -13,10 +13,17 @@ cache, as benchmarks/throughput_vs_hf.py runs them.
 - `--ab LEVER`: rounds alternate the lever on and off in one process (each round a fresh
   generate over the same subset) and each side keeps its best, with the load average.
   Levers: `grouped-verify` (a draft's verify rows read their blocks together in the decode
-  kernel, layers/paged_decode.cpp, versus one kernel task per row).
+  kernel, layers/paged_decode.cpp, versus one kernel task per row); `batched-verify-argmax`
+  (one blocked argmax over a step's greedy verify rows, versus `argmax` per request).
+- `--measure`: best of `--rounds` generates of the tree on PYTHONPATH, for A/B runs of two
+  trees (a kernel change) in alternating processes.
 
-    .venv/bin/python benchmarks/spec_w.py --profile [--requests 32] [--quantization int4]
-    .venv/bin/python benchmarks/spec_w.py --ab grouped-verify [--rounds 3] [--requests 32]
+    PYTHONPATH=. .venv/bin/python benchmarks/spec_w.py --profile [--requests 32] \
+        [--quantization int4]
+    PYTHONPATH=. .venv/bin/python benchmarks/spec_w.py --ab grouped-verify [--rounds 3]
+
+(`PYTHONPATH=.` from a worktree: a script run by path imports the editable install's
+`deepwell`, not the checkout's.)
 """
 
 import argparse
@@ -29,6 +36,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+import deepwell.engine.runner as runner_module
+import deepwell.engine.speculative.verify as verify_module
 from deepwell.engine import LLM, SamplingParams
 from deepwell.engine.layers.attention import AttentionBackend
 from deepwell.engine.runner import ModelRunner
@@ -63,16 +72,19 @@ def make_llm(args, async_scheduling: bool = True) -> LLM:
     return llm
 
 
-def run_w(llm: LLM, workload: list[dict]) -> tuple[float, int]:
-    """Seconds of one generate over the workload, and the output tokens it made."""
+def run_w(llm: LLM, workload: list[dict]) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one generate over the workload, and the output tokens it made.
+    On a shared machine the process's CPU time is the steadier figure: wall time also counts
+    the time other processes held the cores."""
     params = [SamplingParams(max_tokens=r["output_len"], **GREEDY) for r in workload]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate(
         prompt_token_ids=[r["prompt_ids"] for r in workload],
         sampling_params=params,
         use_tqdm=False,
     )
-    return time.perf_counter() - start, sum(len(o.token_ids) for o in outputs)
+    tokens = sum(len(o.token_ids) for o in outputs)
+    return time.perf_counter() - start, time.process_time() - cpu_start, tokens
 
 
 # ---- --profile ----
@@ -164,7 +176,7 @@ def profile_w(args, workload: list[dict]) -> None:
     log = StepLog(llm)
     label_attention(llm)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        seconds, tokens = run_w(llm, workload)
+        seconds, _, tokens = run_w(llm, workload)
     print(
         f"W[:{len(workload)}], {args.dtype}, quantization {args.quantization}, k {args.k}, "
         f"1 thread, synchronous steps, traced: {tokens} tokens in {seconds:.1f} s, "
@@ -200,42 +212,78 @@ def profile_w(args, workload: list[dict]) -> None:
 def per_row_verify(on: bool) -> None:
     """Lever grouped-verify off: decode metadata without sequences, so every verify row is
     its own kernel task (as before the lever)."""
+    grouped = _original(ModelRunner, "_paged_metadata")
     if on:
-        ModelRunner._paged_metadata = _GROUPED
+        ModelRunner._paged_metadata = grouped
         return
 
     def ungrouped(self, *args, **kwargs):
-        meta = _GROUPED(self, *args, **kwargs)
+        meta = grouped(self, *args, **kwargs)
         meta.decode_sequence_rows = None
         return meta
 
     ModelRunner._paged_metadata = ungrouped
 
 
-_GROUPED = ModelRunner._paged_metadata
-LEVERS = {"grouped-verify": per_row_verify}
+def batched_verify_argmax(on: bool) -> None:
+    """Lever batched-verify-argmax off: each verifying request takes `argmax` of its own
+    rows (as before the lever)."""
+    takes = _original(runner_module, "takes_batched_argmax")
+    first = _original(verify_module, "first_argmax")
+    runner_module.takes_batched_argmax = takes if on else lambda request: False
+    verify_module.first_argmax = first if on else lambda rows: rows.argmax(dim=-1)
+
+
+_ORIGINALS: dict[tuple[int, str], object] = {}
+
+
+def _original(owner, name: str):
+    """What `owner.name` was before any lever was toggled."""
+    return _ORIGINALS.setdefault((id(owner), name), getattr(owner, name))
+
+
+LEVERS = {"grouped-verify": per_row_verify, "batched-verify-argmax": batched_verify_argmax}
+
+
+def measure(args, workload: list[dict]) -> None:
+    """Best of `--rounds` generates of this tree as it is: for A/B runs of two trees in
+    alternating processes (a compiled kernel cannot be toggled in one process)."""
+    llm = make_llm(args)
+    best_wall = best_cpu = 0.0
+    for _ in range(args.rounds):
+        seconds, cpu_seconds, tokens = run_w(llm, workload)
+        best_wall = max(best_wall, tokens / seconds)
+        best_cpu = max(best_cpu, tokens / cpu_seconds)
+    print(
+        f"W[:{len(workload)}], quantization {args.quantization}, k {args.k}, 1 thread, best of "
+        f"{args.rounds}: {best_wall:.1f} tok/s, {best_cpu:.1f} tok per CPU-s (load average "
+        f"{os.getloadavg()[0]:.2f}; deepwell from {Path(runner_module.__file__).parents[2]})"
+    )
 
 
 def ab(args, workload: list[dict]) -> None:
     llm = make_llm(args)
     toggle = LEVERS[args.ab]
-    best: dict[bool, float] = {}
+    # Per side: best tokens per wall second and per CPU second.
+    best: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}
     for round_index in range(args.rounds):
         for on in (True, False) if round_index % 2 == 0 else (False, True):
             toggle(on)
-            seconds, tokens = run_w(llm, workload)
-            rate = tokens / seconds
-            best[on] = max(best.get(on, 0.0), rate)
+            seconds, cpu_seconds, tokens = run_w(llm, workload)
+            rates = [tokens / seconds, tokens / cpu_seconds]
+            best[on] = [max(b, r) for b, r in zip(best[on], rates, strict=True)]
             print(
                 f"  round {round_index + 1}, {args.ab} {'on' if on else 'off'}: "
-                f"{rate:.1f} tok/s ({tokens} tokens, {seconds:.1f} s; load average "
-                f"{os.getloadavg()[0]:.2f})",
+                f"{rates[0]:.1f} tok/s, {rates[1]:.1f} tok per CPU-s ({tokens} tokens, "
+                f"{seconds:.1f} s; load average {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
+    (on_wall, on_cpu), (off_wall, off_cpu) = best[True], best[False]
     print(
         f"W[:{len(workload)}], quantization {args.quantization}, k {args.k}, 1 thread, best of "
-        f"{args.rounds}: {args.ab} on {best[True]:.1f} tok/s, off {best[False]:.1f} tok/s "
-        f"({best[True] / best[False] - 1:+.1%})"
+        f"{args.rounds}: {args.ab} on {on_wall:.1f} tok/s ({on_cpu:.1f} per CPU-s), off "
+        f"{off_wall:.1f} tok/s ({off_cpu:.1f} per CPU-s): {on_wall / off_wall - 1:+.1%} wall, "
+        f"{on_cpu / off_cpu - 1:+.1%} CPU"
     )
 
 
@@ -249,11 +297,14 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--profile", action="store_true")
     mode.add_argument("--ab", choices=sorted(LEVERS))
+    mode.add_argument("--measure", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     workload = load_w(args.requests)
     if args.profile:
         profile_w(args, workload)
+    elif args.measure:
+        measure(args, workload)
     else:
         ab(args, workload)
 

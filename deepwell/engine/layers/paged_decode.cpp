@@ -194,6 +194,47 @@ void block_scores_avx512(
 }
 #endif
 
+// The largest of n scores. A scalar max chains each comparison on the one before (a
+// quarter of the kernel's time in W's steps, by perf); lanes break the chain.
+inline float max_of(const float* x, int64_t n) {
+  Vec lanes(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + Vec::size() <= n; t += Vec::size()) lanes = at::vec::maximum(lanes, Vec::loadu(x + t));
+  float best = at::vec::vec_reduce_all<float>(
+      [](Vec a, Vec b) { return at::vec::maximum(a, b); }, lanes);
+  for (; t < n; ++t) best = std::max(best, x[t]);
+  return best;
+}
+
+// The group's accumulators += weights x one block's n values. The group size is a template
+// argument so that the accumulators live in registers (indexed by a runtime count they were
+// spilled to the stack, each fmadd a load and a store); each head_dim chunk's accumulators
+// stay there over the keys, while the next block's keys are fetched.
+template <typename T, int64_t G>
+void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* weights,
+                  int64_t block_size, float* acc, const T* next_keys) {
+  for (int64_t d = 0; d < head_dim; d += kChunk) {
+    const int64_t width = std::min(kChunk, head_dim - d);
+    Vec acc_lo[G], acc_hi[G];
+    for (int64_t g = 0; g < G; ++g) {
+      load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
+      Vec lo, hi;
+      load_chunk(values + t * head_dim + d, width, lo, hi);
+      for (int64_t g = 0; g < G; ++g) {
+        const Vec w(weights[g * block_size + t]);
+        acc_lo[g] = at::vec::fmadd(w, lo, acc_lo[g]);
+        acc_hi[g] = at::vec::fmadd(w, hi, acc_hi[g]);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      store_chunk(acc_lo[g], acc_hi[g], width, acc + g * head_dim + d);
+    }
+  }
+}
+
 // One decode row of one KV head through a sequence task: its queries, accumulators and
 // running softmax statistics, carried across the blocks.
 template <typename T>
@@ -260,7 +301,7 @@ void attend_block(
   }
   for (int64_t g = 0; g < group; ++g) {
     float* weights = scores + g * block_size;
-    const float block_max = *std::max_element(weights, weights + n);
+    const float block_max = max_of(weights, n);
     const float new_max = std::max(row.running_max[g], block_max);
     // exp(-inf) = 0 clears the empty accumulator on a row's first block.
     const float rescale = std::exp(row.running_max[g] - new_max);
@@ -271,27 +312,15 @@ void attend_block(
       at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
     }
   }
-  // Weighted values: each head_dim chunk's accumulators stay in registers over the keys,
-  // while the next block's keys are fetched.
-  for (int64_t d = 0; d < head_dim; d += kChunk) {
-    const int64_t width = std::min(kChunk, head_dim - d);
-    Vec acc_lo[kMaxGroup], acc_hi[kMaxGroup];
-    for (int64_t g = 0; g < group; ++g) {
-      load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
-      Vec lo, hi;
-      load_chunk(values + t * head_dim + d, width, lo, hi);
-      for (int64_t g = 0; g < group; ++g) {
-        const Vec w(scores[g * block_size + t]);
-        acc_lo[g] = at::vec::fmadd(w, lo, acc_lo[g]);
-        acc_hi[g] = at::vec::fmadd(w, hi, acc_hi[g]);
-      }
-    }
-    for (int64_t g = 0; g < group; ++g) {
-      store_chunk(acc_lo[g], acc_hi[g], width, acc + g * head_dim + d);
-    }
+  switch (group) {
+    case 1: weigh_values<T, 1>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 2: weigh_values<T, 2>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 3: weigh_values<T, 3>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 4: weigh_values<T, 4>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 5: weigh_values<T, 5>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 6: weigh_values<T, 6>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 7: weigh_values<T, 7>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    default: weigh_values<T, kMaxGroup>(values, n, head_dim, scores, block_size, acc, next_keys);
   }
 }
 
