@@ -194,8 +194,8 @@ void block_scores_avx512(
 }
 #endif
 
-// The largest of n scores. A scalar max chains each comparison on the one before (a
-// quarter of the kernel's time in W's steps, by perf); lanes break the chain.
+// The largest of n scores. A scalar max chains each comparison on the one before (a fifth
+// of the kernel's time by perf, on W-like verify rows); lanes break the chain.
 inline float max_of(const float* x, int64_t n) {
   Vec lanes(-std::numeric_limits<float>::infinity());
   int64_t t = 0;
