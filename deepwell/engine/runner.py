@@ -27,9 +27,9 @@ from deepwell.engine.layers.step_metadata import (
 )
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler
+from deepwell.engine.sampling import Sampler, first_argmax
 from deepwell.engine.scheduler import ScheduledChunk
-from deepwell.engine.speculative.verify import verify
+from deepwell.engine.speculative.verify import takes_batched_argmax, verify
 
 
 @dataclass
@@ -164,12 +164,19 @@ class ModelRunner:
             for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
                 by_request[id(request)] = ([token], token_logprobs)
         offset = len(step.sampling)
+        targets = None
+        if any(takes_batched_argmax(c.request) for c in step.verifying):
+            targets = first_argmax(logits[offset:]).tolist()
         for chunk in step.verifying:
             num_rows = len(chunk.draft) + 1
             block = logits[offset : offset + num_rows]
             request = chunk.request
             probs = None if request.draft_probs is None else request.draft_probs[: len(chunk.draft)]
-            by_request[id(request)] = (verify(block, chunk.draft, request, probs), None)
+            own = None
+            if targets is not None:
+                start = offset - len(step.sampling)
+                own = targets[start : start + num_rows]
+            by_request[id(request)] = (verify(block, chunk.draft, request, probs, own), None)
             offset += num_rows
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
@@ -187,6 +194,7 @@ class ModelRunner:
         decode_rows: list[int] = []
         decode_padding: list[int] = []  # per decode block: keys past the context
         decode_lens: list[int] = []
+        decode_sequence_rows: list[int] = []
         prefills: list[PrefillSpan] = []
         spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
         pending_rows: list[tuple[int, Request]] = []
@@ -227,6 +235,7 @@ class ModelRunner:
                 spans.append((row, start, chunk.num_rows, blocks))
                 continue
             if index < num_decode_chunks:
+                decode_sequence_rows.append(chunk.num_rows)
                 # Each row sees the keys up to its own position.
                 for query, query_end in enumerate(range(start + 1, end + 1), row):
                     n = -(-query_end // bs)
@@ -248,6 +257,7 @@ class ModelRunner:
                 decode_rows,
                 decode_padding,
                 decode_lens,
+                decode_sequence_rows,
                 prefills,
                 seq_slots,
                 seq_starts,
@@ -274,6 +284,7 @@ class ModelRunner:
         decode_rows,
         decode_padding,
         decode_lens,
+        decode_sequence_rows,
         prefills,
         seq_slots,
         seq_starts,
@@ -300,6 +311,7 @@ class ModelRunner:
             seq_slots=torch.tensor(seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(seq_starts, dtype=torch.long),
             query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
+            decode_sequence_rows=decode_sequence_rows,
         )
 
     def plan_caches(self, meta: StepMetadata) -> None:

@@ -78,6 +78,9 @@ class AttentionMetadata:
     seq_starts: torch.Tensor
     # Set in batch-invariant mode, which lays out no decode rows or prefill spans.
     query_tiles: list[QueryTiles] | None = None
+    # Decode rows per sequence, in row order (a draft's verify rows are one sequence's, at
+    # consecutive positions); None: one row each.
+    decode_sequence_rows: list[int] | None = None
 
     @cached_property
     def decode_context_len_tensor(self) -> torch.Tensor:
@@ -89,6 +92,14 @@ class AttentionMetadata:
         """[num_decodes + 1]: where each decode row's blocks begin in decode_block_ids."""
         block_size = self.decode_block_padding.shape[-1]
         counts = (self.decode_context_len_tensor + block_size - 1) // block_size
+        return torch.cat((counts.new_zeros(1), counts.cumsum(0)))
+
+    @cached_property
+    def decode_sequence_starts(self) -> torch.Tensor:
+        """[sequences + 1]: where each sequence's decode rows begin."""
+        if self.decode_sequence_rows is None:
+            return torch.arange(self.num_decodes + 1)
+        counts = torch.tensor(self.decode_sequence_rows, dtype=torch.long)
         return torch.cat((counts.new_zeros(1), counts.cumsum(0)))
 
 

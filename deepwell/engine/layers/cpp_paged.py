@@ -1,9 +1,10 @@
 """Paged attention on CPU with decode rows in the fused C++ kernel (paged_decode.cpp), and
 the choice between it and the pure-torch backend (`--attention-backend`).
 
-The kernel walks each row's block list once per KV head with an online softmax: no gather,
-no per-block GEMM calls, no padded scores; it also stores the step's K/V rows (one copy per
-row). Prefill chunks stay on the torch path.
+The kernel walks each sequence's block list once per KV head with an online softmax, for all
+its decode rows (a draft's verify rows share their blocks): no gather, no per-block GEMM
+calls, no padded scores; it also stores the step's K/V rows (one copy per row). Prefill
+chunks stay on the torch path.
 """
 
 import functools
@@ -51,6 +52,7 @@ class CppPagedAttention(TorchPagedAttention):
             meta.decode_block_ids,
             meta.decode_block_starts,
             meta.decode_context_len_tensor,
+            meta.decode_sequence_starts,
             self.scale,
             False,
         )

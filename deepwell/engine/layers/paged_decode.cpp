@@ -194,105 +194,202 @@ void block_scores_avx512(
 }
 #endif
 
+// The largest of n scores. A scalar max chains each comparison on the one before (a fifth
+// of the kernel's time by perf, on W-like verify rows); lanes break the chain.
+inline float max_of(const float* x, int64_t n) {
+  Vec lanes(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + Vec::size() <= n; t += Vec::size()) lanes = at::vec::maximum(lanes, Vec::loadu(x + t));
+  float best = at::vec::vec_reduce_all<float>(
+      [](Vec a, Vec b) { return at::vec::maximum(a, b); }, lanes);
+  for (; t < n; ++t) best = std::max(best, x[t]);
+  return best;
+}
+
+// The group's accumulators += weights x one block's n values. The group size is a template
+// argument so that the accumulators live in registers (indexed by a runtime count they were
+// spilled to the stack, each fmadd a load and a store); each head_dim chunk's accumulators
+// stay there over the keys, while the next block's keys are fetched.
+template <typename T, int64_t G>
+void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* weights,
+                  int64_t block_size, float* acc, const T* next_keys) {
+  for (int64_t d = 0; d < head_dim; d += kChunk) {
+    const int64_t width = std::min(kChunk, head_dim - d);
+    Vec acc_lo[G], acc_hi[G];
+    for (int64_t g = 0; g < G; ++g) {
+      load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
+      Vec lo, hi;
+      load_chunk(values + t * head_dim + d, width, lo, hi);
+      for (int64_t g = 0; g < G; ++g) {
+        const Vec w(weights[g * block_size + t]);
+        acc_lo[g] = at::vec::fmadd(w, lo, acc_lo[g]);
+        acc_hi[g] = at::vec::fmadd(w, hi, acc_hi[g]);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      store_chunk(acc_lo[g], acc_hi[g], width, acc + g * head_dim + d);
+    }
+  }
+}
+
+// One decode row of one KV head through a sequence task: its queries, accumulators and
+// running softmax statistics, carried across the blocks.
 template <typename T>
-void decode_task(
-    const T* q,  // the row's first query head of this KV head, stride q_head_stride
+struct RowState {
+  const T* q;  // the row's first query head of this KV head, stride q_head_stride
+  const int64_t* blocks;
+  int64_t num_blocks;
+  int64_t context_len;
+  T* out;  // the row's first output head of this KV head (contiguous heads)
+  float* query;  // [group, head_dim] scaled (the portable score loop's input)
+  float* acc;    // [group, head_dim]
+  float running_max[kMaxGroup];
+  float running_sum[kMaxGroup];
+};
+
+template <typename T>
+void start_row(RowState<T>& row, int64_t q_head_stride, int64_t head_dim, int64_t group,
+               float scale) {
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t d = 0; d < head_dim; d += kChunk) {
+      const int64_t width = std::min(kChunk, head_dim - d);
+      Vec lo, hi;
+      load_chunk(row.q + g * q_head_stride + d, width, lo, hi);
+      store_chunk(lo * Vec(scale), hi * Vec(scale), width, row.query + g * head_dim + d);
+    }
+  }
+  std::fill_n(row.acc, group * head_dim, 0.f);
+  std::fill_n(row.running_max, group, -std::numeric_limits<float>::infinity());
+  std::fill_n(row.running_sum, group, 0.f);
+}
+
+// Block b of a row's list into its running softmax and accumulators; `next_keys` (or null)
+// is prefetched while the values are weighed.
+template <typename T>
+void attend_block(
+    RowState<T>& row,
+    int64_t b,
     int64_t q_head_stride,
     const T* key_cache,
     const T* value_cache,
-    const int64_t* blocks,
-    int64_t num_blocks,
-    int64_t context_len,
     int64_t kv_head,
     int64_t kv_heads,
     int64_t block_size,
     int64_t head_dim,
     int64_t group,
     float scale,
-    T* out,  // the row's first output head of this KV head (contiguous heads)
     bool fast_scores,
-    std::vector<float>& scratch) {
-  // scratch: [group, head_dim] scaled queries, [group, head_dim] accumulators,
-  // [group, block_size] one block's scores (then weights).
-  scratch.assign(group * (2 * head_dim + block_size), 0.f);
-  float* query = scratch.data();
-  float* acc = query + group * head_dim;
-  float* scores = acc + group * head_dim;
-  for (int64_t g = 0; g < group; ++g) {
-    for (int64_t d = 0; d < head_dim; d += kChunk) {
-      const int64_t width = std::min(kChunk, head_dim - d);
-      Vec lo, hi;
-      load_chunk(q + g * q_head_stride + d, width, lo, hi);
-      store_chunk(lo * Vec(scale), hi * Vec(scale), width, query + g * head_dim + d);
-    }
-  }
-  float running_max[kMaxGroup], running_sum[kMaxGroup];
-  std::fill_n(running_max, group, -std::numeric_limits<float>::infinity());
-  std::fill_n(running_sum, group, 0.f);
+    const T* next_keys,
+    float* scores) {  // [group, block_size] scratch: one block's scores, then weights
   const int64_t tile = block_size * head_dim;
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t n = std::min(block_size, context_len - b * block_size);
-    const int64_t offset = (blocks[b] * kv_heads + kv_head) * tile;
-    const T* keys = key_cache + offset;
-    const T* values = value_cache + offset;
+  const int64_t n = std::min(block_size, row.context_len - b * block_size);
+  const int64_t offset = (row.blocks[b] * kv_heads + kv_head) * tile;
+  const T* keys = key_cache + offset;
+  const T* values = value_cache + offset;
+  float* acc = row.acc;
 #if defined(CPU_CAPABILITY_AVX512)
-    if (fast_scores) {
-      block_scores_avx512(
-          q, q_head_stride, keys, values, n, head_dim, group, scale, scores, block_size);
-    } else
+  if (fast_scores) {
+    block_scores_avx512(
+        row.q, q_head_stride, keys, values, n, head_dim, group, scale, scores, block_size);
+  } else
 #endif
-    {
-      block_scores(query, keys, values, n, head_dim, group, scores, block_size);
-    }
-    for (int64_t g = 0; g < group; ++g) {
-      float* row = scores + g * block_size;
-      const float block_max = *std::max_element(row, row + n);
-      const float new_max = std::max(running_max[g], block_max);
-      // exp(-inf) = 0 clears the empty accumulator on a row's first block.
-      const float rescale = std::exp(running_max[g] - new_max);
-      running_sum[g] = running_sum[g] * rescale + exp_and_sum(row, n, new_max);
-      running_max[g] = new_max;
-      if (rescale != 1.f) {
-        float* a = acc + g * head_dim;
-        at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
-      }
-    }
-    // Weighted values: each head_dim chunk's accumulators stay in registers over the keys,
-    // while the next block's keys are fetched.
-    const T* next_keys =
-        b + 1 < num_blocks ? key_cache + (blocks[b + 1] * kv_heads + kv_head) * tile : nullptr;
-    for (int64_t d = 0; d < head_dim; d += kChunk) {
-      const int64_t width = std::min(kChunk, head_dim - d);
-      Vec acc_lo[kMaxGroup], acc_hi[kMaxGroup];
-      for (int64_t g = 0; g < group; ++g) {
-        load_chunk(acc + g * head_dim + d, width, acc_lo[g], acc_hi[g]);
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        if (d == 0 && next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
-        Vec lo, hi;
-        load_chunk(values + t * head_dim + d, width, lo, hi);
-        for (int64_t g = 0; g < group; ++g) {
-          const Vec w(scores[g * block_size + t]);
-          acc_lo[g] = at::vec::fmadd(w, lo, acc_lo[g]);
-          acc_hi[g] = at::vec::fmadd(w, hi, acc_hi[g]);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        store_chunk(acc_lo[g], acc_hi[g], width, acc + g * head_dim + d);
-      }
-    }
+  {
+    block_scores(row.query, keys, values, n, head_dim, group, scores, block_size);
   }
   for (int64_t g = 0; g < group; ++g) {
-    const Vec inverse(1.f / running_sum[g]);
+    float* weights = scores + g * block_size;
+    const float block_max = max_of(weights, n);
+    const float new_max = std::max(row.running_max[g], block_max);
+    // exp(-inf) = 0 clears the empty accumulator on a row's first block.
+    const float rescale = std::exp(row.running_max[g] - new_max);
+    row.running_sum[g] = row.running_sum[g] * rescale + exp_and_sum(weights, n, new_max);
+    row.running_max[g] = new_max;
+    if (rescale != 1.f) {
+      float* a = acc + g * head_dim;
+      at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
+    }
+  }
+  switch (group) {
+    case 1: weigh_values<T, 1>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 2: weigh_values<T, 2>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 3: weigh_values<T, 3>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 4: weigh_values<T, 4>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 5: weigh_values<T, 5>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 6: weigh_values<T, 6>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    case 7: weigh_values<T, 7>(values, n, head_dim, scores, block_size, acc, next_keys); break;
+    default: weigh_values<T, kMaxGroup>(values, n, head_dim, scores, block_size, acc, next_keys);
+  }
+}
+
+template <typename T>
+void finish_row(const RowState<T>& row, int64_t head_dim, int64_t group) {
+  for (int64_t g = 0; g < group; ++g) {
+    const Vec inverse(1.f / row.running_sum[g]);
     for (int64_t d = 0; d < head_dim; d += kChunk) {
       const int64_t width = std::min(kChunk, head_dim - d);
       Vec lo, hi;
-      load_chunk(acc + g * head_dim + d, width, lo, hi);
-      store_chunk(lo * inverse, hi * inverse, width, out + g * head_dim + d);
+      load_chunk(row.acc + g * head_dim + d, width, lo, hi);
+      store_chunk(lo * inverse, hi * inverse, width, row.out + g * head_dim + d);
     }
   }
 }
 
+// One sequence's decode rows (one row, or a draft's verify rows: consecutive positions over
+// the same blocks) for one KV head. Blocks are the outer loop: a block's K/V tile comes from
+// memory for the sequence's first row that reads it and from the CPU's caches for the rest,
+// where one task per row would fetch it once per row. Each row still meets its own blocks in
+// order with the same arithmetic, so its bits do not depend on the rows beside it.
+template <typename T>
+void sequence_task(
+    std::vector<RowState<T>>& rows,
+    int64_t q_head_stride,
+    const T* key_cache,
+    const T* value_cache,
+    int64_t kv_head,
+    int64_t kv_heads,
+    int64_t block_size,
+    int64_t head_dim,
+    int64_t group,
+    float scale,
+    bool fast_scores,
+    std::vector<float>& scratch) {
+  const int64_t count = static_cast<int64_t>(rows.size());
+  const int64_t per_row = 2 * group * head_dim;
+  scratch.resize(count * per_row + group * block_size);
+  float* scores = scratch.data() + count * per_row;
+  int64_t max_blocks = 0;
+  const RowState<T>* longest = &rows[0];
+  for (int64_t r = 0; r < count; ++r) {
+    rows[r].query = scratch.data() + r * per_row;
+    rows[r].acc = rows[r].query + group * head_dim;
+    start_row(rows[r], q_head_stride, head_dim, group, scale);
+    if (rows[r].num_blocks > max_blocks) {
+      max_blocks = rows[r].num_blocks;
+      longest = &rows[r];
+    }
+  }
+  const int64_t tile = block_size * head_dim;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    const T* next_keys =
+        b + 1 < max_blocks ? key_cache + (longest->blocks[b + 1] * kv_heads + kv_head) * tile
+                           : nullptr;
+    bool first = true;
+    for (auto& row : rows) {
+      if (b >= row.num_blocks) continue;
+      attend_block(row, b, q_head_stride, key_cache, value_cache, kv_head, kv_heads,
+                   block_size, head_dim, group, scale, fast_scores,
+                   first ? next_keys : nullptr, scores);
+      first = false;
+    }
+  }
+  for (const auto& row : rows) finish_row(row, head_dim, group);
+}
+
+// seq_starts [sequences + 1]: sequence s holds rows [seq_starts[s], seq_starts[s + 1]);
+// null: every row is its own sequence.
 template <typename T>
 void decode_all(
     const T* q_data,
@@ -308,35 +405,35 @@ void decode_all(
     const int64_t* ids,
     const int64_t* starts,
     const int64_t* lens,
+    const int64_t* seq_starts,
+    int64_t sequences,
     float scale,
     bool fast_scores,
     T* out_data) {
   const int64_t group = heads / kv_heads;
-  const int64_t tasks = rows * kv_heads;
-  // Rows have ragged contexts: hand out (row, KV head) tasks one at a time.
+  const int64_t tasks = sequences * kv_heads;
+  // Sequences have ragged contexts and row counts: hand out (sequence, KV head) tasks one
+  // at a time.
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     std::vector<float> scratch;
+    std::vector<RowState<T>> states;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t row = task / kv_heads, kv_head = task % kv_heads;
-      decode_task<T>(
-          q_data + row * q_row + kv_head * group * q_head,
-          q_head,
-          k_data,
-          v_data,
-          ids + starts[row],
-          starts[row + 1] - starts[row],
-          lens[row],
-          kv_head,
-          kv_heads,
-          block_size,
-          head_dim,
-          group,
-          scale,
-          out_data + (row * heads + kv_head * group) * head_dim,
-          fast_scores,
-          scratch);
+      const int64_t seq = task / kv_heads, kv_head = task % kv_heads;
+      const int64_t first = seq_starts ? seq_starts[seq] : seq;
+      const int64_t last = seq_starts ? seq_starts[seq + 1] : seq + 1;
+      states.resize(last - first);
+      for (int64_t row = first; row < last; ++row) {
+        auto& state = states[row - first];
+        state.q = q_data + row * q_row + kv_head * group * q_head;
+        state.blocks = ids + starts[row];
+        state.num_blocks = starts[row + 1] - starts[row];
+        state.context_len = lens[row];
+        state.out = out_data + (row * heads + kv_head * group) * head_dim;
+      }
+      sequence_task<T>(states, q_head, k_data, v_data, kv_head, kv_heads, block_size, head_dim,
+                       group, scale, fast_scores, scratch);
     }
   }
 }
@@ -391,12 +488,13 @@ void deepwell::paged_decode_rows(
     decode_all<at::BFloat16>(static_cast<const at::BFloat16*>(q), q_row, head_dim,
                              rows, heads, head_dim, key_cache.data_ptr<at::BFloat16>(),
                              value_cache.data_ptr<at::BFloat16>(), kv_heads, block_size, ids,
-                             starts, lens, scale, use_fast_scores<at::BFloat16>(head_dim, false),
+                             starts, lens, nullptr, rows, scale,
+                             use_fast_scores<at::BFloat16>(head_dim, false),
                              static_cast<at::BFloat16*>(out));
   } else {
     decode_all<float>(static_cast<const float*>(q), q_row, head_dim, rows, heads,
                       head_dim, key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
-                      kv_heads, block_size, ids, starts, lens, scale,
+                      kv_heads, block_size, ids, starts, lens, nullptr, rows, scale,
                       use_fast_scores<float>(head_dim, false), static_cast<float*>(out));
   }
 }
@@ -405,7 +503,9 @@ void deepwell::paged_decode_rows(
 // AVX-512 machine cover the path other CPUs run).
 // q [rows, heads, head_dim] (head_dim contiguous); caches contiguous
 // [num_blocks, kv_heads, block_size, head_dim]; block_ids: every row's blocks, row by row;
-// block_starts [rows + 1]: where each row's blocks begin in block_ids; context_lens [rows].
+// block_starts [rows + 1]: where each row's blocks begin in block_ids; context_lens [rows];
+// sequence_starts [sequences + 1]: where each sequence's rows begin (a draft's verify rows are
+// one sequence's, read together block by block).
 at::Tensor paged_decode(
     const at::Tensor& q,
     const at::Tensor& key_cache,
@@ -413,6 +513,7 @@ at::Tensor paged_decode(
     const at::Tensor& block_ids,
     const at::Tensor& block_starts,
     const at::Tensor& context_lens,
+    const at::Tensor& sequence_starts,
     double scale,
     bool portable) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, head_dim]");
@@ -426,8 +527,9 @@ at::Tensor paged_decode(
   TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup,
               "query heads per KV head must divide evenly and be at most ", kMaxGroup);
   TORCH_CHECK(block_ids.scalar_type() == at::kLong && block_starts.scalar_type() == at::kLong &&
-                  context_lens.scalar_type() == at::kLong,
-              "block_ids, block_starts and context_lens must be int64");
+                  context_lens.scalar_type() == at::kLong &&
+                  sequence_starts.scalar_type() == at::kLong,
+              "block_ids, block_starts, context_lens and sequence_starts must be int64");
   TORCH_CHECK(block_starts.numel() == q.size(0) + 1 && context_lens.numel() == q.size(0),
               "one block start per row plus one, one context length per row");
   // The block lists are checked whole before any is read: a bad one is an error, never a
@@ -439,20 +541,28 @@ at::Tensor paged_decode(
   const int64_t* len = lens.data_ptr<int64_t>();
   deepwell::check_block_lists(id, ids.numel(), start, len, q.size(0), key_cache.size(0),
                               key_cache.size(2));
+  const auto seq_starts = sequence_starts.contiguous();
+  const int64_t* seq = seq_starts.data_ptr<int64_t>();
+  const int64_t sequences = seq_starts.numel() - 1;
+  TORCH_CHECK(sequences >= 0 && seq[0] == 0 && seq[sequences] == q.size(0),
+              "sequence_starts must run from 0 to the number of rows");
+  for (int64_t s = 0; s < sequences; ++s) {
+    TORCH_CHECK(seq[s + 1] > seq[s], "sequence ", s, " has no rows");
+  }
   auto out = at::empty({q.size(0), heads, head_dim}, q.options());
   const int64_t rows = q.size(0), block_size = key_cache.size(2);
   if (q.scalar_type() == at::kBFloat16) {
     decode_all<at::BFloat16>(q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), rows, heads,
                              head_dim, key_cache.data_ptr<at::BFloat16>(),
                              value_cache.data_ptr<at::BFloat16>(), kv_heads, block_size, id, start,
-                             len, static_cast<float>(scale),
+                             len, seq, sequences, static_cast<float>(scale),
                              use_fast_scores<at::BFloat16>(head_dim, portable),
                              out.data_ptr<at::BFloat16>());
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "the kernel takes bfloat16 or float32");
     decode_all<float>(q.data_ptr<float>(), q.stride(0), q.stride(1), rows, heads, head_dim,
                       key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), kv_heads,
-                      block_size, id, start, len, static_cast<float>(scale),
+                      block_size, id, start, len, seq, sequences, static_cast<float>(scale),
                       use_fast_scores<float>(head_dim, portable), out.data_ptr<float>());
   }
   return out;

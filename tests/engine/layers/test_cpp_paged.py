@@ -35,15 +35,18 @@ def kernel():
 
 def decode_case(lens, block_size, num_blocks, kv_heads, dim, dtype, seed, shared=False):
     """Caches and metadata of decode rows with the given contexts, each on random distinct
-    blocks of the pool (a verify-like run of rows on the same blocks when `shared`)."""
+    blocks of the pool (when `shared`, a verify-like run of rows on the same blocks, each row
+    on its predecessor's)."""
     gen = torch.Generator().manual_seed(seed)
     keys = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
     values = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
     tables, free = [], torch.randperm(num_blocks, generator=gen).tolist()
     for i, length in enumerate(lens):
         count = -(-length // block_size)
-        if shared and i and len(tables[-1]) >= count:
-            tables.append(tables[-1][:count])
+        if shared and i:
+            # The previous row's blocks, extended with fresh ones past its last.
+            extra = max(0, count - len(tables[-1]))
+            tables.append(tables[-1][:count] + [free.pop() for _ in range(extra)])
         else:
             tables.append([free.pop() for _ in range(count)])
     block_ids = [b for t in tables for b in t]
@@ -104,6 +107,7 @@ def kernel_decode(q, keys, values, meta, portable: bool) -> torch.Tensor:
         meta.decode_block_ids,
         meta.decode_block_starts,
         meta.decode_context_len_tensor,
+        meta.decode_sequence_starts,
         backend.scale,
         portable,
     )
@@ -150,6 +154,25 @@ def test_rows_sharing_blocks_and_strided_queries(dtype, portable):
     torch.testing.assert_close(out.double(), exact, rtol=tight, atol=tight)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+def test_a_sequences_rows_read_together_give_each_rows_own_bits(dtype, portable):
+    """A draft's verify rows go through the kernel as one sequence (blocks outer, rows
+    inner), across a block boundary too: each row's output is bit for bit the one it gets as
+    its own sequence, and exact attention within rounding."""
+    lens = [126, 127, 128, 129, 130, 40, 7, 8, 9]
+    keys, values, tables, meta = decode_case(lens, 64, 20, 3, 64, dtype, seed=8, shared=True)
+    assert tables[4][:2] == tables[0] and len(tables[4]) == 3
+    q = torch.randn(len(lens), 9, 64, generator=torch.Generator().manual_seed(6)).to(dtype)
+    alone = kernel_decode(q, keys, values, meta, portable)
+    grouped = dataclasses.replace(meta, decode_sequence_rows=[5, 1, 3])
+    together = kernel_decode(q, keys, values, grouped, portable)
+    assert torch.equal(together, alone)
+    tight = {torch.float32: 2e-6, torch.bfloat16: 8e-3}[dtype]
+    exact = exact_attention(q, keys, values, tables, lens)
+    torch.testing.assert_close(together.double(), exact, rtol=tight, atol=tight)
+
+
 def test_a_row_does_not_depend_on_its_batch():
     """Each row is one task over its own blocks in a fixed order: its bits are the same
     alone as beside other rows."""
@@ -185,10 +208,13 @@ def test_bad_shapes_are_refused_with_a_message(kernel):
     q = torch.randn(2, 4, 16)
     cache = torch.randn(3, 2, 8, 16)
     ids, starts, lens = torch.tensor([0, 1]), torch.tensor([0, 1, 2]), torch.tensor([3, 5])
+    seqs = torch.tensor([0, 1, 2])
     with pytest.raises(RuntimeError, match="share a dtype"):
-        kernel.paged_decode(q, cache.bfloat16(), cache.bfloat16(), ids, starts, lens, 0.25, False)
+        kernel.paged_decode(
+            q, cache.bfloat16(), cache.bfloat16(), ids, starts, lens, seqs, 0.25, False
+        )
     with pytest.raises(RuntimeError, match="one block start per row"):
-        kernel.paged_decode(q, cache, cache, ids, starts[:2], lens, 0.25, False)
+        kernel.paged_decode(q, cache, cache, ids, starts[:2], lens, seqs, 0.25, False)
     with pytest.raises(RuntimeError, match="head_dim"):
         kernel.paged_decode(
             q,
@@ -197,16 +223,30 @@ def test_bad_shapes_are_refused_with_a_message(kernel):
             ids,
             starts,
             lens,
+            seqs,
             0.25,
             False,
         )
-    assert kernel.paged_decode(q, cache, cache, ids, starts, lens, 0.25, False).shape == q.shape
+    assert (
+        kernel.paged_decode(q, cache, cache, ids, starts, lens, seqs, 0.25, False).shape == q.shape
+    )
     with pytest.raises(RuntimeError, match="block id 3 is out of the cache"):
-        kernel.paged_decode(q, cache, cache, torch.tensor([0, 3]), starts, lens, 0.25, False)
+        kernel.paged_decode(q, cache, cache, torch.tensor([0, 3]), starts, lens, seqs, 0.25, False)
     with pytest.raises(RuntimeError, match="row 1: context length 9 needs 2 blocks, it has 1"):
-        kernel.paged_decode(q, cache, cache, ids, starts, torch.tensor([3, 9]), 0.25, False)
+        kernel.paged_decode(q, cache, cache, ids, starts, torch.tensor([3, 9]), seqs, 0.25, False)
     with pytest.raises(RuntimeError, match="block_starts must run from 0"):
-        kernel.paged_decode(q, cache, cache, ids, torch.tensor([0, 1, 1]), lens, 0.25, False)
+        kernel.paged_decode(q, cache, cache, ids, torch.tensor([0, 1, 1]), lens, seqs, 0.25, False)
+    with pytest.raises(RuntimeError, match="sequence_starts must run from 0"):
+        kernel.paged_decode(q, cache, cache, ids, starts, lens, torch.tensor([0, 1]), 0.25, False)
+    with pytest.raises(RuntimeError, match="sequence 0 has no rows"):
+        kernel.paged_decode(
+            q, cache, cache, ids, starts, lens, torch.tensor([0, 0, 2]), 0.25, False
+        )
+    grouped = torch.tensor([0, 2])
+    assert (
+        kernel.paged_decode(q, cache, cache, ids, starts, lens, grouped, 0.25, False).shape
+        == q.shape
+    )
 
 
 def backends(core) -> set[type]:

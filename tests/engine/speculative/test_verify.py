@@ -5,7 +5,8 @@ import torch
 
 from deepwell.engine import SamplingParams
 from deepwell.engine.request import Request
-from deepwell.engine.speculative.verify import verify
+from deepwell.engine.sampling import first_argmax
+from deepwell.engine.speculative.verify import takes_batched_argmax, verify
 
 from ..tiny_llama import run_to_completion
 
@@ -64,6 +65,22 @@ def test_greedy_accepts_the_run_equal_to_the_argmax_then_adds_its_token():
     assert verify(logits, [5, 6, 7], greedy) == [5, 6, 9]
     assert verify(logits, [5, 6, 9], greedy) == [5, 6, 9, 4]
     assert verify(logits, [1, 6, 9], greedy) == [5]
+
+
+def test_a_steps_batched_argmax_verifies_as_each_requests_own():
+    """The runner takes one blocked argmax over every greedy verify row of a step: on tied
+    maxima too (the first wins), each request accepts what its own rows' argmax accepts."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 3, (40, 3000), generator=gen).float()
+    targets = first_argmax(logits).tolist()
+    assert targets == logits.argmax(dim=-1).tolist()
+    greedy = _request(0, temperature=0)
+    assert takes_batched_argmax(greedy) and not takes_batched_argmax(_request(0))
+    for start in range(0, 40, 5):
+        rows = logits[start : start + 5]
+        for draft in (targets[start : start + 4], [targets[start], 7, 8, 9]):
+            own = verify(rows, draft, greedy)
+            assert verify(rows, draft, greedy, greedy_targets=targets[start : start + 5]) == own
 
 
 def test_seeded_sampling_is_identical_with_speculation_on_and_off(make_core):
