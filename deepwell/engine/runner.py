@@ -138,7 +138,7 @@ class ModelRunner:
             step.snapshots[request_id] = (boundary, tensors)
         if not step.logit_rows.numel():
             return None
-        return self.model.compute_logits(hidden[step.logit_rows])
+        return self.model.compute_logits(hidden, step.logit_rows)
 
     @torch.inference_mode()
     def sample(

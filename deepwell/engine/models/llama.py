@@ -195,12 +195,17 @@ class LlamaForCausalLM(nn.Module):
             x = layer.forward(x, rope, meta.paged, layer_cache)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits of `hidden`'s rows `rows` (every row when None)."""
         if self.native_decode is not None:
-            # A native step with the head inside has made these logits already.
+            # A native step with the head inside made this hidden state's logits already.
             logits = self.native_decode.logits_of(hidden)
             if logits is not None:
-                return logits
+                return logits if rows is None else logits[rows]
+        if rows is not None:
+            hidden = hidden[rows]
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
     @torch.no_grad()

@@ -68,22 +68,12 @@ class NativeDecode:
         return hidden
 
     def logits_of(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """The last step's logits of the rows of `hidden`, if each is one of its hidden
-        state's rows, else None. The runner gathers its logit rows (not always every row in
-        order) from the hidden state before asking for logits; equal hidden rows have equal
-        logits, so matching values finds them."""
+        """The logits of the last step's rows if `hidden` is that step's hidden state (the
+        very tensor it returned), else None; either way they are handed out once."""
         last, self._last = self._last, None
-        if last is None:
+        if last is None or last[0] is not hidden:
             return None
-        made, logits = last
-        if made.shape == hidden.shape and torch.equal(made, hidden):
-            return logits
-        if hidden.dim() != 2 or hidden.shape[1] != made.shape[1]:
-            return None
-        matches = (hidden.unsqueeze(1) == made.unsqueeze(0)).all(dim=-1)
-        if not matches.any(dim=1).all():
-            return None
-        return logits[matches.int().argmax(dim=1)]
+        return last[1]
 
 
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:

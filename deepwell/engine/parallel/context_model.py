@@ -78,8 +78,10 @@ class ContextParallelModel:
             hidden[seq.row + seq.num_rows - 1] = last[0]
         return hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(hidden)
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.model.compute_logits(hidden, rows)
 
     def close(self) -> None:
         self.group.close()

@@ -57,8 +57,8 @@ def test_logits_of_chunked_prefill_and_decodes_match_transformers(llm, hf_model,
     rows: list[torch.Tensor] = []
     compute = model.compute_logits
 
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits = compute(hidden)
+    def recording(hidden: torch.Tensor, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        logits = compute(hidden, logit_rows)
         rows.append(logits.clone())
         return logits
 

@@ -318,8 +318,11 @@ class DeepseekV41ForCausalLM(nn.Module):
             None if tails is None else tails[source],
         )
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden.float())
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits of `hidden`'s rows `rows` (every row when None)."""
+        return self.head((hidden if rows is None else hidden[rows]).float())
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
