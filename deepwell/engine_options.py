@@ -148,8 +148,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "--quantization",
         choices=defaults.QUANTIZATIONS,
         default=defaults.QUANTIZATION,
-        help="int4: linear calls of a few rows (small decode steps: up to 6 in bf16, 8 in "
-        "float32) multiply GGUF blocks "
+        help="int4: linear calls of a few rows (decode steps of up to 8 rows) multiply GGUF "
+        "blocks "
         "with int8 activations, Q4_1 for the layers and Q8_0 for the output head (a GGUF "
         "checkpoint's own blocks, else quantised at load; faster batch-1 decode) "
         f"(default: {defaults.QUANTIZATION})",

@@ -52,13 +52,11 @@ BLOCK = 32
 # Outputs per tile of the kernel's layout (kernel_layout; kernel_parts.h kTileOutputs).
 TILE = 16
 # Calls of up to this many rows run the kernel, larger ones (prefill chunks, batched decode)
-# the dense weights. A step of linears (the table above): float32 dense is 6-8x slower
-# at every row count up to 8, where the kernel's instantiations stop. The bf16 limit of 6
-# was set on the per-row layout, which oneDNN's packed bf16 (AMX) was level with at 8 rows;
-# the tiles are 2.2x faster than it at 8, so it may rise to 8 once an engine run confirms
-# it. A 6-row speculative verify runs the kernel.
+# the dense weights. A step of linears (the table above): float32 dense is 6-8x slower and
+# oneDNN's packed bf16 (AMX) 2.2x slower at every row count up to 8, where the kernel's
+# instantiations stop; an engine decoding 8 sequences at once ran 874 tok/s on it against
+# 296 on packed bf16 (docs/benchmarks.md, "Decode at each batch size").
 QUANT_MAX_ROWS = 8
-PACKED_MAX_ROWS = 6
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType)
     module.__class__ = QuantDecodeLinear
     module.kernel = kernel
     module.kind = weight.kind
-    module.max_rows = QUANT_MAX_ROWS if packed is None else PACKED_MAX_ROWS
+    module.max_rows = QUANT_MAX_ROWS
     module.register_buffer("packed_weight", packed, persistent=False)
 
 

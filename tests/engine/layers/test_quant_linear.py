@@ -15,7 +15,6 @@ from deepwell.engine import LLM, EngineArgs, SamplingParams
 from deepwell.engine.layers.decode_kernel import load_quant_kernel
 from deepwell.engine.layers.packed_linear import can_pack, pack_linears
 from deepwell.engine.layers.quant_linear import (
-    PACKED_MAX_ROWS,
     QUANT_MAX_ROWS,
     BlockWeight,
     QuantDecodeLinear,
@@ -195,9 +194,8 @@ def test_calls_above_the_cut_over_run_the_dense_weights(kind):
     pack_linears(model)
     pack_linears(reference)
     to_decode_linear(model[0], weight, kernel)
-    expected_limit = PACKED_MAX_ROWS if dtype == torch.bfloat16 else QUANT_MAX_ROWS
-    assert model[0].max_rows == expected_limit
-    for rows in (expected_limit + 1, 64):
+    assert model[0].max_rows == QUANT_MAX_ROWS
+    for rows in (QUANT_MAX_ROWS + 1, 64):
         x = torch.randn(rows, 576).to(dtype)
         assert torch.equal(model[0](x), reference[0](x)), rows
 
