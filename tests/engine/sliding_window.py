@@ -91,11 +91,12 @@ class SlidingWindowLlama(LlamaForCausalLM):
         x = self.embed_tokens(input_ids).float()
         rope = self.rotary.lookup(positions)
         caches = zip(kv_cache.paged["key"], kv_cache.paged["value"], strict=True)
+        delta = None
         for layer, layer_cache in zip(self.layers[:-1], caches, strict=True):
-            x = layer(x, rope, meta.paged, layer_cache)
+            x, delta = layer.forward(x, delta, rope, meta.paged, layer_cache)
         ring = (kv_cache.rings["swa_key"][0], kv_cache.rings["swa_value"][0], positions)
-        x = self.layers[-1](x, rope, meta.paged, ring)
-        return self.norm(x)
+        x, delta = self.layers[-1].forward(x, delta, rope, meta.paged, ring)
+        return self.norm(x + delta)
 
 
 def write_sliding_window_llama(path: Path) -> Path:

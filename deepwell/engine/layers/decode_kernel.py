@@ -1,4 +1,5 @@
-"""Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention; quant_gemv.cpp:
+"""Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention, with
+llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
 into one extension): compiled once per machine into the torch extensions cache on first use,
 loaded from there after.
@@ -26,6 +27,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
+# Rides in the attention extension, which the C++ backend builds anyway: no extra build.
+GLUE_SOURCE = Path(__file__).with_name("llama_glue.cpp")
 QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
 LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOURCE)
 # What the sources share: its changes must change every build key.
@@ -112,8 +115,9 @@ def _missing_tool() -> str | None:
 
 @functools.cache
 def load_decode_kernel() -> DecodeKernel:
-    """The attention kernel, built on the first call in a process if the cache lacks it."""
-    return _load((SOURCE,), "decode attention kernel", [])
+    """The attention kernel (and the glue ops it registers, layers/fused_glue.py), built on
+    the first call in a process if the cache lacks it."""
+    return _load((SOURCE, GLUE_SOURCE), "decode attention kernel", [])
 
 
 @functools.cache

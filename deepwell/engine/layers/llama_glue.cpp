@@ -1,0 +1,179 @@
+// The Llama-family torch path's elementwise glue, fused: residual add + RMSNorm in one pass
+// over a row, and silu(gate) * up straight from the fused gate_up output. Built into the
+// decode attention extension (layers/decode_kernel.py) and registered as torch ops
+// (torch.ops.deepwell_glue.*), so it needs no module of its own; layers/fused_glue.py calls it.
+//
+// Each row is computed alone, in float32, in a fixed order: a row's result does not depend on
+// how many rows share the step (batch invariant), only on this build's vector width.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// Elements per parallel task: a step of a few rows stays on the calling thread, where
+// OpenMP's fork would cost more than the work.
+constexpr int64_t kGrainElements = 32768;
+
+int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, kGrainElements / width); }
+
+template <typename T>
+void to_float(const T* src, float* dst, int64_t n) {
+  at::vec::convert(src, dst, n);
+}
+
+template <typename T>
+void from_float(const float* src, T* dst, int64_t n) {
+  at::vec::convert(src, dst, n);
+}
+
+// residual[r] += delta[r] (when given); out[r] = residual[r] * rsqrt(mean(residual[r]^2) + eps)
+// * weight, in the order torch's rms_norm composes it.
+template <typename D, typename O>
+void add_rms_norm_rows(
+    float* residual,
+    const D* delta,
+    const float* weight,
+    float eps,
+    O* out,
+    int64_t rows,
+    int64_t width) {
+  at::parallel_for(0, rows, grain_rows(width), [&](int64_t begin, int64_t end) {
+    std::vector<float> delta_row(delta == nullptr ? 0 : width);
+    std::vector<float> normed(std::is_same_v<O, float> ? 0 : width);
+    for (int64_t r = begin; r < end; ++r) {
+      float* x = residual + r * width;
+      if (delta != nullptr) {
+        const float* d = delta_row.data();
+        if constexpr (std::is_same_v<D, float>) {
+          d = delta + r * width;
+        } else {
+          to_float(delta + r * width, delta_row.data(), width);
+        }
+        at::vec::map2([](Vec a, Vec b) { return a + b; }, x, x, d, width);
+      }
+      const float sum = at::vec::map_reduce_all(
+          [](Vec a) { return a * a; }, [](Vec a, Vec b) { return a + b; }, x, width);
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+      float* target = std::is_same_v<O, float> ? reinterpret_cast<float*>(out + r * width)
+                                               : normed.data();
+      at::vec::map2(
+          [inv](Vec a, Vec w) { return a * Vec(inv) * w; }, target, x, weight, width);
+      if constexpr (!std::is_same_v<O, float>) from_float(normed.data(), out + r * width, width);
+    }
+  });
+}
+
+at::Tensor add_rms_norm(
+    at::Tensor residual,
+    const std::optional<at::Tensor>& delta,
+    const at::Tensor& weight,
+    double eps,
+    at::ScalarType out_dtype) {
+  TORCH_CHECK(
+      residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous(),
+      "add_rms_norm: the residual must be a contiguous float32 [rows, hidden] tensor");
+  const int64_t rows = residual.size(0), width = residual.size(1);
+  TORCH_CHECK(
+      weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == width,
+      "add_rms_norm: the weight must be a contiguous float32 [hidden] tensor");
+  TORCH_CHECK(
+      out_dtype == at::kFloat || out_dtype == at::kBFloat16,
+      "add_rms_norm: the output dtype must be float32 or bfloat16");
+  at::Tensor d;
+  if (delta.has_value()) {
+    d = delta->contiguous();
+    TORCH_CHECK(
+        d.sizes() == residual.sizes() &&
+            (d.scalar_type() == at::kFloat || d.scalar_type() == at::kBFloat16),
+        "add_rms_norm: the delta must be float32 or bfloat16 and shaped like the residual");
+  }
+  at::Tensor out = at::empty_like(residual, residual.options().dtype(out_dtype));
+  float* x = residual.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  auto run = [&](auto* out_ptr) {
+    if (!d.defined()) {
+      add_rms_norm_rows<float>(x, nullptr, w, e, out_ptr, rows, width);
+    } else if (d.scalar_type() == at::kFloat) {
+      add_rms_norm_rows(x, d.data_ptr<float>(), w, e, out_ptr, rows, width);
+    } else {
+      add_rms_norm_rows(x, d.data_ptr<at::BFloat16>(), w, e, out_ptr, rows, width);
+    }
+  };
+  if (out_dtype == at::kFloat) {
+    run(out.data_ptr<float>());
+  } else {
+    run(out.data_ptr<at::BFloat16>());
+  }
+  return out;
+}
+
+// out[r] = silu(gate[r]) * up[r] with gate_up[r] = [gate | up]; silu(g) = g / (1 + exp(-g)).
+template <typename T>
+void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t width) {
+  at::parallel_for(0, rows, grain_rows(2 * width), [&](int64_t begin, int64_t end) {
+    std::vector<float> gate(width), up(width);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = gate_up + r * 2 * width;
+      const float* g = gate.data();
+      const float* u = up.data();
+      if constexpr (std::is_same_v<T, float>) {
+        g = row;
+        u = row + width;
+      } else {
+        to_float(row, gate.data(), width);
+        to_float(row + width, up.data(), width);
+      }
+      float* target = std::is_same_v<T, float> ? reinterpret_cast<float*>(out + r * width)
+                                               : gate.data();
+      // exp(-g) overflows to inf for g < -88: g / inf = -0, silu's limit there.
+      at::vec::map2(
+          [](Vec a, Vec b) { return a / (Vec(1.0f) + a.neg().exp_u20()) * b; },
+          target,
+          g,
+          u,
+          width);
+      if constexpr (!std::is_same_v<T, float>) from_float(gate.data(), out + r * width, width);
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(
+      gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 &&
+          (gate_up.scalar_type() == at::kFloat || gate_up.scalar_type() == at::kBFloat16),
+      "silu_mul: gate_up must be a float32 or bfloat16 [rows, 2 * intermediate] tensor");
+  at::Tensor input = gate_up.contiguous();
+  const int64_t rows = input.size(0), width = input.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, input.options());
+  if (input.scalar_type() == at::kFloat) {
+    silu_mul_rows(input.data_ptr<float>(), out.data_ptr<float>(), rows, width);
+  } else {
+    silu_mul_rows(input.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, width);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(deepwell_glue, m) {
+  m.def(
+      "add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps, "
+      "ScalarType out_dtype) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(deepwell_glue, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_mul", &silu_mul);
+}
