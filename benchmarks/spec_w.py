@@ -34,12 +34,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from step_profile import wrap_attention
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import deepwell.engine.runner as runner_module
 import deepwell.engine.speculative.verify as verify_module
 from deepwell.engine import LLM, SamplingParams
-from deepwell.engine.layers.attention import AttentionBackend
 from deepwell.engine.runner import ModelRunner
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
@@ -129,21 +129,6 @@ class StepLog:
         setattr(owner, name, timed)
 
 
-def label_attention(llm: LLM) -> None:
-    backends = {
-        id(m.backend): m.backend for m in llm.core.runner.model.modules() if hasattr(m, "backend")
-    }
-    for backend in backends.values():
-        assert isinstance(backend, AttentionBackend)
-        forward = backend.forward
-
-        def labelled(*args, _forward=forward, **kwargs):
-            with record_function("attention"):
-                return _forward(*args, **kwargs)
-
-        backend.forward = labelled
-
-
 def split_ops(prof) -> dict[str, float]:
     """Self CPU seconds by part: linears by their rows, attention (SDPA of prefill chunks
     apart), lm head, other ops."""
@@ -174,7 +159,7 @@ def split_ops(prof) -> dict[str, float]:
 def profile_w(args, workload: list[dict]) -> None:
     llm = make_llm(args, async_scheduling=False)
     log = StepLog(llm)
-    label_attention(llm)
+    wrap_attention(llm.core)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         seconds, _, tokens = run_w(llm, workload)
     print(
