@@ -151,8 +151,8 @@ inline void prefetch_block(const uint8_t* w, int64_t block_bytes) {
 // Q8_0: even and odd groups of 4 inputs; two, to hide vpdpbusd's latency), one
 // fma of d dx into the row's float lanes, and for Q4_1 one fma of m sx into a second set.
 template <int R, bool kQ4_1>
-void tiles_vnni(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-                int64_t out_features, float* out) {
+void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+           int64_t out_features, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -218,15 +218,6 @@ void tiles_vnni(const uint8_t* weights, const Activations& a, int64_t begin, int
   }
 }
 
-template <int R>
-void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_vnni<R, true>(w, a, begin, end, n, out);
-}
-
-template <int R>
-void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_vnni<R, false>(w, a, begin, end, n, out);
-}
 #elif defined(QUANT_AVX2)
 
 // u8 × s8 products of 32 lanes summed in pairs into 16 int16 lanes. Neither operand here
@@ -238,8 +229,8 @@ inline __m256i quad_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256
 // Tiles [begin, end) for R activation rows, each tile as two halves of 8 outputs (a 32-byte
 // half of every 64-byte vector), the half's R × 2 accumulators in registers.
 template <int R, bool kQ4_1>
-void tiles_avx2(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-                int64_t out_features, float* out) {
+void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+           int64_t out_features, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -302,15 +293,6 @@ void tiles_avx2(const uint8_t* weights, const Activations& a, int64_t begin, int
   }
 }
 
-template <int R>
-void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_avx2<R, true>(w, a, begin, end, n, out);
-}
-
-template <int R>
-void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_avx2<R, false>(w, a, begin, end, n, out);
-}
 #else
 
 // Weight q of the tile's output o, input i of the block at w (the layout above).
@@ -325,8 +307,8 @@ inline int32_t weight_at(const uint8_t* w, int64_t o, int64_t i) {
 }
 
 template <int R, bool kQ4_1>
-void tiles_scalar(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-                  int64_t out_features, float* out) {
+void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
+           int64_t out_features, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -352,15 +334,6 @@ void tiles_scalar(const uint8_t* weights, const Activations& a, int64_t begin, i
   }
 }
 
-template <int R>
-void q4_1_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_scalar<R, true>(w, a, begin, end, n, out);
-}
-
-template <int R>
-void q8_0_tiles(const uint8_t* w, const Activations& a, int64_t begin, int64_t end, int64_t n, float* out) {
-  tiles_scalar<R, false>(w, a, begin, end, n, out);
-}
 #endif
 
 Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
@@ -378,25 +351,29 @@ Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
 // Tiles per task (64 outputs): a thread's share is one contiguous slice of the weight.
 constexpr int64_t kGrainTiles = 4;
 
-#define DISPATCH_ROWS(rows, FN, ...) \
-  switch (rows) {                    \
-    case 1: FN<1>(__VA_ARGS__); break; \
-    case 2: FN<2>(__VA_ARGS__); break; \
-    case 3: FN<3>(__VA_ARGS__); break; \
-    case 4: FN<4>(__VA_ARGS__); break; \
-    case 5: FN<5>(__VA_ARGS__); break; \
-    case 6: FN<6>(__VA_ARGS__); break; \
-    case 7: FN<7>(__VA_ARGS__); break; \
-    default: FN<8>(__VA_ARGS__); break; \
+// The instantiation for `rows` activation rows (register-held accumulators per row).
+template <bool kQ4_1>
+void tiles_of_rows(int64_t rows, const uint8_t* w, const Activations& a, int64_t begin, int64_t end,
+                   int64_t n, float* out) {
+  switch (rows) {
+    case 1: tiles<1, kQ4_1>(w, a, begin, end, n, out); break;
+    case 2: tiles<2, kQ4_1>(w, a, begin, end, n, out); break;
+    case 3: tiles<3, kQ4_1>(w, a, begin, end, n, out); break;
+    case 4: tiles<4, kQ4_1>(w, a, begin, end, n, out); break;
+    case 5: tiles<5, kQ4_1>(w, a, begin, end, n, out); break;
+    case 6: tiles<6, kQ4_1>(w, a, begin, end, n, out); break;
+    case 7: tiles<7, kQ4_1>(w, a, begin, end, n, out); break;
+    default: tiles<8, kQ4_1>(w, a, begin, end, n, out); break;
   }
+}
 
 void run_tiles(const Activations& a, int64_t rows, const deepwell::BlockLinear& w, float* out) {
   const int64_t tiles = (w.out_features + kTile - 1) / kTile;
   at::parallel_for(0, tiles, kGrainTiles, [&](int64_t begin, int64_t end) {
     if (w.q4_1) {
-      DISPATCH_ROWS(rows, q4_1_tiles, w.weights, a, begin, end, w.out_features, out)
+      tiles_of_rows<true>(rows, w.weights, a, begin, end, w.out_features, out);
     } else {
-      DISPATCH_ROWS(rows, q8_0_tiles, w.weights, a, begin, end, w.out_features, out)
+      tiles_of_rows<false>(rows, w.weights, a, begin, end, w.out_features, out);
     }
   });
 }
