@@ -1,9 +1,13 @@
 // What the whole-step decoder (llama_decode.cpp) calls in the other kernel sources, compiled
-// with them into one extension by layers/decode_kernel.py (DEEPWELL_ONE_EXTENSION).
+// with them into one extension by layers/decode_kernel.py (DEEPWELL_ONE_EXTENSION), and the
+// inline routines several sources share.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__AVX512F__)
@@ -87,5 +91,15 @@ inline __m512 sum_lanes16(const __m512* v) {
       _mm512_shuffle_f32x4(low, high, kEven), _mm512_shuffle_f32x4(low, high, kOdd));
 }
 #endif
+
+// One row's RMSNorm in float32, in F.rms_norm's order: out = x / sqrt(mean(x²) + eps) * weight
+// (llama_glue.cpp's fused norm and the native step's norms).
+inline void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  using Vec = at::vec::Vectorized<float>;
+  const float sum = at::vec::map_reduce_all<float>(
+      [](Vec v) { return v * v; }, [](Vec a, Vec b) { return a + b; }, x, n);
+  const float inverse = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  at::vec::map2<float>([inverse](Vec v, Vec w) { return v * Vec(inverse) * w; }, out, x, weight, n);
+}
 
 }  // namespace deepwell

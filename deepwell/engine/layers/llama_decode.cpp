@@ -69,16 +69,8 @@ at::Tensor float_vector(const at::Tensor& t, int64_t size, const char* what) {
   return t.contiguous();
 }
 
-// RMSNorm of each row (F.rms_norm's formula, float32 sums).
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t n, float eps, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * n;
-    const float sum = at::vec::map_reduce_all<float>(
-        [](Vec v) { return v * v; }, [](Vec a, Vec b) { return a + b; }, row, n);
-    const float inverse = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
-    at::vec::map2<float>(
-        [inverse](Vec v, Vec w) { return v * Vec(inverse) * w; }, out + r * n, row, weight, n);
-  }
+  for (int64_t r = 0; r < rows; ++r) deepwell::rms_norm_row(x + r * n, weight, n, eps, out + r * n);
 }
 
 class LlamaDecoder {

@@ -12,9 +12,10 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
-#include <cmath>
 #include <optional>
 #include <vector>
+
+#include "kernel_parts.h"
 
 namespace {
 
@@ -61,13 +62,9 @@ void add_rms_norm_rows(
         }
         at::vec::map2([](Vec a, Vec b) { return a + b; }, x, x, d, width);
       }
-      const float sum = at::vec::map_reduce_all(
-          [](Vec a) { return a * a; }, [](Vec a, Vec b) { return a + b; }, x, width);
-      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
       float* target = std::is_same_v<O, float> ? reinterpret_cast<float*>(out + r * width)
                                                : normed.data();
-      at::vec::map2(
-          [inv](Vec a, Vec w) { return a * Vec(inv) * w; }, target, x, weight, width);
+      deepwell::rms_norm_row(x, weight, width, eps, target);
       if constexpr (!std::is_same_v<O, float>) from_float(normed.data(), out + r * width, width);
     }
   });
