@@ -139,11 +139,18 @@ def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKer
     missing = _missing_tool()
     if missing is not None:
         return DecodeKernel(None, missing)
+    absent = [path.name for path in (*sources, HEADER) if not path.is_file()]
+    if absent:
+        # An install that left the C++ sources out (a wheel without its package data).
+        return DecodeKernel(None, f"its source is not installed ({', '.join(absent)})")
     from torch.utils.cpp_extension import load
 
     capability, flags = _vector_flags()
     flags = flags + defines
-    key = _build_key(sources, flags)
+    try:
+        key = _build_key(sources, flags)
+    except OSError as error:
+        return DecodeKernel(None, f"its source cannot be read ({error})")
     name = f"deepwell_{sources[0].stem}_{capability.lower()}_{key}"
     directory = _build_directory(name)
     if not any(directory.glob(f"{name}*.so")):
