@@ -291,9 +291,7 @@ def test_auto_decodes_on_the_torch_path_where_the_kernel_cannot_build(monkeypatc
         cpp_paged._decode_kernel.cache_clear()
 
 
-def test_a_kernel_source_missing_from_the_install_is_a_reason_not_a_crash(
-    tmp_path, monkeypatch
-):
+def test_a_kernel_source_missing_from_the_install_is_a_reason_not_a_crash(tmp_path, monkeypatch):
     # What a wheel without the shared header ships: the loader falls back with a reason.
     monkeypatch.setattr(decode_kernel, "HEADER", tmp_path / "kernel_parts.h")
     missing = load_decode_kernel.__wrapped__()
