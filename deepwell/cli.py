@@ -13,15 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from deepwell import engine_defaults
-from deepwell.engine_options import (
+from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
+from deepwell.settings import sweep as sweep_defaults
+from deepwell.settings.flags import (
     add_engine_arguments,
     add_parallel_arguments,
-    kernel_overrides,
-    parallel_fields,
-    yoco_overrides,
+    engine_args_from,
+    given,
 )
-from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
+from deepwell.settings.parallel import ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -256,38 +256,6 @@ def _run_worker(args: argparse.Namespace) -> int:
 # --- generate ---
 
 
-def _engine_args(args: argparse.Namespace, **overrides):
-    from deepwell.engine import EngineArgs
-
-    return EngineArgs(**_engine_kwargs(args), **overrides)
-
-
-def _engine_kwargs(args: argparse.Namespace) -> dict:
-    """The EngineArgs fields the shared engine options set."""
-    from deepwell.engine.args import env_flag
-
-    return dict(
-        model=args.model,
-        dtype=args.dtype,
-        memory_gib=args.memory_gib,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.threads,
-        enable_prefix_caching=args.enable_prefix_caching,
-        kv_store_path=args.kv_store,
-        batch_invariant=args.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
-        num_speculative_tokens=args.num_speculative_tokens,
-        speculative_method=args.speculative_method,
-        async_scheduling=not args.no_async_scheduling,
-        quantize_kv_cache=not args.no_kv_cache_quantization,
-        quantization=args.quantization,
-        context_parallel_size=args.context_parallel_size,
-        context_parallel_min_tokens=args.context_parallel_min_tokens,
-        **yoco_overrides(args),
-        **kernel_overrides(args),
-    )
-
-
 def _loading_line(engine_args) -> str:
     choice = engine_args.dtype_choice
     return f"loading model … (dtype {choice.dtype}: {choice.reason})"
@@ -315,12 +283,12 @@ def _configure_generate(parser: argparse.ArgumentParser) -> None:
 def _run_generate(args: argparse.Namespace) -> int:
     from deepwell.engine import EngineError
     from deepwell.engine.build import check_expert_parallel
-    from deepwell.engine.parallel import ParallelConfig, ParallelError
+    from deepwell.engine.parallel import ParallelError
     from deepwell.engine.parallel.launch import run_local_ranks
 
     try:
-        under_torchrun = ParallelConfig.from_torchrun(parallel_fields(args))
-        parallel = under_torchrun or ParallelConfig(**parallel_fields(args))
+        under_torchrun = ParallelConfig.from_torchrun(given(args, ParallelConfig))
+        parallel = under_torchrun or ParallelConfig(**given(args, ParallelConfig))
     except ValueError as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 2
@@ -337,7 +305,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         return 2
     try:
         # Refused here once, not by every rank.
-        check_expert_parallel(_engine_args(args, parallel=parallel))
+        check_expert_parallel(engine_args_from(args, parallel=parallel))
         run_local_ranks(parallel, _generate_rank, args)
     except (EngineError, ValueError, ParallelError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
@@ -356,10 +324,10 @@ def _generate(args: argparse.Namespace, parallel) -> int:
     from deepwell.engine.parallel import ParallelError
 
     try:
-        engine_args = _engine_args(args, parallel=parallel)
+        engine_args = engine_args_from(args, parallel=parallel)
         if parallel.rank == 0:
             print(_loading_line(engine_args), file=sys.stderr, flush=True)
-        llm = LLM(**_engine_kwargs(args), parallel=parallel)
+        llm = LLM(**vars(engine_args))
         stop_ids: list[int] = []
         prompt: str | list[int] = args.prompt
         if not args.raw:
@@ -505,18 +473,18 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument(
         "--concurrency",
         type=_int_list,
-        default=engine_defaults.SWEEP_CONCURRENCY,
+        default=sweep_defaults.SWEEP_CONCURRENCY,
         metavar="LIST",
         help="requests decoding together, one point each "
-        f"(default: {','.join(map(str, engine_defaults.SWEEP_CONCURRENCY))})",
+        f"(default: {','.join(map(str, sweep_defaults.SWEEP_CONCURRENCY))})",
     )
     sweep.add_argument(
         "--prefill-batch-tokens",
         type=_int_list,
-        default=engine_defaults.SWEEP_PREFILL_BATCH_TOKENS,
+        default=sweep_defaults.SWEEP_PREFILL_BATCH_TOKENS,
         metavar="LIST",
         help="prompt tokens computed in one step, one point each "
-        f"(default: {','.join(map(str, engine_defaults.SWEEP_PREFILL_BATCH_TOKENS))})",
+        f"(default: {','.join(map(str, sweep_defaults.SWEEP_PREFILL_BATCH_TOKENS))})",
     )
     sweep.add_argument(
         "--output-dir",
@@ -548,7 +516,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         shared_prefix=args.shared_prefix,
     )
-    engine_args = _engine_args(args)
+    engine_args = engine_args_from(args)
     try:
         print(_loading_line(engine_args), file=sys.stderr, flush=True)
         result = run_bench(engine_args, config)
@@ -580,7 +548,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             output_len=lengths["output"][0],
             seed=args.seed,
         )
-        engine_args = _engine_args(args)
+        engine_args = engine_args_from(args)
         print("loading model …", file=sys.stderr, flush=True)
         result = run_sweep(engine_args, config, label=args.label or "")
     except (EngineError, ValueError) as error:

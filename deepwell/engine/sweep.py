@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from deepwell import engine_defaults
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.bench import BenchConfig, random_requests
 from deepwell.engine.core import EngineCore
 from deepwell.engine.sampling_params import SamplingParams
+from deepwell.settings import sweep as sweep_defaults
 
 # Each prefill point cuts its batch into prompts of at most this many tokens.
 PREFILL_PROMPT_LEN = 256
@@ -35,8 +35,8 @@ SWEEP_FORMAT = 1
 
 @dataclass(frozen=True)
 class SweepConfig:
-    concurrency: tuple[int, ...] = engine_defaults.SWEEP_CONCURRENCY
-    prefill_batch_tokens: tuple[int, ...] = engine_defaults.SWEEP_PREFILL_BATCH_TOKENS
+    concurrency: tuple[int, ...] = sweep_defaults.SWEEP_CONCURRENCY
+    prefill_batch_tokens: tuple[int, ...] = sweep_defaults.SWEEP_PREFILL_BATCH_TOKENS
     # Every decode request has this prompt and output length (EOS ignored).
     input_len: int = 128
     output_len: int = 32

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import uvicorn
 
-from deepwell.engine_options import parallel_fields
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.cluster.options import worker_roles
@@ -36,6 +35,8 @@ from deepwell.serve.model import (
     served_model,
 )
 from deepwell.serve.settings import API_KEY_ENV, ServeSettings, api_keys, model_path
+from deepwell.settings.flags import engine_args_from, given
+from deepwell.settings.parallel import ParallelConfig
 
 logger = logging.getLogger("deepwell.serve")
 
@@ -108,8 +109,8 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             [config.inbox_address for config in configs],
             roles=[WorkerRole(role) for role in roles],
             policy=POLICIES[args.routing_policy](),
-            block_size=args.block_size,
-            shared_store=args.kv_store is not None,
+            block_size=configs[0].engine.block_size,
+            shared_store=configs[0].engine.kv_store_path is not None,
             heartbeat_timeout=args.heartbeat_timeout,
             join_address=args.worker_address,
         )
@@ -145,43 +146,16 @@ def worker_config(
     parent_pid: int,
 ) -> WorkerConfig:
     """A worker's configuration from `deepwell serve`'s options (`deepwell worker` shares them)."""
+    parallel = ParallelConfig(**given(args, ParallelConfig))
+    if parallel.data_parallel_size > 1:
+        # Worker i of this machine is global rank node_rank * (ranks per node) + i.
+        parallel = parallel.for_rank(parallel.local_ranks()[worker_id])
     return WorkerConfig(
         worker_id=worker_id,
         parent_pid=parent_pid,
-        model_path=model_path(args),
         inbox_address=inbox_address,
         outbox_address=outbox_address,
-        max_num_seqs=args.max_num_seqs,
-        memory_gib=args.memory_gib,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        num_speculative_tokens=args.num_speculative_tokens,
-        speculative_method=args.speculative_method,
-        kv_store_path=args.kv_store,
-        kv_store_capacity_gib=args.kv_store_capacity_gib,
-        kv_store_ttl_chat_s=args.kv_store_ttl_chat,
-        kv_store_ttl_agent_s=args.kv_store_ttl_agent,
-        batch_invariant=args.batch_invariant,
-        async_scheduling=not args.no_async_scheduling,
-        quantize_kv_cache=not args.no_kv_cache_quantization,
-        quantization=args.quantization,
-        attention_backend=args.attention_backend,
-        native_decode=args.native_decode,
-        yoco_prefill_truncation_mode=args.yoco_prefill_truncation_mode,
-        yoco_prefill_keep_tokens=args.yoco_prefill_keep_tokens,
-        num_threads=args.threads,
-        dtype=args.dtype,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        # Worker i of this machine is global rank node_rank * (ranks per node) + i.
-        data_parallel_rank=(
-            args.node_rank * (args.data_parallel_size // args.nnodes) + worker_id
-            if args.data_parallel_size > 1
-            else 0
-        ),
-        **parallel_fields(args),
-        context_parallel_size=args.context_parallel_size,
-        context_parallel_min_tokens=args.context_parallel_min_tokens,
+        engine=engine_args_from(args, model=model_path(args), parallel=parallel),
     )
 
 

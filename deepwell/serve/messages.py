@@ -11,73 +11,21 @@ from typing import Any
 
 import msgpack
 
-from deepwell import engine_defaults
+from deepwell.settings.engine import EngineArgs
+from deepwell.settings.parallel import ParallelConfig
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Launcher → worker (on its command line): which model, which sockets, what budget."""
+    """Launcher → worker (on its command line): which sockets, and the engine's settings,
+    built and checked by the launcher (environment variables included)."""
 
     worker_id: int
     parent_pid: int
-    # None: the embedded SmolLM2.
-    model_path: str | None
     inbox_address: str
     outbox_address: str
-    max_num_seqs: int
-    memory_gib: float
-    max_model_len: int | None
-    # KV block size in tokens; prefix caching; the KV store shared by workers (None: off).
-    block_size: int = engine_defaults.BLOCK_SIZE
-    enable_prefix_caching: bool = engine_defaults.ENABLE_PREFIX_CACHING
-    # Draft tokens per request and step; 0: no speculative decoding.
-    num_speculative_tokens: int = engine_defaults.NUM_SPECULATIVE_TOKENS
-    # "ngram", "dspark" or None (dspark when the checkpoint has draft stages).
-    speculative_method: str | None = engine_defaults.SPECULATIVE_METHOD
-    kv_store_path: str | None = None
-    kv_store_capacity_gib: float = engine_defaults.KV_STORE_CAPACITY_GIB
-    kv_store_ttl_chat_s: float = engine_defaults.KV_STORE_TTL_CHAT_S
-    kv_store_ttl_agent_s: float = engine_defaults.KV_STORE_TTL_AGENT_S
-    # Batch-invariant kernels (EngineArgs.batch_invariant); DEEPWELL_BATCH_INVARIANT also sets it.
-    batch_invariant: bool = False
-    # Plan the next step while the model computes (EngineArgs.async_scheduling).
-    async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
-    # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
-    quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
-    # DeepSeek-V4.1 bounded replay (EngineArgs.yoco_prefill_*); None: the worker's
-    # DEEPWELL_YOCO_PREFILL_* environment or the default.
-    yoco_prefill_truncation_mode: str | None = None
-    yoco_prefill_keep_tokens: int | None = None
-    # Weight-only int4 for small linear calls (EngineArgs.quantization).
-    quantization: str = engine_defaults.QUANTIZATION
-    # Decode attention (EngineArgs.attention_backend); None: the worker's
-    # DEEPWELL_ATTENTION_BACKEND environment or the default.
-    attention_backend: str | None = None
-    # The native decode step (EngineArgs.native_decode); None: DEEPWELL_NATIVE_DECODE or
-    # the default.
-    native_decode: str | None = None
-    # Torch threads in the worker (None: torch's choice).
-    num_threads: int | None = None
-    # Compute dtype, "auto" included (EngineArgs.dtype), and the step's token budget.
-    dtype: str = engine_defaults.DTYPE
-    max_num_batched_tokens: int = engine_defaults.MAX_NUM_BATCHED_TOKENS
-    # Attention DP / MoE EP (the engine's ParallelConfig, flat: this process has no torch).
-    # A worker is then one rank of the group; with expert parallelism all ranks step together.
-    data_parallel_size: int = 1
-    data_parallel_rank: int = 0
-    expert_parallel: bool = False
-    enable_eplb: bool = False
-    eplb_window_steps: int = 32
-    eplb_min_gain: float = 0.05
-    eplb_redundant_experts: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    nnodes: int = 1
-    node_rank: int = 0
-    # Mirror context parallelism: ranks the worker starts for long prefills, and the
-    # prefill length from which they are used (EngineArgs.context_parallel_*).
-    context_parallel_size: int = engine_defaults.CONTEXT_PARALLEL_SIZE
-    context_parallel_min_tokens: int | None = None
+    # Model, budget, KV cache, kernels and this worker's rank of a parallel group.
+    engine: EngineArgs
 
 
 @dataclass(frozen=True)
@@ -297,6 +245,8 @@ MESSAGE_TYPES: tuple[type, ...] = (
     WorkerFailed,
     StructuredOutputSpec,
     Heartbeat,
+    EngineArgs,
+    ParallelConfig,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 

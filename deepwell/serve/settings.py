@@ -1,4 +1,5 @@
-"""What one `deepwell serve` is configured with, and the command-line options that set it.
+"""What one `deepwell serve` is configured with, and the command-line options that set it
+(the engine's come from deepwell/settings, as for every engine command).
 
 Kept free of heavy imports so that building the `deepwell` parser stays fast.
 """
@@ -9,12 +10,14 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from deepwell import engine_defaults
-from deepwell.engine_options import add_engine_arguments, add_parallel_arguments
 from deepwell.serve.cluster.options import add_cluster_arguments
+from deepwell.settings import environment
+from deepwell.settings.flags import add_engine_arguments, add_parallel_arguments
 
 # The environment variable that also sets an API key (as vLLM's VLLM_API_KEY does).
-API_KEY_ENV = "DEEPWELL_API_KEY"
+API_KEY_ENV = environment.register(
+    "DEEPWELL_API_KEY", "one more API key serve accepts, beside --api-key", environment.parse_text
+)
 
 
 @dataclass(frozen=True)
@@ -43,25 +46,6 @@ class ServeSettings:
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
-_SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in '3600', '90s', '30m', '12h' or '7d'."""
-    unit = text[-1:].lower()
-    number = text[:-1] if unit in _SECONDS_PER else text
-    try:
-        seconds = float(number) * _SECONDS_PER.get(unit, 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r}") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"a duration must be positive, got {text!r}")
-    return seconds
-
-
-def _days(seconds: float) -> str:
-    return f"{seconds / _SECONDS_PER['d']:g}d"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`, grouped as `--help` shows them."""
@@ -80,38 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         help="the name(s) clients send as `model` (default: the directory's or file's name)",
-    )
-    groups.model.add_argument(
-        "--max-model-len", type=int, default=None, help="context limit (default: the model's)"
-    )
-    groups.engine.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=engine_defaults.MAX_NUM_SEQS,
-        help=f"engine batch size limit (default: {engine_defaults.MAX_NUM_SEQS})",
-    )
-    groups.cache.add_argument(
-        "--kv-store-capacity-gib",
-        type=float,
-        default=engine_defaults.KV_STORE_CAPACITY_GIB,
-        help="size beyond which the KV store evicts the soonest-expiring blocks "
-        f"(default: {engine_defaults.KV_STORE_CAPACITY_GIB:g})",
-    )
-    groups.cache.add_argument(
-        "--kv-store-ttl-chat",
-        type=parse_duration,
-        default=engine_defaults.KV_STORE_TTL_CHAT_S,
-        metavar="DURATION",
-        help="how long a chat request's blocks outlive their last use: seconds, or a number "
-        f"with s/m/h/d (default: {_days(engine_defaults.KV_STORE_TTL_CHAT_S)})",
-    )
-    groups.cache.add_argument(
-        "--kv-store-ttl-agent",
-        type=parse_duration,
-        default=engine_defaults.KV_STORE_TTL_AGENT_S,
-        metavar="DURATION",
-        help="the same for agent requests (header x-deepwell-cache-class: agent; "
-        f"default: {_days(engine_defaults.KV_STORE_TTL_AGENT_S)})",
     )
     http = parser.add_argument_group("HTTP server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -187,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:
     """The accepted keys: every --api-key, and DEEPWELL_API_KEY when set."""
-    from_env = environ.get(API_KEY_ENV, "")
+    from_env = environment.read(API_KEY_ENV, environ)
     return tuple(dict.fromkeys([*flags, *([from_env] if from_env else [])]))
 
 

@@ -16,9 +16,7 @@ from typing import Protocol
 
 import zmq
 
-from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.args import env_flag
-from deepwell.engine.parallel import ParallelConfig
+from deepwell.engine import EngineCore, SamplingParams
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
@@ -111,52 +109,7 @@ class EngineCoreAdapter:
     """`StepEngine` over deepwell's `EngineCore`: protocol messages ↔ engine calls."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        self._args = EngineArgs(
-            model=config.model_path,
-            dtype=config.dtype,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            memory_gib=config.memory_gib,
-            max_model_len=config.max_model_len,
-            block_size=config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
-            num_speculative_tokens=config.num_speculative_tokens,
-            speculative_method=config.speculative_method,
-            kv_store_path=config.kv_store_path,
-            kv_store_capacity_gib=config.kv_store_capacity_gib,
-            kv_store_ttl_chat_s=config.kv_store_ttl_chat_s,
-            kv_store_ttl_agent_s=config.kv_store_ttl_agent_s,
-            batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
-            async_scheduling=config.async_scheduling,
-            quantize_kv_cache=config.quantize_kv_cache,
-            quantization=config.quantization,
-            num_threads=config.num_threads,
-            parallel=ParallelConfig(
-                data_parallel_size=config.data_parallel_size,
-                expert_parallel=config.expert_parallel,
-                enable_eplb=config.enable_eplb,
-                eplb_window_steps=config.eplb_window_steps,
-                eplb_min_gain=config.eplb_min_gain,
-                eplb_redundant_experts=config.eplb_redundant_experts,
-                rank=config.data_parallel_rank,
-                master_addr=config.master_addr,
-                master_port=config.master_port,
-                nnodes=config.nnodes,
-                node_rank=config.node_rank,
-            ),
-            context_parallel_size=config.context_parallel_size,
-            context_parallel_min_tokens=config.context_parallel_min_tokens,
-            **{
-                name: value
-                for name, value in (
-                    ("yoco_prefill_truncation_mode", config.yoco_prefill_truncation_mode),
-                    ("yoco_prefill_keep_tokens", config.yoco_prefill_keep_tokens),
-                    ("attention_backend", config.attention_backend),
-                    ("native_decode", config.native_decode),
-                )
-                if value is not None
-            },
-        )
+        self._args = config.engine
         self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:

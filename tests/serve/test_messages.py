@@ -6,11 +6,28 @@ from deepwell.serve.messages import (
     Shutdown,
     StepOutputs,
     TokenOutput,
+    WorkerConfig,
     WorkerStats,
     combine_stats,
     decode_message,
     encode_message,
 )
+from deepwell.settings.engine import EngineArgs
+from deepwell.settings.parallel import ParallelConfig
+
+
+def test_the_worker_config_carries_every_engine_setting():
+    engine = EngineArgs(
+        model="m.gguf",
+        max_model_len=512,
+        dspark_confidence_temperature=(0.5, 1.0),
+        kv_store_path="/kv",
+        expand_weights=True,
+        parallel=ParallelConfig(data_parallel_size=2, expert_parallel=True, rank=1),
+        speculative_method="ngram",
+    )
+    config = WorkerConfig(3, 42, "ipc://in", "ipc://out", engine)
+    assert decode_message(encode_message(config)) == config
 
 
 def test_messages_round_trip_with_nesting():

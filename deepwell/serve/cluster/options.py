@@ -81,7 +81,7 @@ def worker_roles(args: argparse.Namespace) -> list[str]:
         raise ValueError("PD disaggregation needs --prefill-workers and --decode-workers both")
     if args.workers != 1:
         raise ValueError("--workers does not combine with --prefill-workers/--decode-workers")
-    if args.kv_store is None or not args.enable_prefix_caching:
+    if args.kv_store_path is None or not args.enable_prefix_caching:
         raise ValueError(
             "PD disaggregation moves KV through the store: it needs --kv-store and prefix caching"
         )

@@ -43,13 +43,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     port = args.port or "*"
-    config = worker_config(
-        args,
-        _FIRST_REMOTE_ID + secrets.randbelow(1 << 40),
-        f"tcp://{args.host}:{port}",
-        args.connect,
-        parent_pid=0,
-    )
+    try:
+        config = worker_config(
+            args,
+            _FIRST_REMOTE_ID + secrets.randbelow(1 << 40),
+            f"tcp://{args.host}:{port}",
+            args.connect,
+            parent_pid=0,
+        )
+    except ValueError as error:  # settings that do not combine
+        logging.getLogger("deepwell.worker").error("%s", error)
+        return 2
     logging.getLogger("deepwell.worker").info(
         "engine worker %d joining %s", config.worker_id, args.connect
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepwell.engine import LLM, SamplingParams
+from deepwell.engine import LLM, EngineArgs, SamplingParams
 from deepwell.engine.layers import cpp_paged, decode_kernel
 from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
@@ -367,26 +367,21 @@ def test_store_puts_rows_where_indexed_assignment_does(kernel, dtype):
 
 
 def test_serve_workers_take_the_switch(tiny_llama, monkeypatch):
-    """`serve --attention-backend` reaches the worker's engine; without it the worker reads
-    DEEPWELL_ATTENTION_BACKEND, as EngineArgs does."""
-    config = WorkerConfig(
-        worker_id=0,
-        parent_pid=0,
-        model_path=str(tiny_llama),
-        inbox_address="",
-        outbox_address="",
-        max_num_seqs=4,
-        memory_gib=0.25,
-        max_model_len=None,
-        dtype="float32",
-        block_size=16,
-    )
-    worker = EngineCoreAdapter(dataclasses.replace(config, attention_backend="torch"))
+    """`serve --attention-backend` reaches the worker's engine; without it the launcher's
+    DEEPWELL_ATTENTION_BACKEND decides, as for EngineArgs anywhere."""
+
+    def config(**settings) -> WorkerConfig:
+        engine = EngineArgs(
+            model=str(tiny_llama), max_num_seqs=4, memory_gib=0.25, dtype="float32", block_size=16
+        )
+        return WorkerConfig(0, 0, "", "", dataclasses.replace(engine, **settings))
+
+    worker = EngineCoreAdapter(config(attention_backend="torch"))
     assert backends(worker._core) == {TorchPagedAttention}
     monkeypatch.setenv("DEEPWELL_ATTENTION_BACKEND", "torch")
-    assert backends(EngineCoreAdapter(config)._core) == {TorchPagedAttention}
+    assert backends(EngineCoreAdapter(config())._core) == {TorchPagedAttention}
     monkeypatch.delenv("DEEPWELL_ATTENTION_BACKEND")
-    assert backends(EngineCoreAdapter(config)._core) == {CppPagedAttention}
+    assert backends(EngineCoreAdapter(config())._core) == {CppPagedAttention}
 
 
 def test_the_ninja_wheel_is_found_without_an_activated_environment(tmp_path, monkeypatch):
