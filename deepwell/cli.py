@@ -516,8 +516,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         shared_prefix=args.shared_prefix,
     )
-    engine_args = engine_args_from(args)
     try:
+        engine_args = engine_args_from(args)
         print(_loading_line(engine_args), file=sys.stderr, flush=True)
         result = run_bench(engine_args, config)
     except (EngineError, ValueError) as error:
