@@ -634,6 +634,66 @@ def _draw(runs: list, out_dir) -> int:
     return 0
 
 
+# --- plan ---
+
+
+def _configure_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        help="a checkpoint directory (or its config.json): DeepSeek-V4.1, Llama, Qwen2/3; "
+        "only config.json is read, no weights or tokenizer",
+    )
+    parser.add_argument(
+        "--memory",
+        default="1TiB",
+        metavar="SIZE",
+        help="memory of the machine: 1TiB, 256GiB, 512G, 1.5T, or a plain number of GiB "
+        "(default: 1TiB)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="tokens of the longest sequence (default: the model's context)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        metavar="N",
+        help="sequences to hold at once: reserves their fixed state as the engine does "
+        "(default: count how many fit)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=engine_defaults.BLOCK_SIZE,
+        metavar="N",
+        help=f"tokens per KV block (default: {engine_defaults.BLOCK_SIZE})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from deepwell.engine.errors import ModelLoadError
+    from deepwell.engine.plan import parse_size, plan_memory
+    from deepwell.engine.plan.table import render_plan
+
+    try:
+        plan = plan_memory(
+            args.model,
+            parse_size(args.memory),
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+        )
+    except (ModelLoadError, ValueError) as error:
+        print(f"deepwell plan: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
+    return 0 if plan.fits else 1
+
+
 # --- tiny-checkpoint ---
 
 # deepwell.engine.models.deepseek_v41.writer.PRESETS, named here so that building the
@@ -732,6 +792,13 @@ COMMANDS: list[Command] = [
         "offline throughput / latency benchmark on random requests",
         _configure_bench,
         _run_bench,
+    ),
+    Command(
+        "plan",
+        "whether a machine can hold a model, from its config.json alone: weights by kind "
+        "and encoding, KV per token, sequences that fit",
+        _configure_plan,
+        _run_plan,
     ),
     Command(
         "tiny-checkpoint",

@@ -32,6 +32,9 @@ NATIVE_DECODES = ("auto", "off")
 NATIVE_DECODE = "auto"
 BLOCK_SIZE = 128
 MEMORY_GIB = 4.0
+# Share of the memory budget kept for activations and the allocator, besides weights and KV
+# (kv/cache.py plans the KV blocks with it, engine/plan/ the fit).
+ACTIVATION_RESERVE = 0.15
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 1024
 SEED = 0

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import uvicorn
 
+from deepwell.engine.errors import MemoryBudgetError
+from deepwell.engine.plan import refuse_unfit
 from deepwell.engine_options import parallel_fields
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
@@ -60,11 +62,19 @@ def run(args: argparse.Namespace) -> int:
         playground=not args.no_playground,
     )
     try:
-        model_path(args)  # two disagreeing models stop here, before anything starts
+        model = model_path(args)  # two disagreeing models stop here, before anything starts
+        if not args.expert_parallel:  # a rank then holds only its share of the experts
+            refuse_unfit(
+                model,
+                args.memory_gib,
+                max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs,
+                block_size=args.block_size,
+            )
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
     except KeyboardInterrupt:  # Ctrl-C before HTTP serving began
         return 130
-    except (EngineUnavailable, UnsupportedModel, ValueError) as error:
+    except (EngineUnavailable, UnsupportedModel, MemoryBudgetError, ValueError) as error:
         logger.error("%s", error)
         return 1
     return 0
