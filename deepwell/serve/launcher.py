@@ -21,8 +21,6 @@ from pathlib import Path
 
 import uvicorn
 
-from deepwell.engine.errors import MemoryBudgetError
-from deepwell.engine.plan import refuse_unfit
 from deepwell.engine_options import parallel_fields
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
@@ -63,21 +61,40 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         model = model_path(args)  # two disagreeing models stop here, before anything starts
-        if not args.expert_parallel:  # a rank then holds only its share of the experts
-            refuse_unfit(
-                model,
-                args.memory_gib,
-                max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs,
-                block_size=args.block_size,
-            )
+        refusal = _memory_refusal(args, model)
+        if refusal is not None:
+            logger.error("%s", refusal)
+            return 1
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
     except KeyboardInterrupt:  # Ctrl-C before HTTP serving began
         return 130
-    except (EngineUnavailable, UnsupportedModel, MemoryBudgetError, ValueError) as error:
+    except (EngineUnavailable, UnsupportedModel, ValueError) as error:
         logger.error("%s", error)
         return 1
     return 0
+
+
+def _memory_refusal(args: argparse.Namespace, model: str | None) -> str | None:
+    """Why the model cannot fit --memory-gib (or why its config.json is unusable), from that
+    file alone, before any worker starts and loads weights; None when it fits or the planner
+    cannot tell (engine/plan/)."""
+    if args.mock or args.expert_parallel:  # a rank then holds only its share of the experts
+        return None
+    # Imported here: the front end of `serve --mock` loads nothing of the engine.
+    from deepwell.engine.errors import MemoryBudgetError, ModelLoadError
+    from deepwell.engine.plan import refuse_unfit
+
+    try:
+        refuse_unfit(
+            model,
+            args.memory_gib,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+        )
+    except (MemoryBudgetError, ModelLoadError) as error:
+        return str(error)
+    return None
 
 
 async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None:
