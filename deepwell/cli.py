@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -646,10 +647,9 @@ def _configure_plan(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory",
-        default="1TiB",
         metavar="SIZE",
         help="memory of the machine: 1TiB, 256GiB, 512G, 1.5T, or a plain number of GiB "
-        "(default: 1TiB)",
+        "(default: this machine's)",
     )
     parser.add_argument(
         "--max-model-len",
@@ -672,6 +672,7 @@ def _configure_plan(parser: argparse.ArgumentParser) -> None:
         help=f"tokens per KV block (default: {engine_defaults.BLOCK_SIZE})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.epilog = "exit status: 0 when it fits, 1 when it does not (and why), 2 on bad input"
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -680,18 +681,24 @@ def _run_plan(args: argparse.Namespace) -> int:
     from deepwell.engine.plan.table import render_plan
 
     try:
+        memory = parse_size(args.memory) if args.memory else _machine_memory()
         plan = plan_memory(
             args.model,
-            parse_size(args.memory),
+            memory,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             block_size=args.block_size,
+            memory_flag="--memory" if args.memory else "this machine's",
         )
     except (ModelLoadError, ValueError) as error:
         print(f"deepwell plan: {error}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
     return 0 if plan.fits else 1
+
+
+def _machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # --- tiny-checkpoint ---
