@@ -59,7 +59,7 @@ def test_plan_loads_no_torch(flash_dir) -> None:
         f"""
         import sys
         from deepwell import cli
-        code = cli.main(["plan", {str(flash_dir)!r}, "--json"])
+        code = cli.main(["plan", {str(flash_dir)!r}, "--memory", "1TiB", "--json"])
         assert "torch" not in sys.modules, "plan imported torch"
         sys.exit(code)
         """

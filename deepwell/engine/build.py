@@ -97,6 +97,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             block_size=args.block_size,
+            compute_dtype=args.dtype_choice.dtype,
         )
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)

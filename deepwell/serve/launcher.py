@@ -21,6 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
+from deepwell.cpu_dtype import select_dtype
 from deepwell.engine_options import parallel_fields
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
@@ -91,6 +92,7 @@ def _memory_refusal(args: argparse.Namespace, model: str | None) -> str | None:
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             block_size=args.block_size,
+            compute_dtype=select_dtype(args.dtype).dtype,
         )
     except (MemoryBudgetError, ModelLoadError) as error:
         return str(error)

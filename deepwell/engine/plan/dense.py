@@ -15,8 +15,13 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def dense_footprint(
-    config: Mapping[str, Any], architecture: str, block_size: int
+    config: Mapping[str, Any],
+    architecture: str,
+    block_size: int,
+    compute_dtype: str | None = None,
 ) -> ModelFootprint:
+    """Weights and KV in the config's dtype, or in `compute_dtype`, which the engine converts
+    both to when it loads the model."""
     try:
         vocab, hidden = config["vocab_size"], config["hidden_size"]
         layers, inter = config["num_hidden_layers"], config["intermediate_size"]
@@ -25,7 +30,7 @@ def dense_footprint(
         raise ModelLoadError(f"config.json lacks {error.args[0]!r}") from error
     kv_heads = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim") or hidden // heads
-    dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
+    dtype = compute_dtype or config.get("torch_dtype") or config.get("dtype") or "float32"
     if dtype not in DTYPE_BYTES:
         raise ModelLoadError(f"config.json's dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     itemsize = DTYPE_BYTES[dtype]

@@ -89,8 +89,13 @@ class MemoryPlan:
         }
 
 
-def read_footprint(model: str | Path, block_size: int = BLOCK_SIZE) -> ModelFootprint:
-    """The footprint of a checkpoint directory (or its config.json), from config.json alone."""
+def read_footprint(
+    model: str | Path, block_size: int = BLOCK_SIZE, compute_dtype: str | None = None
+) -> ModelFootprint:
+    """The footprint of a checkpoint directory (or its config.json), from config.json alone.
+
+    `compute_dtype` is the engine's, for dense models (it converts their weights and KV to
+    it); DeepSeek-V4.1 stays in its released encodings."""
     path = Path(model)
     config_path = path / "config.json" if path.is_dir() else path
     if not path.exists():
@@ -112,7 +117,7 @@ def read_footprint(model: str | Path, block_size: int = BLOCK_SIZE) -> ModelFoot
             return v41_footprint(config, block_size)
         architecture = (config.get("architectures") or [None])[0]
         if architecture in DENSE_ARCHITECTURES:
-            return dense_footprint(config, architecture, block_size)
+            return dense_footprint(config, architecture, block_size, compute_dtype)
     except (ModelLoadError, KeyError, TypeError, ValueError) as error:
         raise ModelLoadError(f"{str(config_path)!r}: {error}") from None
     raise ModelLoadError(
@@ -129,10 +134,11 @@ def plan_memory(
     max_num_seqs: int | None = None,
     block_size: int = BLOCK_SIZE,
     memory_flag: str = "--memory",
+    compute_dtype: str | None = None,
 ) -> MemoryPlan:
     """Plan `model` into `memory_bytes`: max_model_len defaults to the model's context; with
     max_num_seqs, state slots for that many are set aside first, as the engine does."""
-    footprint = read_footprint(model, block_size)
+    footprint = read_footprint(model, block_size, compute_dtype)
     return fit(str(model), footprint, memory_bytes, max_model_len, max_num_seqs, memory_flag)
 
 
@@ -143,6 +149,7 @@ def refuse_unfit(
     max_model_len: int | None,
     max_num_seqs: int | None,
     block_size: int,
+    compute_dtype: str,
     memory_flag: str = "--memory-gib",
 ) -> None:
     """Raise MemoryBudgetError with the plan's reason when `model` cannot fit `memory_gib`.
@@ -160,6 +167,7 @@ def refuse_unfit(
         max_num_seqs=max_num_seqs,
         block_size=block_size,
         memory_flag=memory_flag,
+        compute_dtype=compute_dtype,
     )
     if not plan.fits:
         raise MemoryBudgetError(

@@ -128,17 +128,45 @@ def test_dense_checkpoints_plan_the_bytes_they_store(family: str, tmp_path: Path
 
 def test_a_budget_too_small_is_refused_with_the_plan(tiny_v41: Path) -> None:
     with pytest.raises(MemoryBudgetError, match="too small for .*the weights alone take"):
-        refuse_unfit(str(tiny_v41), 0.001, max_model_len=None, max_num_seqs=64, block_size=128)
-    refuse_unfit(str(tiny_v41), 1.0, max_model_len=None, max_num_seqs=64, block_size=128)
+        refuse_unfit(
+            str(tiny_v41),
+            0.001,
+            max_model_len=None,
+            max_num_seqs=64,
+            block_size=128,
+            compute_dtype="float32",
+        )
+    refuse_unfit(
+        str(tiny_v41),
+        1.0,
+        max_model_len=None,
+        max_num_seqs=64,
+        block_size=128,
+        compute_dtype="float32",
+    )
 
 
 def test_unknown_models_are_left_to_the_loader(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["MambaForCausalLM"]}')
-    refuse_unfit(str(tmp_path), 0.001, max_model_len=None, max_num_seqs=1, block_size=128)
     refuse_unfit(
-        str(tmp_path / "model.gguf"), 0.001, max_model_len=None, max_num_seqs=1, block_size=128
+        str(tmp_path),
+        0.001,
+        max_model_len=None,
+        max_num_seqs=1,
+        block_size=128,
+        compute_dtype="float32",
     )
-    refuse_unfit(None, 0.001, max_model_len=None, max_num_seqs=1, block_size=128)
+    refuse_unfit(
+        str(tmp_path / "model.gguf"),
+        0.001,
+        max_model_len=None,
+        max_num_seqs=1,
+        block_size=128,
+        compute_dtype="float32",
+    )
+    refuse_unfit(
+        None, 0.001, max_model_len=None, max_num_seqs=1, block_size=128, compute_dtype="float32"
+    )
 
 
 def test_bad_configs_are_named(tmp_path: Path) -> None:
@@ -157,3 +185,11 @@ def test_bad_configs_are_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(flash))
     with pytest.raises(ModelLoadError, match="o_groups"):
         read_footprint(tmp_path)
+
+
+def test_dense_models_are_planned_in_the_engines_compute_dtype(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "llama")
+    stored = read_footprint(path)  # the config names no dtype: float32
+    bf16 = read_footprint(path, compute_dtype="bfloat16")
+    assert bf16.weights.bytes * 2 == stored.weights.bytes
+    assert bf16.kv.bytes_per_token * 2 == stored.kv.bytes_per_token
