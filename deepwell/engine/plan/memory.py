@@ -234,24 +234,32 @@ def _with_reason(plan: MemoryPlan, slots_bytes: int, memory_flag: str) -> Memory
         f"{memory_flag} {human(plan.memory_bytes)} leaves {human(plan.usable_bytes)} after the "
         f"{plan.activation_reserve:.0%} kept for activations"
     )
-    slots = 1 if plan.requested_num_seqs is None else plan.requested_num_seqs
+    # the engine's slots for --max-num-seqs (kv/slot_pool.py), one without it
+    slots = 1 if plan.requested_num_seqs is None else num_slots_for(plan.requested_num_seqs)
+    sequence = (
+        f"one {plan.max_model_len:,}-token sequence ({human(plan.sequence_kv_bytes)} KV) + "
+        f"{slots} state {'slot' if slots == 1 else 'slots'} ({human(slots_bytes)})"
+    )
     if plan.fits:
         reason = (
             f"weights {human(weights)} + {plan.max_num_seqs:,} sequences of "
             f"{plan.max_model_len:,} tokens; {budget}"
         )
     elif weights > plan.usable_bytes:
+        experts = any(share.name == "routed experts" for share in plan.footprint.weights.by_kind)
         reason = (
-            f"the weights alone take {human(weights)}; {budget}. It needs at "
-            f"least {human(plan.needed_bytes)} for the weights + 1 sequence of "
-            f"{plan.max_model_len:,} tokens: use a machine with more memory, or split the "
-            "routed experts over several ranks with --expert-parallel"
+            f"the weights alone take {human(weights)}; {budget}. The weights + {sequence} "
+            f"need at least {human(plan.needed_bytes)}: use a machine with more memory"
+            + (
+                ", or split the routed experts over several ranks with --expert-parallel"
+                if experts
+                else ""
+            )
         )
     else:
         reason = (
-            f"weights {human(weights)} + one {plan.max_model_len:,}-token sequence "
-            f"({human(plan.sequence_kv_bytes)} KV) + fixed state for {slots} sequences ({human(slots_bytes)}) need "
-            f"{human(plan.needed_bytes)}; {budget}: raise --memory or lower --max-model-len"
+            f"weights {human(weights)} + {sequence} need {human(plan.needed_bytes)}; {budget}: "
+            "use more memory or lower --max-model-len"
             + ("" if plan.requested_num_seqs is None else " or --max-num-seqs")
         )
     return dataclasses.replace(plan, reason=reason)

@@ -193,3 +193,9 @@ def test_dense_models_are_planned_in_the_engines_compute_dtype(tmp_path: Path) -
     bf16 = read_footprint(path, compute_dtype="bfloat16")
     assert bf16.weights.bytes * 2 == stored.weights.bytes
     assert bf16.kv.bytes_per_token * 2 == stored.kv.bytes_per_token
+
+
+def test_a_dense_model_is_not_told_to_split_experts(tmp_path: Path) -> None:
+    plan = plan_memory(write_tiny_llama(tmp_path / "llama"), 1 << 10)
+    assert not plan.fits
+    assert "the weights alone take" in plan.reason and "--expert-parallel" not in plan.reason
