@@ -48,27 +48,24 @@ def dense_footprint(
         layer_tensors += 2
         layer_params += 2 * head_dim
     tied = bool(config.get("tie_word_embeddings", False))
-    embedding = WeightShare(
-        "embedding" if tied else "embedding and head",
-        1 if tied else 2,
-        vocab * hidden * (1 if tied else 2),
-        0,
-    )
-    shares = [
-        embedding,
-        WeightShare("layers", layers * layer_tensors, layers * layer_params, 0),
-        WeightShare("final norm", 1, hidden, 0),
+    counts = [  # (name, tensors, params)
+        (
+            "embedding" if tied else "embedding and head",
+            1 + (not tied),
+            vocab * hidden * (1 + (not tied)),
+        ),
+        ("layers", layers * layer_tensors, layers * layer_params),
+        ("final norm", 1, hidden),
     ]
-    shares = [WeightShare(s.name, s.tensors, s.params, s.params * itemsize) for s in shares]
-    total = WeightShare(dtype, sum(s.tensors for s in shares), sum(s.params for s in shares), 0)
+    shares = tuple(WeightShare(name, n, params, params * itemsize) for name, n, params in counts)
+    params = sum(share.params for share in shares)
+    tensors = sum(share.tensors for share in shares)
     kv_per_token = layers * kv_heads * head_dim * 2 * itemsize  # K and V
     return ModelFootprint(
         architecture=architecture,
         weights=Weights(
-            by_kind=tuple(shares),
-            by_encoding=(
-                WeightShare(total.name, total.tensors, total.params, total.params * itemsize),
-            ),
+            by_kind=shares,
+            by_encoding=(WeightShare(dtype, tensors, params, params * itemsize),),
         ),
         kv=KVFootprint(
             block_size=block_size,
