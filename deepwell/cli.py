@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from deepwell.settings.flags import (
     engine_args_from,
     given,
 )
+from deepwell.settings.engine import BLOCK_SIZE
 from deepwell.settings.parallel import ParallelConfig
 
 
@@ -602,6 +604,72 @@ def _draw(runs: list, out_dir) -> int:
     return 0
 
 
+# --- plan ---
+
+
+def _configure_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        metavar="MODEL_DIR",
+        help="a checkpoint directory (or its config.json): DeepSeek-V4.1, Llama, Qwen2/3; "
+        "only config.json is read, no weights or tokenizer",
+    )
+    parser.add_argument(
+        "--memory",
+        metavar="SIZE",
+        help="memory of the machine: 1TiB, 256GiB, 512G, 1.5T, or a plain number of GiB "
+        "(default: this machine's)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="tokens of the longest sequence (default: the model's context)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        metavar="N",
+        help="sequences to hold at once: reserves their fixed state as the engine does "
+        "(default: count how many fit)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=BLOCK_SIZE,
+        metavar="N",
+        help=f"tokens per KV block (default: {BLOCK_SIZE})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.epilog = "exit status: 0 when it fits, 1 when it does not (and why), 2 on bad input"
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from deepwell.engine.errors import ModelLoadError
+    from deepwell.engine.plan import parse_size, plan_memory
+    from deepwell.engine.plan.table import render_plan
+
+    try:
+        memory = parse_size(args.memory) if args.memory else _machine_memory()
+        plan = plan_memory(
+            args.model,
+            memory,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+            memory_flag="--memory" if args.memory else "this machine's",
+        )
+    except (ModelLoadError, ValueError) as error:
+        print(f"deepwell plan: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render_plan(plan))
+    return 0 if plan.fits else 1
+
+
+def _machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 # --- tiny-checkpoint ---
 
 # deepwell.engine.models.deepseek_v41.writer.PRESETS, named here so that building the
@@ -700,6 +768,13 @@ COMMANDS: list[Command] = [
         "offline throughput / latency benchmark on random requests",
         _configure_bench,
         _run_bench,
+    ),
+    Command(
+        "plan",
+        "whether a machine can hold a model, from its config.json alone: weights by kind "
+        "and encoding, KV per token, sequences that fit",
+        _configure_plan,
+        _run_plan,
     ),
     Command(
         "tiny-checkpoint",

@@ -38,6 +38,7 @@ from deepwell.engine.models.registry import ModelOptions, build_model
 from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
 from deepwell.engine.parallel.placement import balanced_placement, check_divisible
+from deepwell.engine.plan import refuse_unfit
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,18 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     rank of a parallel group computes with (parallel/). With `group` (expert parallelism)
     this rank loads and holds only its share of the routed experts."""
     experts = _expert_sharding(args, group)
+    if experts is None and args.num_kv_blocks is None:
+        # Before any weight is read: a model that cannot fit is refused in seconds, with
+        # the plan's reason (engine/plan/). A rank holds only its share of the experts, and
+        # a fixed block count sets the budget aside, so neither is planned here.
+        refuse_unfit(
+            args.model,
+            args.memory_gib,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+            compute_dtype=args.dtype_choice.dtype,
+        )
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)
     model = build_model(

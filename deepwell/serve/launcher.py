@@ -21,6 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
+from deepwell.cpu_dtype import select_dtype
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
 from deepwell.serve.cluster.options import worker_roles
@@ -61,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
         playground=not args.no_playground,
     )
     try:
-        model_path(args)  # two disagreeing models stop here, before anything starts
+        model = model_path(args)  # two disagreeing models stop here, before anything starts
+        refusal = _memory_refusal(args, model)
+        if refusal is not None:
+            logger.error("%s", refusal)
+            return 1
         asyncio.run(_serve_mock(args, settings) if args.mock else _serve_model(args, settings))
     except KeyboardInterrupt:  # Ctrl-C before HTTP serving began
         return 130
@@ -69,6 +74,30 @@ def run(args: argparse.Namespace) -> int:
         logger.error("%s", error)
         return 1
     return 0
+
+
+def _memory_refusal(args: argparse.Namespace, model: str | None) -> str | None:
+    """Why the model cannot fit --memory-gib (or why its config.json is unusable), from that
+    file alone, before any worker starts and loads weights; None when it fits or the planner
+    cannot tell (engine/plan/)."""
+    if args.mock or args.expert_parallel:  # a rank then holds only its share of the experts
+        return None
+    # Imported here: the front end of `serve --mock` loads nothing of the engine.
+    from deepwell.engine.errors import MemoryBudgetError, ModelLoadError
+    from deepwell.engine.plan import refuse_unfit
+
+    try:
+        refuse_unfit(
+            model,
+            args.memory_gib,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+            compute_dtype=select_dtype(args.dtype).dtype,
+        )
+    except (MemoryBudgetError, ModelLoadError) as error:
+        return str(error)
+    return None
 
 
 async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None:

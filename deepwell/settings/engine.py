@@ -28,6 +28,11 @@ NATIVE_DECODES = ("auto", "off")
 SPECULATIVE_METHODS = ("ngram", "dspark")
 YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
 DEVICES = ("cpu",)
+# DeepInfer's block size (spec/deepinfer.md §1.3); the planner sizes blocks with it too.
+BLOCK_SIZE = 128
+# Share of the memory budget kept for activations and the allocator, besides weights and KV
+# (kv/cache.py plans the KV blocks with it, engine/plan/ the fit).
+ACTIVATION_RESERVE = 0.15
 _DAY_S = 86400.0
 
 
@@ -216,7 +221,7 @@ class EngineArgs:
         default_text="twice the model's sliding window",
     )
     block_size: int = setting(
-        128, "KV block size in tokens", group="KV cache", flags="--block-size", bound="positive"
+        BLOCK_SIZE, "KV block size in tokens", group="KV cache", flags="--block-size", bound="positive"
     )
     # Fixes the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
     num_kv_blocks: int | None = setting(

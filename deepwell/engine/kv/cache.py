@@ -9,10 +9,9 @@ import torch
 
 from deepwell.engine.errors import MemoryBudgetError
 from deepwell.engine.kv.layout import KVLayout
+from deepwell.settings.engine import ACTIVATION_RESERVE
 
 GIB = 1 << 30
-# Head-room for activations and the allocator, besides weights and KV.
-ACTIVATION_RESERVE = 0.15
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Every tensor a released DeepSeek-V4.1 checkpoint holds, derived from its text config.
 
 Names, logical shapes and storage formats follow spec §3.8 and nemo-automodel 0.7.0's
-state-dict adapter (no `model.` prefix; draft stages under `mtp.K`).
+state-dict adapter (no `model.` prefix; draft stages under `mtp.K`). Where the two disagree
+on an unquantised dtype, the release's byte total decides (docs/engine.md, "Weights, KV and
+the plan"): the head, the compressor and the confidence head are BF16, as is the vision tower.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deepwell.engine.models.deepseek_v41.weight_formats import WeightFormat
+from deepwell.engine.models.deepseek_v41.weight_layout import WeightFormat
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
 MODEL_TYPE = "deepseek_v41"
@@ -50,9 +52,9 @@ def tensor_schema(text_config: Mapping[str, Any]) -> dict[str, TensorSpec]:
     specs = [
         TensorSpec("embed.weight", (c["vocab_size"], hidden), WeightFormat.BF16),
         TensorSpec("norm.weight", (hidden,), WeightFormat.BF16),
-        # nemo keeps the head in fp32 (spec §1.3); spec §3.8's table says BF16. The loader
-        # accepts either for every unquantised tensor.
-        TensorSpec("head.weight", (c["vocab_size"], hidden), WeightFormat.F32),
+        # nemo computes the head in fp32 (spec §1.3) but the release stores it in BF16
+        # (spec §3.8); the loader accepts either for every unquantised tensor.
+        TensorSpec("head.weight", (c["vocab_size"], hidden), WeightFormat.BF16),
     ]
     if len(c["engram_layer_ids"]) != len(c["engram_num_embeddings"]):
         raise ValueError("engram_num_embeddings needs one row count per engram_layer_ids entry")
@@ -84,7 +86,7 @@ def tensor_schema(text_config: Mapping[str, Any]) -> dict[str, TensorSpec]:
                     f"{prefix}.markov_head.head.weight", (c["vocab_size"], rank), WeightFormat.BF16
                 ),
                 TensorSpec(
-                    f"{prefix}.confidence_head.proj.weight", (1, hidden + rank), WeightFormat.F32
+                    f"{prefix}.confidence_head.proj.weight", (1, hidden + rank), WeightFormat.BF16
                 ),
             ]
     return {spec.name: spec for spec in specs}
@@ -142,7 +144,7 @@ def _compressed_attention(c: Mapping[str, Any], prefix: str, layer: int) -> list
     specs = []
     if layer in c["kv_source_layer_ids"]:
         specs += [
-            TensorSpec(f"{attn}.compressor.wkv.weight", (head_dim, hidden), WeightFormat.F32),
+            TensorSpec(f"{attn}.compressor.wkv.weight", (head_dim, hidden), WeightFormat.BF16),
             TensorSpec(f"{attn}.compressor.norm.weight", (head_dim,), WeightFormat.BF16),
             TensorSpec(f"{attn}.indexer.wk.weight", (index_dim, head_dim), WeightFormat.BF16),
             TensorSpec(f"{attn}.indexer.k_norm.weight", (index_dim,), WeightFormat.BF16),
@@ -150,7 +152,7 @@ def _compressed_attention(c: Mapping[str, Any], prefix: str, layer: int) -> list
         # Ratio 2 pools token pairs with a learned softmax gate; ratio 1 projects each token.
         if c["compress_ratios"][layer] > 1:
             specs.append(
-                TensorSpec(f"{attn}.compressor.wgate.weight", (head_dim, hidden), WeightFormat.F32)
+                TensorSpec(f"{attn}.compressor.wgate.weight", (head_dim, hidden), WeightFormat.BF16)
             )
     if layer in c["index_source_layer_ids"]:
         specs += [
@@ -176,3 +178,51 @@ def _engram(c: Mapping[str, Any], prefix: str, rows: int) -> list[TensorSpec]:
         TensorSpec(f"{engram}.q_weight", (hc, hidden), WeightFormat.BF16),
         TensorSpec(f"{engram}.k_weight", (hc, hidden), WeightFormat.BF16),
     ]
+
+
+# The vision tower's tensors besides the blocks: the aligner merges downsample² patches into
+# one text-width embedding, and three learned embeddings mark an image span.
+IMAGE_MARKERS = ("image_start", "image_end", "image_newline")
+
+
+def vision_schema(vision_config: Mapping[str, Any], hidden_size: int) -> dict[str, TensorSpec]:
+    """Name → spec for every tensor of the released vision tower, all BF16.
+
+    nemo 0.7.0 builds it (deepseek_v4/vision.py) only with vision `num_hidden_layers` > 0:
+    a ViT over RGB patches (2D RoPE, SwiGLU), then the aligner into the text width
+    `hidden_size`. nemo keeps the ViT's norms in fp32; the release stores them in BF16.
+    """
+    v = vision_config
+    layers = v.get("num_hidden_layers", 32)
+    if not layers:
+        return {}
+    width, inter = v.get("hidden_size", 1024), v.get("intermediate_size", 2816)
+    patch_inputs = 3 * v.get("patch_size", 14) ** 2
+    merged = width * v.get("downsample_ratio", 3) ** 2
+    bf16 = WeightFormat.BF16
+    specs = [
+        TensorSpec("vision.patch_embed.proj.weight", (width, patch_inputs), bf16),
+        TensorSpec("vision.patch_embed.proj.bias", (width,), bf16),
+    ]
+    for block in range(layers):
+        prefix = f"vision.blocks.{block}"
+        specs += [
+            TensorSpec(f"{prefix}.norm1.weight", (width,), bf16),
+            TensorSpec(f"{prefix}.attn.wqkv.weight", (3 * width, width), bf16),
+            TensorSpec(f"{prefix}.attn.wqkv.bias", (3 * width,), bf16),
+            TensorSpec(f"{prefix}.attn.wo.weight", (width, width), bf16),
+            TensorSpec(f"{prefix}.attn.wo.bias", (width,), bf16),
+            TensorSpec(f"{prefix}.norm2.weight", (width,), bf16),
+            # gate and up stacked: [2 * inter, width]
+            TensorSpec(f"{prefix}.mlp.w1.weight", (2 * inter, width), bf16),
+            TensorSpec(f"{prefix}.mlp.w2.weight", (width, inter), bf16),
+        ]
+    specs += [
+        TensorSpec("vision.norm.weight", (width,), bf16),
+        TensorSpec("aligner.w1.weight", (hidden_size, merged), bf16),
+        TensorSpec("aligner.w1.bias", (hidden_size,), bf16),
+        TensorSpec("aligner.w2.weight", (hidden_size, hidden_size), bf16),
+        TensorSpec("aligner.w2.bias", (hidden_size,), bf16),
+    ]
+    specs += [TensorSpec(name, (hidden_size,), bf16) for name in IMAGE_MARKERS]
+    return {spec.name: spec for spec in specs}

@@ -6,13 +6,17 @@ checkpoints, rounds float32 into the stored form. Every scale is F8_E8M0: a powe
 
 from __future__ import annotations
 
-import enum
 import math
 
 import torch
 import torch.nn.functional as F
 
-SCALE_GROUP = 32  # every scale covers 32 columns (and 32 rows for the dense FP8 blocks)
+from deepwell.engine.models.deepseek_v41.weight_layout import (
+    SCALE_GROUP,
+    WeightFormat,
+    matrix_shape,
+)
+
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0
 _E8M0_BIAS = 127
@@ -20,50 +24,6 @@ _E8M0_BIAS = 127
 _E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 # Midpoints between neighbouring magnitudes, for rounding to the nearest code.
 _E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
-
-
-class WeightFormat(enum.Enum):
-    """How one released tensor is stored; the quantised ones carry a `.scale` beside them."""
-
-    BF16 = "bf16"
-    F32 = "f32"
-    # F8_E4M3 [rows, cols], scale [ceil(rows/32), ceil(cols/32)]: one per 32x32 block.
-    FP8_BLOCKS = "fp8_e4m3_blocks"
-    # F8_E4M3 [rows, cols], scale [rows, ceil(cols/32)]: row-wise groups of 32 (Engram tables).
-    FP8_ROWS = "fp8_e4m3_rows"
-    # I8 [rows, cols/2] of E2M1 pairs, scale [rows, ceil(cols/32)] (routed experts).
-    MXFP4 = "mxfp4"
-
-    @property
-    def quantized(self) -> bool:
-        return self in (WeightFormat.FP8_BLOCKS, WeightFormat.FP8_ROWS, WeightFormat.MXFP4)
-
-    @property
-    def stored_dtype(self) -> torch.dtype:
-        return {
-            WeightFormat.BF16: torch.bfloat16,
-            WeightFormat.F32: torch.float32,
-            WeightFormat.FP8_BLOCKS: torch.float8_e4m3fn,
-            WeightFormat.FP8_ROWS: torch.float8_e4m3fn,
-            WeightFormat.MXFP4: torch.int8,
-        }[self]
-
-    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The stored weight's shape for a logical [rows, cols] (or any plain) shape."""
-        if self is WeightFormat.MXFP4:
-            rows, cols = _matrix(shape, self.value)
-            if cols % 2:
-                raise ValueError(f"MXFP4 packs column pairs; {cols} columns is odd")
-            return (rows, cols // 2)
-        return tuple(shape)
-
-    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
-        """The `.scale` tensor's shape for a logical [rows, cols], or None for plain formats."""
-        if not self.quantized:
-            return None
-        rows, cols = _matrix(shape, self.value)
-        row_block = SCALE_GROUP if self is WeightFormat.FP8_BLOCKS else 1
-        return (math.ceil(rows / row_block), math.ceil(cols / SCALE_GROUP))
 
 
 def dequantize(
@@ -153,13 +113,13 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, row_block: int) -> torch.Tensor:
     if weight.dtype != torch.float8_e4m3fn:
         raise TypeError(f"FP8 weights are float8_e4m3fn (F8_E4M3), got {weight.dtype}")
-    rows, cols = _matrix(tuple(weight.shape), "FP8 weight")
+    rows, cols = matrix_shape(tuple(weight.shape), "FP8 weight")
     _check_scale(scale, (math.ceil(rows / row_block), math.ceil(cols / SCALE_GROUP)))
     return weight.to(torch.float32) * _expand(e8m0_to_float(scale), rows, cols, row_block)
 
 
 def _quantize_fp8(x: torch.Tensor, row_block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = _matrix(tuple(x.shape), "FP8 input")
+    rows, cols = matrix_shape(tuple(x.shape), "FP8 input")
     blocks = _blocks(x.to(torch.float32), row_block)
     exponent = _scale_exponents(blocks.abs().amax(dim=(1, 3)), _E4M3_MAX)
     scaled = x.to(torch.float32) / _expand(torch.exp2(exponent.float()), rows, cols, row_block)
@@ -174,7 +134,7 @@ def dequantize_mxfp4(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     → float32 [rows, cols]."""
     if weight.dtype != torch.int8:
         raise TypeError(f"MXFP4 weights are int8 (I8) pairs of E2M1 codes, got {weight.dtype}")
-    rows, half = _matrix(tuple(weight.shape), "MXFP4 weight")
+    rows, half = matrix_shape(tuple(weight.shape), "MXFP4 weight")
     cols = 2 * half
     _check_scale(scale, (rows, math.ceil(cols / SCALE_GROUP)))
     raw = weight.view(torch.uint8).to(torch.int64)
@@ -184,7 +144,7 @@ def dequantize_mxfp4(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 [rows, cols] (cols even) → (I8 [rows, cols/2], E8M0 [rows, ceil(cols/32)])."""
-    rows, cols = _matrix(tuple(x.shape), "MXFP4 input")
+    rows, cols = matrix_shape(tuple(x.shape), "MXFP4 input")
     if cols % 2:
         raise ValueError(f"MXFP4 packs column pairs; {cols} columns is odd")
     x = x.to(torch.float32)
@@ -200,12 +160,6 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # --- shared shape handling ---
-
-
-def _matrix(shape: tuple[int, ...], what: str) -> tuple[int, int]:
-    if len(shape) != 2:
-        raise ValueError(f"{what} must be two-dimensional, got shape {list(shape)}")
-    return shape[0], shape[1]
 
 
 def _check_scale(scale: torch.Tensor, expected: tuple[int, int]) -> None:

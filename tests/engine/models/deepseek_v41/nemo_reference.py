@@ -25,6 +25,10 @@ from nemo_automodel.components.models.deepseek_v41.dspark import (  # noqa: E402
 from nemo_automodel.components.models.deepseek_v41.model import (  # noqa: E402
     DeepseekV41ForCausalLM,
 )
+from nemo_automodel.components.models.deepseek_v41.vision import (  # noqa: E402
+    DeepseekV41VisionAligner,
+    DeepseekV41VisionTransformer,
+)
 from oracles.deepseek_v41_nemo import CPU_BACKEND  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
@@ -59,6 +63,24 @@ def nemo_draft(checkpoint_dir: Path) -> DeepseekV41DSparkModel:
         )
     model.state_dict_adapter.dtype = torch.float32
     return model
+
+
+def nemo_vision_shapes(config_json: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Released name → shape of nemo's vision tower, aligner and image markers for a config."""
+    with _quiet(), torch.random.fork_rng():
+        config = nemo_config(config_json)
+        modules = {
+            "vision": DeepseekV41VisionTransformer(config),
+            "aligner": DeepseekV41VisionAligner(config),
+        }
+    shapes = {
+        f"{prefix}.{name}": tuple(tensor.shape)
+        for prefix, module in modules.items()
+        for name, tensor in module.state_dict().items()
+    }
+    # The model registers these beside the two modules (DeepseekV41Model.__init__).
+    hidden = config.text_config.hidden_size
+    return shapes | {name: (hidden,) for name in ("image_start", "image_end", "image_newline")}
 
 
 @contextlib.contextmanager

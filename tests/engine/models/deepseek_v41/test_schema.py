@@ -11,6 +11,7 @@ from deepwell.engine.models.deepseek_v41.schema import (
     TensorSpec,
     is_deepseek_v41_config,
     tensor_schema,
+    vision_schema,
 )
 from deepwell.engine.models.deepseek_v41.weight_formats import WeightFormat
 from deepwell.engine.models.deepseek_v41.writer import (
@@ -19,7 +20,7 @@ from deepwell.engine.models.deepseek_v41.writer import (
     write_tiny_checkpoint,
 )
 
-from .nemo_reference import nemo_draft, nemo_target
+from .nemo_reference import nemo_draft, nemo_target, nemo_vision_shapes
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,35 @@ def test_a_missing_config_key_is_named() -> None:
     del config["o_groups"]
     with pytest.raises(KeyError, match="o_groups"):
         tensor_schema(config)
+
+
+def test_vision_schema_matches_nemos_vision_tower(tiny) -> None:
+    vision = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=96,
+        patch_size=4,
+        downsample_ratio=2,
+    )
+    config_json = tiny.config | {"vision_config": {"model_type": "deepseek_v41_vision", **vision}}
+    hidden = config_json["text_config"]["hidden_size"]
+    schema = vision_schema(config_json["vision_config"], hidden)
+    assert {name: spec.shape for name, spec in schema.items()} == nemo_vision_shapes(config_json)
+    assert {spec.format for spec in schema.values()} == {WeightFormat.BF16}
+
+
+def test_a_config_without_vision_layers_has_no_vision_tensors() -> None:
+    assert vision_schema({"num_hidden_layers": 0}, 64) == {}
+
+
+def test_the_head_and_compressor_are_stored_in_bf16_as_released() -> None:
+    schema = tensor_schema(TINY_TEXT_CONFIG)
+    formats = {re.sub(r"\d+", "N", name): spec.format for name, spec in schema.items()}
+    for name in (
+        "head.weight",
+        "layers.N.attn.compressor.wkv.weight",
+        "layers.N.attn.compressor.wgate.weight",
+        "mtp.N.confidence_head.proj.weight",
+    ):
+        assert formats[name] is WeightFormat.BF16, name
