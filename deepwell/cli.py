@@ -16,13 +16,13 @@ from typing import TextIO
 
 from deepwell.recipe.dialects.detect import DIALECTS, detect_dialect
 from deepwell.settings import sweep as sweep_defaults
+from deepwell.settings.engine import BLOCK_SIZE
 from deepwell.settings.flags import (
     add_engine_arguments,
     add_parallel_arguments,
     engine_args_from,
     given,
 )
-from deepwell.settings.engine import BLOCK_SIZE
 from deepwell.settings.parallel import ParallelConfig
 
 
