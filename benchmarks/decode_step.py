@@ -2,7 +2,7 @@
 the torch path: two engines in one process, stepped in turn.
 
 Both engines (embedded SmolLM2, synchronous steps, no speculation, no prefix cache) take W's
-64 requests (../shared/bench/workload.py) and step until every prompt is prefilled; then
+64 requests (benchmarks/workload.py) and step until every prompt is prefilled; then
 they take `--steps` decode steps each, alternating, so both see the same contexts and a busy
 machine slows both alike. Prints each engine's median step time (wall and process CPU) and
 the load average.
@@ -11,24 +11,14 @@ the load average.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from workload import make_workload
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-
-WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
-
-
-def load_w() -> list[dict]:
-    spec = importlib.util.spec_from_file_location("workload", WORKLOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_workload()
 
 
 def main() -> None:
@@ -38,7 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    workload = load_w()
+    workload = make_workload()
     cores = {
         choice: EngineCore(
             EngineArgs(

@@ -2,7 +2,7 @@
 
 Checks that a change to the engine does not cost throughput on the embedded model: the
 base revision is checked out in a temporary worktree and both run W (64 requests, 64–512
-prompt and 64–256 output tokens, ../shared/bench/workload.py) in bf16 with prefix caching
+prompt and 64–256 output tokens, benchmarks/workload.py) in bf16 with prefix caching
 off, one after the other, for `--rounds` rounds; each keeps its fastest (this 2-core box
 drifts by ~10% over minutes, for both alike). Prints `throughput ratio (head/base): X`.
 
@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOAD = ROOT.parent / "shared" / "bench" / "workload.py"
+# This checkout's W: a base revision may predate benchmarks/workload.py.
+WORKLOAD = ROOT / "benchmarks" / "workload.py"
 
 # Runs in the child, with the revision's checkout first on sys.path.
 CHILD = """

@@ -1,7 +1,7 @@
 """Workload W with speculation on: where a step's time goes, what each verify step accepts,
 and interleaved A/B runs of the speculation levers, at one thread on a W subset.
 
-The first `--requests` of W (../shared/bench/workload.py; all 64 is W itself) go through
+The first `--requests` of W (benchmarks/workload.py; all 64 is W itself) go through
 `LLM.generate` with n-gram speculation (`--k` draft tokens), greedy, EOS ignored, no prefix
 cache, as benchmarks/throughput_vs_hf.py runs them.
 
@@ -27,7 +27,6 @@ cache, as benchmarks/throughput_vs_hf.py runs them.
 """
 
 import argparse
-import importlib.util
 import os
 import time
 from collections import defaultdict
@@ -36,22 +35,15 @@ from pathlib import Path
 import torch
 from step_profile import wrap_attention
 from torch.profiler import ProfilerActivity, profile, record_function
+from workload import make_workload
 
 import deepwell.engine.runner as runner_module
 import deepwell.engine.speculative.verify as verify_module
 from deepwell.engine import LLM, SamplingParams
 from deepwell.engine.runner import ModelRunner
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
 GREEDY = {"temperature": 0, "ignore_eos": True}
 LINEAR_OPS = ("linear", "addmm", "aten::mm", "gemv", "quant")
-
-
-def load_w(count: int) -> list[dict]:
-    spec = importlib.util.spec_from_file_location("workload", WORKLOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_workload()[:count]
 
 
 def make_llm(args, async_scheduling: bool = True) -> LLM:
@@ -285,7 +277,7 @@ def main() -> None:
     mode.add_argument("--measure", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    workload = load_w(args.requests)
+    workload = make_workload()[: args.requests]
     if args.profile:
         profile_w(args, workload)
     elif args.measure:

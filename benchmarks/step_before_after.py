@@ -12,7 +12,6 @@ stepped until each has its first token and `--steps` decode steps timed (median)
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -21,20 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
-
-
-def load_w() -> list[dict]:
-    spec = importlib.util.spec_from_file_location("workload", WORKLOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_workload()
+from workload import make_workload
 
 
 def child(dtype: str, steps: int) -> dict:
     from deepwell.engine import LLM, EngineArgs, EngineCore, SamplingParams
 
-    workload = load_w()
+    workload = make_workload()
     greedy = {"temperature": 0, "ignore_eos": True}
     llm = LLM(dtype=dtype, enable_prefix_caching=False, num_speculative_tokens=0, num_threads=1)
     prompt = workload[0]["prompt_ids"][:64]

@@ -3,7 +3,7 @@ per phase, at batch 1 and with W's 64 running requests.
 
 The embedded SmolLM2 runs synchronous steps (no speculation, no prefix cache). Batch 1: a
 64-token prompt of W's first request, prefilled, then `--steps` decode steps. W: all 64
-requests (../shared/bench/workload.py), stepped until each has its first token, then
+requests (benchmarks/workload.py), stepped until each has its first token, then
 `--steps` decode steps. The engine's phases (schedule, prepare, forward, logits, sample,
 commit) are timed around the engine's own calls; the forward's ops are split by a
 torch.profiler trace (CPU, self time per op): matmuls are linears, everything under the
@@ -16,31 +16,22 @@ benchmarks/pyspy_split.py splits the same way without the profiler's overhead.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, record_function
+from workload import make_workload
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.attention import AttentionBackend
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "bench" / "workload.py"
 LINEAR_OPS = {"aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear"}
 FORWARD_PARTS = ("linears", "attention", "glue", "python")
 # `run` is the runner's whole forward call (the model's forward, its logits, and the
 # runner's own work around them).
 PHASES = ("schedule", "prepare", "run", "forward", "logits", "sample", "commit")
-
-
-def load_w() -> list[dict]:
-    spec = importlib.util.spec_from_file_location("workload", WORKLOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_workload()
 
 
 class PhaseTimer:
@@ -185,7 +176,7 @@ def main() -> None:
     if args.trace:
         timer = PhaseTimer(core)
         wrap_attention(core)
-    workload = load_w()
+    workload = make_workload()
     greedy = {"temperature": 0, "ignore_eos": True}
     if args.batch in ("1", "both"):
         prompt = workload[0]["prompt_ids"][:64]

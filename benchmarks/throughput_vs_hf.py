@@ -1,6 +1,6 @@
 """deepwell vs transformers on workload W, each engine alone in its own process, at its best.
 
-Workload W (../shared/bench/workload.py): 64 requests, prompts of 64–512 random token ids,
+Workload W (benchmarks/workload.py): 64 requests, prompts of 64–512 random token ids,
 outputs of 64–256 tokens (EOS ignored), seeded, all submitted at t = 0. Every measurement
 runs in a fresh child process with the same torch thread count and dtype, so no engine's
 threads, allocator or oneDNN caches slow the other (run in one process, transformers read
@@ -31,7 +31,6 @@ this kind of CPU (a broken baseline is not a win).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -42,9 +41,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import llama_cpp_peer as llama_cpp
+from workload import make_workload, workload_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOAD = ROOT.parent / "shared" / "bench" / "workload.py"
 
 # transformers 5.x on W measured alone in its process, 2 threads (issue 16): bf16 on a CPU
 # with AVX512_BF16, and float32 on an AVX2-only CPU. Output tok/s of its best static batch
@@ -59,11 +58,8 @@ LLAMA_CPP = "llama.cpp"
 
 
 def load_workload() -> tuple[list[dict], str]:
-    spec = importlib.util.spec_from_file_location("workload", WORKLOAD)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    requests = module.make_workload()
-    return requests, module.workload_sha256(requests)
+    requests = make_workload()
+    return requests, workload_sha256(requests)
 
 
 def native_bf16() -> bool:

@@ -1,7 +1,7 @@
 """Run a request through a recipe implementation and summarise what came out.
 
 Works on `deepwell.recipe` and on the `deepseek_recipe` oracle alike (same public names), in the
-shape `gen_recipe_vectors.py` recorded.
+shape tests/data/recipe_vectors.json records.
 """
 
 from __future__ import annotations

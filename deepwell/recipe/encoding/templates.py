@@ -1,6 +1,6 @@
 """The fixed prompt texts DeepSeek V4 and V4.1 were trained on: tool prompt, effort, formats.
 
-Recorded from the reference renderings (spec/recipe_vectors.json `template_literals`).
+Recorded from the reference renderings (tests/data/recipe_vectors.json `template_literals`).
 """
 
 from __future__ import annotations

