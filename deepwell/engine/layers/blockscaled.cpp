@@ -351,6 +351,137 @@ void output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_
   }
 }
 
+#if defined(BLOCKSCALED_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define BLOCKSCALED_DOT_BF16 1
+
+// FP8 weights against bfloat16 activations (AVX-512 BF16 + VBMI): every e4m3 value is a
+// bfloat16 exactly (4 significant bits), so the weights are decoded to bf16 pairs by two
+// 128-entry byte lookups (vpermi2b: the low and high bytes of the magnitude's bf16, sign ORed
+// in) and multiplied by vdpbf16ps, 32 products an instruction against fma's 16, each product
+// exact. Columns go in steps of 64: the byte interleave (vpunpck[lh]bw, per 128-bit lane) puts
+// columns 0-7, 16-23, 32-39, 48-55 in the first vector and the rest in the second, and one copy
+// of the activations is laid out to match (pair_lane). A step's two vdpbf16ps sum into a fresh
+// float32 vector whose lanes 0-7 hold the step's first 32 columns and 8-15 its last 32: one
+// fma by the two blocks' scales adds it to the (output, row)'s accumulator.
+constexpr int64_t kPairStep = 64;
+
+struct E4m3Bf16Tables {
+  alignas(64) uint8_t low[128];
+  alignas(64) uint8_t high[128];
+};
+
+// The bf16 bits of the e4m3 magnitudes 0..127 (127, e4m3fn's NaN, reads as 480).
+const E4m3Bf16Tables& e4m3_bf16_tables() {
+  static const E4m3Bf16Tables tables = [] {
+    E4m3Bf16Tables t{};
+    for (int m = 0; m < 128; ++m) {
+      const float value = m < 8 ? std::ldexp(static_cast<float>(m), -9)
+                                : std::ldexp(static_cast<float>(8 + (m & 7)), (m >> 3) - 10);
+      uint32_t bits;
+      std::memcpy(&bits, &value, sizeof bits);
+      t.low[m] = static_cast<uint8_t>(bits >> 16);
+      t.high[m] = static_cast<uint8_t>(bits >> 24);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+// Where column k (0..63) of a step sits in the activation copy.
+inline int64_t pair_lane(int64_t k) { return (k % 16) / 8 * 32 + k / 16 * 8 + k % 8; }
+
+// result[o * R + r] = Σ_k w[o]_k x[r][k] for O e4m3 rows and R bf16 activation rows (pair_lane
+// order, zero-padded to whole steps), one accumulator per (o, r) whatever O and R are.
+template <int O, int R>
+void pair_tile(const uint8_t* const* w, const uint8_t* block_scales, int64_t columns, const uint16_t* const* x,
+               float* result) {
+  const E4m3Bf16Tables& t = e4m3_bf16_tables();
+  const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
+  const __m512i high0 = _mm512_load_si512(t.high), high1 = _mm512_load_si512(t.high + 64);
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[O][R];
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) acc[o][r] = _mm512_setzero_ps();
+  const int64_t column_blocks = (columns + kBlock - 1) / kBlock;
+  auto step = [&](const uint8_t* const* at, int64_t c) {
+    const int64_t cb = c / kBlock;
+    const float next = cb + 1 < column_blocks ? e8m0_to_float(block_scales[cb + 1]) : 0.f;
+    const __m512 scale =
+        _mm512_insertf32x8(_mm512_set1_ps(e8m0_to_float(block_scales[cb])), _mm256_set1_ps(next), 1);
+    __m512i first[O], second[O];
+    for (int o = 0; o < O; ++o) {
+      const __m512i bytes = _mm512_loadu_si512(at[o]);
+      const __m512i low = _mm512_permutex2var_epi8(low0, bytes, low1);
+      // high | (bytes & 0x80): the sign into the high byte's top bit.
+      const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high0, bytes, high1), bytes, sign, 0xF8);
+      first[o] = _mm512_unpacklo_epi8(low, high);
+      second[o] = _mm512_unpackhi_epi8(low, high);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i x0 = _mm512_loadu_si512(x[r] + c), x1 = _mm512_loadu_si512(x[r] + c + 32);
+      for (int o = 0; o < O; ++o) {
+        __m512 sums = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)first[o], (__m512bh)x0);
+        sums = _mm512_dpbf16_ps(sums, (__m512bh)second[o], (__m512bh)x1);
+        acc[o][r] = _mm512_fmadd_ps(sums, scale, acc[o][r]);
+      }
+    }
+  };
+  const int64_t full = columns / kPairStep;
+  const uint8_t* at[O];
+  for (int64_t b = 0; b < full; ++b) {
+    for (int o = 0; o < O; ++o) at[o] = w[o] + b * kPairStep;
+    step(at, b * kPairStep);
+  }
+  if (columns % kPairStep) {
+    alignas(64) uint8_t last[O][kPairStep] = {};
+    for (int o = 0; o < O; ++o) {
+      std::memcpy(last[o], w[o] + full * kPairStep, columns % kPairStep);
+      at[o] = last[o];
+    }
+    step(at, full * kPairStep);
+  }
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) result[o * R + r] = _mm512_reduce_add_ps(acc[o][r]);
+}
+
+template <int O>
+void pair_tile_rows(int rows, const uint8_t* const* w, const uint8_t* block_scales, int64_t columns,
+                    const uint16_t* const* x, float* result) {
+  switch (rows) {
+    case 1: pair_tile<O, 1>(w, block_scales, columns, x, result); break;
+    case 2: pair_tile<O, 2>(w, block_scales, columns, x, result); break;
+    case 3: pair_tile<O, 3>(w, block_scales, columns, x, result); break;
+    default: pair_tile<O, 4>(w, block_scales, columns, x, result); break;
+  }
+}
+
+// output_rows for e4m3 weights (rows [o_begin, o_end) of one 32-row block, whose scales are
+// `block_scales`) and bf16 activations in pair_lane order.
+void pair_output_rows(const uint8_t* weight, const uint8_t* block_scales, int64_t columns, int64_t o_begin,
+                      int64_t o_end, const uint16_t* x, int64_t stride, int64_t rows, int64_t first,
+                      int64_t out_features, float* out) {
+  for (int64_t o = o_begin; o < o_end; o += kOutputs) {
+    const int count = static_cast<int>(std::min<int64_t>(kOutputs, o_end - o));
+    const uint8_t* tile[kOutputs];
+    for (int j = 0; j < count; ++j) tile[j] = weight + (o + j) * columns;
+    for (int64_t g = 0; g < rows; g += kGroup) {
+      const int n = static_cast<int>(std::min<int64_t>(kGroup, rows - g));
+      const uint16_t* group[kGroup];
+      float result[kOutputs * kGroup];
+      for (int r = 0; r < n; ++r) group[r] = x + (g + r) * stride;
+      switch (count) {
+        case 1: pair_tile_rows<1>(n, tile, block_scales, columns, group, result); break;
+        case 2: pair_tile_rows<2>(n, tile, block_scales, columns, group, result); break;
+        case 3: pair_tile_rows<3>(n, tile, block_scales, columns, group, result); break;
+        default: pair_tile_rows<4>(n, tile, block_scales, columns, group, result); break;
+      }
+      for (int j = 0; j < count; ++j)
+        for (int r = 0; r < n; ++r) out[(first + g + r) * out_features + o + j] = result[j * n + r];
+    }
+  }
+}
+#endif
+
 torch::Tensor float_rows(const torch::Tensor& x, int64_t columns, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == columns, what, ": x must be [rows, ", columns, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, what,
@@ -382,6 +513,30 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
   const float* xs = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const int64_t stride = padded(columns);
+#if defined(BLOCKSCALED_DOT_BF16)
+  if (x_in.scalar_type() == at::kBFloat16) {
+    // The rows' bf16 bits in pair_lane order, zero-padded to whole steps: one copy for all.
+    const int64_t pair_stride = (columns + kPairStep - 1) / kPairStep * kPairStep;
+    std::vector<uint16_t> pairs(rows * pair_stride, 0);
+    const torch::Tensor bits = x_in.contiguous();
+    const auto* src = static_cast<const uint16_t*>(bits.data_ptr());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < columns; ++c) {
+        pairs[r * pair_stride + c / kPairStep * kPairStep + pair_lane(c % kPairStep)] = src[r * columns + c];
+      }
+    }
+    at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t ob = begin; ob < end; ++ob) {
+        for (int64_t first = 0; first < rows; first += kRowChunk) {
+          pair_output_rows(w, scales + ob * column_blocks, columns, ob * kBlock,
+                           std::min(out_features, (ob + 1) * kBlock), pairs.data() + first * pair_stride,
+                           pair_stride, std::min(kRowChunk, rows - first), first, out_features, o);
+        }
+      }
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
     // x times each column block's scale × 2^8 (the decoded weights are value × 2^-8).
     std::vector<float> scaled(std::min(rows, kRowChunk) * stride, 0.f);
@@ -572,7 +727,9 @@ torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slot
 }
 
 std::string instruction_set() {
-#if defined(BLOCKSCALED_AVX512)
+#if defined(BLOCKSCALED_DOT_BF16)
+  return "avx512_bf16";
+#elif defined(BLOCKSCALED_AVX512)
   return "avx512";
 #elif defined(BLOCKSCALED_AVX2)
   return "avx2";
@@ -594,5 +751,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("slots"), py::arg("weights"), py::arg("w1"), py::arg("w1_scale"), py::arg("w3"),
         py::arg("w3_scale"), py::arg("w2"), py::arg("w2_scale"), py::arg("hidden"), py::arg("inter"),
         py::arg("limit"));
-  m.def("instruction_set", &instruction_set, "the path this build compiled: avx512, avx2, scalar");
+  m.def("instruction_set", &instruction_set, "the path this build compiled: avx512_bf16, avx512, avx2, scalar");
 }
