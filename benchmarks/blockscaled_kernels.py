@@ -58,7 +58,9 @@ def best_ms(call: Callable[[int], object], repeats: int) -> float:
     return 1e3 * min(times)
 
 
-def linear_rows(out_features: int, in_features: int, rows: int, repeats: int) -> tuple[float, float]:
+def linear_rows(
+    out_features: int, in_features: int, rows: int, repeats: int
+) -> tuple[float, float]:
     weight, scale = quantize_fp8_blocks(torch.randn(out_features, in_features) * 0.02)
     dense = dequantize_fp8_blocks(weight, scale).bfloat16()
     copies = max(2, STREAM_BYTES // weight.numel())
@@ -71,11 +73,17 @@ def linear_rows(out_features: int, in_features: int, rows: int, repeats: int) ->
 
 
 def expert_layer(intermediate: int) -> tuple[MxFp4Experts, list[ClampedSwiGLU]]:
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")}
+    parts: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+    }
     modules = []
     for _ in range(EXPERTS):
         dense = {}
-        for name, shape in (("w1", (intermediate, HIDDEN)), ("w3", (intermediate, HIDDEN)), ("w2", (HIDDEN, intermediate))):
+        for name, shape in (
+            ("w1", (intermediate, HIDDEN)),
+            ("w3", (intermediate, HIDDEN)),
+            ("w2", (HIDDEN, intermediate)),
+        ):
             data, scale = quantize_mxfp4(torch.randn(shape) * 0.02)
             parts[name].append(data)
             parts[f"{name}_scale"].append(scale)
@@ -87,7 +95,9 @@ def expert_layer(intermediate: int) -> tuple[MxFp4Experts, list[ClampedSwiGLU]]:
     return MxFp4Experts.from_tensors(**parts), modules
 
 
-def bf16_experts(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, modules: list[ClampedSwiGLU]) -> torch.Tensor:
+def bf16_experts(
+    x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, modules: list[ClampedSwiGLU]
+) -> torch.Tensor:
     """MoE._run_slots's loop (without expert parallelism or invariant tiles)."""
     out = x.new_empty(x.shape)
     order = slots.argsort(stable=True)
@@ -101,16 +111,22 @@ def bf16_experts(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, mo
     return out
 
 
-def expert_rows(experts: MxFp4Experts, modules: list[ClampedSwiGLU], tokens: int, repeats: int) -> tuple[float, float]:
+def expert_rows(
+    experts: MxFp4Experts, modules: list[ClampedSwiGLU], tokens: int, repeats: int
+) -> tuple[float, float]:
     gen = torch.Generator().manual_seed(tokens)
     draws = [
-        torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)]).flatten()
+        torch.stack(
+            [torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)]
+        ).flatten()
         for _ in range(16)
     ]
     x = torch.randn(tokens * TOP_K, HIDDEN, generator=gen).bfloat16()
     weights = torch.rand(tokens * TOP_K, generator=gen)
     kernel = best_ms(lambda i: mxfp4_experts(x, draws[i % 16], weights, experts, LIMIT), repeats)
-    baseline = best_ms(lambda i: bf16_experts(x, draws[i % 16], weights.bfloat16(), modules), repeats)
+    baseline = best_ms(
+        lambda i: bf16_experts(x, draws[i % 16], weights.bfloat16(), modules), repeats
+    )
     return kernel, baseline
 
 

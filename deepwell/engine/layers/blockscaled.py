@@ -206,6 +206,7 @@ def mxfp4_experts_reference(
 ) -> torch.Tensor:
     """mxfp4_experts in torch, one expert at a time (a loop over the experts that have pairs,
     reading slots on the host: this is the slow path)."""
+
     def matrix(data: torch.Tensor, scale: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
         return lambda begin, end: dequantize_mxfp4(data[begin:end], scale[begin:end])
 
@@ -213,10 +214,16 @@ def mxfp4_experts_reference(
     for expert in torch.unique(slots).tolist():
         picked = (slots == expert).nonzero().squeeze(1)
         rows = x[picked]
-        gate = _sliced_matmul(rows, experts.intermediate_size, matrix(experts.w1[expert], experts.w1_scale[expert]))
-        up = _sliced_matmul(rows, experts.intermediate_size, matrix(experts.w3[expert], experts.w3_scale[expert]))
+        gate = _sliced_matmul(
+            rows, experts.intermediate_size, matrix(experts.w1[expert], experts.w1_scale[expert])
+        )
+        up = _sliced_matmul(
+            rows, experts.intermediate_size, matrix(experts.w3[expert], experts.w3_scale[expert])
+        )
         inner = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
-        down = _sliced_matmul(inner, experts.hidden_size, matrix(experts.w2[expert], experts.w2_scale[expert]))
+        down = _sliced_matmul(
+            inner, experts.hidden_size, matrix(experts.w2[expert], experts.w2_scale[expert])
+        )
         out[picked] = down * weights[picked].unsqueeze(1)
     return out
 
@@ -238,7 +245,9 @@ def _sliced_matmul(
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, columns: int) -> None:
     if weight.dtype != dtype or weight.dim() != 2:
-        raise ValueError(f"weight must be a {dtype} [out, in] matrix, got {weight.dtype} {list(weight.shape)}")
+        raise ValueError(
+            f"weight must be a {dtype} [out, in] matrix, got {weight.dtype} {list(weight.shape)}"
+        )
     if x.dim() != 2 or x.shape[1] != columns:
         raise ValueError(f"x must be [rows, {columns}], got {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16):
