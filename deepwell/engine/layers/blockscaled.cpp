@@ -358,11 +358,11 @@ void output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_
 // bfloat16 exactly (4 significant bits), so the weights are decoded to bf16 pairs by two
 // 128-entry byte lookups (vpermi2b: the low and high bytes of the magnitude's bf16, sign ORed
 // in) and multiplied by vdpbf16ps, 32 products an instruction against fma's 16, each product
-// exact. Columns go in steps of 64: the byte interleave (vpunpck[lh]bw, per 128-bit lane) puts
-// columns 0-7, 16-23, 32-39, 48-55 in the first vector and the rest in the second, and one copy
-// of the activations is laid out to match (pair_lane). A step's two vdpbf16ps sum into a fresh
-// float32 vector whose lanes 0-7 hold the step's first 32 columns and 8-15 its last 32: one
-// fma by the two blocks' scales adds it to the (output, row)'s accumulator.
+// exact, and so are the activations times a block's power-of-two scale (bf16 has float32's
+// exponent range), made per 32 output rows from one copy of the bf16 rows. Columns go in steps
+// of 64: the byte interleave (vpunpck[lh]bw, per 128-bit lane) puts columns 0-7, 16-23, 32-39,
+// 48-55 in the first vector and the rest in the second, and the activation copy is laid out to
+// match (pair_lane): its 16-word runs each hold one 32-column block's columns.
 constexpr int64_t kPairStep = 64;
 
 struct E4m3Bf16Tables {
@@ -393,8 +393,7 @@ inline int64_t pair_lane(int64_t k) { return (k % 16) / 8 * 32 + k / 16 * 8 + k 
 // result[o * R + r] = Σ_k w[o]_k x[r][k] for O e4m3 rows and R bf16 activation rows (pair_lane
 // order, zero-padded to whole steps), one accumulator per (o, r) whatever O and R are.
 template <int O, int R>
-void pair_tile(const uint8_t* const* w, const uint8_t* block_scales, int64_t columns, const uint16_t* const* x,
-               float* result) {
+void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
   const E4m3Bf16Tables& t = e4m3_bf16_tables();
   const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
   const __m512i high0 = _mm512_load_si512(t.high), high1 = _mm512_load_si512(t.high + 64);
@@ -402,12 +401,7 @@ void pair_tile(const uint8_t* const* w, const uint8_t* block_scales, int64_t col
   __m512 acc[O][R];
   for (int o = 0; o < O; ++o)
     for (int r = 0; r < R; ++r) acc[o][r] = _mm512_setzero_ps();
-  const int64_t column_blocks = (columns + kBlock - 1) / kBlock;
   auto step = [&](const uint8_t* const* at, int64_t c) {
-    const int64_t cb = c / kBlock;
-    const float next = cb + 1 < column_blocks ? e8m0_to_float(block_scales[cb + 1]) : 0.f;
-    const __m512 scale =
-        _mm512_insertf32x8(_mm512_set1_ps(e8m0_to_float(block_scales[cb])), _mm256_set1_ps(next), 1);
     __m512i first[O], second[O];
     for (int o = 0; o < O; ++o) {
       const __m512i bytes = _mm512_loadu_si512(at[o]);
@@ -420,9 +414,8 @@ void pair_tile(const uint8_t* const* w, const uint8_t* block_scales, int64_t col
     for (int r = 0; r < R; ++r) {
       const __m512i x0 = _mm512_loadu_si512(x[r] + c), x1 = _mm512_loadu_si512(x[r] + c + 32);
       for (int o = 0; o < O; ++o) {
-        __m512 sums = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)first[o], (__m512bh)x0);
-        sums = _mm512_dpbf16_ps(sums, (__m512bh)second[o], (__m512bh)x1);
-        acc[o][r] = _mm512_fmadd_ps(sums, scale, acc[o][r]);
+        acc[o][r] = _mm512_dpbf16_ps(acc[o][r], (__m512bh)first[o], (__m512bh)x0);
+        acc[o][r] = _mm512_dpbf16_ps(acc[o][r], (__m512bh)second[o], (__m512bh)x1);
       }
     }
   };
@@ -445,21 +438,18 @@ void pair_tile(const uint8_t* const* w, const uint8_t* block_scales, int64_t col
 }
 
 template <int O>
-void pair_tile_rows(int rows, const uint8_t* const* w, const uint8_t* block_scales, int64_t columns,
-                    const uint16_t* const* x, float* result) {
+void pair_tile_rows(int rows, const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
   switch (rows) {
-    case 1: pair_tile<O, 1>(w, block_scales, columns, x, result); break;
-    case 2: pair_tile<O, 2>(w, block_scales, columns, x, result); break;
-    case 3: pair_tile<O, 3>(w, block_scales, columns, x, result); break;
-    default: pair_tile<O, 4>(w, block_scales, columns, x, result); break;
+    case 1: pair_tile<O, 1>(w, columns, x, result); break;
+    case 2: pair_tile<O, 2>(w, columns, x, result); break;
+    case 3: pair_tile<O, 3>(w, columns, x, result); break;
+    default: pair_tile<O, 4>(w, columns, x, result); break;
   }
 }
 
-// output_rows for e4m3 weights (rows [o_begin, o_end) of one 32-row block, whose scales are
-// `block_scales`) and bf16 activations in pair_lane order.
-void pair_output_rows(const uint8_t* weight, const uint8_t* block_scales, int64_t columns, int64_t o_begin,
-                      int64_t o_end, const uint16_t* x, int64_t stride, int64_t rows, int64_t first,
-                      int64_t out_features, float* out) {
+// output_rows for e4m3 weights and bf16 activations in pair_lane order.
+void pair_output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_t o_end, const uint16_t* x,
+                      int64_t stride, int64_t rows, int64_t first, int64_t out_features, float* out) {
   for (int64_t o = o_begin; o < o_end; o += kOutputs) {
     const int count = static_cast<int>(std::min<int64_t>(kOutputs, o_end - o));
     const uint8_t* tile[kOutputs];
@@ -470,10 +460,10 @@ void pair_output_rows(const uint8_t* weight, const uint8_t* block_scales, int64_
       float result[kOutputs * kGroup];
       for (int r = 0; r < n; ++r) group[r] = x + (g + r) * stride;
       switch (count) {
-        case 1: pair_tile_rows<1>(n, tile, block_scales, columns, group, result); break;
-        case 2: pair_tile_rows<2>(n, tile, block_scales, columns, group, result); break;
-        case 3: pair_tile_rows<3>(n, tile, block_scales, columns, group, result); break;
-        default: pair_tile_rows<4>(n, tile, block_scales, columns, group, result); break;
+        case 1: pair_tile_rows<1>(n, tile, columns, group, result); break;
+        case 2: pair_tile_rows<2>(n, tile, columns, group, result); break;
+        case 3: pair_tile_rows<3>(n, tile, columns, group, result); break;
+        default: pair_tile_rows<4>(n, tile, columns, group, result); break;
       }
       for (int j = 0; j < count; ++j)
         for (int r = 0; r < n; ++r) out[(first + g + r) * out_features + o + j] = result[j * n + r];
@@ -526,11 +516,24 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
       }
     }
     at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<uint16_t> scaled(std::min(rows, kRowChunk) * pair_stride);
       for (int64_t ob = begin; ob < end; ++ob) {
         for (int64_t first = 0; first < rows; first += kRowChunk) {
-          pair_output_rows(w, scales + ob * column_blocks, columns, ob * kBlock,
-                           std::min(out_features, (ob + 1) * kBlock), pairs.data() + first * pair_stride,
-                           pair_stride, std::min(kRowChunk, rows - first), first, out_features, o);
+          const int64_t n = std::min(kRowChunk, rows - first);
+          // Each 16-word run times its block's scale: widened to float32, multiplied, the top
+          // 16 bits kept (exact: at most 8 significant bits).
+          for (int64_t run = 0; run < n * pair_stride / 16; ++run) {
+            const int64_t within = run % (pair_stride / 16) % 4;
+            const int64_t cb = run % (pair_stride / 16) / 4 * 2 + within % 2;
+            const float s = cb < column_blocks ? e8m0_to_float(scales[ob * column_blocks + cb]) : 0.f;
+            const __m512i bits = _mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs.data() + first * pair_stride + 16 * run)));
+            const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)), _mm512_set1_ps(s));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(scaled.data() + 16 * run),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(value), 16)));
+          }
+          pair_output_rows(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock), scaled.data(),
+                           pair_stride, n, first, out_features, o);
         }
       }
     });
