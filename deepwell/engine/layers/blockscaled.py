@@ -68,7 +68,8 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return bf16_linear_reference(x, weight)
 
 
-@dataclass(frozen=True)
+# eq=False: equality by identity (comparing tensor tuples elementwise means nothing here).
+@dataclass(frozen=True, eq=False)
 class MxFp4Experts:
     """One MoE layer's routed experts in the released MXFP4 encoding: per expert (index = slot
     id) W1 (gate) and W3 (up) int8 [intermediate, hidden / 2], W2 (down) int8 [hidden,
