@@ -392,8 +392,11 @@ inline int64_t pair_lane(int64_t k) { return (k % 16) / 8 * 32 + k / 16 * 8 + k 
 
 // result[o * R + r] = Σ_k w[o]_k x[r][k] for O e4m3 rows and R bf16 activation rows (pair_lane
 // order, zero-padded to whole steps), one accumulator per (o, r) whatever O and R are.
-template <int O, int R>
+// kBf16: the weights are bf16 already (bf16_linear): a step's two vectors are its 64 columns
+// in order, and the activations are in plain column order.
+template <int O, int R, bool kBf16>
 void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
+  constexpr int64_t kStepBytes = kBf16 ? 2 * kPairStep : kPairStep;
   const E4m3Bf16Tables& t = e4m3_bf16_tables();
   const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
   const __m512i high0 = _mm512_load_si512(t.high), high1 = _mm512_load_si512(t.high + 64);
@@ -404,6 +407,11 @@ void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* 
   auto step = [&](const uint8_t* const* at, int64_t c) {
     __m512i first[O], second[O];
     for (int o = 0; o < O; ++o) {
+      if constexpr (kBf16) {
+        first[o] = _mm512_loadu_si512(at[o]);
+        second[o] = _mm512_loadu_si512(at[o] + 64);
+        continue;
+      }
       const __m512i bytes = _mm512_loadu_si512(at[o]);
       const __m512i low = _mm512_permutex2var_epi8(low0, bytes, low1);
       // high | (bytes & 0x80): the sign into the high byte's top bit.
@@ -422,13 +430,13 @@ void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* 
   const int64_t full = columns / kPairStep;
   const uint8_t* at[O];
   for (int64_t b = 0; b < full; ++b) {
-    for (int o = 0; o < O; ++o) at[o] = w[o] + b * kPairStep;
+    for (int o = 0; o < O; ++o) at[o] = w[o] + b * kStepBytes;
     step(at, b * kPairStep);
   }
   if (columns % kPairStep) {
-    alignas(64) uint8_t last[O][kPairStep] = {};
+    alignas(64) uint8_t last[O][kStepBytes] = {};
     for (int o = 0; o < O; ++o) {
-      std::memcpy(last[o], w[o] + full * kPairStep, columns % kPairStep);
+      std::memcpy(last[o], w[o] + full * kStepBytes, kStepBytes / kPairStep * (columns % kPairStep));
       at[o] = last[o];
     }
     step(at, full * kPairStep);
@@ -437,33 +445,35 @@ void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* 
     for (int r = 0; r < R; ++r) result[o * R + r] = _mm512_reduce_add_ps(acc[o][r]);
 }
 
-template <int O>
+template <int O, bool kBf16>
 void pair_tile_rows(int rows, const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
   switch (rows) {
-    case 1: pair_tile<O, 1>(w, columns, x, result); break;
-    case 2: pair_tile<O, 2>(w, columns, x, result); break;
-    case 3: pair_tile<O, 3>(w, columns, x, result); break;
-    default: pair_tile<O, 4>(w, columns, x, result); break;
+    case 1: pair_tile<O, 1, kBf16>(w, columns, x, result); break;
+    case 2: pair_tile<O, 2, kBf16>(w, columns, x, result); break;
+    case 3: pair_tile<O, 3, kBf16>(w, columns, x, result); break;
+    default: pair_tile<O, 4, kBf16>(w, columns, x, result); break;
   }
 }
 
-// output_rows for e4m3 weights and bf16 activations in pair_lane order.
+// output_rows for bf16 activations against e4m3 weights (activations in pair_lane order) or
+// bf16 weights (kBf16; plain order).
+template <bool kBf16>
 void pair_output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_t o_end, const uint16_t* x,
                       int64_t stride, int64_t rows, int64_t first, int64_t out_features, float* out) {
   for (int64_t o = o_begin; o < o_end; o += kOutputs) {
     const int count = static_cast<int>(std::min<int64_t>(kOutputs, o_end - o));
     const uint8_t* tile[kOutputs];
-    for (int j = 0; j < count; ++j) tile[j] = weight + (o + j) * columns;
+    for (int j = 0; j < count; ++j) tile[j] = weight + (o + j) * columns * (kBf16 ? 2 : 1);
     for (int64_t g = 0; g < rows; g += kGroup) {
       const int n = static_cast<int>(std::min<int64_t>(kGroup, rows - g));
       const uint16_t* group[kGroup];
       float result[kOutputs * kGroup];
       for (int r = 0; r < n; ++r) group[r] = x + (g + r) * stride;
       switch (count) {
-        case 1: pair_tile_rows<1>(n, tile, columns, group, result); break;
-        case 2: pair_tile_rows<2>(n, tile, columns, group, result); break;
-        case 3: pair_tile_rows<3>(n, tile, columns, group, result); break;
-        default: pair_tile_rows<4>(n, tile, columns, group, result); break;
+        case 1: pair_tile_rows<1, kBf16>(n, tile, columns, group, result); break;
+        case 2: pair_tile_rows<2, kBf16>(n, tile, columns, group, result); break;
+        case 3: pair_tile_rows<3, kBf16>(n, tile, columns, group, result); break;
+        default: pair_tile_rows<4, kBf16>(n, tile, columns, group, result); break;
       }
       for (int j = 0; j < count; ++j)
         for (int r = 0; r < n; ++r) out[(first + g + r) * out_features + o + j] = result[j * n + r];
@@ -532,7 +542,7 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(scaled.data() + 16 * run),
                                 _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(value), 16)));
           }
-          pair_output_rows(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock), scaled.data(),
+          pair_output_rows<false>(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock), scaled.data(),
                            pair_stride, n, first, out_features, o);
         }
       }
@@ -570,6 +580,28 @@ torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& weight
   const int64_t rows = x.size(0);
   auto out = torch::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return out;
+#if defined(BLOCKSCALED_DOT_BF16)
+  if (x_in.scalar_type() == at::kBFloat16) {
+    // bf16 rows against bf16 weights: vdpbf16ps on the stored pairs, rows zero-padded to whole
+    // steps of 64.
+    const int64_t pair_stride = (columns + kPairStep - 1) / kPairStep * kPairStep;
+    const torch::Tensor xp = at::constant_pad_nd(x_in.contiguous(), {0, pair_stride - columns}, 0);
+    const auto* xs = static_cast<const uint16_t*>(xp.data_ptr());
+    const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
+    float* o = out.data_ptr<float>();
+    const int64_t row_blocks = (out_features + kBlock - 1) / kBlock;
+    at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t ob = begin; ob < end; ++ob) {
+        for (int64_t first = 0; first < rows; first += kRowChunk) {
+          pair_output_rows<true>(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock),
+                                 xs + first * pair_stride, pair_stride, std::min(kRowChunk, rows - first), first,
+                                 out_features, o);
+        }
+      }
+    });
+    return out;
+  }
+#endif
   const int64_t stride = padded(columns);
   // Zero-padded to whole blocks (a copy only where the width is not one already).
   const torch::Tensor xp = stride == columns ? x : at::constant_pad_nd(x, {0, stride - columns}, 0);
