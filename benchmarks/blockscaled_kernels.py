@@ -4,6 +4,8 @@ the engine runs today, in the same process, at decode row counts.
 - FP8 linears [out x in] = 2048x2048 and 4096x2048: `fp8_block_linear` on the released
   float8_e4m3fn + e8m0 blocks against F.linear on bf16 weights holding the dequantised values
   (x in bf16, as the engine computes).
+- The output head kept in bf16, a 32768-row slice of it (the release's is 129,280 × 4096):
+  `bf16_linear` against F.linear (bf16 out, as the engine's head).
 - Routed experts, hidden 2048, intermediate 768 (and 1536), 64 experts, top-6: one
   `mxfp4_experts` call against the engine's bf16 experts (ClampedSwiGLU: fused W1/W3 F.linear,
   clamped SwiGLU, W2 F.linear) looped over the slots that have rows, as MoE._run_slots does.
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from deepwell.engine.layers.blockscaled import (
     MxFp4Experts,
+    bf16_linear,
     fp8_block_linear,
     mxfp4_experts,
     native_kernel,
@@ -41,6 +44,7 @@ from deepwell.engine.models.deepseek_v41.weight_formats import (
 
 ROWS = (1, 16)
 LINEAR_SHAPES = ((2048, 2048), (4096, 2048))
+HEAD_SHAPE = (32768, 2048)
 HIDDEN, EXPERTS, TOP_K, LIMIT = 2048, 64, 6, 10.0
 # Bytes of weights each FP8 shape cycles through (bf16 copies twice that): well past a
 # 32 MiB L3.
@@ -69,6 +73,16 @@ def linear_rows(
     x = torch.randn(rows, in_features).bfloat16()
     kernel = best_ms(lambda i: fp8_block_linear(x, *fp8[i % copies]), repeats)
     baseline = best_ms(lambda i: F.linear(x, bf16[i % copies]), repeats)
+    return kernel, baseline
+
+
+def head_rows(rows: int, repeats: int) -> tuple[float, float]:
+    weight = torch.randn(HEAD_SHAPE).bfloat16()
+    copies = max(2, STREAM_BYTES // (2 * weight.numel()))
+    heads = [weight.clone() for _ in range(copies)]
+    x = torch.randn(rows, HEAD_SHAPE[1]).bfloat16()
+    kernel = best_ms(lambda i: bf16_linear(x, heads[i % copies]), repeats)
+    baseline = best_ms(lambda i: F.linear(x, heads[i % copies]), repeats)
     return kernel, baseline
 
 
@@ -146,6 +160,10 @@ def main() -> None:
             ours, theirs = linear_rows(out_features, in_features, rows, args.repeats)
             what = f"fp8 linear {out_features}x{in_features}"
             print(f"{what:34} {rows:>4} {ours:>10.3f} {theirs:>10.3f} {theirs / ours:>5.2f}x")
+    for rows in ROWS:
+        ours, theirs = head_rows(rows, args.repeats)
+        what = f"bf16 head {HEAD_SHAPE[0]}x{HEAD_SHAPE[1]}"
+        print(f"{what:34} {rows:>4} {ours:>10.3f} {theirs:>10.3f} {theirs / ours:>5.2f}x")
     for intermediate in args.intermediate:
         experts, modules = expert_layer(intermediate)
         for tokens in ROWS:
