@@ -10,8 +10,9 @@
 //
 // Every output is one dot product over the input in blocks of 32: the block's 32 weights are
 // decoded to float32 exactly in registers and multiplied into float32 accumulators
-// (AVX-512: two 16-lane ones per activation row; AVX2: two 8-lane; scalar: one), which are
-// summed across lanes at the end. Decoding:
+// (AVX-512: one 16-lane one per output and activation row, in tiles of 4 outputs × 4 rows;
+// AVX2: two 8-lane ones; scalar: one running sum), which are summed across lanes at the end.
+// Decoding:
 //   e4m3 byte b → fp16 bits (b & 0x80) << 8 | (b & 0x7F) << 7, which is the value × 2^-8
 //     exactly, subnormals included, and never inf/NaN (e4m3fn's NaN byte reads as 480), then
 //     vcvtph2ps; the 2^8 and the block's scale are folded into a copy of the activations
@@ -23,9 +24,13 @@
 // Inputs that are not a multiple of 32 end in a partial block read from a zero-padded copy
 // against zero-padded activations.
 //
+// bfloat16 activations on a CPU with AVX-512 BF16 and VBMI take bf16 products instead
+// (vdpbf16ps; see "FP8 weights against bfloat16 activations" below), for FP8 and bf16 weights.
+//
 // A row's result depends only on that row: rows are taken in register groups of up to
 // kGroup, and every row of a group runs the same operations in the same order as it would
 // alone (the batch-invariant engine relies on it; tests/engine/layers/test_blockscaled.py).
+// The path depends on the activations' dtype, never on the row count.
 //
 // The instruction set is fixed at compile time (-march=native): AVX-512 (F + BW), else AVX2
 // with FMA and F16C, else scalar C++. DEEPWELL_BLOCKSCALED_AVX2 / DEEPWELL_BLOCKSCALED_SCALAR

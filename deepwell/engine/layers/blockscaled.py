@@ -10,7 +10,8 @@ stored: no weight is expanded to bf16 or float32 (docs/engine.md, "Block-scaled 
 Each runs blockscaled.cpp (AVX-512, AVX2 or scalar, built on first use) or, where no kernel
 can be built, the torch reference below: it dequantises a slice of output rows at a time and
 multiplies, so a whole matrix is never expanded at once. The fallback is logged once, with its
-reason. Outputs are float32 and a row's result never depends on the other rows of the call.
+reason. Outputs are float32; in the native kernel a row's result never depends on the other
+rows of the call (the batch-invariant mode relies on it).
 """
 
 import functools
