@@ -1,7 +1,8 @@
 """Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention, with
 llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
-into one extension): compiled once per machine into the torch extensions cache on first use,
+into one extension; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights):
+compiled once per machine into the torch extensions cache on first use,
 loaded from there after.
 
 Nothing here runs at import: only an engine that decodes asks for a kernel, so commands
@@ -31,6 +32,7 @@ SOURCE = Path(__file__).with_name("paged_decode.cpp")
 GLUE_SOURCE = Path(__file__).with_name("llama_glue.cpp")
 QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
 LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOURCE)
+BLOCKSCALED_SOURCE = Path(__file__).with_name("blockscaled.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
@@ -41,6 +43,13 @@ QUANT_PATH_DEFINES = {
     "native": [],
     "avx2": ["-DDEEPWELL_QUANT_AVX2"],
     "scalar": ["-DDEEPWELL_QUANT_SCALAR"],
+}
+
+# blockscaled.cpp's instruction-set paths, alike: AVX-512 at best, forced AVX2, scalar.
+BLOCKSCALED_PATH_DEFINES = {
+    "native": [],
+    "avx2": ["-DDEEPWELL_BLOCKSCALED_AVX2"],
+    "scalar": ["-DDEEPWELL_BLOCKSCALED_SCALAR"],
 }
 
 
@@ -125,6 +134,18 @@ def load_quant_kernel(path: str = "native") -> DecodeKernel:
     """The GGUF-block linears (quant_gemv.cpp) on the instruction-set `path`
     (QUANT_PATH_DEFINES), built on the first call in a process if the cache lacks it."""
     return _load((QUANT_SOURCE,), f"quantised linear kernel ({path})", QUANT_PATH_DEFINES[path])
+
+
+@functools.cache
+def load_blockscaled_kernel(path: str = "native") -> DecodeKernel:
+    """The linears on released FP8 / MXFP4 / bf16 encodings (blockscaled.cpp) on the
+    instruction-set `path` (BLOCKSCALED_PATH_DEFINES), built on the first call in a process
+    if the cache lacks it."""
+    return _load(
+        (BLOCKSCALED_SOURCE,),
+        f"block-scaled linear kernel ({path})",
+        BLOCKSCALED_PATH_DEFINES[path],
+    )
 
 
 @functools.cache
