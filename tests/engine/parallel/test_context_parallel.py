@@ -115,3 +115,41 @@ def test_later_chunks_and_prefix_hits_run_across_ranks_from_rank_0s_caches(
             assert lp.logprob == pytest.approx(ref.logprob, abs=1e-4)
     assert parallel.stats().prefix_hit_tokens - hits == 256
     assert starts == [0, 256, 256]
+
+
+def test_packed_caches_after_a_parallel_prefill_hold_the_one_rank_bytes(checkpoint):
+    # The released cache bytes (the default): rank 0 decodes the rows before the chunk for
+    # the other ranks and packs what they gathered. Two 300-token prompts sharing 256
+    # tokens: a second chunk at 256, then a prefix hit there.
+    cores = [
+        make_core(checkpoint, quantize_kv_cache=True, **extra)
+        for extra in ({}, {"context_parallel_size": 2})
+    ]
+    first = prompt(CHUNKED, 7)
+    second = first[:256] + prompt(44, 8)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    try:
+        for index, ids in enumerate((first, second)):
+            states, tokens = [], []
+            for core in cores:
+                core.add_request(f"p{index}", ids, params)
+                while core.requests[f"p{index}"].num_computed_tokens < len(ids):
+                    core.step()
+                states.append(sequence_state(core, f"p{index}"))
+                tokens.append([])
+                while core.has_unfinished():
+                    tokens[-1] += [t for output in core.step() for t in output.new_token_ids]
+            assert tokens[0] == tokens[1]
+            expected, got = states
+            assert got["window[0]"].dtype == got["compressed_r1[0]"].dtype == torch.uint8
+            for name in expected:
+                if got[name].dtype != torch.uint8:  # the float32 compressor tails
+                    torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-5)
+                    continue
+                # Float sums in another order may move a value across a rounding edge.
+                same = (got[name] == expected[name]).float().mean().item()
+                assert same > 0.99, (name, same)
+        assert cores[1].stats().prefix_hit_tokens == 256
+    finally:
+        for core in cores:
+            core.close()
