@@ -213,7 +213,7 @@ class ContextParallelPrefill:
         self, attn: CSA2Attention, u: torch.Tensor, rotation: torch.Tensor, shard: _Shard
     ) -> torch.Tensor:
         """One layer's attention for the rank's rows, with every position's keys."""
-        qr, q, kv = attn.project(u, rotation)
+        qr, q, kv, _ = attn.project(u, rotation)
         plan, caches, start = attn.plan, shard.caches, shard.start
         window = self.model.config.sliding_window
         # Rank 0 reads what precedes the chunk before the chunk's rows overwrite its rings.

@@ -60,6 +60,9 @@ class SharedSelection:
     selected: torch.Tensor | None = None
     # [rows, entries] the candidate pool, when a pool source has run.
     pool: torch.Tensor | None = None
+    # Decoded when first read, for the other layers reading them in this forward.
+    decoded_index_keys: torch.Tensor | None = None
+    decoded_entries: torch.Tensor | None = None
 
 
 @dataclass
@@ -221,7 +224,7 @@ class CSA2Attention(nn.Module):
         window plans for this layer; `ring` is this layer's window ring [slots, ring_rows,
         stored dim]; `compressed` the caches of this layer's KV source; `shared` maps a
         sequence to its compressed state within this forward."""
-        qr, q, kv = self.project(u, rotation)
+        qr, q, kv, stored_kv = self.project(u, rotation)
         # Zeros: a batch-invariant step's padding rows belong to no sequence.
         out = torch.zeros_like(q)
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
@@ -229,7 +232,7 @@ class CSA2Attention(nn.Module):
             chunk_kv = kv[rows]
             before = self.read_window(ring, seq.slot, window.ring_rows, chunk_kv.dtype)
             window_keys = torch.cat((before, chunk_kv))
-            self.write_window(ring, seq.slot, window.write_rows, chunk_kv[window.write_from :])
+            ring[seq.slot, window.write_rows] = stored_kv[rows][window.write_from :]
             state = None
             if compressed is not None:
                 ratio = self.plan.compress_ratio
@@ -248,14 +251,15 @@ class CSA2Attention(nn.Module):
 
     def project(
         self, u: torch.Tensor, rotation: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: the query latent qr, the rotated queries q [rows, heads, dim] and the
-        row's window KV [rows, dim]; rows are independent here."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: the query latent qr, the rotated queries q [rows, heads, dim], the
+        row's window KV [rows, dim] and that KV as the ring stores it; rows are independent
+        here."""
         qr = self.q_norm(self.wq_a(u))
         q = self.wq_b(qr).view(-1, self.num_heads, self.head_dim)
         q = self.rotary.apply(q, rotation)
         kv = self.rotary.apply(self.kv_norm(self.wkv(u)), rotation)
-        return qr, q, self.storage.window.round(kv)
+        return qr, q, *self.storage.window.rounded_and_stored(kv)
 
     def read_window(
         self, ring: torch.Tensor, slot: int, rows: torch.Tensor, dtype: torch.dtype
@@ -266,9 +270,10 @@ class CSA2Attention(nn.Module):
     def write_window(
         self, ring: torch.Tensor, slot: int, rows: torch.Tensor, keys: torch.Tensor
     ) -> None:
-        """Store window keys as `project` gives them, already rounded: fp8 rounding is
-        idempotent in value (a group whose largest code rounds to 224 re-encodes with half
-        the scale and twice the codes), so they unpack to themselves."""
+        """Store window keys already rounded (`project`'s values, gathered by context
+        parallelism): fp8 rounding is idempotent in value (a group whose largest code
+        rounds to 224 re-encodes with half the scale and twice the codes), so they unpack
+        to themselves."""
         ring[slot, rows] = self.storage.window.encode(keys, ring.dtype)
 
     def attend(
@@ -285,12 +290,21 @@ class CSA2Attention(nn.Module):
         if state is not None and state.entries.shape[0]:
             selected = state.selected[rows]
             selected_valid = selected >= 0
-            selected_keys = self.storage.entries.decode(
-                state.entries[selected.clamp(min=0)], q.dtype
-            )
+            selected_keys = self._selected_entries(state, selected.clamp(min=0), q.dtype)
         return self.backend.forward(
             q, window_keys, visible, selected_keys, selected_valid, self.attn_sink
         )
+
+    def _selected_entries(
+        self, state: SharedSelection, selected: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The values of the entries `selected` [rows, k]: a decode picks only those, unless
+        the rows pick more than there are entries (a prefill), then every entry once."""
+        if selected.numel() < state.entries.shape[0]:
+            return self.storage.entries.decode(state.entries[selected], dtype)
+        if state.decoded_entries is None:
+            state.decoded_entries = self.storage.entries.decode(state.entries, dtype)
+        return state.decoded_entries[selected]
 
     def output(self, out: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """Attention outputs [rows, heads, dim] → the layer's output [rows, hidden]."""
@@ -318,8 +332,11 @@ class CSA2Attention(nn.Module):
         weights = indexer.weights_proj(u).float() * (
             indexer.head_dim**-0.5 * indexer.num_heads**-0.5
         )
-        keys = self.storage.index_keys.decode(state.index_keys, queries.dtype)
-        scores = indexer.scores(queries, weights, keys, visible_counts)
+        if state.decoded_index_keys is None:
+            state.decoded_index_keys = self.storage.index_keys.decode(
+                state.index_keys, queries.dtype
+            )
+        scores = indexer.scores(queries, weights, state.decoded_index_keys, visible_counts)
         if self.plan.builds_pool:
             state.pool = indexer.candidate_pool(scores, visible_counts)
         elif self.plan.uses_pool:

@@ -90,6 +90,16 @@ class StoredRows:
             return self.format.pack(values)
         return self.round(values).to(cache_dtype)
 
+    def rounded_and_stored(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From unrounded rows: the values a step computes with (in values' dtype) and the
+        rows the cache stores; packed, the values are the bytes unpacked (as `round` gives
+        them, for less work than rounding and packing apart)."""
+        if self.storage is not KVStorage.PACKED:
+            rounded = self.round(values)
+            return rounded, rounded
+        stored = self.format.pack(values)
+        return self.format.unpack(stored, self.channels).to(values.dtype), stored
+
     def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Stored rows → their values [..., channels] in `dtype`."""
         if self.storage is KVStorage.PACKED:
