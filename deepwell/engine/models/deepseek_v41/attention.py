@@ -22,6 +22,7 @@ from deepwell.engine.layers.batch_invariant import tiled_keys, tiled_rows, top_i
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import (
     CompressedPlan,
+    SequenceSpan,
     StepMetadata,
     TailPlan,
     WindowPlan,
@@ -227,11 +228,10 @@ class CSA2Attention(nn.Module):
         qr, q, kv, stored_kv = self.project(u, rotation)
         # Zeros: a batch-invariant step's padding rows belong to no sequence.
         out = torch.zeros_like(q)
+        befores = self._windows_before(ring, meta.sequences, windows, kv.dtype)
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
             rows = seq.rows
-            chunk_kv = kv[rows]
-            before = self.read_window(ring, seq.slot, window.ring_rows, chunk_kv.dtype)
-            window_keys = torch.cat((before, chunk_kv))
+            window_keys = torch.cat((befores[index], kv[rows]))
             ring[seq.slot, window.write_rows] = stored_kv[rows][window.write_from :]
             state = None
             if compressed is not None:
@@ -266,6 +266,22 @@ class CSA2Attention(nn.Module):
     ) -> torch.Tensor:
         """The values of a slot's window ring rows, in `dtype`."""
         return self.storage.window.decode(ring[slot, rows], dtype)
+
+    def _windows_before(
+        self,
+        ring: torch.Tensor,
+        sequences: list[SequenceSpan],
+        windows: list[WindowPlan],
+        dtype: torch.dtype,
+    ) -> list[torch.Tensor]:
+        """Each sequence's window ring rows before its chunk, decoded in one pass (rows are
+        decoded independently, so this is what each sequence's own decode gives)."""
+        if not windows:
+            return []
+        sizes = [len(window.ring_rows) for window in windows]
+        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(torch.tensor(sizes))
+        rows = torch.cat([window.ring_rows for window in windows])
+        return list(self.storage.window.decode(ring[slots, rows], dtype).split(sizes))
 
     def write_window(
         self, ring: torch.Tensor, slot: int, rows: torch.Tensor, keys: torch.Tensor

@@ -74,7 +74,7 @@ def unpack_fp8(packed: torch.Tensor, channels: int) -> torch.Tensor:
     """uint8 [..., fp8_row_bytes(C)] → float32 [..., C]."""
     _check_row(packed, fp8_row_bytes(channels), "fp8", channels)
     groups = _groups(channels, FP8_GROUP)
-    codes = F.pad(packed[..., :channels], (0, groups * FP8_GROUP - channels))
+    codes = _padded(packed[..., :channels], groups * FP8_GROUP)
     codes = codes.view(torch.float8_e4m3fn).unflatten(-1, (groups, FP8_GROUP)).float()
     return _ungrouped(codes * _ue8m0_scales(packed[..., channels:]), channels, torch.float32)
 
@@ -147,7 +147,8 @@ def _grouped(x: torch.Tensor, group: int) -> tuple[torch.Tensor, int]:
 
 
 def _ungrouped(groups: torch.Tensor, channels: int, dtype: torch.dtype) -> torch.Tensor:
-    return groups.flatten(-2)[..., :channels].to(dtype)
+    flat = groups.flatten(-2)
+    return (flat if flat.shape[-1] == channels else flat[..., :channels]).to(dtype)
 
 
 def _group_max(groups: torch.Tensor) -> torch.Tensor:
@@ -185,9 +186,15 @@ def _e2m1_bytes(values: torch.Tensor, channels: int) -> torch.Tensor:
 def _e2m1_values(code_bytes: torch.Tensor, channels: int, group: int) -> torch.Tensor:
     """Two codes a byte [..., ceil(C/2)] → e2m1 values [..., groups, group] (float32)."""
     codes = torch.stack((code_bytes & 0xF, code_bytes >> 4), dim=-1).flatten(-2)
-    padded = _groups(channels, group) * group
-    codes = F.pad(codes, (0, padded - codes.shape[-1]))
+    codes = _padded(codes, _groups(channels, group) * group)
     return _E2M1_VALUES[codes.to(torch.long)].unflatten(-1, (-1, group))
+
+
+def _padded(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """Codes [..., n] zero-filled to [..., width] (a partial last group)."""
+    if codes.shape[-1] == width:
+        return codes
+    return F.pad(codes, (0, width - codes.shape[-1]))
 
 
 def _check_row(packed: torch.Tensor, row_bytes: int, name: str, channels: int) -> None:
