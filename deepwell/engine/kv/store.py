@@ -75,9 +75,7 @@ class KVStore:
         self.parts = parts
         self.magic = magic
         self.suffix = suffix
-        self.payload_bytes = sum(
-            math.prod(shape) * torch.finfo(dtype).bits // 8 for shape, dtype in parts
-        )
+        self.payload_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in parts)
         self.stats = stats if stats is not None else StoreStats()
 
     def path_of(self, key: bytes) -> Path:

@@ -3,7 +3,9 @@
 Each query attends to a set of window keys (masked per query) and to its own selection of
 compressed entries; keys are also the values (one shared latent, spec/deepseek_v41.md
 §3.3), and a per-head sink adds exp(sink) to the softmax denominator only. The interface
-is what a CUDA kernel implements; `TorchSinkAttention` is the CPU path.
+is what a CUDA kernel implements; `TorchSinkAttention` is the CPU path. Keys come as
+values: the model decodes the cache rows it reads (V4.1 stores them packed,
+models/deepseek_v41/cache_storage.py), so a backend never sees the cache's bytes.
 """
 
 from abc import ABC, abstractmethod

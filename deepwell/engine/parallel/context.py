@@ -56,13 +56,16 @@ class SequenceCaches:
         )
 
     def window_before(self, layer: int) -> torch.Tensor:
-        """The window rows of the positions just before the chunk, oldest first."""
-        return self.kv_cache.rings["window"][layer][self.sequence.slot, self.window.ring_rows]
+        """The window rows of the positions just before the chunk, oldest first, decoded."""
+        ring = self.kv_cache.rings["window"][layer]
+        attn = self.model.layers[layer].attn
+        return attn.read_window(ring, self.sequence.slot, self.window.ring_rows, self.model.dtype)
 
     def write_window(self, layer: int, keys: torch.Tensor) -> None:
         ring = self.kv_cache.rings["window"][layer]
         plan = self.window
-        ring[self.sequence.slot, plan.write_rows] = keys[plan.write_from :].to(ring.dtype)
+        attn = self.model.layers[layer].attn
+        attn.write_window(ring, self.sequence.slot, plan.write_rows, keys[plan.write_from :])
 
     def tail_before(self, plan: LayerPlan) -> torch.Tensor:
         """A ratio > 1 source's compressor inputs from its group boundary to the chunk."""
@@ -70,7 +73,7 @@ class SequenceCaches:
         return self._caches(plan).tail[self.sequence.slot, tail.read_rows]
 
     def entries_before(self, plan: LayerPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """A source's entries and index keys of the positions before the chunk."""
+        """A source's entries and index keys of the positions before the chunk, as stored."""
         caches = self._caches(plan)
         compressed = self.compressed[plan.compress_ratio]
 
@@ -210,7 +213,7 @@ class ContextParallelPrefill:
         self, attn: CSA2Attention, u: torch.Tensor, rotation: torch.Tensor, shard: _Shard
     ) -> torch.Tensor:
         """One layer's attention for the rank's rows, with every position's keys."""
-        qr, q, kv = attn.project(u, rotation)
+        qr, q, kv, _ = attn.project(u, rotation)
         plan, caches, start = attn.plan, shard.caches, shard.start
         window = self.model.config.sliding_window
         # Rank 0 reads what precedes the chunk before the chunk's rows overwrite its rings.
@@ -263,8 +266,7 @@ class ContextParallelPrefill:
         entries, index_keys = attn.entries(latents, torch.arange(earlier, end // ratio) * ratio)
         if caches is not None:
             caches.write_entries(plan, inputs, entries, index_keys)
-        # As a one-rank forward reads them back from the cache, in its dtype.
-        entries, index_keys = entries.to(u.dtype), index_keys.to(u.dtype)
+        # Stored form, as a one-rank forward reads them back from the cache.
         return SharedSelection(
             torch.cat((shard.from_rank_0(old_entries, entries, earlier), entries)),
             torch.cat((shard.from_rank_0(old_keys, index_keys, earlier), index_keys)),

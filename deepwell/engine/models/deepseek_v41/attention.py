@@ -2,8 +2,11 @@
 compressed KV, the lightning indexer and the candidate pool (spec/deepseek_v41.md §3.3).
 
 A layer writes its window rows into its ring; a KV source also writes new compressed
-entries and index keys into the paged blocks. Within a forward, the source's entries and
-the latest selection are handed to the layers that reuse them through `SharedSelection`.
+entries and index keys into the paged blocks. The caches hold rows as `CacheStorage` keeps
+them (by default the released bytes); a layer decodes only what it reads: its window's
+rows, the visible index keys, the entries its rows selected. Within a forward, the source's
+entries and the latest selection are handed to the layers that reuse them through
+`SharedSelection`.
 In batch-invariant mode every product and elementwise pass over a sequence's rows or its
 entries runs on fixed-shape tiles (layers/batch_invariant.py) and top-k ties go to the
 lower entry, so a row's result does not depend on its chunk or its neighbours.
@@ -19,11 +22,13 @@ from deepwell.engine.layers.batch_invariant import tiled_keys, tiled_rows, top_i
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import (
     CompressedPlan,
+    SequenceSpan,
     StepMetadata,
     TailPlan,
     WindowPlan,
 )
-from deepwell.engine.models.deepseek_v41.cache_formats import qdq_fp8, qdq_mxfp4, qdq_nvfp4
+from deepwell.engine.models.deepseek_v41.cache_formats import qdq_mxfp4
+from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 
@@ -47,20 +52,24 @@ class Norm(nn.Module):
 
 @dataclass
 class SharedSelection:
-    """One sequence's compressed state as the latest source left it within this forward."""
+    """One sequence's compressed state as the latest source left it within this forward;
+    entries and index keys as the cache stores them (CacheStorage)."""
 
-    entries: torch.Tensor  # [entries, head_dim]
-    index_keys: torch.Tensor  # [entries, index_head_dim]
+    entries: torch.Tensor  # [entries, stored head_dim]
+    index_keys: torch.Tensor  # [entries, stored index_head_dim]
     # [rows, top-k] entry ids, -1 where fewer entries are visible.
     selected: torch.Tensor | None = None
     # [rows, entries] the candidate pool, when a pool source has run.
     pool: torch.Tensor | None = None
+    # Decoded when first read, for the other layers reading them in this forward.
+    decoded_index_keys: torch.Tensor | None = None
+    decoded_entries: torch.Tensor | None = None
 
 
 @dataclass
 class CompressedCaches:
-    """One KV source's caches: entries and index keys [blocks, entries_per_block, dim], and
-    for ratio > 1 its compressor tail ring [slots, rows, 2, head_dim] (float32)."""
+    """One KV source's caches: entries and index keys [blocks, entries_per_block, stored
+    dim], and for ratio > 1 its compressor tail ring [slots, rows, 2, head_dim] (float32)."""
 
     entries: torch.Tensor
     index_keys: torch.Tensor
@@ -186,6 +195,7 @@ class CSA2Attention(nn.Module):
         self.backend = backend
         self.rotary = rotary
         self.qdq = config.cache_qdq
+        self.storage = CacheStorage.of(config)
         self.wq_a = nn.Linear(config.hidden_size, config.q_lora_rank, bias=False)
         self.q_norm = Norm(config.q_lora_rank, config.rms_norm_eps)
         self.wq_b = nn.Linear(config.q_lora_rank, self.num_heads * self.head_dim, bias=False)
@@ -213,16 +223,16 @@ class CSA2Attention(nn.Module):
     ) -> torch.Tensor:
         """u [rows, hidden] (compute dtype), rotation [rows, pairs]; `windows` the step's
         window plans for this layer; `ring` is this layer's window ring [slots, ring_rows,
-        dim]; `compressed` the caches of this layer's KV source; `shared` maps a sequence to
-        its compressed state within this forward."""
-        qr, q, kv = self.project(u, rotation)
+        stored dim]; `compressed` the caches of this layer's KV source; `shared` maps a
+        sequence to its compressed state within this forward."""
+        qr, q, kv, stored_kv = self.project(u, rotation)
         # Zeros: a batch-invariant step's padding rows belong to no sequence.
         out = torch.zeros_like(q)
+        befores = self._windows_before(ring, meta.sequences, windows, kv.dtype)
         for index, (seq, window) in enumerate(zip(meta.sequences, windows, strict=True)):
             rows = seq.rows
-            chunk_kv = kv[rows]
-            window_keys = torch.cat((ring[seq.slot, window.ring_rows], chunk_kv))
-            ring[seq.slot, window.write_rows] = chunk_kv[window.write_from :].to(ring.dtype)
+            window_keys = torch.cat((befores[index], kv[rows]))
+            ring[seq.slot, window.write_rows] = stored_kv[rows][window.write_from :]
             state = None
             if compressed is not None:
                 ratio = self.plan.compress_ratio
@@ -241,16 +251,46 @@ class CSA2Attention(nn.Module):
 
     def project(
         self, u: torch.Tensor, rotation: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: the query latent qr, the rotated queries q [rows, heads, dim] and the
-        row's window KV [rows, dim]; rows are independent here."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: the query latent qr, the rotated queries q [rows, heads, dim], the
+        row's window KV [rows, dim] and that KV as the ring stores it; rows are independent
+        here."""
         qr = self.q_norm(self.wq_a(u))
         q = self.wq_b(qr).view(-1, self.num_heads, self.head_dim)
         q = self.rotary.apply(q, rotation)
         kv = self.rotary.apply(self.kv_norm(self.wkv(u)), rotation)
-        if self.qdq:
-            kv = qdq_fp8(kv)
-        return qr, q, kv
+        return qr, q, *self.storage.window.rounded_and_stored(kv)
+
+    def read_window(
+        self, ring: torch.Tensor, slot: int, rows: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The values of a slot's window ring rows, in `dtype`."""
+        return self.storage.window.decode(ring[slot, rows], dtype)
+
+    def _windows_before(
+        self,
+        ring: torch.Tensor,
+        sequences: list[SequenceSpan],
+        windows: list[WindowPlan],
+        dtype: torch.dtype,
+    ) -> list[torch.Tensor]:
+        """Each sequence's window ring rows before its chunk, decoded in one pass (rows are
+        decoded independently, so this is what each sequence's own decode gives)."""
+        if not windows:
+            return []
+        sizes = [len(window.ring_rows) for window in windows]
+        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(torch.tensor(sizes))
+        rows = torch.cat([window.ring_rows for window in windows])
+        return list(self.storage.window.decode(ring[slots, rows], dtype).split(sizes))
+
+    def write_window(
+        self, ring: torch.Tensor, slot: int, rows: torch.Tensor, keys: torch.Tensor
+    ) -> None:
+        """Store window keys already rounded (`project`'s values, gathered by context
+        parallelism): fp8 rounding is idempotent in value (a group whose largest code
+        rounds to 224 re-encodes with half the scale and twice the codes), so they unpack
+        to themselves."""
+        ring[slot, rows] = self.storage.window.encode(keys, ring.dtype)
 
     def attend(
         self,
@@ -266,10 +306,21 @@ class CSA2Attention(nn.Module):
         if state is not None and state.entries.shape[0]:
             selected = state.selected[rows]
             selected_valid = selected >= 0
-            selected_keys = state.entries[selected.clamp(min=0)]
+            selected_keys = self._selected_entries(state, selected.clamp(min=0), q.dtype)
         return self.backend.forward(
             q, window_keys, visible, selected_keys, selected_valid, self.attn_sink
         )
+
+    def _selected_entries(
+        self, state: SharedSelection, selected: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The values of the entries `selected` [rows, k]: a decode picks only those, unless
+        the rows pick more than there are entries (a prefill), then every entry once."""
+        if selected.numel() < state.entries.shape[0]:
+            return self.storage.entries.decode(state.entries[selected], dtype)
+        if state.decoded_entries is None:
+            state.decoded_entries = self.storage.entries.decode(state.entries, dtype)
+        return state.decoded_entries[selected]
 
     def output(self, out: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """Attention outputs [rows, heads, dim] → the layer's output [rows, hidden]."""
@@ -297,7 +348,11 @@ class CSA2Attention(nn.Module):
         weights = indexer.weights_proj(u).float() * (
             indexer.head_dim**-0.5 * indexer.num_heads**-0.5
         )
-        scores = indexer.scores(queries, weights, state.index_keys, visible_counts)
+        if state.decoded_index_keys is None:
+            state.decoded_index_keys = self.storage.index_keys.decode(
+                state.index_keys, queries.dtype
+            )
+        scores = indexer.scores(queries, weights, state.decoded_index_keys, visible_counts)
         if self.plan.builds_pool:
             state.pool = indexer.candidate_pool(scores, visible_counts)
         elif self.plan.uses_pool:
@@ -338,16 +393,19 @@ class CSA2Attention(nn.Module):
         self, latents: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Compressed entries and their index keys from latents whose groups start at
-        `positions`, in the cache formats (spec §3.7)."""
+        `positions`, as the cache stores them (spec §3.7). Encoded from the unrounded
+        values: nvfp4 rounding is not idempotent (a small group's subnormal e4m3 scale can
+        round down when recomputed from rounded values)."""
         if self.invariant:
             rotation = tiled_rows(self.rotary.rotation, positions)
         else:
             rotation = self.rotary.rotation(positions)
         entries = self._rotate(latents, rotation)
         keys = self._rotate(self.indexer.k_norm(self.indexer.wk(latents)), rotation)
-        if self.qdq:
-            entries, keys = qdq_nvfp4(entries), qdq_mxfp4(keys)
-        return entries, keys
+        return (
+            self.storage.entries.encode(entries, latents.dtype),
+            self.storage.index_keys.encode(keys, latents.dtype),
+        )
 
     @staticmethod
     def store_entries(

@@ -93,6 +93,10 @@ class DeepseekV41Config:
     # KV and index keys/queries, spec §3.7), as the model was trained and DeepInfer stores
     # them. Off only for exact wiring checks against a reference run without it.
     cache_qdq: bool = True
+    # With cache_qdq: keep the caches in their released bytes (spec §4, cache_storage.py).
+    # False keeps the rounded values in the compute dtype, which a step reads identically:
+    # the reference the packed caches are tested against.
+    cache_packed: bool = True
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> DeepseekV41Config:

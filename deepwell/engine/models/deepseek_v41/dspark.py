@@ -19,7 +19,6 @@ from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata, WindowPlan
 from deepwell.engine.models.deepseek_v41.attention import Norm
 from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
-from deepwell.engine.models.deepseek_v41.cache_formats import qdq_fp8
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
@@ -78,10 +77,10 @@ class DSparkStage(DeepseekV41Block):
         )
 
     def context_rows(self, main_x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-        """The stage's context KV of target positions: fp8(RoPE(kv_norm(wkv main_x)))."""
+        """The stage's context KV of target positions, RoPE(kv_norm(wkv main_x)), before
+        its fp8 rounding (the ring stores it encoded)."""
         attn = self.attn
-        kv = attn.rotary.apply(attn.kv_norm(attn.wkv(main_x)), rotation)
-        return qdq_fp8(kv) if attn.qdq else kv
+        return attn.rotary.apply(attn.kv_norm(attn.wkv(main_x)), rotation)
 
 
 class DSpark(nn.Module):
@@ -127,9 +126,11 @@ class DSpark(nn.Module):
         rotation = self.rotary.rotation(positions)
         plans = meta.windows[DSPARK_RING]
         for stage, ring in zip(self.stages, rings, strict=True):
-            rows = stage.context_rows(main_x, rotation)
+            rows = stage.attn.storage.window.encode(
+                stage.context_rows(main_x, rotation), ring.dtype
+            )
             for seq, plan in zip(meta.sequences, plans, strict=True):
-                ring[seq.slot, plan.write_rows] = rows[seq.rows][plan.write_from :].to(ring.dtype)
+                ring[seq.slot, plan.write_rows] = rows[seq.rows][plan.write_from :]
 
     def block(
         self,

@@ -30,6 +30,7 @@ from deepwell.engine.models.deepseek_v41.attention import (
     SharedSelection,
 )
 from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
+from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram_hash import (
@@ -102,7 +103,6 @@ class DeepseekV41ForCausalLM(nn.Module):
             for plan in self.plans
             if plan.compress_ratio
         }
-        self._ratios = tuple(sorted(sources))
         self.yoco_boundary = _yoco_boundary(self.plans)
         self.dspark = None
         if dspark:
@@ -150,70 +150,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         )
 
     def kv_layout(self) -> KVLayout:
-        c = self.config
-        sources = c.kv_sources
-        paged = []
-        for ratio in self._ratios:
-            count = len(sources[ratio])
-            for name, dim in (("compressed", c.head_dim), ("index_keys", c.index_head_dim)):
-                paged.append(
-                    PagedSpec(
-                        f"{name}_r{ratio}",
-                        count,
-                        (dim,),
-                        compress_ratio=ratio,
-                        role=CacheRole.COMPRESSED,
-                    )
-                )
-        rings = [
-            RingSpec(
-                "window",
-                len(self.plans),
-                (c.head_dim,),
-                c.sliding_window,
-                MAX_BACKTRACK,
-                consumers_from=self.yoco_boundary,
-            )
-        ]
-        tails = [ratio for ratio in self._ratios if ratio > 1]
-        for ratio in tails:
-            # (kv, gate) projections of a group's first positions, kept in float32 (§4).
-            rings.append(
-                RingSpec(
-                    f"compressor_tail_r{ratio}",
-                    len(sources[ratio]),
-                    (2, c.head_dim),
-                    ratio - 1,
-                    MAX_BACKTRACK,
-                    dtype=torch.float32,
-                    role=CacheRole.COMPRESSOR_TAIL,
-                )
-            )
-        if self.dspark is not None:
-            # One context ring per draft stage: their window of projected target features.
-            rings.append(
-                RingSpec(
-                    DSPARK_RING,
-                    len(self.dspark.stages),
-                    (c.head_dim,),
-                    c.sliding_window,
-                    MAX_BACKTRACK,
-                    # Fed by the target layers' features: consumers once any target is one.
-                    consumers_from=0 if self._dspark_reads_consumers() else None,
-                )
-            )
-        engram = any(p.engram_slot >= 0 for p in self.plans)
-        return KVLayout(
-            paged=tuple(paged),
-            rings=tuple(rings),
-            ring_snapshots=True,
-            yoco_boundary=self.yoco_boundary,
-            token_history=c.engram_max_ngram_size - 1 if engram else 0,
-        )
-
-    def _dspark_reads_consumers(self) -> bool:
-        boundary = self.yoco_boundary
-        return boundary is not None and any(t >= boundary for t in self.dspark.targets)
+        return kv_layout(self.config, dspark=self.dspark is not None)
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
@@ -382,6 +319,80 @@ class DeepseekV41ForCausalLM(nn.Module):
             for slot, logical in enumerate(held)
             if logical == int(expert)
         ]
+
+
+def kv_layout(config: DeepseekV41Config, dspark: bool) -> KVLayout:
+    """Every cache of the model (`dspark`: with the draft stages' context rings), its
+    window rows, compressed entries and index keys in their stored form (CacheStorage: by
+    default the released bytes, spec §4)."""
+    c = config
+    storage = CacheStorage.of(c)
+    plans = c.layer_plans()
+    sources = c.kv_sources
+    yoco_boundary = _yoco_boundary(plans)
+    paged = []
+    for ratio in sorted(sources):
+        for name, rows in (("compressed", storage.entries), ("index_keys", storage.index_keys)):
+            paged.append(
+                PagedSpec(
+                    f"{name}_r{ratio}",
+                    len(sources[ratio]),
+                    rows.entry_shape,
+                    compress_ratio=ratio,
+                    role=CacheRole.COMPRESSED,
+                    dtype=rows.dtype,
+                )
+            )
+    window = storage.window
+    rings = [
+        RingSpec(
+            "window",
+            len(plans),
+            window.entry_shape,
+            c.sliding_window,
+            MAX_BACKTRACK,
+            dtype=window.dtype,
+            consumers_from=yoco_boundary,
+        )
+    ]
+    for ratio in sorted(r for r in sources if r > 1):
+        # (kv, gate) projections of a group's first positions, kept in float32 (§4).
+        rings.append(
+            RingSpec(
+                f"compressor_tail_r{ratio}",
+                len(sources[ratio]),
+                (2, c.head_dim),
+                ratio - 1,
+                MAX_BACKTRACK,
+                dtype=torch.float32,
+                role=CacheRole.COMPRESSOR_TAIL,
+            )
+        )
+    if dspark:
+        # Fed by the target layers' features: consumers once any target is one.
+        reads_consumers = yoco_boundary is not None and any(
+            t >= yoco_boundary for t in c.dspark_target_layer_ids
+        )
+        # One context ring per draft stage: their window of projected target features.
+        rings.append(
+            RingSpec(
+                DSPARK_RING,
+                c.num_nextn_predict_layers,
+                window.entry_shape,
+                c.sliding_window,
+                MAX_BACKTRACK,
+                dtype=window.dtype,
+                consumers_from=0 if reads_consumers else None,
+            )
+        )
+    engram = any(p.engram_slot >= 0 for p in plans)
+    return KVLayout(
+        paged=tuple(paged),
+        rings=tuple(rings),
+        ring_snapshots=True,
+        yoco_boundary=yoco_boundary,
+        token_history=c.engram_max_ngram_size - 1 if engram else 0,
+    )
 
 
 def _yoco_boundary(plans: tuple[LayerPlan, ...]) -> int | None:
