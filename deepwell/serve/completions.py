@@ -100,29 +100,8 @@ class Completions:
             raise ApiError(400, f"invalid JSON request: {error}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
-        model = data.get("model")
-        if not isinstance(model, str):
-            raise _invalid("model", "the name of a served model", model)
-        if model not in self.model.names:
-            raise ApiError(
-                404,
-                f"The model `{model}` does not exist.",
-                param="model",
-                code="model_not_found",
-            )
-        for name, why in (
-            ("suffix", "insertion (fill-in-the-middle) is not supported"),
-            ("best_of", "only best_of = 1 is supported"),
-            ("n", "only n = 1 is supported; send the request several times"),
-        ):
-            value = data.get(name)
-            if value is not None and not (name != "suffix" and value == 1):
-                raise ApiError(
-                    400,
-                    f"Unsupported parameter '{name}': {why}.",
-                    param=name,
-                    code="unsupported_parameter",
-                )
+        model = self._served_model_name(data)
+        _refuse_unsupported(data)
         sampling = read_sampling_fields(COMPLETIONS, data)
         prompts = self._prompts(data.get("prompt"))
         max_tokens = _get(data, "max_tokens", int, DEFAULT_MAX_TOKENS)
@@ -175,6 +154,19 @@ class Completions:
             seed=self._seed_of(sampling.seed),
             sampling=sampling,
         )
+
+    def _served_model_name(self, data: dict[str, Any]) -> str:
+        model = data.get("model")
+        if not isinstance(model, str):
+            raise _invalid("model", "the name of a served model", model)
+        if model not in self.model.names:
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+        return model
 
     def _prompts(self, value: Any) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of such lists."""
@@ -357,6 +349,22 @@ class Completions:
             "top_logprobs": choice.top_logprobs[first:kept] if request.logprobs else None,
             "text_offset": offsets[first:kept],
         }
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    for name, why in (
+        ("suffix", "insertion (fill-in-the-middle) is not supported"),
+        ("best_of", "only best_of = 1 is supported"),
+        ("n", "only n = 1 is supported; send the request several times"),
+    ):
+        value = data.get(name)
+        if value is not None and not (name != "suffix" and value == 1):
+            raise ApiError(
+                400,
+                f"Unsupported parameter '{name}': {why}.",
+                param=name,
+                code="unsupported_parameter",
+            )
 
 
 def _first_stop(text: str, stop: list[str], start: int) -> int | None:

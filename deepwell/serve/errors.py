@@ -1,5 +1,7 @@
 """HTTP errors in each dialect's shape: OpenAI's `{"error": {...}}`, Anthropic's `{"type": "error", ...}`.
 
+Client errors (`CLIENT_ERRORS`) name what is wrong with the request; anything else is a bug,
+answered 500 with a request id that its logged traceback carries too, never its message.
 Conversion errors keep the recipe's status and, on OpenAI routes, its exact body
 (spec/recipe.md §1, §11).
 """
@@ -8,10 +10,18 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
+import uuid
 
 from starlette.responses import Response
 
 from deepwell.recipe import ConversionError
+
+logger = logging.getLogger(__name__)
+
+# Response headers carrying the id of a failed request: OpenAI's SDK reads `x-request-id`,
+# Anthropic's `request-id` (each exposes it as the error's `request_id`).
+REQUEST_ID_HEADERS = ("x-request-id", "request-id")
 
 # Anthropic's error `type` per status (docs.anthropic.com, "Errors").
 _ANTHROPIC_TYPES = {
@@ -92,3 +102,35 @@ def conversion_error_response(shape: ErrorShape, error: ConversionError) -> Resp
         return Response(error.body, error.status_code, media_type="application/json")
     message = json.loads(error.body)["error"]["message"]
     return error_response(shape, ApiError(error.status_code, message))
+
+
+# What a request is refused with: the service's own checks and the recipe's refusals. Nothing
+# else is the client's fault.
+CLIENT_ERRORS = (ApiError, ConversionError)
+
+
+def client_error_response(shape: ErrorShape, error: ApiError | ConversionError) -> Response:
+    if isinstance(error, ConversionError):
+        return conversion_error_response(shape, error)
+    return error_response(shape, error)
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def internal_error_message(request_id: str) -> str:
+    return f"Internal server error (request id {request_id}); the server log has the details."
+
+
+def log_internal_error(where: str, error: BaseException, request_id: str) -> None:
+    logger.error("internal error on %s (request id %s)", where, request_id, exc_info=error)
+
+
+def internal_error_response(shape: ErrorShape, where: str, error: Exception) -> Response:
+    """A bug while answering `where`: log its traceback under a fresh request id and answer
+    500 with that id; the exception's own text may hold internals, so it stays in the log."""
+    request_id = new_request_id()
+    log_internal_error(where, error, request_id)
+    headers = dict.fromkeys(REQUEST_ID_HEADERS, request_id)
+    return error_response(shape, ApiError(500, internal_error_message(request_id), headers))

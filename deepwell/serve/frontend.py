@@ -310,10 +310,7 @@ class Frontend:
         Raises `ApiError` for unreadable bodies and what the model cannot do, and
         `ConversionError` for requests the recipe refuses.
         """
-        try:
-            request = route.request_type(body)
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
+        request = read_request(route.request_type, body)
         model_name = request.model
         converted = request.convert(self.model.conversion_options)
         conversation = converted.conversation
@@ -336,7 +333,7 @@ class Frontend:
         if isinstance(data, dict):
             # Counting needs no output budget, but the Messages schema requires one.
             data.setdefault("max_tokens", 1)
-        converted = MessagesRequest(data).convert(self.model.conversion_options)
+        converted = read_request(MessagesRequest, data).convert(self.model.conversion_options)
         return len(self.model.encode(converted.conversation))
 
     async def events(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator:
@@ -400,6 +397,20 @@ class Frontend:
         done = response_type.sse_done_data()
         if done is not None:
             yield sse_frame(None, done)
+
+
+# What the recipe's request classes raise for a body they cannot read: bad JSON or a field
+# of the wrong type (ValueError), nesting too deep (RecursionError), an integer outside the
+# JSON range (OverflowError); spec/recipe.md §1.
+_UNREADABLE_BODY = (ValueError, RecursionError, OverflowError)
+
+
+def read_request(request_type: type, body: bytes | str | dict):
+    """A recipe request read from `body`; raises `ApiError` 400 naming what is unreadable."""
+    try:
+        return request_type(body)
+    except _UNREADABLE_BODY as error:
+        raise ApiError(400, str(error)) from None
 
 
 def sse_frame(event: str | None, data: str) -> bytes:

@@ -49,6 +49,7 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`, grouped as `--help` shows them."""
+    # Long but flat: one declaration per option, in the order `--help` lists them.
     groups = add_engine_arguments(parser)
     add_parallel_arguments(parser)
     add_cluster_arguments(parser)

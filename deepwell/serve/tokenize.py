@@ -12,7 +12,7 @@ from typing import Any
 
 from deepwell.recipe import ChatCompletionRequest
 from deepwell.serve.errors import ApiError
-from deepwell.serve.frontend import template_kwargs
+from deepwell.serve.frontend import read_request, template_kwargs
 from deepwell.serve.model import ServedModel
 
 
@@ -32,7 +32,9 @@ def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
                 param="add_generation_prompt",
             )
         chat = {key: data[key] for key in ("messages", "tools", "tool_choice") if key in data}
-        converted = ChatCompletionRequest({**chat, "model": name}).convert(model.conversion_options)
+        converted = read_request(ChatCompletionRequest, {**chat, "model": name}).convert(
+            model.conversion_options
+        )
         ids = model.encode(converted.conversation, template_kwargs(body, model))
     else:
         prompt = data.get("prompt")

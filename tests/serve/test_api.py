@@ -11,6 +11,7 @@ import pytest
 from deepwell.recipe import InferenceChunk, InferenceFinishReason
 from deepwell.serve.api import create_app
 from deepwell.serve.engine_client import EngineUnavailable
+from deepwell.serve.errors import internal_error_message
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.settings import ServeSettings
 
@@ -269,6 +270,9 @@ def test_an_internal_error_is_a_500_in_the_routes_shape():
 
     first, second = asyncio.run(run())
     error = anthropic_error(first, 500)
-    assert error == {"type": "api_error", "message": "Internal error: KeyError"}
+    request_id = first.headers["request-id"]
+    assert first.headers["x-request-id"] == request_id
+    assert error == {"type": "api_error", "message": internal_error_message(request_id)}
+    assert "bug" not in first.text
     # The failed request gave its admission back: the next one is not refused with 429.
     assert openai_error(second, 500)["type"] == "internal_error"

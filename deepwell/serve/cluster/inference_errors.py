@@ -1,0 +1,25 @@
+"""How a request can fail past the HTTP layer, each with the HTTP status it maps to."""
+
+from __future__ import annotations
+
+
+class InferenceError(RuntimeError):
+    """A request failed in the engine; `status_code` is the HTTP status it maps to."""
+
+    status_code = 503
+
+
+class EngineUnavailable(InferenceError):
+    """No worker can take the request, or its worker went away and none can continue it."""
+
+
+class RequestRejected(InferenceError):
+    """The engine's own validation refused the request."""
+
+    status_code = 400
+
+
+class DrainRefused(InferenceError):
+    """Removing the worker would overload the others, or there is no such worker."""
+
+    status_code = 409

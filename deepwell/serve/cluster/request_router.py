@@ -1,0 +1,248 @@
+"""Where each request runs: the routing policy over the prefix index, PD hand-off, failover
+and the drain rule.
+
+A request whose worker dies is re-admitted on another with the tokens it already produced
+appended to its prompt, so its stream continues; with prefill workers, a request's prompt
+runs on one and its decoding on another, its KV passing through the shared KV store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+
+from deepwell.serve.cluster.inference_errors import (
+    DrainRefused,
+    EngineUnavailable,
+    RequestRejected,
+)
+from deepwell.serve.cluster.metrics import RoleLatency
+from deepwell.serve.cluster.prefix_index import WorkerPrefixes, prompt_block_keys
+from deepwell.serve.cluster.routing import RoutingPolicy, WorkerLoad
+from deepwell.serve.cluster.stream_table import Stream, StreamTable
+from deepwell.serve.cluster.worker_pool import WATCH_INTERVAL_S, Worker, WorkerPool, WorkerRole
+from deepwell.serve.messages import (
+    Shutdown,
+    StepOutputs,
+    TokenOutput,
+    WorkerStats,
+    encode_message,
+)
+
+# The store's record of keys computed anywhere; far more than any worker's pool.
+_STORE_KEYS = 1 << 20
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """How a drained worker left: requests that finished on it, and those moved elsewhere."""
+
+    worker_id: int
+    finished: int
+    migrated: int
+    remaining_utilisation: float
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker's state for /metrics and the drain rule."""
+
+    worker_id: int
+    role: str
+    live: bool
+    # Why the worker is out of service (died, refused, silent); None while it serves.
+    failure: str | None
+    draining: bool
+    in_flight: int
+    outstanding_tokens: int
+    stats: WorkerStats
+    routed_requests: int
+    routed_prompt_tokens: int
+    routed_hit_tokens: int
+
+
+class RequestRouter:
+    """Sends requests to the pool's workers and moves them when a worker leaves.
+
+    `shared_store`: workers share a KV store, so a prefix computed anywhere is a hit.
+    """
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        streams: StreamTable,
+        policy: RoutingPolicy,
+        block_size: int,
+        shared_store: bool,
+        latency: RoleLatency,
+    ) -> None:
+        self._pool = pool
+        self._streams = streams
+        self._policy = policy
+        self._block_size = block_size
+        self._store = WorkerPrefixes() if shared_store else None
+        self._latency = latency
+
+    def views(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                w.worker_id,
+                w.role.value,
+                w.live,
+                w.failure,
+                w.draining,
+                len(w.in_flight),
+                self._outstanding(w),
+                w.stats,
+                w.routed_requests,
+                w.routed_prompt_tokens,
+                w.routed_hit_tokens,
+            )
+            for w in self._pool.workers.values()
+        ]
+
+    def dispatch(self, stream: Stream) -> None:
+        """Send the stream's request, or its continuation, to the worker the policy picks."""
+        original = stream.request
+        produced = stream.produced
+        if produced and original.structured_output is not None:
+            # The grammar's state lives in the lost worker; a new one would restart it.
+            raise EngineUnavailable("a constrained request cannot continue on another worker")
+        prefill = [w for w in self._pool.workers.values() if w.live and not w.draining]
+        decode = [w for w in prefill if w.role is not WorkerRole.PREFILL]
+        prefill = [w for w in prefill if w.role is WorkerRole.PREFILL]
+        # A prompt goes to a prefill worker first when there is one and decoding follows.
+        stream.prefilling = bool(
+            prefill
+            and not produced
+            and original.structured_output is None
+            and original.max_tokens > 1
+        )
+        candidates = prefill if stream.prefilling else decode or prefill
+        if not candidates:
+            raise EngineUnavailable("no engine worker is available")
+        prompt = original.prompt_token_ids + produced
+        worker = self._choose(candidates, prompt)
+        max_tokens = 1 if stream.prefilling else original.max_tokens - len(produced)
+        message = replace(original, prompt_token_ids=prompt, max_tokens=max_tokens)
+        stream.worker = worker
+        stream.dispatched_at = time.perf_counter()
+        stream.last_output_at = None
+        worker.in_flight.add(original.request_id)
+        worker.socket.send(encode_message(message))
+
+    def _choose(self, candidates: list[Worker], prompt: list[int]) -> Worker:
+        """The policy's pick given each candidate's load and prefix hit; records the route."""
+        keys = prompt_block_keys(self._root_key(), prompt, self._block_size)
+        store_hit = self._store.hit_blocks(keys) * self._block_size if self._store else 0
+        loads = [
+            WorkerLoad(
+                w.worker_id,
+                self._outstanding(w),
+                w.prefixes.hit_blocks(keys) * self._block_size,
+                store_hit,
+            )
+            for w in candidates
+        ]
+        chosen = self._policy(len(prompt), loads)
+        worker = self._pool.workers[chosen]
+        hit = next(load.hit_tokens for load in loads if load.worker_id == chosen)
+        worker.routed_requests += 1
+        worker.routed_prompt_tokens += len(prompt)
+        worker.routed_hit_tokens += max(hit, store_hit)
+        worker.prefixes.record(keys, worker.stats.kv_blocks_total)
+        if self._store is not None:
+            self._store.record(keys, _STORE_KEYS)
+        return worker
+
+    def step_outputs(self, worker: Worker, message: StepOutputs) -> None:
+        for output in message.outputs:
+            self._deliver(worker, output)
+        for rejected in message.rejected:
+            stream = self._streams.on(worker, rejected.request_id)
+            if stream is not None:
+                self._streams.fail(stream, RequestRejected(rejected.message))
+
+    def _deliver(self, worker: Worker, output: TokenOutput) -> None:
+        stream = self._streams.on(worker, output.request_id)
+        if stream is None:
+            return
+        self._streams.record(stream, output, worker.role.value)
+        if stream.prefilling and output.finish_reason == "length":
+            # The prompt is computed and its blocks are on their way to the store: hand
+            # the request to a decode worker, which continues after the first token.
+            worker.in_flight.discard(output.request_id)
+            stream.queue.put_nowait(replace(output, finish_reason=None))
+            self._latency.handed_off += 1
+            try:
+                self.dispatch(stream)
+            except EngineUnavailable as error:
+                self._streams.fail(stream, error)
+            return
+        self._streams.deliver(stream, output)
+
+    def worker_removed(self, worker: Worker, reason: str, failed: bool) -> None:
+        """Re-admit the requests of a worker that left on the others."""
+        for request_id in list(worker.in_flight):
+            stream = self._streams[request_id]
+            worker.in_flight.discard(request_id)
+            stream.worker = None
+            self._latency.rerouted += failed
+            try:
+                self.dispatch(stream)
+            except EngineUnavailable as error:
+                message = f"engine worker {worker.worker_id} stopped ({reason}); {error}"
+                self._streams.fail(stream, EngineUnavailable(message))
+
+    def utilisation_without(self, worker_id: int) -> float:
+        """KV blocks in use on every live worker over the blocks of the live workers other
+        than `worker_id`: how full the rest would be if it left now (inf if none remain)."""
+        live = [w for w in self._pool.workers.values() if w.live]
+        used = sum(w.stats.kv_blocks_used for w in live)
+        capacity = sum(w.stats.kv_blocks_total for w in live if w.worker_id != worker_id)
+        return used / capacity if capacity else float("inf")
+
+    async def drain(self, worker_id: int, max_utilisation: float, timeout: float) -> DrainResult:
+        """Take a worker out of service without losing a request (spec/deepinfer.md §5).
+
+        Refused while the remaining workers' utilisation would exceed `max_utilisation`.
+        Otherwise no new request goes to the worker; its requests get `timeout` seconds to
+        finish there, the rest are re-admitted elsewhere; then the worker is told to exit.
+        """
+        workers = self._pool.workers
+        if worker_id not in workers or not workers[worker_id].live:
+            raise DrainRefused(f"there is no serving engine worker {worker_id}")
+        worker = workers[worker_id]
+        if worker.draining:
+            raise DrainRefused(f"engine worker {worker_id} is already draining")
+        remaining = self.utilisation_without(worker_id)
+        if remaining > max_utilisation:
+            raise DrainRefused(
+                f"removing engine worker {worker_id} would leave the others at "
+                f"{remaining:.0%} utilisation, above the limit of {max_utilisation:.0%}"
+            )
+        worker.draining = True
+        started = len(worker.in_flight)
+        deadline = time.monotonic() + timeout
+        while worker.in_flight and time.monotonic() < deadline and worker.live:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        migrated = len(worker.in_flight)
+        if worker.live:
+            self._pool.remove(worker_id, "drained", failed=False)
+            worker.socket.send(encode_message(Shutdown()))
+        return DrainResult(worker_id, started - migrated, migrated, remaining)
+
+    def _outstanding(self, worker: Worker) -> int:
+        total = 0
+        for request_id in worker.in_flight:
+            stream = self._streams[request_id]
+            request = stream.request
+            if stream.last_output_at is None:
+                total += len(request.prompt_token_ids) + len(stream.produced)
+            total += (1 if stream.prefilling else request.max_tokens) - len(stream.produced)
+        return total
+
+    def _root_key(self) -> bytes:
+        model = self._pool.model
+        return bytes.fromhex(model.fingerprint) if model is not None else b""

@@ -1,0 +1,108 @@
+"""Route dependencies that guard access: the API key, the body size limit, the admission slot.
+
+Each raises `ApiError`; the route's `DialectRoute` answers it in the route's error shape.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the dependency closures' annotations
+# at runtime, and a string annotation cannot name the closure's local dependency.
+import hmac
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.routes.context import Context, ServeContext
+
+
+def presented_key(request: Request, context: ServeContext, shape: ErrorShape | None) -> str | None:
+    """OpenAI routes take `Authorization: Bearer`, Anthropic routes `x-api-key` (or Bearer);
+    `shape` None (routes both families call) takes either.
+
+    Returns the key presented, None on a server without keys.
+    """
+    keys = context.settings.api_keys
+    if not keys:
+        return None
+    bearer = request.headers.get("authorization", "")
+    presented = [bearer[7:].strip()] if bearer[:7].lower() == "bearer " else []
+    if shape is not ErrorShape.OPENAI:
+        presented.append(request.headers.get("x-api-key", ""))
+    for key in presented:
+        if any(hmac.compare_digest(key.encode(), k.encode()) for k in keys):
+            return key
+    header = "Authorization: Bearer" if shape is ErrorShape.OPENAI else "x-api-key"
+    raise ApiError(401, f"Invalid or missing API key; pass it in the {header} header.")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_large = ApiError(413, f"The request body exceeds the limit of {limit} bytes.")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def _key_dependency(shape: ErrorShape | None) -> Callable[[Request, ServeContext], str | None]:
+    def api_key(request: Request, context: Context) -> str | None:
+        return presented_key(request, context, shape)
+
+    return api_key
+
+
+OpenAIKey = Annotated[str | None, Depends(_key_dependency(ErrorShape.OPENAI))]
+AnthropicKey = Annotated[str | None, Depends(_key_dependency(ErrorShape.ANTHROPIC))]
+# Routes of both families (models, the playground's replay) take either header.
+EitherKey = Annotated[str | None, Depends(_key_dependency(None))]
+
+
+async def _body(request: Request, context: Context) -> bytes:
+    return await read_body(request, context.settings.max_body_bytes)
+
+
+Body = Annotated[bytes, Depends(_body)]
+
+
+@dataclass
+class Admitted:
+    """A request that holds an admission slot: its key and body. Whoever answers the request
+    calls `leave` once, when its response has ended (a stream ends after the route returns)."""
+
+    key: str | None
+    body: bytes
+    context: ServeContext
+    _held: bool = True
+
+    def leave(self) -> None:
+        if self._held:
+            self._held = False
+            self.context.admission.leave()
+
+
+def _admission_dependency(
+    shape: ErrorShape,
+) -> Callable[..., Coroutine[Any, Any, Admitted]]:
+    key_dependency = _key_dependency(shape)
+
+    async def admitted(
+        request: Request,
+        context: Context,
+        key: Annotated[str | None, Depends(key_dependency)],
+    ) -> Admitted:
+        # Key, then its token allowance, then the body, then a slot: the cheapest refusal first.
+        context.gateway.admit(key)
+        body = await read_body(request, context.settings.max_body_bytes)
+        context.admission.enter()
+        return Admitted(key, body, context)
+
+    return admitted
+
+
+OpenAIAdmitted = Annotated[Admitted, Depends(_admission_dependency(ErrorShape.OPENAI))]
+AnthropicAdmitted = Annotated[Admitted, Depends(_admission_dependency(ErrorShape.ANTHROPIC))]

@@ -1,0 +1,113 @@
+"""The chat routes of the three dialects: Chat Completions, Responses and Messages, and
+Messages' token counter."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from deepwell.serve.engine_client import InferenceError
+from deepwell.serve.errors import ApiError, ErrorShape, error_response
+from deepwell.serve.frontend import (
+    CACHE_CLASS_HEADER,
+    CHAT,
+    MESSAGES,
+    RESPONSES,
+    SEED_HEADER,
+    UNENFORCED_HEADER,
+    PreparedRequest,
+    Route,
+)
+from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.routes.access import (
+    Admitted,
+    AnthropicAdmitted,
+    AnthropicKey,
+    Body,
+    OpenAIAdmitted,
+)
+from deepwell.serve.routes.context import Context
+from deepwell.serve.routes.delivery import Delivery, complete, event_stream
+from deepwell.serve.routes.dialect_route import dialect_route
+
+openai_router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
+anthropic_router = APIRouter(route_class=dialect_route(ErrorShape.ANTHROPIC))
+
+
+@openai_router.post(CHAT.path)
+async def chat_completions(request: Request, admitted: OpenAIAdmitted) -> Response:
+    return await _generate(CHAT, request, admitted)
+
+
+@openai_router.post(RESPONSES.path)
+async def responses(request: Request, admitted: OpenAIAdmitted) -> Response:
+    return await _generate(RESPONSES, request, admitted)
+
+
+@anthropic_router.post(MESSAGES.path)
+async def messages(request: Request, admitted: AnthropicAdmitted) -> Response:
+    return await _generate(MESSAGES, request, admitted)
+
+
+@anthropic_router.post("/v1/messages/count_tokens")
+async def count_tokens(context: Context, _key: AnthropicKey, body: Body) -> Response:
+    count = await run_in_threadpool(context.frontend.count_tokens, body)
+    return JSONResponse({"input_tokens": count})
+
+
+async def _generate(route: Route, request: Request, admitted: Admitted) -> Response:
+    """Prepare the request off the loop and answer it; the slot goes back when it has ended."""
+    context = admitted.context
+    try:
+        prepared = await run_in_threadpool(
+            context.frontend.prepare,
+            route,
+            admitted.body,
+            request.headers.get(CACHE_CLASS_HEADER, "chat"),
+            request.headers.get(SEED_HEADER),
+        )
+    except BaseException:
+        admitted.leave()
+        raise
+    timer = RequestTimer(context.metrics)
+
+    def charge() -> None:
+        usage = prepared.prompt_usage
+        prompt, cached = (usage.prompt_tokens, usage.prompt_cache_hit_tokens) if usage else (0, 0)
+        context.gateway.charge(admitted.key, prompt, cached, timer.output_tokens)
+
+    delivery = Delivery(
+        route.path, route.shape, admitted, timer, _response_headers(prepared), charge
+    )
+    if prepared.converted.stream:
+        return await _stream(delivery, prepared)
+    body = context.frontend.complete(prepared, timer)
+    return await complete(delivery, body, request)
+
+
+async def _stream(delivery: Delivery, prepared: PreparedRequest) -> Response:
+    sse = delivery.admitted.context.frontend.sse(prepared, delivery.timer)
+    if prepared.inference.structured_output is None:
+        return event_stream(delivery, sse)
+    # Wait until the engine has taken the request: a grammar that does not compile then
+    # answers 400 in the dialect's shape, not a 200 stream that fails.
+    try:
+        first = await anext(sse)
+    except InferenceError as error:
+        await sse.aclose()
+        delivery.admitted.leave()
+        delivery.timer.finish(delivery.path, "failed")
+        return error_response(delivery.shape, ApiError(error.status_code, str(error)))
+    except BaseException:
+        await sse.aclose()
+        delivery.admitted.leave()
+        raise
+    return event_stream(delivery, sse, (first,))
+
+
+def _response_headers(prepared: PreparedRequest) -> dict[str, str]:
+    headers = {SEED_HEADER: str(prepared.inference.seed)}
+    if prepared.unenforced_keywords:
+        headers[UNENFORCED_HEADER] = ", ".join(prepared.unenforced_keywords)
+    return headers

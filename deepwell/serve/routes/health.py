@@ -1,0 +1,30 @@
+"""Unauthenticated read-only routes: `/health`, `/metrics` (Prometheus) and `/version`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import JSONResponse, Response
+
+import deepwell
+from deepwell.serve.errors import ErrorShape
+from deepwell.serve.routes.context import Context
+from deepwell.serve.routes.dialect_route import dialect_route
+
+router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
+
+
+@router.get("/health")
+async def health(context: Context) -> Response:
+    if context.engine is not None and not context.engine.healthy:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(context: Context) -> Response:
+    return Response(context.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/version")
+async def version() -> Response:
+    return JSONResponse({"version": deepwell.__version__})
