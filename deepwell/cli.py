@@ -280,6 +280,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         speculative_method=args.speculative_method,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        expand_weights=args.expand_weights or env_flag("DEEPWELL_EXPAND_WEIGHTS"),
         quantization=args.quantization,
         context_parallel_size=args.context_parallel_size,
         context_parallel_min_tokens=args.context_parallel_min_tokens,

@@ -115,6 +115,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> EngineGroups:
         "formats the model was trained with (for exact comparisons with a reference)",
     )
     groups.engine.add_argument(
+        "--expand-weights",
+        action="store_true",
+        help="DeepSeek-V4.1: dequantise the FP8/MXFP4 weights to the engine dtype at load "
+        "(the reference path, several times the memory; also DEEPWELL_EXPAND_WEIGHTS=1)",
+    )
+    groups.engine.add_argument(
         "--yoco-prefill-truncation-mode",
         choices=defaults.YOCO_TRUNCATION_MODES,
         help="DeepSeek-V4.1 SWA bounded replay: off (exact), mask or compact (the consumer "

@@ -109,6 +109,10 @@ class EngineArgs:
     # window KV, fp4 compressed KV and index keys, spec/deepseek_v41.md §3.7); off computes
     # them in the engine dtype, for exact comparisons against a reference without them.
     quantize_kv_cache: bool = defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1: dequantise every weight to the compute dtype as it loads and run plain
+    # linears and per-expert loops (the reference for tokens and the baseline for speed);
+    # off keeps the released FP8/MXFP4 encodings. Default: DEEPWELL_EXPAND_WEIGHTS.
+    expand_weights: bool = field(default_factory=lambda: env_flag("DEEPWELL_EXPAND_WEIGHTS"))
     # DeepSeek-V4.1 SWA bounded replay (kv/replay.py): "off" runs every layer over every
     # position (exact); "mask" and "compact" let the YOCO consumer layers see only the last
     # `yoco_prefill_keep_tokens` prompt positions through their window ("compact" also skips

@@ -165,6 +165,7 @@ def worker_config(
         batch_invariant=args.batch_invariant,
         async_scheduling=not args.no_async_scheduling,
         quantize_kv_cache=not args.no_kv_cache_quantization,
+        expand_weights=args.expand_weights,
         quantization=args.quantization,
         attention_backend=args.attention_backend,
         native_decode=args.native_decode,

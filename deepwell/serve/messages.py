@@ -44,6 +44,9 @@ class WorkerConfig:
     async_scheduling: bool = engine_defaults.ASYNC_SCHEDULING
     # DeepSeek-V4.1's caches in their trained formats (EngineArgs.quantize_kv_cache).
     quantize_kv_cache: bool = engine_defaults.QUANTIZE_KV_CACHE
+    # DeepSeek-V4.1 weights dequantised at load (EngineArgs.expand_weights); DEEPWELL_EXPAND_WEIGHTS
+    # also sets it.
+    expand_weights: bool = False
     # DeepSeek-V4.1 bounded replay (EngineArgs.yoco_prefill_*); None: the worker's
     # DEEPWELL_YOCO_PREFILL_* environment or the default.
     yoco_prefill_truncation_mode: str | None = None

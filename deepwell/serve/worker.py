@@ -129,6 +129,7 @@ class EngineCoreAdapter:
             batch_invariant=config.batch_invariant or env_flag("DEEPWELL_BATCH_INVARIANT"),
             async_scheduling=config.async_scheduling,
             quantize_kv_cache=config.quantize_kv_cache,
+            expand_weights=config.expand_weights or env_flag("DEEPWELL_EXPAND_WEIGHTS"),
             quantization=config.quantization,
             num_threads=config.num_threads,
             parallel=ParallelConfig(
