@@ -21,6 +21,7 @@ from torch import nn
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.blockscaled import MxFp4Experts
 from deepwell.engine.models.deepseek_v41.checkpoint import dequantized
+from deepwell.engine.models.deepseek_v41.moe import MoE
 from deepwell.engine.models.deepseek_v41.packed_modules import (
     Bf16Linear,
     Fp8BlockLinear,
@@ -78,6 +79,9 @@ def bind_weights(
         _bind_fused(model, f"{prefix}.w13", (parts["w1"], parts["w3"]), dtype, expand)
     for prefix, slots in banks.items():
         _bind_bank(model.get_submodule(prefix), prefix, slots)
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.input_dtype = dtype
     unset = [name for name, p in model.named_parameters() if p.is_meta]
     if unset:
         raise ModelLoadError(f"checkpoint lacks tensors for: {sorted(unset)[:5]}")
@@ -145,7 +149,7 @@ def _bind_fused(
     module.weight = nn.Parameter(value, requires_grad=False)
 
 
-def _bind_bank(moe: nn.Module, prefix: str, slots: dict[int, dict[str, Released]]) -> None:
+def _bind_bank(moe: MoE, prefix: str, slots: dict[int, dict[str, Released]]) -> None:
     """One layer's routed experts as one MXFP4 bank, slot by slot."""
     expected = moe.num_slots
     if sorted(slots) != list(range(expected)) or any(len(p) != 3 for p in slots.values()):

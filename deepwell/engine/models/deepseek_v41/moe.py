@@ -64,6 +64,9 @@ class MoE(nn.Module):
             ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(self.num_slots)
         )
         self.packed_experts: MxFp4Experts | None = None
+        # The dtype its input comes in (the model's compute dtype), set as weights are bound:
+        # an idle expert-parallel rank joins the exchange with zero rows of it.
+        self.input_dtype = torch.float32
         self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
 
     def forward(self, x: torch.Tensor, real_rows: int | None = None) -> torch.Tensor:
@@ -101,6 +104,13 @@ class MoE(nn.Module):
             raise ValueError(f"a bank of {bank.num_experts} experts for {self.num_slots} slots")
         self.packed_experts = bank
         self.experts = None
+        # Registered too, so the model's bytes count them (build.py sizes the KV cache).
+        columns = (bank.w1, bank.w1_scale, bank.w3, bank.w3_scale, bank.w2, bank.w2_scale)
+        for column, tensors in zip(
+            ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"), columns, strict=True
+        ):
+            for slot, tensor in enumerate(tensors):
+                self.register_buffer(f"packed_{column}_{slot}", tensor, persistent=False)
 
     def _run_slots(
         self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor

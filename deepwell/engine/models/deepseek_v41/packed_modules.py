@@ -3,6 +3,8 @@ float nn.Linear / nn.Embedding a freshly built model has (binding.py).
 
 Each takes and returns what the module it replaces does: a linear's input and output share
 a dtype, an embedding returns the model's dtype. The products are layers/blockscaled.py's.
+The stored tensors are (non-persistent) buffers: the model's bytes count them, and the KV
+cache is sized beside them (build.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ class Fp8BlockLinear(nn.Module):
 
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
-        self.parts = parts
+        for index, (weight, scale) in enumerate(parts):
+            self.register_buffer(f"weight{index}", weight, persistent=False)
+            self.register_buffer(f"scale{index}", scale, persistent=False)
+        self.num_parts = len(parts)
         self.in_features = parts[0][0].shape[1]
         self.out_features = sum(weight.shape[0] for weight, _ in parts)
+
+    @property
+    def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            (getattr(self, f"weight{index}"), getattr(self, f"scale{index}"))
+            for index in range(self.num_parts)
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -72,7 +84,7 @@ class Bf16Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight = weight
+        self.register_buffer("weight", weight, persistent=False)
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,8 +101,8 @@ class Fp8RowEmbedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = weight
-        self.scale = scale
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = weight.shape
 
