@@ -144,6 +144,8 @@ MEDIUM_TEXT_CONFIG: dict[str, Any] = SMALL_TEXT_CONFIG | dict(
     index_head_dim=64,
     dspark_n_routed_experts=32,
     dspark_markov_rank=64,
+    # A 64K context: one full-length sequence's KV (~45 MiB) stays small beside the weights.
+    max_position_embeddings=65536,
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
