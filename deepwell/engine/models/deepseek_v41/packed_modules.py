@@ -38,7 +38,7 @@ class Fp8BlockLinear(nn.Module):
         ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(-1, self.in_features).contiguous()
         outputs = [fp8_block_linear(rows, weight, scale) for weight, scale in self.parts]
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -54,7 +54,7 @@ class Fp8BlockLinear(nn.Module):
             # The 32-row scale blocks the band touches, whole; then the band's own rows.
             first, last = group * band // SCALE_GROUP, -(-(group + 1) * band // SCALE_GROUP)
             rows = slice(first * SCALE_GROUP, last * SCALE_GROUP)
-            product = fp8_block_linear(x[:, group], weight[rows], scale[first:last])
+            product = fp8_block_linear(x[:, group].contiguous(), weight[rows], scale[first:last])
             offset = group * band - first * SCALE_GROUP
             outputs.append(product[:, offset : offset + band])
         return torch.stack(outputs, dim=1).to(x.dtype)
@@ -88,7 +88,7 @@ class Bf16Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = bf16_linear(x.reshape(-1, self.in_features), self.weight)
+        out = bf16_linear(x.reshape(-1, self.in_features).contiguous(), self.weight)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
