@@ -91,9 +91,12 @@ def _bind_one(
     model: nn.Module, name: str, released: Released, dtype: torch.dtype, expand: bool
 ) -> None:
     path, attribute = name.rsplit(".", 1)
-    module = model.get_submodule(path)
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        module = None
     target = getattr(module, attribute, None)
-    if not isinstance(target, nn.Parameter):
+    if module is None or not isinstance(target, nn.Parameter):
         raise ModelLoadError(f"checkpoint tensor {released.spec.name!r} has no place in the model")
     _check_shape(released, tuple(target.shape))
     spec = released.spec
