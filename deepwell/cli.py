@@ -674,7 +674,7 @@ def _machine_memory() -> int:
 
 # deepwell.engine.models.deepseek_v41.writer.PRESETS, named here so that building the
 # parser does not load torch (a test keeps them equal).
-TINY_CHECKPOINT_PRESETS = ("tiny", "small")
+TINY_CHECKPOINT_PRESETS = ("tiny", "small", "medium")
 
 
 def _configure_tiny_checkpoint(parser: argparse.ArgumentParser) -> None:
@@ -693,13 +693,18 @@ def _configure_tiny_checkpoint(parser: argparse.ArgumentParser) -> None:
         choices=TINY_CHECKPOINT_PRESETS,
         default="tiny",
         help="model size: tiny = the 8-layer, 64-wide config of spec/deepseek_v41.md §1.3 "
-        "(every layer kind of the release); small = the same schedule 256 wide "
-        "(default: tiny)",
+        "(every layer kind of the release); small = the same schedule 256 wide; medium = "
+        "1024 wide with 160 routed experts, ~1.1 GiB mostly MXFP4, for load and memory "
+        "measurements (default: tiny)",
     )
 
 
 def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
-    from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
+    from deepwell.engine.models.deepseek_v41.writer import (
+        DRAWN_STORED_PRESETS,
+        PRESETS,
+        write_tiny_checkpoint,
+    )
 
     try:
         written = write_tiny_checkpoint(
@@ -707,15 +712,17 @@ def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
             seed=args.seed,
             text_config=PRESETS[args.preset],
             tokenizer_json=args.tokenizer,
+            keep_weights=False,
+            draw_stored=args.preset in DRAWN_STORED_PRESETS,
         )
     except (OSError, ValueError) as error:
         print(f"deepwell tiny-checkpoint: {error}", file=sys.stderr)
         return 1
     text = written.config["text_config"]
-    params = sum(weight.numel() for weight in written.weights.values())
     print(
         f"wrote a random DeepSeek-V4.1 checkpoint to {written.path}: "
-        f"{len(written.weights)} tensors, {params:,} parameters, {len(written.shards)} shards, "
+        f"{written.tensors} tensors, {written.parameters:,} parameters, "
+        f"{len(written.shards)} shards, "
         f"vocabulary {text['vocab_size']}, {text['num_hidden_layers']} layers + "
         f"{text['num_nextn_predict_layers']} draft stages (preset {args.preset}, seed {args.seed})"
     )

@@ -114,6 +114,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
                 BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
             ),
             quantize_kv_cache=args.quantize_kv_cache,
+            expand_weights=args.expand_weights,
             dspark=method == "dspark",
             batch_invariant=args.batch_invariant,
             experts=experts,

@@ -28,6 +28,8 @@ class ModelOptions:
     sink_backend_class: type[SinkAttentionBackend] = TorchSinkAttention
     # DeepSeek-V4.1: quantise-dequantise caches in the formats it was trained with.
     quantize_kv_cache: bool = True
+    # DeepSeek-V4.1: weights dequantised to `dtype` at load instead of kept as released.
+    expand_weights: bool = False
     # DeepSeek-V4.1: build the DSpark draft stages and fill their context rings.
     dspark: bool = False
     # Models whose own layers read rings (DeepSeek-V4.1) take their batch-invariant paths.

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from deepwell.engine.layers.blockscaled import MxFp4Experts
 from deepwell.engine.parallel.group import DistributedGroup, collective
 from deepwell.engine.parallel.placement import (
     ExpertPlacement,
@@ -79,26 +80,32 @@ def _move_experts(
             if expert not in had:
                 src_slot = old.slot_experts.index(expert)
                 transfers.append((dst, slot, *divmod(src_slot, old.slots_per_rank)))
-    experts = moe.experts
+    slots = _slot_tensors(moe)
+    parts = len(slots[0])
     had = old.rank_experts(rank)
     # New weights first, from the old ones, so no slot is overwritten before it is read.
     weights = [
-        [w.detach().clone() for w in _weights(experts[had.index(expert)])]
+        [w.detach().clone() for w in slots[had.index(expert)]]
         if expert in had
-        else [torch.empty_like(w) for w in _weights(experts[slot])]
+        else [torch.empty_like(w) for w in slots[slot]]
         for slot, expert in enumerate(new.rank_experts(rank))
     ]
     pending = []
     with collective(group, "EPLB expert move"):
         for tag, (dst, slot, src, src_slot) in enumerate(transfers):
-            for part, tensor in enumerate(_weights(experts[src_slot]) if src == rank else ()):
-                pending.append(dist.isend(tensor.detach().contiguous(), dst, tag=2 * tag + part))
+            for part, tensor in enumerate(slots[src_slot] if src == rank else ()):
+                wire = _on_the_wire(tensor.detach().contiguous())
+                pending.append(dist.isend(wire, dst, tag=parts * tag + part))
             if dst == rank:
                 for part, tensor in enumerate(weights[slot]):
-                    pending.append(dist.irecv(tensor, src, tag=2 * tag + part))
+                    pending.append(dist.irecv(_on_the_wire(tensor), src, tag=parts * tag + part))
         for request in pending:
             request.wait()
-    for expert_module, tensors in zip(experts, weights, strict=True):
+    if getattr(moe, "packed_experts", None) is not None:
+        # The bank is immutable: the moved tensors make a new one.
+        moe.hold_packed_experts(MxFp4Experts.from_tensors(*zip(*weights, strict=True)))
+        return len(transfers)
+    for expert_module, tensors in zip(moe.experts, weights, strict=True):
         for linear, tensor in zip((expert_module.w13, expert_module.w2), tensors, strict=True):
             linear.weight.data.copy_(tensor)
             if hasattr(linear, "packed_weight"):  # oneDNN-packed bf16 (layers/packed_linear.py)
@@ -106,5 +113,16 @@ def _move_experts(
     return len(transfers)
 
 
-def _weights(expert: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    return expert.w13.weight, expert.w2.weight
+def _slot_tensors(moe: nn.Module) -> list[list[torch.Tensor]]:
+    """Each local slot's expert weights: an MXFP4 bank's codes and scales (kept as
+    released), or the expanded modules' fused w13 and w2."""
+    bank = getattr(moe, "packed_experts", None)
+    if bank is not None:
+        columns = (bank.w1, bank.w1_scale, bank.w3, bank.w3_scale, bank.w2, bank.w2_scale)
+        return [list(slot) for slot in zip(*columns, strict=True)]
+    return [[expert.w13.weight, expert.w2.weight] for expert in moe.experts]
+
+
+def _on_the_wire(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor as gloo can send it: one-byte float formats (FP8, E8M0) as their bytes."""
+    return tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor

@@ -50,5 +50,4 @@ class StepGate:
     def dummy_step(self) -> None:
         """This rank's part of a step it has no tokens for: each MoE layer's exchange."""
         for moe in self.moe_layers:
-            weight = moe.shared_expert.w2.weight
-            moe(weight.new_zeros(0, weight.shape[0]))
+            moe(torch.zeros(0, moe.hidden_size, dtype=moe.input_dtype))

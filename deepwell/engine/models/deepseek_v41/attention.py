@@ -30,6 +30,7 @@ from deepwell.engine.layers.step_metadata import (
 from deepwell.engine.models.deepseek_v41.cache_formats import qdq_mxfp4
 from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
+from deepwell.engine.models.deepseek_v41.packed_modules import grouped_projection
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 
 
@@ -326,10 +327,9 @@ class CSA2Attention(nn.Module):
         """Attention outputs [rows, heads, dim] → the layer's output [rows, hidden]."""
         out = self.rotary.apply(out, rotation, inverse=True)
         grouped = out.view(-1, self.groups, self.num_heads // self.groups * self.head_dim)
-        weight = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
 
         def project(grouped: torch.Tensor) -> torch.Tensor:
-            return torch.einsum("ngi,goi->ngo", grouped, weight)
+            return grouped_projection(self.wo_a, grouped)
 
         projected = tiled_rows(project, grouped) if self.invariant else project(grouped)
         return self.wo_b(projected.flatten(1))

@@ -1,7 +1,9 @@
-"""Load a released DeepSeek-V4.1 checkpoint directory into float32 tensors by released name.
+"""Map a released DeepSeek-V4.1 checkpoint directory: its tensors as stored, by released name.
 
-Shards are read one at a time; each weight meets its `.scale` through the index (they may
-sit in different shards) and is dequantised (spec §3.8). Bad input is a ModelLoadError.
+Shards are mapped one at a time and every tensor is checked against the schema; each stays
+in its released encoding (spec §3.8), a view of the mapped file (safetensors_map.py), its
+`.scale` beside it under the scale's own name (the two may sit in different shards). The
+model binds them (binding.py). Bad input is a ModelLoadError naming the tensor and file.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
+from deepwell.engine.models.deepseek_v41.safetensors_map import MappedShard, ShardFormatError
 from deepwell.engine.models.deepseek_v41.schema import ARCHITECTURE, TensorSpec, tensor_schema
 from deepwell.engine.models.deepseek_v41.weight_formats import dequantize
 from deepwell.engine.models.loader import Checkpoint
@@ -45,7 +47,8 @@ _ROUTED_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.(\d+)\.")
 def load_v41_checkpoint(
     path: str | Path, holds_expert: Callable[[int], bool] | None = None
 ) -> Checkpoint:
-    """Read config.json, the index, every shard and the tokenizer of a V4.1 directory.
+    """Read config.json, the index and the tokenizer of a V4.1 directory and map its
+    shards: `tensors` holds every stored tensor (weights and `.scale`s) as released.
 
     With `holds_expert` (expert parallelism) only the backbone's routed experts it holds are
     read, and no draft stage (`mtp.*`, which runs only without expert parallelism)."""
@@ -68,26 +71,22 @@ def load_v41_checkpoint(
             )
 
     tensors: dict[str, torch.Tensor] = {}
-    parts: dict[str, dict[str, torch.Tensor]] = {}  # spec name → the roles read so far
-    for file in tqdm(sorted(by_shard), desc=f"loading {path.name}", unit="shard"):
-        for name, tensor in _read_shard(path / file, by_shard[file], stored).items():
-            spec, role = stored[name]
-            have = parts.setdefault(spec.name, {})
-            have[role] = tensor
-            if len(have) == (2 if spec.format.quantized else 1):
-                del parts[spec.name]
-                tensors[spec.name] = _dequantize(spec, have, path / file)
+    for file in tqdm(sorted(by_shard), desc=f"mapping {path.name}", unit="shard"):
+        tensors |= _map_shard(path / file, by_shard[file], stored)
 
     tokenizer = _tokenizer(path, config)
     template = None
     template_path = path / "tokenizer_config.json"
     if template_path.is_file():
         template = _read_json(template_path).get("chat_template")
+    in_schema_order = (
+        name for spec in schema.values() for name in (spec.name, spec.scale_name) if name
+    )
     return Checkpoint(
         path,
         ARCHITECTURE,
         config,
-        {name: tensors[name] for name in schema if name in tensors},
+        {name: tensors[name] for name in in_schema_order if name in tensors},
         tokenizer,
         template,
     )
@@ -166,27 +165,26 @@ def _check_names(
             raise ModelLoadError(f"tensor {name!r} is missing from {str(index_path)!r}")
 
 
-def _read_shard(
+def _map_shard(
     shard: Path, names: list[str], stored: dict[str, tuple[TensorSpec, str]]
 ) -> dict[str, torch.Tensor]:
-    """The named tensors of one shard, each checked against the schema before it is read."""
-    tensors = {}
+    """The named tensors of one shard, each checked against the schema, viewed in place."""
     try:
-        with safe_open(str(shard), framework="pt") as file:
-            present = set(file.keys())
-            for name in names:
-                if name not in present:
-                    raise ModelLoadError(
-                        f"tensor {name!r} is not in {str(shard)!r}, where the index puts it"
-                    )
-                spec, role = stored[name]
-                header = file.get_slice(name)
-                _check_header(name, spec, role, header.get_dtype(), header.get_shape(), shard)
-                tensors[name] = file.get_tensor(name)
-    except (SafetensorError, OSError) as error:
+        mapped = MappedShard(shard)
+    except (ShardFormatError, OSError) as error:
         raise ModelLoadError(
             f"cannot read shard {str(shard)!r} (truncated or corrupt?): {error}"
         ) from error
+    tensors = {}
+    for name in names:
+        entry = mapped.entries.get(name)
+        if entry is None:
+            raise ModelLoadError(
+                f"tensor {name!r} is not in {str(shard)!r}, where the index puts it"
+            )
+        spec, role = stored[name]
+        _check_header(name, spec, role, entry.dtype, list(entry.shape), shard)
+        tensors[name] = mapped.tensor(name)
     return tensors
 
 
@@ -215,13 +213,17 @@ def _check_header(
         )
 
 
-def _dequantize(spec: TensorSpec, parts: dict[str, torch.Tensor], shard: Path) -> torch.Tensor:
+def dequantized(
+    tensors: dict[str, torch.Tensor], spec: TensorSpec, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """One released tensor of a mapped checkpoint in its logical shape, as `dtype`."""
+    weight = tensors[spec.name]
+    if not spec.format.quantized:
+        return weight.to(dtype)
     try:
-        return dequantize(spec.format, parts["weight"], parts.get("scale"))
+        return dequantize(spec.format, weight, tensors[spec.scale_name]).to(dtype)
     except (TypeError, ValueError) as error:  # headers were checked; this is a last guard
-        raise ModelLoadError(
-            f"cannot dequantise {spec.name!r} (in {str(shard)!r}): {error}"
-        ) from error
+        raise ModelLoadError(f"cannot dequantise {spec.name!r}: {error}") from error
 
 
 def _tokenizer(path: Path, config: dict[str, Any]) -> Tokenizer:

@@ -21,6 +21,7 @@ from deepwell.engine.models.deepseek_v41.attention import Norm
 from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
 from deepwell.engine.models.deepseek_v41.mhc import collapse
+from deepwell.engine.models.deepseek_v41.packed_modules import input_dtype
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 
 # The ring spec of the stages' context rows (one layer per stage).
@@ -121,7 +122,7 @@ class DSpark(nn.Module):
         stage's ring, as the target writes its own window rows (WindowPlan.write_rows)."""
         first = self.stages[0]
         main_x = first.main_norm(
-            first.main_proj(torch.cat(features, dim=-1).to(first.main_proj.weight.dtype))
+            first.main_proj(torch.cat(features, dim=-1).to(input_dtype(first.main_proj)))
         )
         rotation = self.rotary.rotation(positions)
         plans = meta.windows[DSPARK_RING]

@@ -29,6 +29,7 @@ from deepwell.engine.models.deepseek_v41.attention import (
     Norm,
     SharedSelection,
 )
+from deepwell.engine.models.deepseek_v41.binding import bind_weights
 from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
 from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
@@ -41,6 +42,7 @@ from deepwell.engine.models.deepseek_v41.engram_hash import (
 )
 from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+from deepwell.engine.models.deepseek_v41.schema import TensorSpec, tensor_schema
 from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
 
 # Rows a sequence may roll back (DeepInfer's DEEPINFER_MAX_BACKTRACKING_TOKENS, 6 with 5
@@ -77,25 +79,43 @@ class DeepseekV41ForCausalLM(nn.Module):
         rope_dim = config.qk_rope_head_dim
         self.plain_rotary = PairRotary(rope_dim, config.rope_theta, None)
         self.compress_rotary = PairRotary(rope_dim, config.compress_rope_theta, config.rope_scaling)
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         backend = backend_class(
             config.num_attention_heads, config.head_dim, config.sliding_window, config.index_topk
         )
-        self.layers = nn.ModuleList(
-            DeepseekV41Block(
-                config,
-                plan,
-                self.compress_rotary if plan.compress_ratio else self.plain_rotary,
-                backend,
-                batch_invariant,
-                parallel=None
-                if experts is None
-                else ExpertParallel(experts.group, experts.placement),
+        parallels = [
+            None if experts is None else ExpertParallel(experts.group, experts.placement)
+            for _ in self.plans
+        ]
+        dspark_targets = list(config.dspark_target_layer_ids)
+        if dspark:
+            if not config.num_nextn_predict_layers:
+                raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
+            # Their features concatenate in layer order, as the forward meets them.
+            increasing = bool(dspark_targets) and dspark_targets == sorted(set(dspark_targets))
+            if not increasing or dspark_targets[0] < 0 or dspark_targets[-1] >= len(self.plans):
+                raise ModelLoadError(
+                    f"dspark_target_layer_ids {dspark_targets} must be increasing backbone layers"
+                )
+        # Parameters on the meta device: the checkpoint's tensors are bound in their place
+        # (load_weights), so building the model allocates no weights.
+        with torch.device("meta"):
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.layers = nn.ModuleList(
+                DeepseekV41Block(
+                    config,
+                    plan,
+                    self.compress_rotary if plan.compress_ratio else self.plain_rotary,
+                    backend,
+                    batch_invariant,
+                    parallel=parallel,
+                )
+                for plan, parallel in zip(self.plans, parallels, strict=True)
             )
-            for plan in self.plans
-        )
-        self.norm = Norm(config.hidden_size, config.rms_norm_eps)
-        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.norm = Norm(config.hidden_size, config.rms_norm_eps)
+            self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.dspark = (
+                DSpark(config, self.plain_rotary, backend, batch_invariant) if dspark else None
+            )
         sources = config.kv_sources
         # Layer → (ratio, index of its KV source among that ratio's sources).
         self._source_slots = {
@@ -104,18 +124,9 @@ class DeepseekV41ForCausalLM(nn.Module):
             if plan.compress_ratio
         }
         self.yoco_boundary = _yoco_boundary(self.plans)
-        self.dspark = None
-        if dspark:
-            if not config.num_nextn_predict_layers:
-                raise ModelLoadError("DSpark drafting needs the checkpoint's draft stages (mtp.*)")
-            targets = list(config.dspark_target_layer_ids)
-            # Their features concatenate in layer order, as the forward meets them.
-            increasing = bool(targets) and targets == sorted(set(targets))
-            if not increasing or targets[0] < 0 or targets[-1] >= len(self.plans):
-                raise ModelLoadError(
-                    f"dspark_target_layer_ids {targets} must be increasing backbone layers"
-                )
-            self.dspark = DSpark(config, self.plain_rotary, backend, batch_invariant)
+        # Set by from_checkpoint: the released tensors and how to bind them.
+        self.tensor_schema: dict[str, TensorSpec] = {}
+        self.expand_weights = False
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -139,7 +150,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 )
             except ValueError as error:
                 raise ModelLoadError(f"{checkpoint.path}: {error}") from None
-        return cls(
+        model = cls(
             config,
             options.dtype,
             tables,
@@ -148,6 +159,9 @@ class DeepseekV41ForCausalLM(nn.Module):
             batch_invariant=options.batch_invariant,
             experts=options.experts,
         )
+        model.tensor_schema = tensor_schema(text_config)
+        model.expand_weights = options.expand_weights
+        return model
 
     def kv_layout(self) -> KVLayout:
         return kv_layout(self.config, dspark=self.dspark is not None)
@@ -263,47 +277,19 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy tensors under the released checkpoint's names (spec §3.8), dequantised to
-        float; every parameter must be set. `mtp.*` (DSpark) loads only when DSpark is on."""
-        params = dict(self.named_parameters())
-        unset = set(params)
+        """Bind the mapped checkpoint's tensors (stored as released, spec §3.8) in place of
+        the meta parameters: kept packed, or dequantised to the model's dtype with
+        `expand_weights` (binding.py); every parameter must be set. `mtp.*` (DSpark) binds
+        only when DSpark is on; image-token routing (`gate.bias_vl`) never."""
 
-        def put(name: str, value: torch.Tensor, source: str) -> None:
-            target = params.get(name)
-            if target is None:
-                raise ModelLoadError(f"checkpoint tensor {source!r} has no place in the model")
-            if target.shape != value.shape:
-                raise ModelLoadError(
-                    f"checkpoint tensor {source!r} has shape {tuple(value.shape)}, the model "
-                    f"expects {tuple(target.shape)}"
-                )
-            target.copy_(value)
-            unset.discard(name)
-
-        halves: dict[str, dict[str, torch.Tensor]] = {}
-        for source, value in tensors.items():
+        def targets(source: str) -> list[str]:
             if source.endswith(".ffn.gate.bias_vl"):
-                continue  # image-token routing
+                return []
             if source.startswith("mtp.") and self.dspark is None:
-                continue  # the DSpark drafter, not used
-            for name in self._local_names(
-                _parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source))
-            ):
-                if name.endswith((".w1", ".w3")):
-                    halves.setdefault(name[:-3], {})[name[-2:]] = value
-                    continue
-                put(name, value, source)
-        for prefix, parts in halves.items():
-            if set(parts) != {"w1", "w3"}:
-                raise ModelLoadError(f"checkpoint has only {sorted(parts)} of {prefix}.w1/w3")
-            put(f"{prefix}.w13.weight", torch.cat((parts["w1"], parts["w3"])), f"{prefix}.w1")
-        if unset:
-            raise ModelLoadError(f"checkpoint lacks tensors for: {sorted(unset)[:5]}")
-        # Matmul weights in the compute dtype; the head, norms, mHC, router and sinks in
-        # float32, as the reference keeps them.
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear | nn.Embedding) and name != "head":
-                module.to(self.dtype)
+                return []
+            return self._local_names(_parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source)))
+
+        bind_weights(self, tensors, self.tensor_schema, targets, self.dtype, self.expand_weights)
 
     def _local_names(self, name: str) -> list[str]:
         """Where a parameter goes: with expert parallelism a routed expert of the backbone

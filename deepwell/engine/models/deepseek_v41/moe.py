@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.layers.batch_invariant import tiled_rows
+from deepwell.engine.layers.blockscaled import MxFp4Experts, mxfp4_experts
 from deepwell.engine.parallel.expert import ExpertParallel
 
 
@@ -52,11 +53,20 @@ class MoE(nn.Module):
         # Selects experts only; the routing weights come from the raw scores (noaux_tc).
         self.gate_bias = nn.Parameter(torch.zeros(num_experts))
         self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.limit = limit
         self.parallel = parallel
-        held = num_experts if parallel is None else parallel.placement.slots_per_rank
-        self.experts = nn.ModuleList(
-            ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(held)
+        self.num_slots = num_experts if parallel is None else parallel.placement.slots_per_rank
+        # One module per slot (expanded weights), or, once bound packed, one MXFP4 bank
+        # that runs all of a step's pairs in a single call.
+        self.experts: nn.ModuleList | None = nn.ModuleList(
+            ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(self.num_slots)
         )
+        self.packed_experts: MxFp4Experts | None = None
+        # The dtype its input comes in (the model's compute dtype), set as weights are bound:
+        # an idle expert-parallel rank joins the exchange with zero rows of it.
+        self.input_dtype = torch.float32
         self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
 
     def forward(self, x: torch.Tensor, real_rows: int | None = None) -> torch.Tensor:
@@ -82,23 +92,34 @@ class MoE(nn.Module):
             routed = self._run_slots(x[rows], experts, flat_weights)
         else:
             routed = self.parallel.exchange(x, experts, rows, flat_weights, self._run_slots)
-        # Pairs are sorted by expert: summed expert by expert in ascending order, so a row's
-        # sum has the same bits on any rank count (with batch-invariant tiles an expert's
-        # row does not depend on the rows beside it).
-        start = 0
-        for count in torch.bincount(experts, minlength=self.num_experts).tolist():
-            if count:
-                out.index_add_(
-                    0, rows[start : start + count], routed[start : start + count].float()
-                )
-                start += count
+        # Pairs are sorted by expert and index_add_ adds them in order: summed expert by
+        # expert in ascending order, so a row's sum has the same bits on any rank count
+        # (with batch-invariant tiles an expert's row does not depend on the rows beside it).
+        out.index_add_(0, rows, routed.float())
         return out
+
+    def hold_packed_experts(self, bank: MxFp4Experts) -> None:
+        """Run the routed experts from `bank` (one per slot) in place of the modules."""
+        if bank.num_experts != self.num_slots:
+            raise ValueError(f"a bank of {bank.num_experts} experts for {self.num_slots} slots")
+        self.packed_experts = bank
+        self.experts = None
+        # Registered too, so the model's bytes count them (build.py sizes the KV cache).
+        columns = (bank.w1, bank.w1_scale, bank.w3, bank.w3_scale, bank.w2, bank.w2_scale)
+        for column, tensors in zip(
+            ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"), columns, strict=True
+        ):
+            for slot, tensor in enumerate(tensors):
+                self.register_buffer(f"packed_{column}_{slot}", tensor, persistent=False)
 
     def _run_slots(
         self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """The experts in this module's `slots` over the rows sent to them (one expert per
         row, weight applied; from any rank under expert parallelism), in the rows' order."""
+        if self.packed_experts is not None:
+            # Rows independent of each other: batch-invariant as it is.
+            return mxfp4_experts(x, slots, weights, self.packed_experts, self.limit).to(x.dtype)
         out = x.new_empty(x.shape)
         order = slots.argsort(stable=True)
         start = 0

@@ -22,6 +22,10 @@ _E2M1_MAX = 6.0
 _E8M0_BIAS = 127
 # E2M1 codes 0..15: bit 3 is the sign, bits 0-2 index the magnitudes.
 _E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+# Byte b of a packed pair → (value of its low nibble, value of its high nibble).
+_E2M1_PAIRS = torch.stack(
+    (_E2M1_VALUES.repeat(16), _E2M1_VALUES.repeat_interleave(16)), dim=-1
+).contiguous()
 # Midpoints between neighbouring magnitudes, for rounding to the nearest code.
 _E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 
@@ -115,7 +119,7 @@ def _dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, row_block: int) -
         raise TypeError(f"FP8 weights are float8_e4m3fn (F8_E4M3), got {weight.dtype}")
     rows, cols = matrix_shape(tuple(weight.shape), "FP8 weight")
     _check_scale(scale, (math.ceil(rows / row_block), math.ceil(cols / SCALE_GROUP)))
-    return weight.to(torch.float32) * _expand(e8m0_to_float(scale), rows, cols, row_block)
+    return _scaled(weight.to(torch.float32), e8m0_to_float(scale), row_block)
 
 
 def _quantize_fp8(x: torch.Tensor, row_block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,9 +141,9 @@ def dequantize_mxfp4(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     rows, half = matrix_shape(tuple(weight.shape), "MXFP4 weight")
     cols = 2 * half
     _check_scale(scale, (rows, math.ceil(cols / SCALE_GROUP)))
-    raw = weight.view(torch.uint8).to(torch.int64)
-    codes = torch.stack((raw & 0xF, raw >> 4), dim=-1).reshape(rows, cols)
-    return _E2M1_VALUES[codes] * _expand(e8m0_to_float(scale), rows, cols, 1)
+    # One lookup per byte gives both of its values (low nibble first).
+    values = _E2M1_PAIRS[weight.view(torch.uint8).to(torch.int32)].reshape(rows, cols)
+    return _scaled(values, e8m0_to_float(scale), 1)
 
 
 def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +176,16 @@ def _blocks(x: torch.Tensor, row_block: int) -> torch.Tensor:
     rows, cols = x.shape
     padded = F.pad(x, (0, -cols % SCALE_GROUP, 0, -rows % row_block))
     return padded.view(padded.shape[0] // row_block, row_block, -1, SCALE_GROUP)
+
+
+def _scaled(values: torch.Tensor, scale: torch.Tensor, row_block: int) -> torch.Tensor:
+    """values [rows, cols] times their block's scale: broadcast over whole blocks where the
+    shape allows (no [rows, cols] scale tensor), else through the expanded scales."""
+    rows, cols = values.shape
+    if rows % row_block or cols % SCALE_GROUP:
+        return values * _expand(scale, rows, cols, row_block)
+    blocks = values.view(rows // row_block, row_block, cols // SCALE_GROUP, SCALE_GROUP)
+    return (blocks * scale[:, None, :, None]).view(rows, cols)
 
 
 def _expand(scale: torch.Tensor, rows: int, cols: int, row_block: int) -> torch.Tensor:

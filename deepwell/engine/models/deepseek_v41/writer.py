@@ -8,6 +8,7 @@ DeepSeek path on a laptop and to test the loader without the real 475 GiB.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,12 @@ from deepwell.engine.models.deepseek_v41.schema import (
     TensorSpec,
     tensor_schema,
 )
-from deepwell.engine.models.deepseek_v41.weight_formats import quantize
+from deepwell.engine.models.deepseek_v41.weight_formats import (
+    WeightFormat,
+    dequantize,
+    e8m0_from_exponent,
+    quantize,
+)
 
 # spec §1.3: the released 40-layer schedule in miniature (8 backbone layers + 3 draft
 # stages). The tokenizer-dependent fields are filled in by the writer.
@@ -120,7 +126,38 @@ SMALL_TEXT_CONFIG: dict[str, Any] = TINY_TEXT_CONFIG | dict(
     dspark_num_experts_per_tok=3,
 )
 
-PRESETS: dict[str, dict[str, Any]] = {"tiny": TINY_TEXT_CONFIG, "small": SMALL_TEXT_CONFIG}
+# The tiny schedule at a size where loading and memory matter (~1.1 GiB on disk): wide
+# enough that every product is a real matrix, and enough routed experts that their MXFP4
+# bytes are most of the checkpoint, as in the release (spec §3.8).
+MEDIUM_TEXT_CONFIG: dict[str, Any] = SMALL_TEXT_CONFIG | dict(
+    hidden_size=1024,
+    moe_intermediate_size=512,
+    num_attention_heads=16,
+    head_dim=128,
+    qk_rope_head_dim=64,
+    q_lora_rank=512,
+    o_lora_rank=256,
+    o_groups=4,
+    n_routed_experts=160,
+    num_experts_per_tok=4,
+    sliding_window=64,
+    index_head_dim=64,
+    dspark_n_routed_experts=32,
+    dspark_markov_rank=64,
+    # A 64K context: one full-length sequence's KV (~45 MiB) stays small beside the weights.
+    max_position_embeddings=65536,
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": TINY_TEXT_CONFIG,
+    "small": SMALL_TEXT_CONFIG,
+    "medium": MEDIUM_TEXT_CONFIG,
+}
+# Presets whose MXFP4 experts are drawn as random codes (draw_stored): rounding ~2G random
+# floats into MXFP4 would take minutes.
+DRAWN_STORED_PRESETS = ("medium",)
+# Drawn MXFP4 codes are uniform over E2M1 (RMS 2.93); this scale brings them to ~0.02.
+_DRAWN_MXFP4_EXPONENT = -7
 
 # config.json's quantization_config as released (DeepInfer accepts exactly this).
 QUANTIZATION_CONFIG = {
@@ -163,12 +200,15 @@ DEFAULT_SHARDS = 6
 
 @dataclass
 class WrittenCheckpoint:
-    """What `write_tiny_checkpoint` wrote: the config and each tensor before storage rounding."""
+    """What `write_tiny_checkpoint` wrote: the config and each tensor before storage rounding
+    (empty when the writer was asked not to keep them)."""
 
     path: Path
     config: dict[str, Any]
     weights: dict[str, torch.Tensor]  # released name → float32 [logical shape]
     shards: list[str]
+    tensors: int  # released tensors, scales not counted
+    parameters: int  # their logical parameters
 
 
 def write_tiny_checkpoint(
@@ -178,6 +218,8 @@ def write_tiny_checkpoint(
     text_config: Mapping[str, Any] | None = None,
     tokenizer_json: str | Path | None = None,
     shard_bytes: int | None = None,
+    keep_weights: bool = True,
+    draw_stored: bool = False,
 ) -> WrittenCheckpoint:
     """Write a random V4.1 checkpoint into the directory `path` (created if needed).
 
@@ -186,6 +228,10 @@ def write_tiny_checkpoint(
     that depend on it (vocab_size, the special ids, the Engram sizes, the DSpark noise
     token) are set from it. A shard closes after shard_bytes (default: total /
     DEFAULT_SHARDS) at the next quantised weight, whose scale then opens the next shard.
+    Shards are drawn and written one at a time, so only one shard is ever in memory, plus
+    the float32 weights when `keep_weights` (for tests comparing against them). With
+    `draw_stored` the MXFP4 tensors are drawn as random codes under one scale (their float
+    weights are what those decode to), not rounded from random floats: much faster.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -202,18 +248,40 @@ def write_tiny_checkpoint(
     (path / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     _write_tokenizer_config(path, text)
 
+    schema = tensor_schema(text)
+    groups = _shard_plan(schema, shard_bytes)
+    files = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     generator = torch.Generator().manual_seed(seed)
     weights: dict[str, torch.Tensor] = {}
     stored: dict[str, torch.Tensor] = {}
-    for spec in tensor_schema(text).values():
-        value = _random_weight(spec, generator)
-        weights[spec.name] = value
-        data, scale = quantize(spec.format, value)
-        stored[spec.name] = data
-        if spec.scale_name is not None:
-            stored[spec.scale_name] = scale
-    shards = _write_shards(path, stored, shard_bytes)
-    return WrittenCheckpoint(path, config, weights, shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    specs = iter(schema.values())
+    for file, names in zip(files, groups, strict=True):
+        shard: dict[str, torch.Tensor] = {}
+        while len(shard) < len(names):
+            if names[len(shard)] not in stored:  # the shard opens on a scale drawn before
+                spec = next(specs)
+                if draw_stored and spec.format is WeightFormat.MXFP4:
+                    data, scale = _random_mxfp4(spec, generator)
+                    value = dequantize(spec.format, data, scale) if keep_weights else None
+                else:
+                    value = _random_weight(spec, generator)
+                    data, scale = quantize(spec.format, value)
+                if value is not None and keep_weights:
+                    weights[spec.name] = value
+                stored[spec.name] = data
+                if spec.scale_name is not None:
+                    stored[spec.scale_name] = scale
+            name = names[len(shard)]
+            shard[name] = stored.pop(name)
+        save_file(shard, str(path / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in shard.values())
+        weight_map |= dict.fromkeys(shard, file)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    parameters = sum(math.prod(spec.shape) for spec in schema.values())
+    return WrittenCheckpoint(path, config, weights, files, len(schema), parameters)
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -333,33 +401,43 @@ def _random_weight(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor
     return normal(0.02)
 
 
-def _write_shards(
-    path: Path, stored: dict[str, torch.Tensor], shard_bytes: int | None
-) -> list[str]:
-    """Write the tensors in schema order over shards, and the index.
+def _random_mxfp4(
+    spec: TensorSpec, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniformly random E2M1 code pairs and one power-of-two scale for all groups."""
+    codes = torch.randint(
+        0, 256, spec.format.stored_shape(spec.shape), generator=generator, dtype=torch.uint8
+    )
+    scale_shape = spec.format.scale_shape(spec.shape)
+    exponent = torch.full(scale_shape, _DRAWN_MXFP4_EXPONENT, dtype=torch.int32)
+    return codes.view(torch.int8), e8m0_from_exponent(exponent)
+
+
+def _shard_plan(schema: Mapping[str, TensorSpec], shard_bytes: int | None) -> list[list[str]]:
+    """The stored names of each shard, in schema order (each scale right after its weight).
 
     A shard closes once it holds shard_bytes, right after a quantised weight: its scale
     opens the next shard, so every boundary splits a pair, as the release's index may.
     """
-    total = sum(t.numel() * t.element_size() for t in stored.values())
+    sizes: dict[str, int] = {}
+    for spec in schema.values():
+        sizes[spec.name] = math.prod(spec.format.stored_shape(spec.shape)) * (
+            spec.format.stored_dtype.itemsize
+        )
+        scale_shape = spec.format.scale_shape(spec.shape)
+        if spec.scale_name is not None and scale_shape is not None:
+            sizes[spec.scale_name] = math.prod(scale_shape)
     if shard_bytes is None:
-        shard_bytes = -(-total // DEFAULT_SHARDS)
-    groups: list[dict[str, torch.Tensor]] = [{}]
+        shard_bytes = -(-sum(sizes.values()) // DEFAULT_SHARDS)
+    groups: list[list[str]] = [[]]
     size = 0
-    for name, tensor in stored.items():  # each scale right after its weight
-        groups[-1][name] = tensor
-        size += tensor.numel() * tensor.element_size()
-        has_scale = name.endswith(".weight") and name.removesuffix(".weight") + ".scale" in stored
+    for name, nbytes in sizes.items():
+        groups[-1].append(name)
+        size += nbytes
+        has_scale = name.endswith(".weight") and name.removesuffix(".weight") + ".scale" in sizes
         if size >= shard_bytes and has_scale:
-            groups.append({})
+            groups.append([])
             size = 0
     if not groups[-1]:
         groups.pop()
-    files = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-    weight_map = {}
-    for file, group in zip(files, groups, strict=True):
-        save_file(group, str(path / file), metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(group, file)
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    return files
+    return groups

@@ -1,5 +1,6 @@
-"""Loading a V4.1 directory: the writer's weights come back, nemo reads the same, bad
-input is a ModelLoadError naming the tensor and the file."""
+"""Mapping a V4.1 directory: every tensor comes back in its stored encoding as a view of the
+shard file, dequantises to the writer's weights, nemo reads the same; bad input is a
+ModelLoadError naming the tensor and the file."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from deepwell.engine.errors import ModelLoadError
-from deepwell.engine.models.deepseek_v41.checkpoint import INDEX_FILE, load_v41_checkpoint
+from deepwell.engine.models.deepseek_v41.checkpoint import (
+    INDEX_FILE,
+    dequantized,
+    load_v41_checkpoint,
+)
+from deepwell.engine.models.deepseek_v41.safetensors_map import MappedShard
 from deepwell.engine.models.deepseek_v41.schema import tensor_schema
 from deepwell.engine.models.deepseek_v41.weight_formats import WeightFormat, dequantize, quantize
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
@@ -62,14 +68,21 @@ def rewrite_shard(path: Path, file: str, change) -> None:
     save_file(tensors, str(path / file))
 
 
-def test_the_loader_returns_every_released_tensor_in_float32(written, loaded) -> None:
+def stored_names(schema) -> list[str]:
+    return [name for spec in schema.values() for name in (spec.name, spec.scale_name) if name]
+
+
+def test_the_loader_returns_every_released_tensor_as_stored(written, loaded) -> None:
     schema = tensor_schema(written.config["text_config"])
     assert loaded.architecture == "DeepseekV41ForCausalLM"
     assert loaded.hf_config == written.config
-    assert list(loaded.tensors) == list(schema) == list(written.weights)
-    for name, spec in schema.items():
-        assert loaded.tensors[name].dtype == torch.float32
-        assert tuple(loaded.tensors[name].shape) == spec.shape, name
+    assert list(loaded.tensors) == stored_names(schema)
+    stored = {}
+    for file in written.shards:
+        stored |= load_file(written.path / file)
+    for name, tensor in loaded.tensors.items():
+        assert tensor.dtype == stored[name].dtype, name
+        assert torch.equal(tensor.view(torch.uint8), stored[name].view(torch.uint8)), name
     assert {name.split(".")[0] for name in loaded.tensors} == {
         "embed",
         "norm",
@@ -79,10 +92,20 @@ def test_the_loader_returns_every_released_tensor_in_float32(written, loaded) ->
     }
 
 
+def test_tensors_are_views_of_the_mapped_shards_not_copies(written, loaded) -> None:
+    name = "layers.3.ffn.experts.1.w2.weight"
+    shard = MappedShard(written.path / index(written.path)[name])
+    tensor = loaded.tensors[name]
+    # Its storage is the whole file's mapping, and it starts where the header says.
+    assert tensor.untyped_storage().nbytes() == (written.path / shard.path.name).stat().st_size
+    entry = shard.entries[name]
+    assert tensor.storage_offset() * tensor.element_size() == shard.data_start + entry.begin
+
+
 def test_each_tensor_is_what_was_written_up_to_its_storage_rounding(written, loaded) -> None:
     schema = tensor_schema(written.config["text_config"])
     for name, spec in schema.items():
-        original, restored = written.weights[name], loaded.tensors[name]
+        original, restored = written.weights[name], dequantized(loaded.tensors, spec)
         # Exactly the format's own rounding (whose bounds test_weight_formats checks) ...
         assert torch.equal(restored, dequantize(spec.format, *quantize(spec.format, original)))
         # ... which stays within half a step of the largest value.
@@ -99,8 +122,9 @@ def test_a_weight_and_its_scale_in_different_shards_load_together(written, loade
     ]
     assert split, "the tiny checkpoint should split at least one pair across shards"
     assert len(written.shards) > 1
+    schema = tensor_schema(written.config["text_config"])
     for name in split:
-        assert torch.isfinite(loaded.tensors[name]).all()
+        assert torch.isfinite(dequantized(loaded.tensors, schema[name])).all()
 
 
 def test_the_tokenizer_and_its_config_are_loaded_beside_the_weights(written, loaded) -> None:
@@ -122,9 +146,10 @@ def test_nemo_dequantises_our_shards_to_the_same_tensors(written, loaded) -> Non
     draft.load_state_dict(draft.state_dict_adapter.from_hf(drafted), strict=True)
     released = target.state_dict_adapter.to_hf(target.state_dict())
     released |= draft.state_dict_adapter.to_hf(draft.state_dict())
-    assert released.keys() == loaded.tensors.keys()
+    schema = tensor_schema(written.config["text_config"])
+    assert released.keys() == schema.keys()
     for name, tensor in released.items():
-        assert torch.equal(tensor.float(), loaded.tensors[name]), name
+        assert torch.equal(tensor.float(), dequantized(loaded.tensors, schema[name])), name
 
 
 def test_load_checkpoint_routes_by_model_type_alone(copy) -> None:
@@ -233,7 +258,7 @@ def test_unquantised_tensors_may_be_stored_in_either_full_precision(copy) -> Non
     rewrite_shard(copy, file, lambda t: t.__setitem__(name, t[name].to(torch.bfloat16)))
     with safe_open(str(copy / file), "pt") as shard:
         assert shard.get_slice(name).get_dtype() == "BF16"
-    assert load_v41_checkpoint(copy).tensors[name].dtype == torch.float32
+    assert load_v41_checkpoint(copy).tensors[name].dtype == torch.bfloat16
 
 
 def test_a_config_without_a_needed_key_is_named(copy) -> None:

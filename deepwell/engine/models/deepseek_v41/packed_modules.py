@@ -1,0 +1,115 @@
+"""Modules over weights kept in their released encodings (spec §3.8), bound in place of the
+float nn.Linear / nn.Embedding a freshly built model has (binding.py).
+
+Each takes and returns what the module it replaces does: a linear's input and output share
+a dtype, an embedding returns the model's dtype. The products are layers/blockscaled.py's.
+The stored tensors are (non-persistent) buffers: the model's bytes count them, and the KV
+cache is sized beside them (build.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepwell.engine.layers.blockscaled import bf16_linear, fp8_block_linear
+from deepwell.engine.models.deepseek_v41.weight_formats import SCALE_GROUP, dequantize_fp8_rows
+
+
+class Fp8BlockLinear(nn.Module):
+    """A bias-free linear over FP8 E4M3 weights with 32x32-block E8M0 scales. Several parts
+    stack their outputs in order (a fused gate/up projection whose halves were released
+    apart, their row counts not always whole scale blocks)."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        for index, (weight, scale) in enumerate(parts):
+            self.register_buffer(f"weight{index}", weight, persistent=False)
+            self.register_buffer(f"scale{index}", scale, persistent=False)
+        self.num_parts = len(parts)
+        self.in_features = parts[0][0].shape[1]
+        self.out_features = sum(weight.shape[0] for weight, _ in parts)
+
+    @property
+    def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            (getattr(self, f"weight{index}"), getattr(self, f"scale{index}"))
+            for index in range(self.num_parts)
+        ]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        outputs = [fp8_block_linear(rows, weight, scale) for weight, scale in self.parts]
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, groups, in] → [rows, groups, out / groups]: group g through its own
+        band of output rows (attention's grouped output projection)."""
+        ((weight, scale),) = self.parts
+        groups = x.shape[1]
+        band = self.out_features // groups
+        outputs = []
+        for group in range(groups):
+            # The 32-row scale blocks the band touches, whole; then the band's own rows.
+            first, last = group * band // SCALE_GROUP, -(-(group + 1) * band // SCALE_GROUP)
+            rows = slice(first * SCALE_GROUP, last * SCALE_GROUP)
+            product = fp8_block_linear(x[:, group].contiguous(), weight[rows], scale[first:last])
+            offset = group * band - first * SCALE_GROUP
+            outputs.append(product[:, offset : offset + band])
+        return torch.stack(outputs, dim=1).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 blocks"
+
+
+def grouped_projection(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x [rows, groups, in] → [rows, groups, out / groups] through `linear`'s rows split into
+    one band per group, plain or packed."""
+    if isinstance(linear, Fp8BlockLinear):
+        return linear.grouped(x)
+    weight = linear.weight.view(x.shape[1], -1, x.shape[-1])
+    return torch.einsum("ngi,goi->ngo", x, weight)
+
+
+def input_dtype(linear: nn.Module) -> torch.dtype:
+    """The dtype a linear's input is given in: a plain one's weight dtype; a packed one
+    takes any float input and answers in it, so float32."""
+    return linear.weight.dtype if isinstance(linear, nn.Linear) else torch.float32
+
+
+class Bf16Linear(nn.Module):
+    """A bias-free linear over a bf16 weight (the head, the Markov heads), computed in
+    float32 without a float32 copy of the weight."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = bf16_linear(x.reshape(-1, self.in_features).contiguous(), self.weight)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16"
+
+
+class Fp8RowEmbedding(nn.Module):
+    """A table of FP8 E4M3 rows with row-wise E8M0 scales (Engram): a lookup gathers and
+    dequantises only the rows it reads."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = dequantize_fp8_rows(self.weight[flat], self.scale[flat])
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, fp8 rows"
