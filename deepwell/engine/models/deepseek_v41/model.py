@@ -289,6 +289,11 @@ class DeepseekV41ForCausalLM(nn.Module):
                 return []
             return self._local_names(_parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source)))
 
+        if not self.tensor_schema:
+            raise ModelLoadError(
+                "the model knows no checkpoint schema: build it with from_checkpoint, or set "
+                "tensor_schema from the checkpoint's text_config (schema.tensor_schema)"
+            )
         bind_weights(self, tensors, self.tensor_schema, targets, self.dtype, self.expand_weights)
 
     def _local_names(self, name: str) -> list[str]:

@@ -131,6 +131,7 @@ def models(checkpoint, dtype: torch.dtype) -> tuple[DeepseekV41ForCausalLM, ...]
         packed.engram_tables,
         dspark=True,
     )
+    rounded.tensor_schema = packed.tensor_schema  # what from_checkpoint reads off config.json
     for model in (packed, rounded):
         model.load_weights(loaded.tensors)
     return packed, rounded
