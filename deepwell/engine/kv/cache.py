@@ -3,8 +3,10 @@
 One tensor per spec and layer; the block id (or slot id) is the leading dimension.
 """
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from deepwell.engine.errors import MemoryBudgetError
@@ -33,7 +35,7 @@ class KVCache:
         dtype: torch.dtype,
     ) -> "KVCache":
         def zeros(spec, *shape: int) -> list[torch.Tensor]:
-            return [torch.zeros(shape, dtype=spec.dtype or dtype) for _ in range(spec.num_layers)]
+            return [lazy_zeros(shape, spec.dtype or dtype) for _ in range(spec.num_layers)]
 
         return cls(
             paged={s.name: zeros(s, num_blocks, *s.block_shape(block_size)) for s in layout.paged},
@@ -55,6 +57,20 @@ class KVCache:
         index = torch.tensor(block_ids, dtype=torch.long)
         for part, tensor in enumerate(self.block_tensors()):
             tensor[index] = torch.stack([block[part] for block in blocks])
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose pages become resident only as they are written.
+
+    numpy's zeros come from calloc, which hands large requests fresh zero pages from the
+    kernel without touching them (torch.zeros writes every byte), so a KV budget costs
+    resident memory only for the blocks and slots in use: on a CPU host the budget is a
+    ceiling shared with the page cache the weights are mapped from, not memory taken up front.
+    """
+    size = math.prod(shape) * dtype.itemsize
+    if not size:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def plan_num_blocks(
