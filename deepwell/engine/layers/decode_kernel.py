@@ -10,6 +10,8 @@ that never decode never compile. The build uses the local C++ compiler and ninja
 downloads nothing.
 """
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sysconfig
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -156,6 +159,22 @@ def load_llama_kernel() -> DecodeKernel:
     return _load(LLAMA_SOURCES, "native decode step", ["-DDEEPWELL_ONE_EXTENSION"])
 
 
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """One build per directory at a time, under a lock the kernel drops when its holder
+    dies. torch's own `lock` file outlives a build that was killed (a timeout, Ctrl-C), and
+    every later process would wait on it forever; holding this lock, no live process can be
+    building here, so a `lock` file left behind is stale and goes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "deepwell.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKernel:
     missing = _missing_tool()
     if missing is not None:
@@ -180,13 +199,14 @@ def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKer
         )
     started = time.monotonic()
     try:
-        module = load(
-            name,
-            [str(source) for source in sources],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-        )
+        with _build_lock(directory):
+            module = load(
+                name,
+                [str(source) for source in sources],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+            )
     except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         return DecodeKernel(None, f"its build failed ({first_line}; log in {directory})")
