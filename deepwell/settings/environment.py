@@ -64,13 +64,6 @@ def parse_int(text: str) -> int:
         raise ValueError(f"must be an integer, got {text!r}") from None
 
 
-def parse_float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"must be a number, got {text!r}") from None
-
-
 def parse_floats(text: str) -> tuple[float, ...]:
     """A float or a comma-separated list of floats (DeepInfer's per-position switches)."""
     try:

@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepwell.engine.errors import ModelLoadError
-from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
+from deepwell.engine.models.deepseek_v41.cache_rows import (
+    fp8_row_bytes,
+    mxfp4_row_bytes,
+    nvfp4_row_bytes,
+)
+from deepwell.engine.models.deepseek_v41.config import MAX_BACKTRACK, DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.schema import (
     ARCHITECTURE,
     TensorSpec,
@@ -28,9 +33,6 @@ from deepwell.engine.plan.footprint import (
     WeightShare,
 )
 
-# The model's MAX_BACKTRACK (models/deepseek_v41/model.py, which loads torch): ring rows kept
-# beyond the window so that a speculative rollback still finds a full one.
-ROLLBACK_ROWS = 6
 # A token id as the engine carries it (int64), for the Engram n-gram history.
 TOKEN_ID_BYTES = 8
 
@@ -44,19 +46,6 @@ ENCODINGS = {
 }
 
 
-def window_row_bytes(dim: int) -> int:
-    """A window KV row: fp8 e4m3 with a UE8M0 scale per 32 channels (528 B at 512)."""
-    return dim + math.ceil(dim / 32)
-
-
-def compressed_entry_bytes(dim: int) -> int:
-    """A compressed KV entry: e2m1 pairs with an e4m3 scale per 16 (288 B at 512)."""
-    return math.ceil(dim / 2) + math.ceil(dim / 16)
-
-
-def index_key_bytes(dim: int) -> int:
-    """An index key: e2m1 pairs with a UE8M0 scale per 32 (68 B at 128)."""
-    return math.ceil(dim / 2) + math.ceil(dim / 32)
 
 
 def v41_footprint(hf_config: Mapping[str, Any], block_size: int) -> ModelFootprint:
@@ -119,21 +108,21 @@ def _kv(config: DeepseekV41Config, block_size: int) -> KVFootprint:
     for ratio, sources in config.kv_sources.items():
         if block_size % ratio:
             raise ValueError(f"block size {block_size} is not a multiple of compress ratio {ratio}")
-        entry = compressed_entry_bytes(config.head_dim) + index_key_bytes(config.index_head_dim)
+        entry = nvfp4_row_bytes(config.head_dim) + mxfp4_row_bytes(config.index_head_dim)
         per_block += len(sources) * (block_size // ratio) * entry
-    ring_rows = config.sliding_window + ROLLBACK_ROWS
+    ring_rows = config.sliding_window + MAX_BACKTRACK
     window_layers = config.num_hidden_layers + config.num_nextn_predict_layers
     parts = [
         StatePart(
             f"window rings: {config.num_hidden_layers} layers + "
             f"{config.num_nextn_predict_layers} DSpark x {ring_rows} rows x "
-            f"{window_row_bytes(config.head_dim)} B",
-            window_layers * ring_rows * window_row_bytes(config.head_dim),
+            f"{fp8_row_bytes(config.head_dim)} B",
+            window_layers * ring_rows * fp8_row_bytes(config.head_dim),
         )
     ]
     for ratio, sources in config.kv_sources.items():
         if ratio > 1:
-            rows = ratio - 1 + ROLLBACK_ROWS
+            rows = ratio - 1 + MAX_BACKTRACK
             # the pending (kv, gate) projections, in float32 (spec §4)
             parts.append(
                 StatePart(

@@ -20,9 +20,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-FP8_GROUP = 32
-NVFP4_GROUP = 16
-MXFP4_GROUP = 32
+from deepwell.engine.models.deepseek_v41.cache_rows import (
+    FP8_GROUP,
+    MXFP4_GROUP,
+    NVFP4_GROUP,
+    fp8_row_bytes,
+    mxfp4_row_bytes,
+    nvfp4_row_bytes,
+)
 
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0
@@ -51,16 +56,7 @@ def qdq_mxfp4(x: torch.Tensor) -> torch.Tensor:
     return _ungrouped(values * scale, channels, x.dtype)
 
 
-def fp8_row_bytes(channels: int) -> int:
-    return channels + _groups(channels, FP8_GROUP)
 
-
-def nvfp4_row_bytes(channels: int) -> int:
-    return _groups(channels, 2) + _groups(channels, NVFP4_GROUP)
-
-
-def mxfp4_row_bytes(channels: int) -> int:
-    return _groups(channels, 2) + _groups(channels, MXFP4_GROUP)
 
 
 def pack_fp8(x: torch.Tensor) -> torch.Tensor:

@@ -29,14 +29,6 @@ INDEX_FILE = "model.safetensors.index.json"
 # The released checkpoint also holds a vision tower; the text model does not read it.
 VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
 
-# safetensors' dtype names for what each role of a tensor may be stored as.
-_SAFETENSORS_DTYPES = {
-    torch.bfloat16: "BF16",
-    torch.float32: "F32",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.int8: "I8",
-    torch.float8_e8m0fnu: "F8_E8M0",
-}
 # nemo and spec §3.8 disagree on which unquantised tensors are BF16 and which F32 (the
 # head, the compressor); both are full precision for a float32 model, so either is taken.
 _PLAIN_DTYPES = ("BF16", "F32")
@@ -197,7 +189,7 @@ def _check_header(
     else:
         expected_shape = spec.format.stored_shape(spec.shape)
         expected_dtypes = (
-            (_SAFETENSORS_DTYPES[spec.format.stored_dtype],)
+            (spec.format.safetensors_dtype,)
             if spec.format.quantized
             else _PLAIN_DTYPES
         )

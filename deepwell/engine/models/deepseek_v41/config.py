@@ -13,6 +13,10 @@ from typing import Any
 
 from deepwell.engine.errors import ModelLoadError
 
+# Rows a sequence may roll back (DeepInfer's DEEPINFER_MAX_BACKTRACKING_TOKENS, 6 with 5
+# draft tokens): the rings keep them beyond the window (spec/deepinfer.md).
+MAX_BACKTRACK = 6
+
 
 class Selection(Enum):
     """How a compressed layer picks the entries it attends to (spec §3.3)."""

@@ -32,7 +32,12 @@ from deepwell.engine.models.deepseek_v41.attention import (
 from deepwell.engine.models.deepseek_v41.binding import bind_weights
 from deepwell.engine.models.deepseek_v41.block import DeepseekV41Block
 from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
-from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
+from deepwell.engine.models.deepseek_v41.config import (
+    MAX_BACKTRACK,
+    DeepseekV41Config,
+    LayerPlan,
+    Selection,
+)
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -44,10 +49,6 @@ from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 from deepwell.engine.models.deepseek_v41.schema import TensorSpec, tensor_schema
 from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
-
-# Rows a sequence may roll back (DeepInfer's DEEPINFER_MAX_BACKTRACKING_TOKENS, 6 with 5
-# draft tokens): the rings keep them beyond the window (spec/deepinfer.md).
-MAX_BACKTRACK = 6
 
 
 class DeepseekV41ForCausalLM(nn.Module):
