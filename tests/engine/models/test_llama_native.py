@@ -13,6 +13,7 @@ import torch
 from deepwell.engine import LLM, EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
 
+from ..near_ties import first_near_tie
 from ..tiny_llama import run_to_completion
 from .tiny_qwen import write_tiny_qwen
 
@@ -97,14 +98,6 @@ def greedy_with_logprobs(llm: LLM, prompts: list[str], max_tokens: int):
     )
     return llm.generate(prompts, params, use_tqdm=False)
 
-
-def first_near_tie(completion, gap: float = 0.05) -> int:
-    """The first position whose top two logprobs lie within `gap` nats, where a rounding
-    step may pick either; the completion's length when none does."""
-    return next(
-        (k for k, lp in enumerate(completion.logprobs) if lp.top[0][1] - lp.top[1][1] < gap),
-        len(completion.token_ids),
-    )
 
 
 def test_embedded_native_steps_match_the_torch_path_float32(caplog):
