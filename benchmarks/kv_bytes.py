@@ -27,7 +27,7 @@ from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM, kv_layout
 from deepwell.engine.models.deepseek_v41.writer import (
     PRESETS,
-    TINY_TEXT_CONFIG,
+    RELEASED_CACHE_SHAPE,
     write_tiny_checkpoint,
 )
 from deepwell.engine.models.loader import load_checkpoint
@@ -38,25 +38,10 @@ BLOCK = 16
 PROMPT = 512
 CHUNK = 128
 DECODES = 64
-# The released schedule and cache widths (spec/deepseek_v41.md §3, §3.1).
-RELEASED_SHAPE = TINY_TEXT_CONFIG | dict(
-    num_hidden_layers=40,
-    head_dim=512,
-    qk_rope_head_dim=64,
-    index_head_dim=128,
-    sliding_window=128,
-    compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
-    kv_source_layer_ids=[2, 8, 14, 20],
-    index_source_layer_ids=[2, 8, 14, 20, 24, 28, 32, 36],
-    candidate_source_layer_id=20,
-    engram_layer_ids=[1, 14],
-    num_nextn_predict_layers=3,
-    dspark_target_layer_ids=[37, 38, 39],
-)
 
 
 def released_bytes() -> None:
-    config = DeepseekV41Config.from_hf(RELEASED_SHAPE)
+    config = DeepseekV41Config.from_hf(RELEASED_CACHE_SHAPE)
     for name, packed in (("packed", True), ("bfloat16 rounded", False)):
         layout = kv_layout(dataclasses.replace(config, cache_packed=packed), dspark=True)
         token = layout.block_bytes(128, torch.bfloat16) / 128

@@ -148,6 +148,23 @@ MEDIUM_TEXT_CONFIG: dict[str, Any] = SMALL_TEXT_CONFIG | dict(
     max_position_embeddings=65536,
 )
 
+# The released layer schedule and cache widths (spec §3, §3.1) over the tiny sizes: the KV
+# layout depends on nothing else, so its bytes are the real model's (tests, benchmarks).
+RELEASED_CACHE_SHAPE: dict[str, Any] = TINY_TEXT_CONFIG | dict(
+    num_hidden_layers=40,
+    head_dim=512,
+    qk_rope_head_dim=64,
+    index_head_dim=128,
+    sliding_window=128,
+    compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+    kv_source_layer_ids=[2, 8, 14, 20],
+    index_source_layer_ids=[2, 8, 14, 20, 24, 28, 32, 36],
+    candidate_source_layer_id=20,
+    engram_layer_ids=[1, 14],
+    num_nextn_predict_layers=3,
+    dspark_target_layer_ids=[37, 38, 39],
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": TINY_TEXT_CONFIG,
     "small": SMALL_TEXT_CONFIG,

@@ -14,7 +14,7 @@ from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM, kv_layout
-from deepwell.engine.models.deepseek_v41.writer import TINY_TEXT_CONFIG, write_tiny_checkpoint
+from deepwell.engine.models.deepseek_v41.writer import RELEASED_CACHE_SHAPE, write_tiny_checkpoint
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.models.registry import ModelOptions
 from deepwell.engine.runner import ModelRunner
@@ -23,26 +23,9 @@ from ...tiny_llama import run_to_completion
 
 BLOCK = 16
 
-# The released schedule and cache widths (spec §3, §3.1); the other sizes stay tiny, as the
-# layout depends on none of them.
-REAL_SHAPE = TINY_TEXT_CONFIG | dict(
-    num_hidden_layers=40,
-    head_dim=512,
-    qk_rope_head_dim=64,
-    index_head_dim=128,
-    sliding_window=128,
-    compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
-    kv_source_layer_ids=[2, 8, 14, 20],
-    index_source_layer_ids=[2, 8, 14, 20, 24, 28, 32, 36],
-    candidate_source_layer_id=20,
-    engram_layer_ids=[1, 14],
-    num_nextn_predict_layers=3,
-    dspark_target_layer_ids=[37, 38, 39],
-)
-
 
 def real_config(**fields) -> DeepseekV41Config:
-    return dataclasses.replace(DeepseekV41Config.from_hf(REAL_SHAPE), **fields)
+    return dataclasses.replace(DeepseekV41Config.from_hf(RELEASED_CACHE_SHAPE), **fields)
 
 
 def test_the_real_config_keeps_890_bytes_a_token_and_528_byte_window_rows():
