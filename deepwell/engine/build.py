@@ -118,6 +118,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             dspark=method == "dspark",
             batch_invariant=args.batch_invariant,
             experts=experts,
+            kernels=args.kernels,
         ),
     )
     model.load_weights(checkpoint.tensors)

@@ -25,6 +25,7 @@ DTYPES = (AUTO, "bfloat16", "float32")
 QUANTIZATIONS = ("none", "int4")
 ATTENTION_BACKENDS = ("auto", "torch", "cpp")
 NATIVE_DECODES = ("auto", "off")
+KERNEL_SETS = ("auto", "triton")
 SPECULATIVE_METHODS = ("ngram", "dspark")
 YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
 DEVICES = ("cpu",)
@@ -109,6 +110,16 @@ class EngineArgs:
         flags="--native-decode",
         choices=NATIVE_DECODES,
         env="DEEPWELL_NATIVE_DECODE",
+        env_parse=env.parse_text,
+    )
+    kernels: str = setting(
+        "auto",
+        "kernel set: auto (the native C++ kernels where they build, else torch) or triton "
+        "(the Triton kernels on any device; an error when Triton is not installed; "
+        "TRITON_INTERPRET=1 runs them on the CPU)",
+        flags="--kernels",
+        choices=KERNEL_SETS,
+        env="DEEPWELL_KERNELS",
         env_parse=env.parse_text,
     )
     memory_gib: float = setting(

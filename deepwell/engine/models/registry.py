@@ -36,6 +36,8 @@ class ModelOptions:
     batch_invariant: bool = False
     # DeepSeek-V4.1: its routed experts sharded over expert-parallel ranks (parallel/).
     experts: ExpertSharding | None = None
+    # The kernel set ("auto" or "triton", settings/engine.py KERNEL_SETS).
+    kernels: str = "auto"
 
 
 MODELS: dict[str, type[nn.Module]] = {
