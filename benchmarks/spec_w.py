@@ -40,7 +40,7 @@ from workload import make_workload
 import deepwell.engine.runner as runner_module
 import deepwell.engine.speculative.verify as verify_module
 from deepwell.engine import LLM, SamplingParams
-from deepwell.engine.runner import ModelRunner
+from deepwell.engine.step_rows import PagedRows
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 LINEAR_OPS = ("linear", "addmm", "aten::mm", "gemv", "quant")
@@ -189,9 +189,9 @@ def profile_w(args, workload: list[dict]) -> None:
 def per_row_verify(on: bool) -> None:
     """Lever grouped-verify off: decode metadata without sequences, so every verify row is
     its own kernel task (as before the lever)."""
-    grouped = _original(ModelRunner, "_paged_metadata")
+    grouped = _original(PagedRows, "metadata")
     if on:
-        ModelRunner._paged_metadata = grouped
+        PagedRows.metadata = grouped
         return
 
     def ungrouped(self, *args, **kwargs):
@@ -199,7 +199,7 @@ def per_row_verify(on: bool) -> None:
         meta.decode_sequence_rows = None
         return meta
 
-    ModelRunner._paged_metadata = ungrouped
+    PagedRows.metadata = ungrouped
 
 
 def batched_verify_argmax(on: bool) -> None:

@@ -14,11 +14,8 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
 from deepwell.engine.kv.snapshots import RingSnapshots
-from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
-from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.layers.step_metadata import (
     CompactPlan,
-    SequenceSpan,
     StepMetadata,
     plan_compressed,
     plan_tails,
@@ -30,6 +27,7 @@ from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler, first_argmax
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
+from deepwell.engine.step_rows import PagedRows, StepRows
 
 
 @dataclass
@@ -94,9 +92,7 @@ class ModelRunner:
         ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
         num_decode_chunks = len(ordered)
         ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
-        input_ids, positions, meta, last_rows, pending_rows, pending_history = self._prepare(
-            ordered, num_decode_chunks
-        )
+        rows, meta = self._prepare(ordered, num_decode_chunks)
         snapshot_points = []
         if self.snapshots is not None:
             bs = self.block_size
@@ -104,22 +100,24 @@ class ModelRunner:
                 boundary = (c.start + c.num_tokens) // bs * bs
                 if boundary > c.start and c.request.slot is not None:
                     snapshot_points.append((c.request.request_id, c.request.slot, boundary))
-        completing = [(row, c) for row, c in zip(last_rows, ordered, strict=True) if c.completes]
+        completing = [
+            (row, c) for row, c in zip(rows.last_rows, ordered, strict=True) if c.completes
+        ]
         sampling = [(row, c) for row, c in completing if not c.draft]
         verifying = [(row, c) for row, c in completing if c.draft]
-        rows = [row for row, _ in sampling] + [
+        logit_rows = [row for row, _ in sampling] + [
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
         return PreparedStep(
             chunks=chunks,
-            input_ids=input_ids,
-            positions=positions,
+            input_ids=torch.tensor(rows.input_ids, dtype=torch.long),
+            positions=torch.tensor(rows.positions, dtype=torch.long),
             meta=meta,
-            logit_rows=torch.tensor(rows, dtype=torch.long),
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long),
             sampling=[c for _, c in sampling],
             verifying=[c for _, c in verifying],
-            pending_rows=pending_rows,
-            pending_history=pending_history,
+            pending_rows=rows.pending_rows,
+            pending_history=rows.pending_history,
             snapshot_points=snapshot_points,
         )
 
@@ -181,138 +179,25 @@ class ModelRunner:
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
 
-    def _prepare(self, chunks: list[ScheduledChunk], num_decode_chunks: int):
-        """Tensors of a step whose first `num_decode_chunks` chunks are decode-shaped."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        last_rows: list[int] = []
-        seq_slots: list[int] = []
-        seq_starts: list[int] = []
-        decode_blocks: list[int] = []
-        decode_rows: list[int] = []
-        decode_padding: list[int] = []  # per decode block: keys past the context
-        decode_lens: list[int] = []
-        decode_sequence_rows: list[int] = []
-        prefills: list[PrefillSpan] = []
-        spans: list[tuple[int, int, int, list[int]]] = []  # batch-invariant query spans
-        pending_rows: list[tuple[int, Request]] = []
-        sequences: list[SequenceSpan] = []
-        history: list[list[int]] = []
-        pending_history: list[tuple[int, int, Request]] = []
+    def _prepare(
+        self, chunks: list[ScheduledChunk], num_decode_chunks: int
+    ) -> tuple[StepRows, StepMetadata]:
+        """The rows and metadata of a step whose first `num_decode_chunks` chunks are
+        decode-shaped."""
+        rows = StepRows(self.block_size, self.token_history)
+        # The rest describes paged full attention (AttentionMetadata).
+        paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
         for index, chunk in enumerate(chunks):
-            request = chunk.request
-            start = chunk.start
-            end = start + chunk.num_rows
-            blocks = request.block_ids
-            row = len(input_ids)
-            known = request.token_ids[start : start + chunk.num_tokens]
-            pending_position = None
-            if len(known) < chunk.num_tokens:
-                # Its last input is the token the step before samples; filled in at launch.
-                pending_rows.append((row + len(known), request))
-                pending_position = start + len(known)
-                known.append(0)
-            input_ids += known + chunk.draft
-            if self.token_history:
-                history += self._history(
-                    request, start, known + chunk.draft, pending_position, row, pending_history
-                )
-            positions += range(start, end)
-            last_rows.append(row + chunk.num_rows - 1)
-            slot = -1 if request.slot is None else request.slot
-            table = torch.tensor(blocks[: -(-end // bs)], dtype=torch.long)
-            sequences.append(
-                SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
-            )
-            if not self.full_attention:
-                continue  # the rest describes paged full attention (AttentionMetadata)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
-            seq_slots += [slot] * chunk.num_rows
-            seq_starts += [request.num_cached_tokens] * chunk.num_rows
-            if self.batch_invariant:
-                spans.append((row, start, chunk.num_rows, blocks))
-                continue
-            if index < num_decode_chunks:
-                decode_sequence_rows.append(chunk.num_rows)
-                # Each row sees the keys up to its own position.
-                for query, query_end in enumerate(range(start + 1, end + 1), row):
-                    n = -(-query_end // bs)
-                    decode_blocks += blocks[:n]
-                    decode_rows += [query] * n
-                    decode_padding += [0] * (n - 1) + [n * bs - query_end]
-                    decode_lens.append(query_end)
-                continue
-            mask = None
-            if start:
-                query_pos = torch.arange(start, end).unsqueeze(1)
-                mask = torch.arange(end).unsqueeze(0) <= query_pos
-            prefills.append(PrefillSpan(row, chunk.num_rows, end, table, mask))
-        meta = StepMetadata(sequences)
-        if self.full_attention:
-            meta.paged = self._paged_metadata(
-                slots,
-                decode_blocks,
-                decode_rows,
-                decode_padding,
-                decode_lens,
-                decode_sequence_rows,
-                prefills,
-                seq_slots,
-                seq_starts,
-                spans,
-            )
+            span = rows.add(chunk)
+            if paged is not None:
+                paged.add(chunk, span, decode=index < num_decode_chunks)
+        meta = StepMetadata(rows.sequences)
+        if paged is not None:
+            meta.paged = paged.metadata()
         self.plan_caches(meta)
         if self.token_history:
-            meta.token_history = torch.tensor(history, dtype=torch.long).view(
-                -1, self.token_history
-            )
-        return (
-            torch.tensor(input_ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            meta,
-            last_rows,
-            pending_rows,
-            pending_history,
-        )
-
-    def _paged_metadata(
-        self,
-        slots,
-        decode_blocks,
-        decode_rows,
-        decode_padding,
-        decode_lens,
-        decode_sequence_rows,
-        prefills,
-        seq_slots,
-        seq_starts,
-        spans,
-    ) -> AttentionMetadata:
-        bs = self.block_size
-        # Decode rows are the first rows of the step, so a row index is its decode index.
-        valid = bs - torch.tensor(decode_padding, dtype=torch.long)
-        padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
-        slot_tensor = torch.tensor(slots, dtype=torch.long)
-        ranks, depth, span = stack_decode_blocks(decode_blocks)
-        return AttentionMetadata(
-            slot_blocks=slot_tensor // bs,
-            slot_offsets=slot_tensor % bs,
-            num_decodes=len(decode_lens),
-            decode_context_lens=decode_lens,
-            decode_block_ids=torch.tensor(decode_blocks, dtype=torch.long),
-            decode_block_rows=torch.tensor(decode_rows, dtype=torch.long),
-            decode_block_padding=padding[:, None, None],
-            decode_block_ranks=ranks,
-            decode_stack_depth=depth,
-            decode_block_span=span,
-            prefills=prefills,
-            seq_slots=torch.tensor(seq_slots, dtype=torch.long),
-            seq_starts=torch.tensor(seq_starts, dtype=torch.long),
-            query_tiles=tile_queries(spans, bs) if self.batch_invariant else None,
-            decode_sequence_rows=decode_sequence_rows,
-        )
+            meta.token_history = rows.token_history()
+        return rows, meta
 
     def plan_caches(self, meta: StepMetadata) -> None:
         """Plans once per kind of ring and compressed cache the layout declares, from the
@@ -353,26 +238,3 @@ class ModelRunner:
                 meta.bounded_windows[ring.name] = plan_windows(
                     sequences, ring.window, ring.rows, bounded=True
                 )
-
-    def _history(
-        self,
-        request: Request,
-        start: int,
-        inputs: list[int],
-        pending_position: int | None,
-        row: int,
-        pending_history: list[tuple[int, int, Request]],
-    ) -> list[list[int]]:
-        """Each input row's earlier token ids, newest first (-1 before position 0); entries
-        that are the pending token are recorded to be filled in at launch."""
-        depth = self.token_history
-        earlier = request.token_ids[max(0, start - depth) : start]
-        tokens = [-1] * (depth - len(earlier)) + earlier + inputs
-        rows = []
-        for offset in range(len(inputs)):
-            position = start + offset
-            rows.append(tokens[offset : offset + depth][::-1])
-            if pending_position is not None and 0 < position - pending_position <= depth:
-                column = position - pending_position - 1
-                pending_history.append((row + offset, column, request))
-        return rows

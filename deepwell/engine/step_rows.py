@@ -1,0 +1,155 @@
+"""A scheduled step's rows as model inputs, gathered chunk by chunk (runner.py): token ids,
+positions, sequence spans and token history (`StepRows`), and what paged full attention
+needs of the same rows (`PagedRows` → `AttentionMetadata`).
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
+from deepwell.engine.layers.batch_invariant import tile_queries
+from deepwell.engine.layers.step_metadata import SequenceSpan
+from deepwell.engine.request import Request
+from deepwell.engine.scheduler import ScheduledChunk
+
+
+@dataclass
+class StepRows:
+    """The step's input rows, a chunk's rows after the chunk before."""
+
+    block_size: int
+    # Earlier token ids each row carries (KVLayout.token_history); 0: none.
+    history_depth: int
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    # Per chunk: its last row.
+    last_rows: list[int] = field(default_factory=list)
+    sequences: list[SequenceSpan] = field(default_factory=list)
+    # Per row: its earlier token ids, newest first (-1 before position 0).
+    history: list[list[int]] = field(default_factory=list)
+    # Rows holding a request's pending token, known only once the step before samples.
+    pending_rows: list[tuple[int, Request]] = field(default_factory=list)
+    # (row, column) of history entries that are a request's pending token.
+    pending_history: list[tuple[int, int, Request]] = field(default_factory=list)
+
+    def add(self, chunk: ScheduledChunk) -> SequenceSpan:
+        """The chunk's rows; returns its sequence span."""
+        request, start = chunk.request, chunk.start
+        end = start + chunk.num_rows
+        row = len(self.input_ids)
+        known = request.token_ids[start : start + chunk.num_tokens]
+        pending_position = None
+        if len(known) < chunk.num_tokens:
+            # Its last input is the token the step before samples; filled in at launch.
+            self.pending_rows.append((row + len(known), request))
+            pending_position = start + len(known)
+            known.append(0)
+        self.input_ids += known + chunk.draft
+        if self.history_depth:
+            self._add_history(request, start, known + chunk.draft, pending_position, row)
+        self.positions += range(start, end)
+        self.last_rows.append(row + chunk.num_rows - 1)
+        slot = -1 if request.slot is None else request.slot
+        table = torch.tensor(request.block_ids[: -(-end // self.block_size)], dtype=torch.long)
+        span = SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
+        self.sequences.append(span)
+        return span
+
+    def token_history(self) -> torch.Tensor:
+        """[rows, history_depth] earlier token ids (pending entries still 0)."""
+        return torch.tensor(self.history, dtype=torch.long).view(-1, self.history_depth)
+
+    def _add_history(
+        self,
+        request: Request,
+        start: int,
+        inputs: list[int],
+        pending_position: int | None,
+        row: int,
+    ) -> None:
+        """Each input row's earlier token ids, newest first (-1 before position 0); entries
+        that are the pending token are recorded to be filled in at launch."""
+        depth = self.history_depth
+        earlier = request.token_ids[max(0, start - depth) : start]
+        tokens = [-1] * (depth - len(earlier)) + earlier + inputs
+        for offset in range(len(inputs)):
+            position = start + offset
+            self.history.append(tokens[offset : offset + depth][::-1])
+            if pending_position is not None and 0 < position - pending_position <= depth:
+                column = position - pending_position - 1
+                self.pending_history.append((row + offset, column, request))
+
+
+@dataclass
+class PagedRows:
+    """What paged full attention needs of the step's rows (layers/attention.py)."""
+
+    block_size: int
+    # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
+    batch_invariant: bool
+    # Per row: the cache slot its key and value go to, its sequence's slot and cached length.
+    slots: list[int] = field(default_factory=list)
+    seq_slots: list[int] = field(default_factory=list)
+    seq_starts: list[int] = field(default_factory=list)
+    # Decode rows: the blocks each reads, the row each block is for, the keys past the
+    # context in each block, each row's context length; rows per decode chunk.
+    decode_blocks: list[int] = field(default_factory=list)
+    decode_rows: list[int] = field(default_factory=list)
+    decode_padding: list[int] = field(default_factory=list)
+    decode_lens: list[int] = field(default_factory=list)
+    decode_sequence_rows: list[int] = field(default_factory=list)
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    # Batch-invariant query spans: (row, start, rows, block ids).
+    spans: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
+
+    def add(self, chunk: ScheduledChunk, span: SequenceSpan, decode: bool) -> None:
+        """The chunk's rows at `span`; `decode`: it is decode-shaped (the step's first rows)."""
+        bs, request = self.block_size, chunk.request
+        blocks, start, row = request.block_ids, chunk.start, span.row
+        end = start + chunk.num_rows
+        self.slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+        self.seq_slots += [span.slot] * chunk.num_rows
+        self.seq_starts += [request.num_cached_tokens] * chunk.num_rows
+        if self.batch_invariant:
+            self.spans.append((row, start, chunk.num_rows, blocks))
+        elif decode:
+            self.decode_sequence_rows.append(chunk.num_rows)
+            # Each row sees the keys up to its own position.
+            for query, query_end in enumerate(range(start + 1, end + 1), row):
+                n = -(-query_end // bs)
+                self.decode_blocks += blocks[:n]
+                self.decode_rows += [query] * n
+                self.decode_padding += [0] * (n - 1) + [n * bs - query_end]
+                self.decode_lens.append(query_end)
+        else:
+            mask = None
+            if start:
+                query_pos = torch.arange(start, end).unsqueeze(1)
+                mask = torch.arange(end).unsqueeze(0) <= query_pos
+            self.prefills.append(PrefillSpan(row, chunk.num_rows, end, span.block_table, mask))
+
+    def metadata(self) -> AttentionMetadata:
+        bs = self.block_size
+        # Decode rows are the first rows of the step, so a row index is its decode index.
+        valid = bs - torch.tensor(self.decode_padding, dtype=torch.long)
+        padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
+        slot_tensor = torch.tensor(self.slots, dtype=torch.long)
+        ranks, depth, span = stack_decode_blocks(self.decode_blocks)
+        return AttentionMetadata(
+            slot_blocks=slot_tensor // bs,
+            slot_offsets=slot_tensor % bs,
+            num_decodes=len(self.decode_lens),
+            decode_context_lens=self.decode_lens,
+            decode_block_ids=torch.tensor(self.decode_blocks, dtype=torch.long),
+            decode_block_rows=torch.tensor(self.decode_rows, dtype=torch.long),
+            decode_block_padding=padding[:, None, None],
+            decode_block_ranks=ranks,
+            decode_stack_depth=depth,
+            decode_block_span=span,
+            prefills=self.prefills,
+            seq_slots=torch.tensor(self.seq_slots, dtype=torch.long),
+            seq_starts=torch.tensor(self.seq_starts, dtype=torch.long),
+            query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
+            decode_sequence_rows=self.decode_sequence_rows,
+        )
