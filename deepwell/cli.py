@@ -377,20 +377,17 @@ def _chat_prompt(llm, message: str) -> tuple[str | list[int] | None, list[int]]:
         ChatTemplateEncoding,
         Conversation,
         ConversionError,
-        DeepseekV4Encoding,
-        DeepseekV41Encoding,
         Tokenizer,
         UserMessage,
     )
+    from deepwell.serve.model import deepseek_encoding
 
-    deepseek = {
-        "DeepseekV4ForCausalLM": DeepseekV4Encoding,
-        "DeepseekV41ForCausalLM": DeepseekV41Encoding,
-    }.get(llm.core.architecture)
+    deepseek = deepseek_encoding(llm.core.architecture)
     tokenizer = Tokenizer.from_str(llm.tokenizer.to_str())
     conversation = Conversation([UserMessage(message)], thinking_mode=False)
     if deepseek is not None:
-        return deepseek().with_tokenizer(tokenizer).encode(conversation), []
+        encoding_type, _ = deepseek
+        return encoding_type().with_tokenizer(tokenizer).encode(conversation), []
     if llm.core.chat_template is None:
         return None, []
     bos = llm.core.bos_token_id

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
-from torch import nn
 
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.errors import MemoryBudgetError
@@ -31,10 +30,9 @@ from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
-from deepwell.engine.models.llama import LlamaForCausalLM
-from deepwell.engine.models.llama_native import native_decode_for
+from deepwell.engine.models.contract import CausalLM
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
-from deepwell.engine.models.registry import ModelOptions, build_model
+from deepwell.engine.models.registry import ModelOptions, build_model, model_entry
 from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
 from deepwell.engine.parallel.placement import balanced_placement, check_divisible
@@ -47,7 +45,7 @@ logger = logging.getLogger(__name__)
 class BuiltEngine:
     """A loaded model, its KV cache and what the model brought along."""
 
-    model: nn.Module
+    model: CausalLM
     # The model class's own config (e.g. LlamaConfig).
     model_config: Any
     layout: KVLayout
@@ -74,7 +72,7 @@ class BuiltEngine:
 class LoadedModel:
     """A checkpoint's model with its weights in, ready to compute (no KV cache yet)."""
 
-    model: nn.Module
+    model: CausalLM
     checkpoint: Checkpoint
     # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
     speculative_method: str | None
@@ -100,40 +98,45 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             compute_dtype=args.dtype_choice.dtype,
         )
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
-    method = _speculative_method(args, checkpoint.tensors)
-    model = build_model(
-        checkpoint,
-        ModelOptions(
-            dtype=args.torch_dtype,
-            backend_class=(
-                BatchInvariantAttention
-                if args.batch_invariant
-                else paged_backend_class(args.attention_backend)
-            ),
-            sink_backend_class=(
-                BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
-            ),
-            quantize_kv_cache=args.quantize_kv_cache,
-            expand_weights=args.expand_weights,
-            dspark=method == "dspark",
-            batch_invariant=args.batch_invariant,
-            experts=experts,
-            kernels=args.kernels,
-        ),
-    )
+    method = _speculative_method(args, checkpoint)
+    model = build_model(checkpoint, _model_options(args, method, experts))
     model.load_weights(checkpoint.tensors)
     pack_linears(model)
+    hooks = model.hooks()
     # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
     # directly, and GGUF files keep it above 4 bits too.
-    head = getattr(model, "lm_head", None)
-    if args.quantization == "int4" and not quantize_linears(model, head, checkpoint.blocks):
+    if args.quantization == "int4" and not quantize_linears(
+        model, hooks.output_head, checkpoint.blocks
+    ):
         raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
-    elif isinstance(model, LlamaForCausalLM):
-        model.native_decode = native_decode_for(model, args.native_decode)
+    elif hooks.native_decode is not None:
+        hooks.native_decode(args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
+
+
+def _model_options(
+    args: EngineArgs, method: str | None, experts: ExpertSharding | None
+) -> ModelOptions:
+    return ModelOptions(
+        dtype=args.torch_dtype,
+        backend_class=(
+            BatchInvariantAttention
+            if args.batch_invariant
+            else paged_backend_class(args.attention_backend)
+        ),
+        sink_backend_class=(
+            BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
+        ),
+        quantize_kv_cache=args.quantize_kv_cache,
+        expand_weights=args.expand_weights,
+        dspark=method == "dspark",
+        batch_invariant=args.batch_invariant,
+        experts=experts,
+        kernels=args.kernels,
+    )
 
 
 def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> BuiltEngine:
@@ -141,25 +144,61 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     load_model)."""
     started = time.monotonic()
     loaded = load_model(args, group)
-    model, checkpoint, method = loaded.model, loaded.checkpoint, loaded.speculative_method
-    experts = loaded.experts
+    model, checkpoint = loaded.model, loaded.checkpoint
     max_model_len = min(
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,
     )
     layout = model.kv_layout()
-    if args.batch_invariant and layout.needs_slots and not getattr(model, "invariant_rings", False):
+    if args.batch_invariant and layout.needs_slots and not model.hooks().invariant_rings:
         # Rings and state slots are read by the model's own layers, outside these kernels:
         # only a model that declares invariant paths for them (DeepSeek-V4.1) runs here.
         raise ValueError(
             "batch-invariant mode covers models with paged KV, and ring models with "
             "batch-invariant ring layers (DeepSeek-V4.1), only"
         )
-    num_slots = num_slots_for(args.max_num_seqs)
     replay = BoundedReplay(
         TruncationMode(args.yoco_prefill_truncation_mode), args.yoco_prefill_keep_tokens
     )
     replay.check(layout)
+    kv = _kv_cache_manager(args, loaded, layout, replay, max_model_len)
+    logger.info(
+        "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
+        checkpoint.path.name,
+        checkpoint.architecture,
+        args.dtype_choice.dtype,
+        time.monotonic() - started,
+        kv.block_pool.num_blocks,
+        args.block_size,
+    )
+    return BuiltEngine(
+        model=model,
+        model_config=model.config,
+        layout=kv.layout,
+        replay=replay,
+        kv_cache=kv.cache,
+        kv=kv,
+        tokenizer=checkpoint.tokenizer,
+        chat_template=checkpoint.chat_template,
+        model_name=checkpoint.name,
+        architecture=checkpoint.architecture,
+        eos_token_ids=frozenset(model.config.eos_token_ids),
+        bos_token_id=checkpoint.hf_config.get("bos_token_id"),
+        max_model_len=max_model_len,
+        vocab_size=model.config.vocab_size,
+        speculative_method=loaded.speculative_method,
+    )
+
+
+def _kv_cache_manager(
+    args: EngineArgs,
+    loaded: LoadedModel,
+    layout: KVLayout,
+    replay: BoundedReplay,
+    max_model_len: int,
+) -> KVCacheManager:
+    """The KV cache sized from the memory budget, with its snapshots, prefix keys and store."""
+    num_slots = num_slots_for(args.max_num_seqs)
     snapshots = None
     if args.enable_prefix_caching and layout.ring_snapshots:
         layout = layout.with_snapshot_rows(args.block_size)
@@ -168,7 +207,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     num_blocks = args.num_kv_blocks or plan_num_blocks(
         layout,
         memory_gib=args.memory_gib,
-        model_bytes=_model_bytes(model),
+        model_bytes=_model_bytes(loaded.model),
         block_size=args.block_size,
         num_slots=num_slots,
         dtype=args.torch_dtype,
@@ -181,24 +220,10 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
             f"{max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
         )
     kv_cache = KVCache.allocate(layout, num_blocks, args.block_size, num_slots, args.torch_dtype)
-    root_key = None
-    if args.enable_prefix_caching:
-        # Expert-parallel ranks hold different experts but serve one model: its fingerprint
-        # (which workers compare) leaves the routed experts out.
-        tensors = checkpoint.tensors
-        if experts is not None:
-            tensors = {name: t for name, t in tensors.items() if ".ffn.experts." not in name}
-        root_key = fingerprint(
-            checkpoint.architecture,
-            checkpoint.hf_config,
-            tensors,
-            layout,
-            args.block_size,
-            args.torch_dtype,
-        )
+    root_key = _root_key(args, loaded, layout) if args.enable_prefix_caching else None
     parts = None if snapshots is None else snapshots.parts
     store = open_store(args, root_key, kv_cache, parts)
-    kv = KVCacheManager(
+    return KVCacheManager(
         layout,
         num_blocks,
         args.block_size,
@@ -209,31 +234,24 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         replay,
         snapshots,
     )
-    logger.info(
-        "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
-        checkpoint.path.name,
+
+
+def _root_key(args: EngineArgs, loaded: LoadedModel, layout: KVLayout) -> bytes:
+    """The prefix chain's root: the model's fingerprint, which workers compare."""
+    checkpoint = loaded.checkpoint
+    tensors = checkpoint.tensors
+    if loaded.experts is not None:
+        # Expert-parallel ranks hold different experts but serve one model: its fingerprint
+        # leaves the routed experts out.
+        is_expert = loaded.model.hooks().routed_experts.is_expert_tensor
+        tensors = {name: t for name, t in tensors.items() if not is_expert(name)}
+    return fingerprint(
         checkpoint.architecture,
-        args.dtype_choice.dtype,
-        time.monotonic() - started,
-        num_blocks,
+        checkpoint.hf_config,
+        tensors,
+        layout,
         args.block_size,
-    )
-    return BuiltEngine(
-        model=model,
-        model_config=model.config,
-        layout=layout,
-        replay=replay,
-        kv_cache=kv_cache,
-        kv=kv,
-        tokenizer=checkpoint.tokenizer,
-        chat_template=checkpoint.chat_template,
-        model_name=checkpoint.name,
-        architecture=checkpoint.architecture,
-        eos_token_ids=frozenset(model.config.eos_token_ids),
-        bos_token_id=checkpoint.hf_config.get("bos_token_id"),
-        max_model_len=max_model_len,
-        vocab_size=model.config.vocab_size,
-        speculative_method=method,
+        args.torch_dtype,
     )
 
 
@@ -256,11 +274,11 @@ def _expert_sharding(args: EngineArgs, group: DistributedGroup | None) -> Expert
     return ExpertSharding(group, balanced_placement([1.0] * num_experts, group.world_size, slots))
 
 
-def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None:
+def _speculative_method(args: EngineArgs, checkpoint: Checkpoint) -> str | None:
     """The drafter: the one asked for, else DSpark where the checkpoint has draft stages."""
     if not args.num_speculative_tokens:
         return None
-    has_stages = any(name.startswith("mtp.") for name in tensors)
+    has_stages = model_entry(checkpoint.architecture).has_draft_stages(checkpoint)
     if args.speculative_method == "dspark" and not has_stages:
         raise ValueError(
             "speculative_method 'dspark' needs a DeepSeek-V4.1 checkpoint with its draft "
@@ -269,6 +287,6 @@ def _speculative_method(args: EngineArgs, tensors: dict[str, Any]) -> str | None
     return args.speculative_method or ("dspark" if has_stages else "ngram")
 
 
-def _model_bytes(model: nn.Module) -> int:
+def _model_bytes(model: CausalLM) -> int:
     # Buffers count: rotary tables and packed linear weights (layers/packed_linear.py).
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])

@@ -17,7 +17,7 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import build_engine, check_expert_parallel
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
-from deepwell.engine.parallel.context_model import ContextParallelModel
+from deepwell.engine.parallel.context import launch_context_parallel
 from deepwell.engine.parallel.eplb import EplbState
 from deepwell.engine.parallel.group import init_group
 from deepwell.engine.parallel.lockstep import StepGate
@@ -86,7 +86,7 @@ class EngineCore:
         self.context_parallel = None
         model = built.model
         if args.context_parallel_size > 1:
-            model = self.context_parallel = ContextParallelModel.launch(built.model, args)
+            model = self.context_parallel = launch_context_parallel(built.model, args)
         self.runner = ModelRunner(
             model,
             built.kv_cache,
@@ -130,7 +130,7 @@ class EngineCore:
             eplb = args.parallel
             self.lockstep = StepGate(
                 self.group,
-                [layer.ffn for layer in built.model.layers],
+                built.model.hooks().routed_experts.layers,
                 EplbState(eplb.eplb_window_steps, eplb.eplb_min_gain) if eplb.enable_eplb else None,
             )
 

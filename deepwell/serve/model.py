@@ -10,6 +10,11 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from deepwell.engine.models.architectures import (
+    DEEPSEEK_V4_ENCODING,
+    DEEPSEEK_V41_ENCODING,
+    architecture_named,
+)
 from deepwell.recipe import (
     Conversation,
     ConversionOptions,
@@ -77,11 +82,22 @@ def mock_model() -> ServedModel:
     )
 
 
-# DeepSeek architectures and the encoding / API model version each one speaks.
-_DEEPSEEK = {
-    "DeepseekV4ForCausalLM": (DeepseekV4Encoding, ModelVersion.DeepseekV4Pro),
-    "DeepseekV41ForCausalLM": (DeepseekV41Encoding, ModelVersion.DeepseekV41Flash),
+# The encodings an architecture can name (engine/models/architectures.py).
+_ENCODINGS = {
+    DEEPSEEK_V4_ENCODING: DeepseekV4Encoding,
+    DEEPSEEK_V41_ENCODING: DeepseekV41Encoding,
 }
+
+
+def deepseek_encoding(
+    architecture: str,
+) -> tuple[type[DeepseekV4Encoding | DeepseekV41Encoding], ModelVersion] | None:
+    """The DeepSeek encoding and API model version an architecture speaks, from the
+    architecture table; None for a model prompted through its chat template."""
+    entry = architecture_named(architecture)
+    if entry.prompt_encoding is None:
+        return None
+    return _ENCODINGS[entry.prompt_encoding], ModelVersion(entry.model_version)
 
 
 class UnsupportedModel(ValueError):
@@ -98,10 +114,11 @@ def served_model(
     """
     tokenizer = Tokenizer.from_str(info.tokenizer_json)
     stop = list(info.eos_token_ids)
-    if info.architecture in _DEEPSEEK and chat_template is None:
+    deepseek = deepseek_encoding(info.architecture)
+    if deepseek is not None and chat_template is None:
         if tool_call_parser is not None:
             raise UnsupportedModel("DeepSeek models write DSML tool calls; drop --tool-call-parser")
-        encoding_type, version = _DEEPSEEK[info.architecture]
+        encoding_type, version = deepseek
         encoding = encoding_type().with_tokenizer(tokenizer)
         options = (
             ConversionOptions()

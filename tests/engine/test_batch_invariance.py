@@ -181,7 +181,9 @@ def test_batch_invariant_core_tiles_every_linear(make_core):
 
 
 def test_a_ring_model_without_invariant_ring_layers_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setitem(registry.MODELS, ARCHITECTURE, SlidingWindowLlama)
+    monkeypatch.setitem(
+        registry.MODELS, ARCHITECTURE, registry.ModelEntry(ARCHITECTURE, SlidingWindowLlama)
+    )
     path = write_sliding_window_llama(tmp_path)
     with pytest.raises(ValueError, match="batch-invariant ring layers"):
         EngineCore(EngineArgs(model=str(path), dtype="float32", batch_invariant=True))

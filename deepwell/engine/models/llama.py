@@ -24,6 +24,8 @@ from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.models.contract import ModelHooks
+from deepwell.engine.models.llama_native import native_decode_for
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,8 @@ class LlamaForCausalLM(nn.Module):
         "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
     }
-    # The native decode step (models/llama_native.py), set by build.py where it applies: the
-    # steps it takes skip the layers below.
+    # The native decode step (models/llama_native.py), set by use_native_decode where it
+    # applies: the steps it takes skip the layers below.
     native_decode = None
 
     def __init__(
@@ -193,6 +195,14 @@ class LlamaForCausalLM(nn.Module):
                 PagedSpec("value", c.num_hidden_layers, entry, entry_axis=1),
             )
         )
+
+    def hooks(self) -> ModelHooks:
+        return ModelHooks(output_head=self.lm_head, native_decode=self.use_native_decode)
+
+    def use_native_decode(self, choice: str) -> None:
+        """Run small all-decode steps in one C++ call where `choice` ("auto" / "off") and the
+        model allow it (llama_native.py)."""
+        self.native_decode = native_decode_for(self, choice)
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         if self.native_decode is not None and self.native_decode.takes(input_ids, meta):

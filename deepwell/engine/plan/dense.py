@@ -9,7 +9,6 @@ from typing import Any
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.plan.footprint import KVFootprint, ModelFootprint, Weights, WeightShare
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # HF's dtype names → bytes; a config without one holds float32 (transformers' default).
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

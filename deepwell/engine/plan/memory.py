@@ -11,17 +11,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepwell.engine.errors import MemoryBudgetError, ModelLoadError
 from deepwell.engine.kv.slot_pool import num_slots_for
-from deepwell.engine.models.deepseek_v41.schema import is_deepseek_v41_config
-from deepwell.engine.plan.deepseek_v41 import v41_footprint
-from deepwell.engine.plan.dense import ARCHITECTURES as DENSE_ARCHITECTURES
-from deepwell.engine.plan.dense import dense_footprint
 from deepwell.engine.plan.footprint import ModelFootprint
 from deepwell.engine.plan.sizes import GIB, human
 from deepwell.settings.engine import ACTIVATION_RESERVE, BLOCK_SIZE
+
+if TYPE_CHECKING:
+    from deepwell.engine.models.architectures import Architecture
 
 
 @dataclass(frozen=True)
@@ -112,18 +111,17 @@ def read_footprint(
         raise ModelLoadError(f"{str(config_path)!r} is not valid JSON: {error}") from error
     if not isinstance(config, dict):
         raise ModelLoadError(f"{str(config_path)!r} should hold a JSON object")
+    architecture = _planned_architecture(config)
+    if architecture is None or architecture.footprint is None:
+        name = None if architecture is None else architecture.name
+        raise ModelLoadError(
+            f"{str(config_path)!r}: cannot plan architecture {name!r}; plan knows "
+            f"{', '.join(_plannable_names())}"
+        )
     try:
-        if is_deepseek_v41_config(config):
-            return v41_footprint(config, block_size)
-        architecture = (config.get("architectures") or [None])[0]
-        if architecture in DENSE_ARCHITECTURES:
-            return dense_footprint(config, architecture, block_size, compute_dtype)
+        return architecture.footprint(config, architecture.name, block_size, compute_dtype)
     except (ModelLoadError, KeyError, TypeError, ValueError) as error:
         raise ModelLoadError(f"{str(config_path)!r}: {error}") from None
-    raise ModelLoadError(
-        f"{str(config_path)!r}: cannot plan architecture {architecture!r}; plan knows "
-        f"DeepseekV41ForCausalLM and {', '.join(DENSE_ARCHITECTURES)}"
-    )
 
 
 def plan_memory(
@@ -180,10 +178,24 @@ def _plannable(path: Path) -> bool:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and (
-        is_deepseek_v41_config(config)
-        or (config.get("architectures") or [None])[0] in DENSE_ARCHITECTURES
-    )
+    if not isinstance(config, dict):
+        return False
+    architecture = _planned_architecture(config)
+    return architecture is not None and architecture.footprint is not None
+
+
+def _planned_architecture(config: dict[str, Any]) -> Architecture | None:
+    """The config's entry in models/architectures.py, which carries its footprint function."""
+    # Imported here: the table imports this package's footprint modules.
+    from deepwell.engine.models.architectures import architecture_of
+
+    return architecture_of(config)
+
+
+def _plannable_names() -> list[str]:
+    from deepwell.engine.models.architectures import ARCHITECTURES
+
+    return [entry.name for entry in ARCHITECTURES.values() if entry.footprint is not None]
 
 
 def fit(

@@ -27,7 +27,7 @@ class DSparkDrafter(Drafter):
         """model: DeepseekV41ForCausalLM built with DSpark (its context rings in kv_cache);
         temperatures: the confidence head's, one for all positions or one per position."""
         self.model = model
-        self.dspark = model.dspark
+        self.dspark = model.hooks().draft_stages
         self.rings = kv_cache.rings[DSPARK_RING]
         self.ring_rows = self.rings[0].shape[1]
         self.max_tokens = self.dspark.block_size

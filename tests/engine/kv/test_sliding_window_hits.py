@@ -28,7 +28,9 @@ def test_a_ring_shrinks_the_hit_to_the_block_before_its_replay():
 
 @pytest.fixture
 def make_swa_core(tmp_path_factory, monkeypatch):
-    monkeypatch.setitem(registry.MODELS, ARCHITECTURE, SlidingWindowLlama)
+    monkeypatch.setitem(
+        registry.MODELS, ARCHITECTURE, registry.ModelEntry(ARCHITECTURE, SlidingWindowLlama)
+    )
     path = write_sliding_window_llama(tmp_path_factory.mktemp("swa"))
 
     def make(**kwargs) -> EngineCore:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.models.deepseek_v41.context_parallel import SequenceCaches
 from deepwell.engine.parallel import ParallelConfig
-from deepwell.engine.parallel.context import SequenceCaches
 from deepwell.engine.parallel.context_group import ContextGroup, ContextParallelError
 
 

@@ -8,20 +8,19 @@ the same compressed entries and index keys) are all-gathered into sequence order
 before the chunk (window rows, a compressor tail, earlier entries) is broadcast from rank
 0's caches. Each rank then attends its own queries (window and causal masks, its own top-k
 selections). Everything else (mHC, norms, Engram, MoE) is per row and stays local.
-`run_follower` is the loop of ranks 1..N−1. spec/deepseek_v41.md §3.3, §4;
-docs/parallel.md.
+Ranks 1..N−1 run it from parallel/context.py's `run_follower`. spec/deepseek_v41.md §3.3,
+§4; docs/parallel.md.
 """
 
-import logging
-import os
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from deepwell.engine.args import EngineArgs
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata
@@ -30,11 +29,12 @@ from deepwell.engine.models.deepseek_v41.config import LayerPlan
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING
 from deepwell.engine.models.deepseek_v41.engram_hash import ngram_rows
 from deepwell.engine.models.deepseek_v41.mhc import collapse
-from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
-from deepwell.engine.parallel.context_group import ContextGroup, GroupAddress
+from deepwell.engine.parallel.context_group import ContextGroup
 from deepwell.engine.parallel.context_layout import MirrorLayout
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    # The model's hook (context_parallel_model.py) builds this module's prefill.
+    from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 
 
 class SequenceCaches:
@@ -289,23 +289,3 @@ class ContextParallelPrefill:
                 hidden = streams.new_empty((1, self.model.config.hidden_size))
             self.group.broadcast(hidden, src=owner)
         return hidden if rank == 0 else None
-
-
-def run_follower(rank: int, address: GroupAddress, args: EngineArgs) -> None:
-    """Rank 1..N−1: load the model, then run each announced prefill until told to stop."""
-    from deepwell.engine.build import load_model
-
-    # Ranks share this machine's cores.
-    torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // address.size))
-    group = ContextGroup.connect(rank, address)
-    model = load_model(args).model
-    group.join()
-    prefill = ContextParallelPrefill(model, group)
-    try:
-        while (message := group.receive()) is not None:
-            token_ids, start = message
-            prefill.forward(token_ids, start, None)
-    except dist.DistNetworkError:
-        logger.warning("context-parallel rank %d: rank 0 left the group; stopping", rank)
-    finally:
-        group.close()

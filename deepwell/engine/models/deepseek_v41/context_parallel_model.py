@@ -1,22 +1,48 @@
-"""The engine's model on rank 0 under context parallelism: a step's long prefill chunks run
-across the group (context.py), everything else on rank 0 alone.
+"""DeepSeek-V4.1 on rank 0 under context parallelism: a step's long prefill chunks run
+across the group (context_parallel.py), everything else on rank 0 alone.
 
 It stands in for the model in the runner (the same call and `compute_logits`), so the
 scheduler, the KV manager and the step pipeline stay as they are: the prefill's caches land
 in rank 0's slot and blocks, and its last row's hidden state in the step's hidden states.
+`V41ContextParallel` is the model's context-parallel hook (contract.py), which the generic
+launcher (parallel/context.py) calls.
 """
 
+from __future__ import annotations
+
 import dataclasses
-import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from deepwell.engine.args import EngineArgs
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.step_metadata import StepMetadata
-from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
-from deepwell.engine.parallel.context import ContextParallelPrefill, SequenceCaches, run_follower
+from deepwell.engine.models.deepseek_v41.context_parallel import (
+    ContextParallelPrefill,
+    SequenceCaches,
+)
 from deepwell.engine.parallel.context_group import ContextGroup
+
+if TYPE_CHECKING:
+    from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
+
+
+class V41ContextParallel:
+    """The model's context-parallel forward: rank 0's stand-in, and the followers' prefill."""
+
+    def __init__(self, model: DeepseekV41ForCausalLM) -> None:
+        self.model = model
+
+    def leader(self, group: ContextGroup, min_tokens: int | None) -> ContextParallelModel:
+        # The default: twice the sliding window (settings/engine.py).
+        return ContextParallelModel(
+            self.model, group, min_tokens or 2 * self.model.config.sliding_window
+        )
+
+    def follower(self, group: ContextGroup) -> Callable[[torch.Tensor, int], object]:
+        prefill = ContextParallelPrefill(self.model, group)
+        return lambda token_ids, start: prefill.forward(token_ids, start, None)
 
 
 class ContextParallelModel:
@@ -25,21 +51,6 @@ class ContextParallelModel:
         self.group = group
         self.min_tokens = min_tokens
         self.prefill = ContextParallelPrefill(model, group)
-
-    @classmethod
-    def launch(cls, model: torch.nn.Module, args: EngineArgs) -> "ContextParallelModel":
-        """Start ranks 1..N−1 (each loads the checkpoint) and join them."""
-        if not isinstance(model, DeepseekV41ForCausalLM):
-            raise ValueError(
-                "context parallelism runs DeepSeek-V4.1 checkpoints only, got "
-                f"{type(model).__name__}"
-            )
-        min_tokens = args.context_parallel_min_tokens or 2 * model.config.sliding_window
-        if not args.num_threads:
-            # The ranks share this machine's cores (followers: run_follower).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.context_parallel_size))
-        group = ContextGroup.launch(args.context_parallel_size, run_follower, args)
-        return cls(model, group, min_tokens)
 
     def __call__(
         self,

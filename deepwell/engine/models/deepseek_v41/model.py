@@ -24,6 +24,7 @@ from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
 from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.models.contract import ModelHooks, RoutedExperts
 from deepwell.engine.models.deepseek_v41.attention import (
     CompressedCaches,
     Norm,
@@ -38,6 +39,7 @@ from deepwell.engine.models.deepseek_v41.config import (
     LayerPlan,
     Selection,
 )
+from deepwell.engine.models.deepseek_v41.context_parallel_model import V41ContextParallel
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING, DSpark
 from deepwell.engine.models.deepseek_v41.engram_hash import (
     EngramHashConfig,
@@ -47,15 +49,17 @@ from deepwell.engine.models.deepseek_v41.engram_hash import (
 )
 from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
-from deepwell.engine.models.deepseek_v41.schema import TensorSpec, tensor_schema
+from deepwell.engine.models.deepseek_v41.schema import (
+    TensorSpec,
+    is_draft_stage,
+    is_routed_expert,
+    tensor_schema,
+)
 from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
 
 
 class DeepseekV41ForCausalLM(nn.Module):
     config_class = DeepseekV41Config
-    # Its window rings and compressor tails are read by its own layers, which have
-    # batch-invariant paths (build.py refuses batch-invariant mode to ring models without).
-    invariant_rings = True
 
     def __init__(
         self,
@@ -166,6 +170,17 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     def kv_layout(self) -> KVLayout:
         return kv_layout(self.config, dspark=self.dspark is not None)
+
+    def hooks(self) -> ModelHooks:
+        return ModelHooks(
+            output_head=self.head,
+            routed_experts=RoutedExperts([block.ffn for block in self.layers], is_routed_expert),
+            draft_stages=self.dspark,
+            # Its window rings and compressor tails are read by its own layers, which have
+            # batch-invariant paths.
+            invariant_rings=True,
+            context_parallel=V41ContextParallel(self),
+        )
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
@@ -286,7 +301,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         def targets(source: str) -> list[str]:
             if source.endswith(".ffn.gate.bias_vl"):
                 return []
-            if source.startswith("mtp.") and self.dspark is None:
+            if is_draft_stage(source) and self.dspark is None:
                 return []
             return self._local_names(_parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source)))
 

@@ -16,6 +16,8 @@ from deepwell.engine.models.deepseek_v41.weight_layout import WeightFormat
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
 MODEL_TYPE = "deepseek_v41"
+# Where the draft stages sit in a released checkpoint: `mtp.0.`, `mtp.1.`, ...
+DRAFT_STAGE_PREFIX = "mtp."
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,22 @@ def is_deepseek_v41_config(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") == MODEL_TYPE or ARCHITECTURE in (
         config.get("architectures") or []
     )
+
+
+def routed_experts_per_layer(config: Mapping[str, Any]) -> int:
+    """The routed experts of each MoE layer, from a config.json (text config nested or not)."""
+    text = config.get("text_config") or config
+    return int(text["n_routed_experts"])
+
+
+def is_draft_stage(name: str) -> bool:
+    """Whether a released tensor belongs to a DSpark draft stage (`mtp.K`)."""
+    return name.startswith(DRAFT_STAGE_PREFIX)
+
+
+def is_routed_expert(name: str) -> bool:
+    """Whether a released tensor belongs to a routed expert of a MoE layer."""
+    return ".ffn.experts." in name
 
 
 def tensor_schema(text_config: Mapping[str, Any]) -> dict[str, TensorSpec]:
