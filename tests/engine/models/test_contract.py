@@ -81,6 +81,13 @@ def test_every_registered_architecture_has_a_tiny_checkpoint_here():
     assert set(WRITERS) == set(registry.MODELS)
 
 
+def test_the_shipped_architectures_are_planned_and_run():
+    for entry in registry.MODELS.values():
+        assert entry.architecture.name == entry.name
+        assert entry.architecture.footprint is not None
+        assert entry.architecture.engine_runs
+
+
 def test_an_object_without_hooks_is_not_a_causal_lm():
     class Bare(torch.nn.Module):
         def forward(self, input_ids, positions, meta, kv_cache):

@@ -104,7 +104,7 @@ class DeepseekV41Block(nn.Module):
         real_rows: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The block around its attention `attend(u)`, the one part that reads other
-        positions (context parallelism passes its own, parallel/context.py). `real_rows`:
+        positions (context parallelism passes its own, context_parallel.py). `real_rows`:
         the rows before batch-invariant padding, the ones expert parallelism sends."""
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
