@@ -123,7 +123,13 @@ def test_a_llama_like_architecture_runs_from_its_registry_line(mistral, tiny_lla
     tokens = {}
     for name, path in (("llama", tiny_llama), ("mistral", mistral_path)):
         core = EngineCore(
-            EngineArgs(model=str(path), dtype="float32", block_size=16, memory_gib=0.25)
+            EngineArgs(
+                model=str(path),
+                dtype="float32",
+                attention_backend="torch",
+                block_size=16,
+                memory_gib=0.25,
+            )
         )
         assert type(core.runner.model).__name__ == f"{name.capitalize()}ForCausalLM"
         for request_id, prompt in prompts.items():
@@ -139,19 +145,25 @@ def test_a_llama_like_architecture_runs_from_its_registry_line(mistral, tiny_lla
 def test_the_new_architectures_own_config_rules_apply(mistral, tiny_llama, tmp_path):
     path = with_architecture(tiny_llama, tmp_path / "swa", "MistralForCausalLM", sliding_window=64)
     with pytest.raises(ModelLoadError, match="sliding_window 64 is not supported"):
-        EngineCore(EngineArgs(model=str(path), dtype="float32", memory_gib=0.25))
+        EngineCore(
+            EngineArgs(model=str(path), dtype="float32", attention_backend="torch", memory_gib=0.25)
+        )
 
 
 def test_an_unregistered_architecture_is_refused_by_name(tiny_llama, tmp_path):
     path = with_architecture(tiny_llama, tmp_path / "mistral", "MistralForCausalLM")
     with pytest.raises(ModelLoadError, match="unsupported architecture 'MistralForCausalLM'"):
-        EngineCore(EngineArgs(model=str(path), dtype="float32", memory_gib=0.25))
+        EngineCore(
+            EngineArgs(model=str(path), dtype="float32", attention_backend="torch", memory_gib=0.25)
+        )
 
 
 def test_deepseek_v4_is_refused_as_prompt_encoding_only(tiny_llama, tmp_path):
     path = with_architecture(tiny_llama, tmp_path / "v4", "DeepseekV4ForCausalLM")
     with pytest.raises(ModelLoadError, match="known for its prompt encoding only"):
-        EngineCore(EngineArgs(model=str(path), dtype="float32", memory_gib=0.25))
+        EngineCore(
+            EngineArgs(model=str(path), dtype="float32", attention_backend="torch", memory_gib=0.25)
+        )
 
 
 # --- generic code names no model ---
