@@ -10,11 +10,6 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from deepwell.engine.models.architectures import (
-    DEEPSEEK_V4_ENCODING,
-    DEEPSEEK_V41_ENCODING,
-    architecture_named,
-)
 from deepwell.recipe import (
     Conversation,
     ConversionOptions,
@@ -82,22 +77,27 @@ def mock_model() -> ServedModel:
     )
 
 
-# The encodings an architecture can name (engine/models/architectures.py).
-_ENCODINGS = {
-    DEEPSEEK_V4_ENCODING: DeepseekV4Encoding,
-    DEEPSEEK_V41_ENCODING: DeepseekV41Encoding,
-}
-
-
 def deepseek_encoding(
     architecture: str,
 ) -> tuple[type[DeepseekV4Encoding | DeepseekV41Encoding], ModelVersion] | None:
     """The DeepSeek encoding and API model version an architecture speaks, from the
-    architecture table; None for a model prompted through its chat template."""
+    engine's architecture table; None for a model prompted through its chat template."""
+    # Imported here: `serve --mock` and the command line load no engine module
+    # (tests/settings/test_flags.py); the table itself is torch-free.
+    from deepwell.engine.models.architectures import (
+        DEEPSEEK_V4_ENCODING,
+        DEEPSEEK_V41_ENCODING,
+        architecture_named,
+    )
+
     entry = architecture_named(architecture)
     if entry.prompt_encoding is None:
         return None
-    return _ENCODINGS[entry.prompt_encoding], ModelVersion(entry.model_version)
+    encodings = {
+        DEEPSEEK_V4_ENCODING: DeepseekV4Encoding,
+        DEEPSEEK_V41_ENCODING: DeepseekV41Encoding,
+    }
+    return encodings[entry.prompt_encoding], ModelVersion(entry.model_version)
 
 
 class UnsupportedModel(ValueError):
