@@ -1,1 +1,1 @@
-"""Model definitions, the architecture registry and checkpoint loaders."""
+"""The model contract, model definitions, the architecture tables and checkpoint loaders."""
