@@ -82,7 +82,9 @@ def _vector_flags() -> tuple[str, list[str]]:
 def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
     """A digest of the sources and their header, the flags, torch's version and the CPU's
     model and features: a build made with -march=native for one CPU must not load on another
-    sharing the same home directory, and a changed source is a new build (announced as one)."""
+    sharing the same home directory, and a changed source is a new build (announced as one).
+    The sources' folder is in it too: torch's ninja file names them by absolute path, so two
+    installs sharing one folder would each rebuild it for the other, waiting on its lock."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -90,7 +92,8 @@ def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
     texts = [path.read_text() for path in (*sources, HEADER)]
-    parts = [*texts, *flags, torch.__version__, platform.machine(), *described]
+    folders = sorted({str(path.resolve().parent) for path in (*sources, HEADER)})
+    parts = [*texts, *folders, *flags, torch.__version__, platform.machine(), *described]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
