@@ -1,4 +1,5 @@
-"""The FastAPI app: assembles the routers of deepwell.serve.routes around one `ServeContext`.
+"""The FastAPI app: assembles its parts (deepwell.serve.routes.parts) and includes the routers
+of deepwell.serve.routes, one per concern.
 
 Every refusal comes in the route's dialect error shape; a client that goes away mid-request
 closes its chunk stream, which aborts the request in the engine.
@@ -11,17 +12,28 @@ import time
 from fastapi import FastAPI
 
 from deepwell.serve.cluster import admin
+from deepwell.serve.cluster.assembly import Cluster
 from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.completions import Completions
-from deepwell.serve.engine_client import EngineClient
 from deepwell.serve.frontend import Frontend, Infer, engine_infer, mock_infer
 from deepwell.serve.gateway import Gateway, GatewayCollector
-from deepwell.serve.messages import ModelInfo, WorkerStats
+from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.routes import completions, generation, health, models, playground, tokenize
-from deepwell.serve.routes.context import Admission, ServeContext
+from deepwell.serve.routes.parts import Admission, ServeParts
 from deepwell.serve.settings import ServeSettings
+
+# The routers every app serves; a cluster adds its operator routes (cluster/admin.py).
+_ROUTERS = (
+    generation.openai_router,
+    generation.anthropic_router,
+    completions.router,
+    tokenize.router,
+    models.router,
+    playground.router,
+    health.router,
+)
 
 
 def create_app(
@@ -29,74 +41,62 @@ def create_app(
     infer: Infer | None = None,
     model: ServedModel | None = None,
     settings: ServeSettings | None = None,
-    engine: EngineClient | None = None,
+    cluster: Cluster | None = None,
     model_info: ModelInfo | None = None,
 ) -> FastAPI:
-    """The HTTP app. With no `infer` and no `engine` it serves the mock reply (`--mock`).
+    """The HTTP app. With no `infer` and no `cluster` it serves the mock reply (`--mock`).
 
-    `infer` may be any async source of `InferenceChunk`s (text or tokens); with `engine`
-    the app runs requests on engine workers and reads their load for `/metrics`;
+    `infer` may be any async source of `InferenceChunk`s (text or tokens); with `cluster`
+    the app runs requests on its engine workers and reads their load for `/metrics`;
     `model_info` (what the workers loaded) adds their compute dtype to `/metrics`.
     """
-    context = _context(infer, model or mock_model(), settings or ServeSettings(), engine)
-    if engine is not None:
-        context.metrics.registry.register(ClusterCollector(engine.workers, engine.latency))
+    parts = serve_parts(infer, model or mock_model(), settings or ServeSettings(), cluster)
     if model_info is not None:
-        context.metrics.compute_dtype.info(
+        parts.metrics.compute_dtype.info(
             {"dtype": model_info.dtype, "requested": model_info.requested_dtype}
         )
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.serve_context = context
-    for router in (
-        generation.openai_router,
-        generation.anthropic_router,
-        completions.router,
-        tokenize.router,
-        models.router,
-        playground.router,
-        health.router,
-    ):
+    app.state.parts = parts
+    for router in _ROUTERS:
         app.include_router(router)
-    if context.settings.playground:
+    if parts.settings.playground:
         playground.mount_page(app)
-    if engine is not None:
+    if cluster is not None:
         app.include_router(admin.router)
     return app
 
 
-def _context(
-    infer: Infer | None, model: ServedModel, settings: ServeSettings, engine: EngineClient | None
-) -> ServeContext:
+def serve_parts(
+    infer: Infer | None, model: ServedModel, settings: ServeSettings, cluster: Cluster | None
+) -> ServeParts:
+    """The app's parts, each built once from the ones it reads."""
     if infer is None:
-        infer = engine_infer(engine, model.stop_token_ids) if engine is not None else mock_infer
-    admission = Admission(settings.max_pending_requests, settings.retry_after_seconds)
-
-    def stats() -> WorkerStats:
-        # Without workers the app's own admissions are the only load there is.
-        if engine is not None:
-            return engine.stats()
-        return WorkerStats(
-            running=admission.pending, waiting=0, kv_blocks_used=0, kv_blocks_total=0
+        infer = (
+            engine_infer(cluster.router, model.stop_token_ids)
+            if cluster is not None
+            else mock_infer
         )
-
-    metrics = ServeMetrics(stats)
+    admission = Admission(settings.max_pending_requests, settings.retry_after_seconds)
+    metrics = ServeMetrics(cluster.pool.stats if cluster is not None else admission.load)
     gateway = Gateway(settings.key_tokens_per_minute)
     metrics.registry.register(GatewayCollector(gateway))
+    if cluster is not None:
+        metrics.registry.register(ClusterCollector(cluster.router.views, cluster.latency))
     frontend = Frontend(model, infer, settings.default_seed)
-    # Raw-prompt completions run on the engine directly: no chat encoding, no Infer seam.
+    # Raw-prompt completions run on the workers directly: no chat encoding, no Infer seam.
     raw_completions = (
-        Completions(model, engine, frontend.request_seed)
-        if engine is not None and model.tokenizer is not None
+        Completions(model, cluster.router, frontend.request_seed)
+        if cluster is not None and model.tokenizer is not None
         else None
     )
-    return ServeContext(
+    return ServeParts(
         model=model,
         settings=settings,
         frontend=frontend,
         metrics=metrics,
         gateway=gateway,
         admission=admission,
-        engine=engine,
+        cluster=cluster,
         completions=raw_completions,
         created=int(time.time()),
     )

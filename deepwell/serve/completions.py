@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepwell.recipe import Tokenizer
-from deepwell.serve.engine_client import EngineClient
+from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError
 from deepwell.serve.frontend import generate_sampling, sse_frame
 from deepwell.serve.messages import GenerateRequest, TokenOutput
@@ -83,7 +83,7 @@ class Completions:
     """
 
     def __init__(
-        self, model: ServedModel, engine: EngineClient, seed_of: Callable[[int | None], int]
+        self, model: ServedModel, engine: RequestRouter, seed_of: Callable[[int | None], int]
     ) -> None:
         if model.tokenizer is None:
             raise ValueError("completions need a model with a tokenizer")

@@ -28,7 +28,7 @@ from deepwell.recipe import (
     SpecialToken,
     StreamProcessor,
 )
-from deepwell.serve.engine_client import EngineClient
+from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.messages import GenerateRequest, StructuredOutputSpec
 from deepwell.serve.metrics import RequestTimer
@@ -136,7 +136,7 @@ def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
     return chunks()
 
 
-def engine_infer(client: EngineClient, stop_token_ids: list[int]) -> Infer:
+def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
     """An inference source backed by engine workers: one `GenerateRequest` per request."""
 
     async def infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:

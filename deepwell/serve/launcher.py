@@ -24,9 +24,11 @@ import uvicorn
 from deepwell.cpu_dtype import select_dtype
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
+from deepwell.serve.cluster.assembly import assemble_cluster
+from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.options import worker_roles
 from deepwell.serve.cluster.routing import POLICIES
-from deepwell.serve.engine_client import EngineClient, EngineUnavailable, WorkerRole
+from deepwell.serve.cluster.worker_pool import WorkerPool, WorkerRole
 from deepwell.serve.messages import WorkerConfig, encode_message
 from deepwell.serve.model import (
     ServedModel,
@@ -133,7 +135,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             )
             for worker_id in range(len(roles))
         ]
-        client = EngineClient(
+        cluster = assemble_cluster(
             configs[0].outbox_address,
             [config.inbox_address for config in configs],
             roles=[WorkerRole(role) for role in roles],
@@ -145,9 +147,9 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         )
         workers = [_start_worker(config) for config in configs]
         serving = asyncio.Event()
-        watcher = asyncio.create_task(_watch_workers(client, configs, workers, serving))
+        watcher = asyncio.create_task(_watch_workers(cluster.pool, configs, workers, serving))
         try:
-            info = await client.start(WORKER_READY_TIMEOUT_S)
+            info = await cluster.pool.start(WORKER_READY_TIMEOUT_S)
             serving.set()
             logger.info(
                 "computing in %s (--dtype %s: %s)",
@@ -158,11 +160,11 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             model = served_model(info, chat_template, args.tool_call_parser)
             if args.served_model_name:
                 model = renamed(model, args.served_model_name)
-            app = create_app(model=model, settings=settings, engine=client, model_info=info)
+            app = create_app(model=model, settings=settings, cluster=cluster, model_info=info)
             await _serve_http(app, model, settings, args)
         finally:
             watcher.cancel()
-            await client.close()
+            await cluster.pool.close()
             for worker in workers:
                 await asyncio.to_thread(_stop_process, worker)
 
@@ -195,31 +197,31 @@ def _start_worker(config: WorkerConfig) -> subprocess.Popen:
 
 
 async def _watch_workers(
-    client: EngineClient,
+    pool: WorkerPool,
     configs: list[WorkerConfig],
     workers: list[subprocess.Popen],
     serving: asyncio.Event,
 ) -> None:
-    """Report dead workers to the client; once serving, restart them so they rejoin.
+    """Report dead workers to the pool; once serving, restart them so they rejoin.
 
-    A worker the client has given up on (no heartbeat) is killed first: it may be hung.
+    A worker the pool has given up on (no heartbeat) is killed first: it may be hung.
     Before serving, a dead worker is a failed start, not restarted.
     """
     while True:
-        views = {view.worker_id: view for view in client.workers()}
         for worker_id, worker in enumerate(workers):
+            known = pool.workers[worker_id]
             if worker.poll() is None:
-                view = views[worker_id]
-                if serving.is_set() and view.failure is not None and not view.draining:
+                if serving.is_set() and known.failure is not None and not known.draining:
                     worker.kill()
                 continue
-            if views[worker_id].draining:
+            if known.draining:
                 continue  # drained on purpose: it stays out
-            client.worker_lost(worker_id, f"process exited with code {worker.returncode}")
+            # The pool hands the lost worker's requests to the router, which re-admits them.
+            pool.remove(worker_id, f"process exited with code {worker.returncode}", failed=True)
             if serving.is_set():
                 logger.warning("restarting engine worker %d", worker_id)
                 workers[worker_id] = _start_worker(configs[worker_id])
-                client.worker_restarted(worker_id)
+                pool.restarted(worker_id)
         await asyncio.sleep(WORKER_WATCH_INTERVAL_S)
 
 

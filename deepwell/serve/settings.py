@@ -49,10 +49,18 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `deepwell serve`, grouped as `--help` shows them."""
-    # Long but flat: one declaration per option, in the order `--help` lists them.
     groups = add_engine_arguments(parser)
     add_parallel_arguments(parser)
     add_cluster_arguments(parser)
+    _add_model_names(parser, groups.model)
+    _add_http_arguments(parser.add_argument_group("HTTP server"))
+    _add_prompt_arguments(
+        parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
+    )
+
+
+def _add_model_names(parser: argparse.ArgumentParser, model: argparse._ArgumentGroup) -> None:
+    """The model as a positional argument, and the names clients call it by."""
     # vLLM's spelling, `deepwell serve MODEL`; `--model PATH` still works.
     parser.add_argument(
         "model_tag",
@@ -60,13 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="a .gguf file or a model directory (the same as --model)",
     )
-    groups.model.add_argument(
+    model.add_argument(
         "--served-model-name",
         nargs="+",
         metavar="NAME",
         help="the name(s) clients send as `model` (default: the directory's or file's name)",
     )
-    http = parser.add_argument_group("HTTP server")
+
+
+def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
+    """Where and how the HTTP process listens, whom it admits and how much."""
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     http.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     http.add_argument(
@@ -124,7 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log verbosity (default: info)",
     )
 
-    prompts = parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
+
+def _add_prompt_arguments(prompts: argparse._ArgumentGroup) -> None:
+    """How a model without DeepSeek's encoding renders prompts and writes tool calls."""
     prompts.add_argument(
         "--chat-template",
         metavar="FILE",

@@ -10,7 +10,7 @@ import pytest
 
 from deepwell.recipe import InferenceChunk, InferenceFinishReason
 from deepwell.serve.api import create_app
-from deepwell.serve.engine_client import EngineUnavailable
+from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.errors import internal_error_message
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.settings import ServeSettings

@@ -32,9 +32,15 @@ from deepwell.recipe.dialects.images import (
     image_source,
 )
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
+from deepwell.recipe.dialects.request_options import (
+    RequestedFormat,
+    RequestedSampling,
+    request_options,
+    response_schemas,
+)
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue
-from deepwell.recipe.options import InferenceOptions, ThinkingInitialStage
+from deepwell.recipe.options import ModelVersion, ThinkingInitialStage
 from deepwell.recipe.request import ConversationRequest
 
 _ORPHAN_TOOL = (
@@ -240,56 +246,20 @@ class ChatCompletionRequest(ProtocolRequest):
 def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationRequest:
     version = rules.resolve_model(f["model"], options)
     _check_tool_names(f["tools"] or [])
-    raw_messages = f["messages"]
-    if not raw_messages:
-        raise ConversionError("Empty input messages")
-    images = ImagePolicy.for_model(version, options)
-    messages = _messages(raw_messages, images)
-    thinking_switch = f["thinking"]
-    enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
-    thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
-    rules.apply_reasoning_history(
-        messages,
-        thinking,
-        options,
-        "The `reasoning_content` in the thinking mode must be passed back to the API.",
-        tools_declared=bool(f["tools"]),
-    )
-    _check_prefix(messages)
-
+    messages, thinking, effort = _conversation_messages(f, version, options)
     fmt, schema, regex = _response_format(f["response_format"])
     if fmt == "json_object" and not rules.mentions_json([m.content for m in messages]):
         raise ConversionError(
             "Prompt must contain the word 'json' in some form to use 'response_format' "
             "of type 'json_object'."
         )
-    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
-    tools = [] if f["tool_choice"] == "none" else _tools(f["tools"] or [])
-
-    choice = f["tool_choice"] or "auto"
-    named = choice[1] if isinstance(choice, tuple) else None
-    selection = rules.apply_tool_choice(tools, "required" if named else choice, named, thinking)
-    is_prefix = bool(messages) and messages[-1].prefix
-    if is_prefix and fmt == "json_object":
-        raise ConversionError("response_format json_object should not be used with prefix")
-    # Declared tools (even unused) or calls in the history rule out a prefix continuation.
-    if is_prefix and (f["tools"] or any(m.tool_calls for m in messages)):
-        raise ConversionError("Function call should not be used with prefix")
-
-    stop = f["stop"]
-    if isinstance(stop, str):
-        rules.check_stop([stop], single=True)
-        stop = [stop]
-    else:
-        stop = stop or []
-        rules.check_stop(stop)
+    selection = _tool_selection(f, thinking)
+    _check_prefix_request(messages, fmt, bool(f["tools"]))
+    stop = _stop_sequences(f["stop"])
     if f["stream_options"] is not None and not f["stream"]:
         raise ConversionError("stream_options should be set along with stream = true")
-    constraint_schema = output_schema = schema
-    if fmt == "json_schema":
-        strict = f["response_format"][1]["json_schema"]["strict"]
-        constraint_schema = rules.response_constraint_schema(schema, strict)
-        output_schema = rules.response_output_schema(schema, strict)
+    strict = f["response_format"][1]["json_schema"]["strict"] if fmt == "json_schema" else None
+    constraint_schema, output_schema = response_schemas(fmt, schema, strict)
     # Only the tools a named tool_choice keeps must agree on strictness.
     rules.check_strict_consistency(selection.tools)
     # Any response_format, even an explicit `text`, rules out strict tools here.
@@ -307,25 +277,22 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         response_schema=schema,
         response_regex=regex,
     )
-    tools_active = bool(selection.tools) and selection.tool_choice != "none"
-    inference = InferenceOptions(
-        max_tokens=f["max_tokens"],
-        temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
+    sampling = RequestedSampling(
+        f["max_tokens"],
+        f["temperature"],
+        f["top_p"],
         logprobs=bool(f["logprobs"]),
         top_logprobs=f["top_logprobs"],
         seed=f["seed"],
-        output_constraint=rules.output_constraint(
-            selection.tools, selection.tool_choice, fmt, constraint_schema, regex
-        ),
     )
-    parsing = rules.parsing_options(
-        tools_active=tools_active,
-        tool_choice=selection.tool_choice,
-        response_format=fmt,
+    inference, parsing = request_options(
+        version=version,
         thinking=thinking,
+        selection=selection,
+        sampling=sampling,
+        output=RequestedFormat(fmt, constraint_schema, regex),
         stop=stop,
-        special_tokens=options.special_tokens,
+        options=options,
         initial_stage=_initial_stage(messages),
     )
     return ConversationRequest(
@@ -337,6 +304,60 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         output_schema=output_schema,
         include_usage=bool((f["stream_options"] or {}).get("include_usage")),
     )
+
+
+def _conversation_messages(
+    f: dict[str, Any], version: ModelVersion, options: ConversionOptions
+) -> tuple[list[Message], bool, str | None]:
+    """The messages with the reasoning history the thinking mode keeps, the thinking mode
+    and the reasoning effort."""
+    raw_messages = f["messages"]
+    if not raw_messages:
+        raise ConversionError("Empty input messages")
+    images = ImagePolicy.for_model(version, options)
+    messages = _messages(raw_messages, images)
+    thinking_switch = f["thinking"]
+    enabled = None if thinking_switch is None else thinking_switch["type"] != "disabled"
+    thinking, effort = rules.resolve_thinking(enabled, f["reasoning_effort"], options)
+    rules.apply_reasoning_history(
+        messages,
+        thinking,
+        options,
+        "The `reasoning_content` in the thinking mode must be passed back to the API.",
+        tools_declared=bool(f["tools"]),
+    )
+    _check_prefix(messages)
+    return messages, thinking, effort
+
+
+def _tool_selection(f: dict[str, Any], thinking: bool) -> rules.ToolSelection:
+    """The tools the model may call under `tool_choice`."""
+    # With tool_choice `none` the tools are dropped unchecked (names were checked before).
+    tools = [] if f["tool_choice"] == "none" else _tools(f["tools"] or [])
+    choice = f["tool_choice"] or "auto"
+    named = choice[1] if isinstance(choice, tuple) else None
+    return rules.apply_tool_choice(tools, "required" if named else choice, named, thinking)
+
+
+def _check_prefix_request(messages: list[Message], fmt: str, tools_declared: bool) -> None:
+    """A prefix continuation (a final assistant message with `prefix`) takes no JSON mode
+    and no tools."""
+    if not (messages and messages[-1].prefix):
+        return
+    if fmt == "json_object":
+        raise ConversionError("response_format json_object should not be used with prefix")
+    # Declared tools (even unused) or calls in the history rule out a prefix continuation.
+    if tools_declared or any(m.tool_calls for m in messages):
+        raise ConversionError("Function call should not be used with prefix")
+
+
+def _stop_sequences(stop: str | list[str] | None) -> list[str]:
+    if isinstance(stop, str):
+        rules.check_stop([stop], single=True)
+        return [stop]
+    stop = stop or []
+    rules.check_stop(stop)
+    return stop
 
 
 def _check_sampling(f: dict[str, Any], max_tokens_bound: int) -> None:

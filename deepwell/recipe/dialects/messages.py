@@ -34,9 +34,14 @@ from deepwell.recipe.dialects.images import (
 )
 from deepwell.recipe.dialects.messages_output import MessagesChunkGenerator
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
+from deepwell.recipe.dialects.request_options import (
+    RequestedFormat,
+    RequestedSampling,
+    request_options,
+)
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, py_json
-from deepwell.recipe.options import InferenceOptions, ModelVersion
+from deepwell.recipe.options import ModelVersion
 from deepwell.recipe.request import ConversationRequest
 from deepwell.recipe.schema import check_parameters_schema, check_response_schema
 
@@ -297,19 +302,7 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
     # Only V4.1 loads tools lazily; V4-Pro treats deferred tools as ordinary ones.
     deferral = version is ModelVersion.DeepseekV41Flash
     declared = _declared_tools(f["tools"] or [], options, deferral)
-    raw = f["messages"]
-    if not raw:
-        raise ConversionError("messages: at least one message is required")
-    images = ImagePolicy.for_model(version, options)
-    messages: list[Message] = []
-    if f["system"] is not None:
-        messages.append(SystemMessage(f["system"]))
-    context = _Context([_definition(tool) for tool in declared], images, options, version)
-    pairing = _Pairing()
-    for index, (role, content) in enumerate(raw):
-        messages.extend(_convert_message(index, role, content, context, pairing))
-    pairing.close()
-
+    messages = _conversation_messages(f, declared, version, options)
     switch = f["thinking"]
     enabled = None if switch is None else switch["type"] != "disabled"
     effort = (f["output_config"] or {}).get("effort")
@@ -322,30 +315,13 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         # Dropped web search tools count here too (unlike in Responses).
         tools_declared=bool(f["tools"]),
     )
-    choice = f["tool_choice"]
-    kind = "auto" if choice is None else choice[0]
-    # With tool_choice `none` the tools are dropped unchecked (names were checked above).
-    tools = [] if kind == "none" else _tool_definitions(declared)
-    named = choice[1]["name"] if kind == "tool" else None
-    # `any` only asks for some tool call; the reference treats it as `auto` (spec §6.4).
-    selection = rules.apply_tool_choice(
-        tools,
-        {"any": "auto", "tool": "required"}.get(kind, kind),
-        named,
-        thinking,
-        declared=bool(f["tools"]),
-    )
+    selection = _tool_selection(f, declared, thinking)
     schema = _output_schema(f["output_config"], options)
     stop = f["stop_sequences"] or []
     rules.check_stop(stop)
     rules.check_temperature(f["temperature"])
     rules.check_top_p(f["top_p"])
-    max_tokens = f["max_tokens"]
-    if max_tokens is not None:
-        # Messages clamps an over-large max_tokens instead of refusing it (spec §6.1).
-        bound = rules.max_tokens_bound(thinking, options)
-        max_tokens = min(max_tokens, bound)
-        rules.check_max_tokens(max_tokens, bound)
+    max_tokens = _max_tokens(f["max_tokens"], thinking, options)
     conversation = Conversation(
         messages,
         thinking_mode=thinking,
@@ -354,26 +330,14 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         reasoning_effort=conversation_effort,
         response_schema=schema,
     )
-    tools_active = bool(selection.tools) and selection.tool_choice != "none"
-    inference = InferenceOptions(
-        max_tokens=max_tokens,
-        temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
-        output_constraint=rules.output_constraint(
-            selection.tools,
-            selection.tool_choice,
-            "text" if schema is None else "json_schema",
-            schema,
-            None,
-        ),
-    )
-    parsing = rules.parsing_options(
-        tools_active=tools_active,
-        tool_choice=selection.tool_choice,
-        response_format="text",
+    inference, parsing = request_options(
+        version=version,
         thinking=thinking,
+        selection=selection,
+        sampling=RequestedSampling(max_tokens, f["temperature"], f["top_p"]),
+        output=RequestedFormat("text" if schema is None else "json_schema", schema),
         stop=stop,
-        special_tokens=options.special_tokens,
+        options=options,
     )
     return ConversationRequest(
         conversation,
@@ -383,6 +347,52 @@ def _convert(f: dict[str, Any], options: ConversionOptions) -> ConversationReque
         stream=bool(f["stream"]),
         output_schema=schema,
     )
+
+
+def _conversation_messages(
+    f: dict[str, Any], declared: list[dict], version: ModelVersion, options: ConversionOptions
+) -> list[Message]:
+    """The top-level `system` and the messages, each tool result paired with its call."""
+    raw = f["messages"]
+    if not raw:
+        raise ConversionError("messages: at least one message is required")
+    images = ImagePolicy.for_model(version, options)
+    messages: list[Message] = []
+    if f["system"] is not None:
+        messages.append(SystemMessage(f["system"]))
+    context = _Context([_definition(tool) for tool in declared], images, options, version)
+    pairing = _Pairing()
+    for index, (role, content) in enumerate(raw):
+        messages.extend(_convert_message(index, role, content, context, pairing))
+    pairing.close()
+    return messages
+
+
+def _tool_selection(f: dict[str, Any], declared: list[dict], thinking: bool) -> rules.ToolSelection:
+    """The tools the model may call under `tool_choice`."""
+    choice = f["tool_choice"]
+    kind = "auto" if choice is None else choice[0]
+    # With tool_choice `none` the tools are dropped unchecked (names were checked before).
+    tools = [] if kind == "none" else _tool_definitions(declared)
+    named = choice[1]["name"] if kind == "tool" else None
+    # `any` only asks for some tool call; the reference treats it as `auto` (spec §6.4).
+    return rules.apply_tool_choice(
+        tools,
+        {"any": "auto", "tool": "required"}.get(kind, kind),
+        named,
+        thinking,
+        declared=bool(f["tools"]),
+    )
+
+
+def _max_tokens(max_tokens: int | None, thinking: bool, options: ConversionOptions) -> int | None:
+    if max_tokens is None:
+        return None
+    # Messages clamps an over-large max_tokens instead of refusing it (spec §6.1).
+    bound = rules.max_tokens_bound(thinking, options)
+    max_tokens = min(max_tokens, bound)
+    rules.check_max_tokens(max_tokens, bound)
+    return max_tokens
 
 
 def _declared_tools(declared: list[dict], options: ConversionOptions, deferral: bool) -> list[dict]:

@@ -35,10 +35,16 @@ from deepwell.recipe.dialects.images import (
     image_source,
 )
 from deepwell.recipe.dialects.protocol_request import ProtocolRequest
+from deepwell.recipe.dialects.request_options import (
+    RequestedFormat,
+    RequestedSampling,
+    request_options,
+    response_schemas,
+)
 from deepwell.recipe.dialects.responses_output import ResponsesChunkGenerator
 from deepwell.recipe.errors import ConversionError
 from deepwell.recipe.json_value import JsonValue, compact_json
-from deepwell.recipe.options import InferenceOptions, ModelVersion
+from deepwell.recipe.options import ModelVersion
 from deepwell.recipe.request import ConversationRequest, ResponsesEcho
 
 SERVER_TOOLS = (
@@ -451,10 +457,7 @@ def _convert(
 
     format_kind, schema, strict = _text_format(f["text"])
     selection = rules.apply_tool_choice(tools, choice, named, thinking)
-    constraint_schema = output_schema = schema
-    if format_kind == "json_schema":
-        constraint_schema = rules.response_constraint_schema(schema, strict)
-        output_schema = rules.response_output_schema(schema, strict)
+    constraint_schema, output_schema = response_schemas(format_kind, schema, strict)
     if format_kind == "json_object" and not rules.mentions_json([m.content for m in messages]):
         raise ConversionError(
             "Response input messages must contain the word 'json' in some form to use "
@@ -476,25 +479,22 @@ def _convert(
         response_format="json_object" if format_kind == "json_object" else "text",
         response_schema=schema,
     )
-    tools_active = bool(selection.tools) and selection.tool_choice != "none"
     top_logprobs = f["top_logprobs"]
-    inference = InferenceOptions(
-        max_tokens=f["max_output_tokens"],
-        temperature=rules.resolve_temperature(f["temperature"], thinking),
-        top_p=rules.resolve_top_p(f["top_p"], thinking, version, tools_active),
+    sampling = RequestedSampling(
+        f["max_output_tokens"],
+        f["temperature"],
+        f["top_p"],
         logprobs=top_logprobs is not None,
         top_logprobs=top_logprobs,
-        output_constraint=rules.output_constraint(
-            selection.tools, selection.tool_choice, format_kind, constraint_schema, None
-        ),
     )
-    parsing = rules.parsing_options(
-        tools_active=tools_active,
-        tool_choice=selection.tool_choice,
-        response_format=format_kind,
+    inference, parsing = request_options(
+        version=version,
         thinking=thinking,
+        selection=selection,
+        sampling=sampling,
+        output=RequestedFormat(format_kind, constraint_schema),
         stop=[],
-        special_tokens=options.special_tokens,
+        options=options,
     )
     return ConversationRequest(
         conversation,
@@ -744,39 +744,13 @@ def _items(
 
     Calls must be answered before the next message or reasoning item (or the end).
     """
-    messages: list[Message] = []
-    turn: _Turn | None = None
-    pending: list[str] = []
-    called: set[str] = set()
-    answered: set[str] = set()
-
-    def require_answers() -> None:
-        if pending:
-            raise ConversionError(f"No tool output found for tool call {pending[0]}.")
-
-    def close() -> None:
-        nonlocal turn
-        if turn is not None:
-            message = turn.message()
-            order = [call.id for call in message.tool_calls or []]
-            messages.append(message)
-            messages.extend(sorted(turn.outputs, key=lambda m: order.index(m.tool_call_id)))
-        turn = None
-
-    def current(*, fresh_if: bool) -> _Turn:
-        nonlocal turn
-        if turn is not None and (turn.outputs or fresh_if):
-            close()
-        if turn is None:
-            turn = _Turn()
-        return turn
-
+    folder = _ItemFolder(images, separator, developer_is_system)
     for index, entry in enumerate(items):
         if entry is None:
             continue
         kind, item = entry
         if kind in _IGNORED_ITEMS:
-            require_answers()
+            folder.require_answers()
             continue
         path = f"input[{index}]"
         if item.get("call_id") == "":
@@ -785,67 +759,117 @@ def _items(
                 "length 1, but got an empty string instead."
             )
         if kind == "message":
-            require_answers()
-            role = item["role"]
-            if role == "assistant":
-                folded = current(fresh_if=bool(turn and turn.calls))
-                content = _blocks(
-                    item["content"], path, "content", images, assistant=True
-                ).content()
-                # Adjacent assistant texts join with blank lines; empty ones leave no trace.
-                if content:
-                    folded.texts.append(content)
-                continue
-            close()
-            blocks = _blocks(item["content"], path, "content", images)
-            content, sources = blocks.content(), blocks.sources
-            # V4-Pro hears developer messages as the user's words; system stays system.
-            if role == "user" or (role == "developer" and not developer_is_system):
-                message = UserMessage(content, sources, image_token=images.token)
-            else:
-                message = SystemMessage(content, sources, image_token=images.token)
-            messages.append(blocks.attach(message))
+            folder.message(item, path)
         elif kind == "reasoning":
-            require_answers()
-            texts = [part["text"] for part in item["content"] or [] if part["text"]]
-            if texts:
-                folded = current(fresh_if=bool(turn and (turn.texts or turn.calls)))
-                folded.reasoning = (folded.reasoning or []) + texts
+            folder.reasoning(item)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id = item["call_id"]
-            if call_id in called:
-                raise ConversionError(f"Duplicate 'call_id': {call_id}.")
-            called.add(call_id)
-            pending.append(call_id)
-            if kind == "function_call":
-                name = item["name"]
-                if item["namespace"] is not None:
-                    name = f"{item['namespace']}{separator}{name}"
-                arguments = item["arguments"]
-            else:
-                name = item["name"]
-                arguments = compact_json({"input": item["input"]})
-            current(fresh_if=False).calls.append(ToolCall(call_id, name, arguments))
-        elif item["call_id"] is None:
+            folder.call(kind, item)
+        else:
+            folder.output(item, path)
+    folder.require_answers()
+    folder.close()
+    return folder.messages
+
+
+class _ItemFolder:
+    """The messages folded so far, the assistant turn still open, and the calls awaiting
+    their outputs; one method per item kind."""
+
+    def __init__(self, images: ImagePolicy, separator: str, developer_is_system: bool) -> None:
+        self.images = images
+        self.separator = separator
+        self.developer_is_system = developer_is_system
+        self.messages: list[Message] = []
+        self.turn: _Turn | None = None
+        self.pending: list[str] = []
+        self.called: set[str] = set()
+        self.answered: set[str] = set()
+
+    def require_answers(self) -> None:
+        if self.pending:
+            raise ConversionError(f"No tool output found for tool call {self.pending[0]}.")
+
+    def close(self) -> None:
+        """End the open turn: its message, then its outputs in the order of its calls."""
+        if self.turn is not None:
+            message = self.turn.message()
+            order = [call.id for call in message.tool_calls or []]
+            self.messages.append(message)
+            outputs = sorted(self.turn.outputs, key=lambda m: order.index(m.tool_call_id))
+            self.messages.extend(outputs)
+        self.turn = None
+
+    def current(self, *, fresh_if: bool) -> _Turn:
+        """The open turn; a new one if the open one has outputs or `fresh_if`."""
+        if self.turn is not None and (self.turn.outputs or fresh_if):
+            self.close()
+        if self.turn is None:
+            self.turn = _Turn()
+        return self.turn
+
+    def message(self, item: dict, path: str) -> None:
+        self.require_answers()
+        role = item["role"]
+        images = self.images
+        if role == "assistant":
+            folded = self.current(fresh_if=bool(self.turn and self.turn.calls))
+            content = _blocks(item["content"], path, "content", images, assistant=True).content()
+            # Adjacent assistant texts join with blank lines; empty ones leave no trace.
+            if content:
+                folded.texts.append(content)
+            return
+        self.close()
+        blocks = _blocks(item["content"], path, "content", images)
+        content, sources = blocks.content(), blocks.sources
+        # V4-Pro hears developer messages as the user's words; system stays system.
+        if role == "user" or (role == "developer" and not self.developer_is_system):
+            message = UserMessage(content, sources, image_token=images.token)
+        else:
+            message = SystemMessage(content, sources, image_token=images.token)
+        self.messages.append(blocks.attach(message))
+
+    def reasoning(self, item: dict) -> None:
+        self.require_answers()
+        texts = [part["text"] for part in item["content"] or [] if part["text"]]
+        if texts:
+            turn = self.turn
+            folded = self.current(fresh_if=bool(turn and (turn.texts or turn.calls)))
+            folded.reasoning = (folded.reasoning or []) + texts
+
+    def call(self, kind: str, item: dict) -> None:
+        call_id = item["call_id"]
+        if call_id in self.called:
+            raise ConversionError(f"Duplicate 'call_id': {call_id}.")
+        self.called.add(call_id)
+        self.pending.append(call_id)
+        if kind == "function_call":
+            name = item["name"]
+            if item["namespace"] is not None:
+                name = f"{item['namespace']}{self.separator}{name}"
+            arguments = item["arguments"]
+        else:
+            name = item["name"]
+            arguments = compact_json({"input": item["input"]})
+        self.current(fresh_if=False).calls.append(ToolCall(call_id, name, arguments))
+
+    def output(self, item: dict, path: str) -> None:
+        call_id = item["call_id"]
+        images = self.images
+        if call_id is None:
             # An output naming no call stands alone, like a message.
-            require_answers()
-            close()
+            self.require_answers()
+            self.close()
             blocks = _blocks(item["output"], path, "output", images)
             output = ToolMessage(blocks.content(), None, blocks.sources, image_token=images.token)
-            messages.append(blocks.attach(output))
-        else:
-            call_id = item["call_id"]
-            blocks = _blocks(item["output"], path, "output", images)
-            if call_id in answered:
-                raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
-            if call_id not in pending:
-                raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
-            pending.remove(call_id)
-            answered.add(call_id)
-            output = ToolMessage(
-                blocks.content(), call_id, blocks.sources, image_token=images.token
-            )
-            turn.outputs.append(blocks.attach(output))
-    require_answers()
-    close()
-    return messages
+            self.messages.append(blocks.attach(output))
+            return
+        blocks = _blocks(item["output"], path, "output", images)
+        if call_id in self.answered:
+            raise ConversionError(f"Duplicate tool output for call_id: {call_id}.")
+        if call_id not in self.pending:
+            raise ConversionError(f"No tool call found for tool output with call_id {call_id}.")
+        self.pending.remove(call_id)
+        self.answered.add(call_id)
+        output = ToolMessage(blocks.content(), call_id, blocks.sources, image_token=images.token)
+        # A pending call lies in the open turn: messages and reasoning require answers first.
+        self.turn.outputs.append(blocks.attach(output))

@@ -1,5 +1,5 @@
 """Where each request runs: the routing policy over the prefix index, PD hand-off, failover
-and the drain rule.
+and the drain rule; `generate` submits a request and streams its outputs (closing aborts it).
 
 A request whose worker dies is re-admitted on another with the tokens it already produced
 appended to its prompt, so its stream continues; with prefill workers, a request's prompt
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from deepwell.serve.cluster.inference_errors import (
@@ -23,6 +24,8 @@ from deepwell.serve.cluster.routing import RoutingPolicy, WorkerLoad
 from deepwell.serve.cluster.stream_table import Stream, StreamTable
 from deepwell.serve.cluster.worker_pool import WATCH_INTERVAL_S, Worker, WorkerPool, WorkerRole
 from deepwell.serve.messages import (
+    AbortRequest,
+    GenerateRequest,
     Shutdown,
     StepOutputs,
     TokenOutput,
@@ -101,6 +104,18 @@ class RequestRouter:
             )
             for w in self._pool.workers.values()
         ]
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Yield the request's outputs until it finishes; closing early aborts it."""
+        stream = self._streams.open(request)
+        try:
+            self.dispatch(stream)
+            async for output in self._streams.outputs(stream):
+                yield output
+        finally:
+            worker = stream.worker
+            if self._streams.forget(request.request_id) and worker is not None and worker.live:
+                worker.socket.send(encode_message(AbortRequest([request.request_id])))
 
     def dispatch(self, stream: Stream) -> None:
         """Send the stream's request, or its continuation, to the worker the policy picks."""

@@ -1,6 +1,6 @@
 """Routing policies: which worker takes a request, given each worker's load and prefix hit.
 
-A policy is a plain function, so a deployment can pass its own to `EngineClient`; the
+A policy is a plain function, so a deployment can pass its own to `assemble_cluster`; the
 default follows DeepSeek's entrypoint (spec/deepinfer.md §5): balance load first, and
 among equally loaded workers prefer the one that already holds the prompt's prefix.
 """

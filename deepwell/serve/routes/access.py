@@ -13,16 +13,16 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from deepwell.serve.errors import ApiError, ErrorShape
-from deepwell.serve.routes.context import Context, ServeContext
+from deepwell.serve.routes.parts import Admission, AdmissionDep, GatewayDep, SettingsDep
+from deepwell.serve.settings import ServeSettings
 
 
-def presented_key(request: Request, context: ServeContext, shape: ErrorShape | None) -> str | None:
+def presented_key(request: Request, keys: tuple[str, ...], shape: ErrorShape | None) -> str | None:
     """OpenAI routes take `Authorization: Bearer`, Anthropic routes `x-api-key` (or Bearer);
     `shape` None (routes both families call) takes either.
 
     Returns the key presented, None on a server without keys.
     """
-    keys = context.settings.api_keys
     if not keys:
         return None
     bearer = request.headers.get("authorization", "")
@@ -49,9 +49,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _key_dependency(shape: ErrorShape | None) -> Callable[[Request, ServeContext], str | None]:
-    def api_key(request: Request, context: Context) -> str | None:
-        return presented_key(request, context, shape)
+def _key_dependency(shape: ErrorShape | None) -> Callable[[Request, ServeSettings], str | None]:
+    def api_key(request: Request, settings: SettingsDep) -> str | None:
+        return presented_key(request, settings.api_keys, shape)
 
     return api_key
 
@@ -62,8 +62,8 @@ AnthropicKey = Annotated[str | None, Depends(_key_dependency(ErrorShape.ANTHROPI
 EitherKey = Annotated[str | None, Depends(_key_dependency(None))]
 
 
-async def _body(request: Request, context: Context) -> bytes:
-    return await read_body(request, context.settings.max_body_bytes)
+async def _body(request: Request, settings: SettingsDep) -> bytes:
+    return await read_body(request, settings.max_body_bytes)
 
 
 Body = Annotated[bytes, Depends(_body)]
@@ -76,13 +76,13 @@ class Admitted:
 
     key: str | None
     body: bytes
-    context: ServeContext
+    admission: Admission
     _held: bool = True
 
     def leave(self) -> None:
         if self._held:
             self._held = False
-            self.context.admission.leave()
+            self.admission.leave()
 
 
 def _admission_dependency(
@@ -92,14 +92,16 @@ def _admission_dependency(
 
     async def admitted(
         request: Request,
-        context: Context,
+        settings: SettingsDep,
+        gateway: GatewayDep,
+        admission: AdmissionDep,
         key: Annotated[str | None, Depends(key_dependency)],
     ) -> Admitted:
         # Key, then its token allowance, then the body, then a slot: the cheapest refusal first.
-        context.gateway.admit(key)
-        body = await read_body(request, context.settings.max_body_bytes)
-        context.admission.enter()
-        return Admitted(key, body, context)
+        gateway.admit(key)
+        body = await read_body(request, settings.max_body_bytes)
+        admission.enter()
+        return Admitted(key, body, admission)
 
     return admitted
 

@@ -12,15 +12,20 @@ from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.routes.access import OpenAIAdmitted
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
 from deepwell.serve.routes.dialect_route import dialect_route
+from deepwell.serve.routes.parts import CompletionsDep, GatewayDep, MetricsDep
 
 PATH = "/v1/completions"
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
 
 @router.post(PATH)
-async def text_completions(request: Request, admitted: OpenAIAdmitted) -> Response:
-    context = admitted.context
-    completions = context.completions
+async def text_completions(
+    request: Request,
+    admitted: OpenAIAdmitted,
+    completions: CompletionsDep,
+    metrics: MetricsDep,
+    gateway: GatewayDep,
+) -> Response:
     try:
         if completions is None:
             raise ApiError(400, f"{PATH} needs a model; this server runs --mock.")
@@ -28,11 +33,11 @@ async def text_completions(request: Request, admitted: OpenAIAdmitted) -> Respon
     except BaseException:
         admitted.leave()
         raise
-    timer = RequestTimer(context.metrics)
+    timer = RequestTimer(metrics)
     prompt_tokens = sum(len(prompt) for prompt in prepared.prompts)
 
     def charge() -> None:
-        context.gateway.charge(admitted.key, prompt_tokens, 0, timer.output_tokens)
+        gateway.charge(admitted.key, prompt_tokens, 0, timer.output_tokens)
 
     headers = {SEED_HEADER: str(prepared.seed)}
     delivery = Delivery(PATH, ErrorShape.OPENAI, admitted, timer, headers, charge)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from deepwell.serve.engine_client import InferenceError
+from deepwell.serve.cluster.inference_errors import InferenceError
 from deepwell.serve.errors import (
     ApiError,
     ErrorShape,

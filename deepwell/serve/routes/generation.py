@@ -3,11 +3,15 @@ Messages' token counter."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from deepwell.serve.engine_client import InferenceError
+from deepwell.serve.cluster.inference_errors import InferenceError
 from deepwell.serve.errors import ApiError, ErrorShape, error_response
 from deepwell.serve.frontend import (
     CACHE_CLASS_HEADER,
@@ -16,10 +20,12 @@ from deepwell.serve.frontend import (
     RESPONSES,
     SEED_HEADER,
     UNENFORCED_HEADER,
+    Frontend,
     PreparedRequest,
     Route,
 )
-from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.gateway import Gateway
+from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.routes.access import (
     Admitted,
     AnthropicAdmitted,
@@ -27,41 +33,66 @@ from deepwell.serve.routes.access import (
     Body,
     OpenAIAdmitted,
 )
-from deepwell.serve.routes.context import Context
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
 from deepwell.serve.routes.dialect_route import dialect_route
+from deepwell.serve.routes.parts import FrontendDep, GatewayDep, MetricsDep
 
 openai_router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 anthropic_router = APIRouter(route_class=dialect_route(ErrorShape.ANTHROPIC))
 
 
+@dataclass(frozen=True)
+class _Generator:
+    """What a generation route answers with: the frontend, and the meters and the gateway
+    that record and bill the request."""
+
+    frontend: Frontend
+    metrics: ServeMetrics
+    gateway: Gateway
+
+
+def _generator(frontend: FrontendDep, metrics: MetricsDep, gateway: GatewayDep) -> _Generator:
+    return _Generator(frontend, metrics, gateway)
+
+
+GeneratorDep = Annotated[_Generator, Depends(_generator)]
+
+
 @openai_router.post(CHAT.path)
-async def chat_completions(request: Request, admitted: OpenAIAdmitted) -> Response:
-    return await _generate(CHAT, request, admitted)
+async def chat_completions(
+    request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep
+) -> Response:
+    return await _generate(CHAT, request, admitted, generator)
 
 
 @openai_router.post(RESPONSES.path)
-async def responses(request: Request, admitted: OpenAIAdmitted) -> Response:
-    return await _generate(RESPONSES, request, admitted)
+async def responses(
+    request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep
+) -> Response:
+    return await _generate(RESPONSES, request, admitted, generator)
 
 
 @anthropic_router.post(MESSAGES.path)
-async def messages(request: Request, admitted: AnthropicAdmitted) -> Response:
-    return await _generate(MESSAGES, request, admitted)
+async def messages(
+    request: Request, admitted: AnthropicAdmitted, generator: GeneratorDep
+) -> Response:
+    return await _generate(MESSAGES, request, admitted, generator)
 
 
 @anthropic_router.post("/v1/messages/count_tokens")
-async def count_tokens(context: Context, _key: AnthropicKey, body: Body) -> Response:
-    count = await run_in_threadpool(context.frontend.count_tokens, body)
+async def count_tokens(frontend: FrontendDep, _key: AnthropicKey, body: Body) -> Response:
+    count = await run_in_threadpool(frontend.count_tokens, body)
     return JSONResponse({"input_tokens": count})
 
 
-async def _generate(route: Route, request: Request, admitted: Admitted) -> Response:
+async def _generate(
+    route: Route, request: Request, admitted: Admitted, generator: _Generator
+) -> Response:
     """Prepare the request off the loop and answer it; the slot goes back when it has ended."""
-    context = admitted.context
+    frontend = generator.frontend
     try:
         prepared = await run_in_threadpool(
-            context.frontend.prepare,
+            frontend.prepare,
             route,
             admitted.body,
             request.headers.get(CACHE_CLASS_HEADER, "chat"),
@@ -70,24 +101,25 @@ async def _generate(route: Route, request: Request, admitted: Admitted) -> Respo
     except BaseException:
         admitted.leave()
         raise
-    timer = RequestTimer(context.metrics)
+    timer = RequestTimer(generator.metrics)
 
     def charge() -> None:
         usage = prepared.prompt_usage
         prompt, cached = (usage.prompt_tokens, usage.prompt_cache_hit_tokens) if usage else (0, 0)
-        context.gateway.charge(admitted.key, prompt, cached, timer.output_tokens)
+        generator.gateway.charge(admitted.key, prompt, cached, timer.output_tokens)
 
     delivery = Delivery(
         route.path, route.shape, admitted, timer, _response_headers(prepared), charge
     )
     if prepared.converted.stream:
-        return await _stream(delivery, prepared)
-    body = context.frontend.complete(prepared, timer)
+        return await _stream(delivery, frontend.sse(prepared, timer), prepared)
+    body = frontend.complete(prepared, timer)
     return await complete(delivery, body, request)
 
 
-async def _stream(delivery: Delivery, prepared: PreparedRequest) -> Response:
-    sse = delivery.admitted.context.frontend.sse(prepared, delivery.timer)
+async def _stream(
+    delivery: Delivery, sse: AsyncIterator[bytes], prepared: PreparedRequest
+) -> Response:
     if prepared.inference.structured_output is None:
         return event_stream(delivery, sse)
     # Wait until the engine has taken the request: a grammar that does not compile then

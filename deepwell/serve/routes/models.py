@@ -9,20 +9,21 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
 from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.model import ServedModel
 from deepwell.serve.routes.access import EitherKey
-from deepwell.serve.routes.context import Context, ServeContext
 from deepwell.serve.routes.dialect_route import dialect_route
+from deepwell.serve.routes.parts import CreatedDep, ModelDep
 
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
 
 @router.get("/v1/models")
-async def models(context: Context, _key: EitherKey) -> Response:
-    names = context.model.names
+async def models(model: ModelDep, created: CreatedDep, _key: EitherKey) -> Response:
+    names = model.names
     return JSONResponse(
         {
             "object": "list",
-            "data": [_entry(context, name) for name in names],
+            "data": [_entry(model, created, name) for name in names],
             "has_more": False,
             "first_id": names[0],
             "last_id": names[-1],
@@ -31,17 +32,16 @@ async def models(context: Context, _key: EitherKey) -> Response:
 
 
 @router.get("/v1/models/{name:path}")
-async def model_by_id(name: str, context: Context, _key: EitherKey) -> Response:
-    if name not in context.model.names:
+async def model_by_id(name: str, model: ModelDep, created: CreatedDep, _key: EitherKey) -> Response:
+    if name not in model.names:
         raise ApiError(
             404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
         )
-    return JSONResponse(_entry(context, name))
+    return JSONResponse(_entry(model, created, name))
 
 
-def _entry(context: ServeContext, name: str) -> dict:
+def _entry(model: ServedModel, created: int, name: str) -> dict:
     # OpenAI's `object`/`owned_by`, Anthropic's `type`, and vLLM's `max_model_len`.
-    created = context.created
     return {
         "id": name,
         "object": "model",
@@ -50,5 +50,5 @@ def _entry(context: ServeContext, name: str) -> dict:
         "type": "model",
         "display_name": name,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
-        "max_model_len": context.model.context_limit,
+        "max_model_len": model.context_limit,
     }

@@ -17,8 +17,8 @@ from starlette.staticfiles import StaticFiles
 from deepwell.serve.errors import CLIENT_ERRORS, ApiError, ErrorShape, client_error_response
 from deepwell.serve.playground import ROUTES, STATIC_DIR, dialect_of, render, replay
 from deepwell.serve.routes.access import Body, EitherKey, presented_key
-from deepwell.serve.routes.context import Context
 from deepwell.serve.routes.dialect_route import dialect_route
+from deepwell.serve.routes.parts import FrontendDep, SettingsDep
 
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
@@ -35,26 +35,28 @@ def mount_page(app: FastAPI) -> None:
 
 @router.post("/v1/render")
 async def render_prompt(
-    request: Request, context: Context, body: Body, dialect: str | None = None
+    request: Request,
+    frontend: FrontendDep,
+    settings: SettingsDep,
+    body: Body,
+    dialect: str | None = None,
 ) -> Response:
     dialect = dialect_of(body, dialect)
     shape = ROUTES[dialect].shape
     try:
-        presented_key(request, context, shape)
-        rendered = await run_in_threadpool(render, context.frontend, dialect, body)
+        presented_key(request, settings.api_keys, shape)
+        rendered = await run_in_threadpool(render, frontend, dialect, body)
     except CLIENT_ERRORS as error:
         return client_error_response(shape, error)
     return JSONResponse(asdict(rendered))
 
 
 @router.post("/v1/replay")
-async def replay_output(context: Context, _key: EitherKey, body: Body) -> Response:
+async def replay_output(frontend: FrontendDep, _key: EitherKey, body: Body) -> Response:
     fields = _replay_fields(body)
     dialect = dialect_of(fields.request, fields.dialect)
     try:
-        result = await run_in_threadpool(
-            replay, context.frontend, dialect, fields.request, fields.output
-        )
+        result = await run_in_threadpool(replay, frontend, dialect, fields.request, fields.output)
     except CLIENT_ERRORS as error:
         return client_error_response(ROUTES[dialect].shape, error)
     return JSONResponse(asdict(result))

@@ -8,18 +8,18 @@ from starlette.responses import JSONResponse, Response
 
 from deepwell.serve.errors import ErrorShape
 from deepwell.serve.routes.access import Body, OpenAIKey
-from deepwell.serve.routes.context import Context
 from deepwell.serve.routes.dialect_route import dialect_route
+from deepwell.serve.routes.parts import ModelDep
 from deepwell.serve.tokenize import detokenize, tokenize
 
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
 
 @router.post("/tokenize")
-async def tokenize_route(context: Context, _key: OpenAIKey, body: Body) -> Response:
-    return JSONResponse(await run_in_threadpool(tokenize, context.model, body))
+async def tokenize_route(model: ModelDep, _key: OpenAIKey, body: Body) -> Response:
+    return JSONResponse(await run_in_threadpool(tokenize, model, body))
 
 
 @router.post("/detokenize")
-async def detokenize_route(context: Context, _key: OpenAIKey, body: Body) -> Response:
-    return JSONResponse(await run_in_threadpool(detokenize, context.model, body))
+async def detokenize_route(model: ModelDep, _key: OpenAIKey, body: Body) -> Response:
+    return JSONResponse(await run_in_threadpool(detokenize, model, body))

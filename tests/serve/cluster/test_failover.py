@@ -1,5 +1,5 @@
-"""Routing, failover, PD hand-off, heartbeats and fingerprint refusal in the engine client,
-over real ZeroMQ sockets with scripted engines in threads."""
+"""Routing, failover, PD hand-off, heartbeats and fingerprint refusal in the request router
+and worker pool, over real ZeroMQ sockets with scripted engines in threads."""
 
 import asyncio
 import threading
@@ -9,12 +9,9 @@ import pytest
 import zmq
 from servers import free_port
 
-from deepwell.serve.engine_client import (
-    DrainRefused,
-    EngineClient,
-    EngineUnavailable,
-    WorkerRole,
-)
+from deepwell.serve.cluster.assembly import assemble_cluster
+from deepwell.serve.cluster.inference_errors import DrainRefused, EngineUnavailable
+from deepwell.serve.cluster.worker_pool import WorkerRole
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
@@ -145,13 +142,13 @@ def test_requests_spread_over_workers_by_outstanding_tokens(cluster):
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
         results = await asyncio.gather(
-            *(collect(client.generate(request(str(i), 5))) for i in range(4))
+            *(collect(cluster.router.generate(request(str(i), 5))) for i in range(4))
         )
-        views = client.workers()
-        await client.close()
+        views = cluster.router.views()
+        await cluster.pool.close()
         return results, views
 
     results, views = asyncio.run(main())
@@ -164,16 +161,16 @@ def test_a_lost_workers_stream_continues_on_another_without_gap_or_duplicate(clu
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("a", 30))
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("a", 30))
         tokens = []
         async for output in stream:
             tokens += output.token_ids
             if len(tokens) == 5:
-                client.worker_lost(0, "killed")
-        views = client.workers()
-        await client.close()
+                cluster.pool.remove(0, "killed", failed=True)
+        views = cluster.router.views()
+        await cluster.pool.close()
         return tokens, views
 
     tokens, views = asyncio.run(main())
@@ -192,14 +189,14 @@ def test_without_another_worker_a_lost_workers_stream_fails_clearly(cluster):
     workers = cluster(PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("a", 10_000))
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("a", 10_000))
         await anext(stream)
-        client.worker_lost(0, "killed")
+        cluster.pool.remove(0, "killed", failed=True)
         with pytest.raises(EngineUnavailable, match="no engine worker is available"):
             await collect(stream)
-        await client.close()
+        await cluster.pool.close()
 
     asyncio.run(main())
 
@@ -208,19 +205,19 @@ def test_a_silent_worker_is_dropped_within_the_heartbeat_timeout(cluster):
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes, heartbeat_timeout=0.5)
-        await client.start(timeout=5)
-        stream = client.generate(request("a", 400))
+        cluster = assemble_cluster(workers.outbox, workers.inboxes, heartbeat_timeout=0.5)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("a", 400))
         tokens = [*(await anext(stream)).token_ids]
         workers.silence(0)
         # The worker still computes, but nothing it says counts once it is taken for dead.
         workers.engines[0].step_s = 2.0
         start = time.monotonic()
-        while client.workers()[0].live:
+        while cluster.router.views()[0].live:
             await asyncio.sleep(0.02)
         noticed = time.monotonic() - start
         tokens += await collect(stream)
-        await client.close()
+        await cluster.pool.close()
         return tokens, noticed
 
     tokens, noticed = asyncio.run(main())
@@ -233,10 +230,10 @@ def test_a_worker_with_another_fingerprint_is_refused(cluster):
     workers = cluster(PositionalEngine(), PositionalEngine(model=foreign))
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
         with pytest.raises(EngineUnavailable, match="refused: .*fingerprint ffff"):
-            await client.start(timeout=5)
-        await client.close()
+            await cluster.pool.start(timeout=5)
+        await cluster.pool.close()
 
     asyncio.run(main())
 
@@ -245,13 +242,13 @@ def test_pd_prefill_worker_computes_the_prompt_and_a_decode_worker_continues(clu
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(
+        cluster = assemble_cluster(
             workers.outbox, workers.inboxes, roles=[WorkerRole.PREFILL, WorkerRole.DECODE]
         )
-        await client.start(timeout=5)
-        tokens = await collect(client.generate(request("a", 6)))
-        await client.close()
-        return tokens, client.latency.handed_off
+        await cluster.pool.start(timeout=5)
+        tokens = await collect(cluster.router.generate(request("a", 6)))
+        await cluster.pool.close()
+        return tokens, cluster.latency.handed_off
 
     tokens, handed_off = asyncio.run(main())
     assert tokens == list(range(1003, 1009)) and handed_off == 1
@@ -265,16 +262,16 @@ def test_drain_is_refused_while_the_others_would_be_too_full(cluster):
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("a", 50))
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("a", 50))
         await anext(stream)
         # One block in use of the other worker's 64: 1.6 %, over a 1 % limit.
         with pytest.raises(DrainRefused, match="would leave the others at 2% .* limit of 1%"):
-            await client.drain(0, max_utilisation=0.01, timeout=5)
-        assert not any(view.draining for view in client.workers())
+            await cluster.router.drain(0, max_utilisation=0.01, timeout=5)
+        assert not any(view.draining for view in cluster.router.views())
         await collect(stream)
-        await client.close()
+        await cluster.pool.close()
 
     asyncio.run(main())
 
@@ -283,13 +280,13 @@ def test_the_last_worker_cannot_be_drained(cluster):
     workers = cluster(PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
         with pytest.raises(DrainRefused, match="inf"):
-            await client.drain(0, max_utilisation=0.8, timeout=5)
+            await cluster.router.drain(0, max_utilisation=0.8, timeout=5)
         with pytest.raises(DrainRefused, match="no serving engine worker 3"):
-            await client.drain(3, max_utilisation=0.8, timeout=5)
-        await client.close()
+            await cluster.router.drain(3, max_utilisation=0.8, timeout=5)
+        await cluster.pool.close()
 
     asyncio.run(main())
 
@@ -301,16 +298,16 @@ def test_drain_finishes_or_moves_the_workers_requests_then_stops_it(
     workers = cluster(PositionalEngine(), PositionalEngine())
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("a", 40))
+        cluster = assemble_cluster(workers.outbox, workers.inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("a", 40))
         tokens = [*(await anext(stream)).token_ids]
-        result = await client.drain(0, max_utilisation=0.8, timeout=timeout)
+        result = await cluster.router.drain(0, max_utilisation=0.8, timeout=timeout)
         tokens += await collect(stream)
         # New requests go to the remaining worker.
-        after = await collect(client.generate(request("b", 2)))
-        views = client.workers()
-        await client.close()
+        after = await collect(cluster.router.generate(request("b", 2)))
+        views = cluster.router.views()
+        await cluster.pool.close()
         return result, tokens, after, views
 
     result, tokens, after, views = asyncio.run(main())
@@ -345,8 +342,8 @@ def test_a_worker_joins_over_tcp_and_one_with_another_fingerprint_is_refused(clu
     results = {7_000_001: [], 7_000_002: []}
 
     async def main():
-        client = EngineClient(workers.outbox, workers.inboxes, join_address=join_address)
-        await client.start(timeout=5)
+        cluster = assemble_cluster(workers.outbox, workers.inboxes, join_address=join_address)
+        await cluster.pool.start(timeout=5)
         threads = [
             threading.Thread(
                 target=joining_worker,
@@ -358,19 +355,19 @@ def test_a_worker_joins_over_tcp_and_one_with_another_fingerprint_is_refused(clu
             thread.start()
 
         def settled():
-            views = {view.worker_id: view for view in client.workers()}
+            views = {view.worker_id: view for view in cluster.router.views()}
             joined, refused = views.get(7_000_001), views.get(7_000_002)
             return joined and joined.live and refused and refused.failure
 
         while not settled():
             await asyncio.sleep(0.02)
         # Both workers idle: the default policy's tie goes to the lowest id, so occupy it.
-        busy = client.generate(request("busy", 10_000))
+        busy = cluster.router.generate(request("busy", 10_000))
         await anext(busy)
-        joined = await collect(client.generate(request("joined", 3)))
+        joined = await collect(cluster.router.generate(request("joined", 3)))
         await busy.aclose()
-        views = {view.worker_id: view for view in client.workers()}
-        await client.close()
+        views = {view.worker_id: view for view in cluster.router.views()}
+        await cluster.pool.close()
         for thread in threads:
             thread.join(timeout=5)
         return joined, views

@@ -1,4 +1,5 @@
-"""The worker loop and the engine client over real ZeroMQ sockets, with a scripted engine."""
+"""The worker loop and the cluster (worker pool and request router) over real ZeroMQ sockets,
+with a scripted engine."""
 
 import asyncio
 import threading
@@ -6,7 +7,8 @@ import threading
 import pytest
 import zmq
 
-from deepwell.serve.engine_client import EngineClient, EngineUnavailable, RequestRejected
+from deepwell.serve.cluster.assembly import assemble_cluster
+from deepwell.serve.cluster.inference_errors import EngineUnavailable, RequestRejected
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
@@ -84,11 +86,11 @@ def test_generate_streams_every_token_then_finishes(worker):
     engine, outbox, inboxes, thread = worker
 
     async def main():
-        client = EngineClient(outbox, inboxes)
-        model = await client.start(timeout=5)
+        cluster = assemble_cluster(outbox, inboxes)
+        model = await cluster.pool.start(timeout=5)
         assert model.name == "counting"
-        outputs = [o async for o in client.generate(request("a", 4))]
-        await client.close()
+        outputs = [o async for o in cluster.router.generate(request("a", 4))]
+        await cluster.pool.close()
         return outputs
 
     outputs = asyncio.run(main())
@@ -102,17 +104,17 @@ def test_closing_a_stream_aborts_it_and_frees_its_blocks(worker):
     engine, outbox, inboxes, thread = worker
 
     async def main():
-        client = EngineClient(outbox, inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("b", 10_000_000))
+        cluster = assemble_cluster(outbox, inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("b", 10_000_000))
         first = await anext(stream)
         await stream.aclose()
         for _ in range(100):
-            if client.stats().kv_blocks_used == 0:
+            if cluster.pool.stats().kv_blocks_used == 0:
                 break
             await asyncio.sleep(0.01)
-        stats = client.stats()
-        await client.close()
+        stats = cluster.pool.stats()
+        await cluster.pool.close()
         return first, stats
 
     first, stats = asyncio.run(main())
@@ -125,18 +127,18 @@ def test_a_lost_worker_fails_its_requests(worker):
     engine, outbox, inboxes, thread = worker
 
     async def main():
-        client = EngineClient(outbox, inboxes)
-        await client.start(timeout=5)
-        stream = client.generate(request("c", 10_000_000))
+        cluster = assemble_cluster(outbox, inboxes)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("c", 10_000_000))
         await anext(stream)
-        client.worker_lost(0, "killed")
+        cluster.pool.remove(0, "killed", failed=True)
         with pytest.raises(EngineUnavailable, match="killed"):
             async for _ in stream:
                 pass
-        assert not client.healthy
+        assert not cluster.pool.healthy
         with pytest.raises(EngineUnavailable):
-            await anext(client.generate(request("d", 1)))
-        await client.close()
+            await anext(cluster.router.generate(request("d", 1)))
+        await cluster.pool.close()
 
     asyncio.run(main())
     # The worker was never told to shut down; it is still running the loop.
@@ -153,13 +155,13 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
     engine, outbox, inboxes, thread = worker
 
     async def main():
-        client = EngineClient(outbox, inboxes)
-        await client.start(timeout=5)
+        cluster = assemble_cluster(outbox, inboxes)
+        await cluster.pool.start(timeout=5)
         empty = GenerateRequest("e", [], 4, 1.0, 1.0, None, [], None)
         with pytest.raises(RequestRejected, match="the prompt is empty"):
-            await anext(client.generate(empty))
-        outputs = [o async for o in client.generate(request("f", 2))]
-        await client.close()
+            await anext(cluster.router.generate(empty))
+        outputs = [o async for o in cluster.router.generate(request("f", 2))]
+        await cluster.pool.close()
         return outputs
 
     assert [o.token_ids for o in asyncio.run(main())] == [[100], [101]]
