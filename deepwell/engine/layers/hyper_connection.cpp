@@ -13,7 +13,7 @@
 // Each row is computed alone, in float32, in the order mhc.py's torch ops compose it (sums
 // over streams in stream order): a row's result does not depend on the rows beside it (batch
 // invariant). It differs from the torch ops by float32 rounding only (the order of the mean
-// square's sum; exp's last bit), bounded in tests/engine/layers/test_hyper_connection.py.
+// square's sum; exp's last bit), bounded in tests/engine/models/deepseek_v41/test_mhc.py.
 // The loops are plain C++: the compiler vectorises the per-channel ones (-O3 -march=native);
 // the per-row 4x4 work is a few hundred flops.
 
