@@ -3,7 +3,9 @@
 Each configuration loads in its own process, so its peak resident memory is its own: load
 time, peak RSS (VmHWM / ru_maxrss) against the checkpoint's bytes on disk, and greedy
 decode throughput at batch 1 and 16 (decode = the time of N output tokens less that of one,
-so prefill is left out). Prints one table and the packed/expanded ratios:
+so prefill is left out), and the process's CPU seconds a decoded token (all threads: on a
+shared machine it moves less with the other load than wall time does). Prints one table and
+the packed/expanded ratios:
 
     .venv/bin/python benchmarks/v41_scale.py [--model DIR | --preset medium]
         [--batch-sizes 1 16] [--output-len 32] [--prompt-len 32] [--threads 2]
@@ -99,6 +101,7 @@ def measure(args: argparse.Namespace, expand: bool) -> dict:
     vocab = llm.core.model_config.vocab_size
     prompt = [FIRST_TEXT_ID + i % (vocab - FIRST_TEXT_ID - 16) for i in range(args.prompt_len)]
     decode = {}
+    decode_cpu_ms = {}
     tokens = {}
     for batch in args.batch_sizes:
         prompts = [
@@ -110,17 +113,22 @@ def measure(args: argparse.Namespace, expand: bool) -> dict:
         warmup = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
         llm.generate(prompt_token_ids=prompts, sampling_params=warmup, use_tqdm=False)
         timings = {}
+        cpu = {}
         for output_len in (1, args.output_len):
             params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.process_time()
             outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
             timings[output_len] = time.monotonic() - started
-        decode[batch] = batch * (args.output_len - 1) / (timings[args.output_len] - timings[1])
+            cpu[output_len] = time.process_time() - cpu_started
+        decoded = batch * (args.output_len - 1)
+        decode[batch] = decoded / (timings[args.output_len] - timings[1])
+        decode_cpu_ms[batch] = 1000 * (cpu[args.output_len] - cpu[1]) / decoded
         tokens[batch] = [output.token_ids for output in outputs]
     return {
         "load_s": load_s,
         "peak_rss_bytes": peak_rss_bytes(),
         "decode_tok_s": decode,
+        "decode_cpu_ms": decode_cpu_ms,
         "tokens": tokens,
     }
 
@@ -145,11 +153,13 @@ def report(results: dict, disk: int, batch_sizes: list[int]) -> None:
     print(f"checkpoint on disk: {disk / gib:.3f} GiB")
     header = f"{'config':<10}{'load s':>9}{'peak RSS GiB':>14}{'RSS/disk':>10}"
     header += "".join(f"{f'decode b{b} tok/s':>19}" for b in batch_sizes)
+    header += "".join(f"{f'b{b} CPU ms/tok':>16}" for b in batch_sizes)
     print(header)
     for name, r in results.items():
         line = f"{name:<10}{r['load_s']:>9.1f}{r['peak_rss_bytes'] / gib:>14.3f}"
         line += f"{r['peak_rss_bytes'] / disk:>10.2f}"
         line += "".join(f"{r['decode_tok_s'][str(b)]:>19.2f}" for b in batch_sizes)
+        line += "".join(f"{r['decode_cpu_ms'][str(b)]:>16.2f}" for b in batch_sizes)
         print(line)
     if {"packed", "expanded"} <= results.keys():
         packed, expanded = results["packed"], results["expanded"]
@@ -164,8 +174,12 @@ def report(results: dict, disk: int, batch_sizes: list[int]) -> None:
         print(f"load time expanded / packed: {expanded['load_s'] / packed['load_s']:.2f}x")
         for b in batch_sizes:
             ratio = packed["decode_tok_s"][str(b)] / expanded["decode_tok_s"][str(b)]
+            cpu_ratio = expanded["decode_cpu_ms"][str(b)] / packed["decode_cpu_ms"][str(b)]
             same = packed["tokens"][str(b)] == expanded["tokens"][str(b)]
-            print(f"decode batch {b}: packed / expanded {ratio:.2f}x; same tokens: {same}")
+            print(
+                f"decode batch {b}: packed / expanded {ratio:.2f}x (CPU time a token: "
+                f"{cpu_ratio:.2f}x); same tokens: {same}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention, with
 llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
-into one extension; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights):
+into one extension; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights;
+hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows):
 compiled once per machine into the torch extensions cache on first use,
 loaded from there after.
 
@@ -36,6 +37,8 @@ GLUE_SOURCE = Path(__file__).with_name("llama_glue.cpp")
 QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
 LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOURCE)
 BLOCKSCALED_SOURCE = Path(__file__).with_name("blockscaled.cpp")
+HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
+CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
@@ -152,6 +155,20 @@ def load_blockscaled_kernel(path: str = "native") -> DecodeKernel:
         f"block-scaled linear kernel ({path})",
         BLOCKSCALED_PATH_DEFINES[path],
     )
+
+
+@functools.cache
+def load_hyper_connection_kernel() -> DecodeKernel:
+    """V4.1's mHC ops (hyper_connection.cpp, registered as torch.ops.deepwell_mhc), built on
+    the first call in a process if the cache lacks it."""
+    return _load((HYPER_CONNECTION_SOURCE,), "mHC kernel", [])
+
+
+@functools.cache
+def load_cache_rows_kernel() -> DecodeKernel:
+    """V4.1's cache row codecs (v41_cache_rows.cpp, registered as
+    torch.ops.deepwell_v41_cache), built on the first call in a process if the cache lacks it."""
+    return _load((CACHE_ROWS_SOURCE,), "V4.1 cache rows kernel", [])
 
 
 @functools.cache

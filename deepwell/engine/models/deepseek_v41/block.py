@@ -11,7 +11,7 @@ from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.models.deepseek_v41.attention import CSA2Attention, Norm
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan
 from deepwell.engine.models.deepseek_v41.engram import Engram
-from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse, expand
+from deepwell.engine.models.deepseek_v41.mhc import HyperConnection, collapse_norm, expand
 from deepwell.engine.models.deepseek_v41.moe import MoE
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 from deepwell.engine.parallel.expert import ExpertParallel
@@ -71,7 +71,7 @@ class DeepseekV41Block(nn.Module):
         """The attention's input u alone (compact bounded replay compresses dropped rows)."""
         if self.engram is not None:
             streams = self.engram(streams, engram_rows)
-        return self.attn_norm(collapse(streams, pre).to(dtype))
+        return collapse_norm(streams, pre, self.attn_norm, dtype)
 
     def forward(
         self,
@@ -112,9 +112,9 @@ class DeepseekV41Block(nn.Module):
             # DSpark's target feature: the residual entering attention, streams averaged.
             features.append(streams.mean(1))
         attn_pre, post, comb = self.hc_attn(streams)
-        u = self.attn_norm(collapse(streams, pre).to(dtype))
+        u = collapse_norm(streams, pre, self.attn_norm, dtype)
         streams = expand(attend(u).float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
-        u = self.ffn_norm(collapse(streams, attn_pre).to(dtype))
+        u = collapse_norm(streams, attn_pre, self.ffn_norm, dtype)
         streams = expand(self.ffn(u, real_rows), streams, post, comb)
         return streams, ffn_pre

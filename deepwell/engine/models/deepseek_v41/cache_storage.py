@@ -4,15 +4,20 @@ dtype of a layout entry, and the conversion of rows on their way in and out of t
 By default the caches hold the released bytes (spec §3.7, §4: 528 B a window row, 288 B a
 compressed entry, 68 B an index key) and a step unpacks only the rows it reads. Unpacking
 gives exactly the quantise-dequantise values (cache_formats.py), so a step computes with
-the same numbers as when the rounded values are kept in the compute dtype (ROUNDED).
+the same numbers as when the rounded values are kept in the compute dtype (ROUNDED). Rows
+unpack, and window rows pack, in C++ (layers/v41_cache_rows.cpp, the same bits) where that
+builds, else through cache_formats.py's torch ops.
 """
 
+import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 
+from deepwell.engine.layers.decode_kernel import load_cache_rows_kernel
 from deepwell.engine.models.deepseek_v41.cache_formats import (
     fp8_row_bytes,
     mxfp4_row_bytes,
@@ -27,7 +32,19 @@ from deepwell.engine.models.deepseek_v41.cache_formats import (
     unpack_mxfp4,
     unpack_nvfp4,
 )
+from deepwell.engine.models.deepseek_v41.cache_rows import MXFP4_GROUP, NVFP4_GROUP
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def native_rows() -> bool:
+    """Whether torch.ops.deepwell_v41_cache is registered (the kernel built); logs once if not."""
+    loaded = load_cache_rows_kernel()
+    if loaded.module is None:
+        logger.warning("V4.1 cache rows unpack through torch ops (slower): %s", loaded.reason)
+    return loaded.module is not None
 
 
 class KVStorage(Enum):
@@ -48,17 +65,31 @@ class KVStorage(Enum):
 
 @dataclass(frozen=True)
 class CacheFormat:
-    """One of the three formats: its rounding and its byte layout."""
+    """One of the three formats: its rounding and its byte layout; `native_unpack` is
+    `unpack` in C++ (the same bits)."""
 
     qdq: Callable[[torch.Tensor], torch.Tensor]
     pack: Callable[[torch.Tensor], torch.Tensor]
     unpack: Callable[[torch.Tensor, int], torch.Tensor]
     row_bytes: Callable[[int], int]
+    native_unpack: Callable[[torch.Tensor, int], torch.Tensor]
 
 
-FP8 = CacheFormat(qdq_fp8, pack_fp8, unpack_fp8, fp8_row_bytes)
-NVFP4 = CacheFormat(qdq_nvfp4, pack_nvfp4, unpack_nvfp4, nvfp4_row_bytes)
-MXFP4 = CacheFormat(qdq_mxfp4, pack_mxfp4, unpack_mxfp4, mxfp4_row_bytes)
+def _native_unpack_fp8(packed: torch.Tensor, channels: int) -> torch.Tensor:
+    return torch.ops.deepwell_v41_cache.unpack_fp8(packed, channels)
+
+
+def _native_unpack_nvfp4(packed: torch.Tensor, channels: int) -> torch.Tensor:
+    return torch.ops.deepwell_v41_cache.unpack_e2m1(packed, channels, NVFP4_GROUP, True)
+
+
+def _native_unpack_mxfp4(packed: torch.Tensor, channels: int) -> torch.Tensor:
+    return torch.ops.deepwell_v41_cache.unpack_e2m1(packed, channels, MXFP4_GROUP, False)
+
+
+FP8 = CacheFormat(qdq_fp8, pack_fp8, unpack_fp8, fp8_row_bytes, _native_unpack_fp8)
+NVFP4 = CacheFormat(qdq_nvfp4, pack_nvfp4, unpack_nvfp4, nvfp4_row_bytes, _native_unpack_nvfp4)
+MXFP4 = CacheFormat(qdq_mxfp4, pack_mxfp4, unpack_mxfp4, mxfp4_row_bytes, _native_unpack_mxfp4)
 
 
 @dataclass(frozen=True)
@@ -97,14 +128,22 @@ class StoredRows:
         if self.storage is not KVStorage.PACKED:
             rounded = self.round(values)
             return rounded, rounded
+        if self.format is FP8 and values.dtype in _NATIVE_PACK_DTYPES and native_rows():
+            stored, unpacked = torch.ops.deepwell_v41_cache.pack_fp8(values)
+            return unpacked.to(values.dtype), stored
         stored = self.format.pack(values)
         return self.format.unpack(stored, self.channels).to(values.dtype), stored
 
     def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Stored rows → their values [..., channels] in `dtype`."""
         if self.storage is KVStorage.PACKED:
-            return self.format.unpack(stored, self.channels).to(dtype)
+            unpack = self.format.native_unpack if native_rows() else self.format.unpack
+            return unpack(stored, self.channels).to(dtype)
         return stored.to(dtype)
+
+
+# What the native window-row packing takes.
+_NATIVE_PACK_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,14 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole
 from deepwell.engine.layers.step_metadata import SequenceSpan, StepMetadata
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.engine.models.deepseek_v41.cache_storage import (
+    FP8,
+    MXFP4,
+    NVFP4,
+    KVStorage,
+    StoredRows,
+    native_rows,
+)
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM, kv_layout
@@ -224,3 +232,43 @@ def test_dspark_drafting_over_packed_rings_keeps_greedy_output(checkpoint):
     # Verify steps rolled back rejected rows in the packed rings.
     assert stats.verified_tokens > stats.accepted_tokens > 0
     assert outputs[0] == outputs[1]
+
+
+@pytest.fixture
+def native_rows_ops():
+    if not native_rows():
+        pytest.skip("the V4.1 cache rows kernel cannot build here (no compiler)")
+
+
+@pytest.mark.parametrize("channels", [128, 64, 100])
+@pytest.mark.parametrize("cache_format", [FP8, NVFP4, MXFP4], ids=["fp8", "nvfp4", "mxfp4"])
+def test_native_unpack_gives_the_torch_unpacks_bits(native_rows_ops, cache_format, channels):
+    gen = torch.Generator().manual_seed(channels)
+    # Every byte value, NaN and subnormal codes and scales among them.
+    packed = torch.randint(0, 256, (37, 3, cache_format.row_bytes(channels)), generator=gen)
+    packed = packed.to(torch.uint8)
+    got = cache_format.native_unpack(packed, channels)
+    want = cache_format.unpack(packed, channels)
+    assert got.shape == want.shape == (37, 3, channels)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels", [128, 100])
+def test_native_window_packing_gives_the_torch_bytes_and_values(native_rows_ops, dtype, channels):
+    gen = torch.Generator().manual_seed(channels)
+    # Magnitudes from tiny (the 1e-4 scale floor) to large, and an all-zero row.
+    x = torch.randn(50, channels, generator=gen) * torch.logspace(-6, 3, 50).unsqueeze(1)
+    x[7] = 0
+    x = x.to(dtype)
+    stored, values = torch.ops.deepwell_v41_cache.pack_fp8(x)
+    assert torch.equal(stored, FP8.pack(x))
+    assert torch.equal(values, FP8.unpack(FP8.pack(x), channels))
+    rows = StoredRows(FP8, channels, KVStorage.PACKED)
+    rounded, kept = rows.rounded_and_stored(x)
+    assert torch.equal(kept, stored) and rounded.dtype == dtype
+
+
+def test_native_unpack_refuses_rows_of_the_wrong_width(native_rows_ops):
+    with pytest.raises(RuntimeError, match="a packed fp8 row is 132 uint8 bytes"):
+        torch.ops.deepwell_v41_cache.unpack_fp8(torch.zeros(2, 130, dtype=torch.uint8), 128)
