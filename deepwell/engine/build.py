@@ -31,6 +31,7 @@ from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.layers.triton import log_kernel_set
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.llama_native import native_decode_for
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
@@ -99,6 +100,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             block_size=args.block_size,
             compute_dtype=args.dtype_choice.dtype,
         )
+    log_kernel_set(args.kernels)
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)
     model = build_model(
