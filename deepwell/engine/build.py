@@ -9,10 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer
 from torch import nn
 
 from deepwell.engine.args import EngineArgs
+from deepwell.engine.device import HOST, resolve_device
 from deepwell.engine.errors import MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.layout import KVLayout
@@ -31,6 +33,7 @@ from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.layers.triton import log_kernel_set
 from deepwell.engine.models.llama import LlamaForCausalLM
 from deepwell.engine.models.llama_native import native_decode_for
@@ -69,6 +72,8 @@ class BuiltEngine:
     vocab_size: int
     # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
     speculative_method: str | None = None
+    # Where the weights and the KV cache live (`--device`).
+    device: torch.device = HOST
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     """Load the checkpoint into its model, packed and quantised as `args` ask: what every
     rank of a parallel group computes with (parallel/). With `group` (expert parallelism)
     this rank loads and holds only its share of the routed experts."""
+    device = resolve_device(args.device)
     experts = _expert_sharding(args, group)
     if experts is None and args.num_kv_blocks is None:
         # Before any weight is read: a model that cannot fit is refused in seconds, with
@@ -110,7 +116,10 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             backend_class=(
                 BatchInvariantAttention
                 if args.batch_invariant
+                # The C++ kernels read host memory only.
                 else paged_backend_class(args.attention_backend)
+                if device.type == "cpu"
+                else TorchPagedAttention
             ),
             sink_backend_class=(
                 BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
@@ -124,6 +133,9 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         ),
     )
     model.load_weights(checkpoint.tensors)
+    if device != HOST:
+        # Before the CPU-only packing and quantisation below, which leave device weights alone.
+        model.to(device)
     pack_linears(model)
     # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
     # directly, and GGUF files keep it above 4 bits too.
@@ -182,7 +194,10 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
             f"{num_blocks} KV blocks of {args.block_size} tokens cannot hold one "
             f"{max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
         )
-    kv_cache = KVCache.allocate(layout, num_blocks, args.block_size, num_slots, args.torch_dtype)
+    device = resolve_device(args.device)
+    kv_cache = KVCache.allocate(
+        layout, num_blocks, args.block_size, num_slots, args.torch_dtype, device
+    )
     root_key = None
     if args.enable_prefix_caching:
         # Expert-parallel ranks hold different experts but serve one model: its fingerprint
@@ -236,6 +251,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
         speculative_method=method,
+        device=device,
     )
 
 

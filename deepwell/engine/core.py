@@ -24,6 +24,7 @@ from deepwell.engine.parallel.lockstep import StepGate
 from deepwell.engine.pipeline import StepPipeline, StepStats
 from deepwell.engine.request import Request
 from deepwell.engine.runner import ModelRunner
+from deepwell.engine.sampling import sampler_for
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
 from deepwell.engine.speculative import SpecStats, Speculator
@@ -95,6 +96,8 @@ class EngineCore:
             built.layout,
             built.replay,
             built.kv.snapshots,
+            device=built.device,
+            sampler=sampler_for(args.kernels),
         )
         # Batch-invariant mode speculates with verify lengths from each request alone
         # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).
