@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.device import HOST, resolve_device
+from deepwell.engine.device import HOST, memory_budget_gib, resolve_device
 from deepwell.engine.errors import MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.layout import KVLayout
@@ -100,7 +100,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         # a fixed block count sets the budget aside, so neither is planned here.
         refuse_unfit(
             args.model,
-            args.memory_gib,
+            memory_budget_gib(args.memory_gib, args.gpu_memory_utilization, device),
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             block_size=args.block_size,
@@ -157,6 +157,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     loaded = load_model(args, group)
     model, checkpoint, method = loaded.model, loaded.checkpoint, loaded.speculative_method
     experts = loaded.experts
+    device = resolve_device(args.device)
     max_model_len = min(
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,
@@ -181,7 +182,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         snapshots = RingSnapshots(parts, SNAPSHOTS_PER_SLOT * num_slots)
     num_blocks = args.num_kv_blocks or plan_num_blocks(
         layout,
-        memory_gib=args.memory_gib,
+        memory_gib=memory_budget_gib(args.memory_gib, args.gpu_memory_utilization, device),
         model_bytes=_model_bytes(model),
         block_size=args.block_size,
         num_slots=num_slots,
@@ -194,7 +195,6 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
             f"{num_blocks} KV blocks of {args.block_size} tokens cannot hold one "
             f"{max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
         )
-    device = resolve_device(args.device)
     kv_cache = KVCache.allocate(
         layout, num_blocks, args.block_size, num_slots, args.torch_dtype, device
     )

@@ -15,6 +15,7 @@ import torch
 
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import build_engine, check_expert_parallel
+from deepwell.engine.device import resolve_device
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.context_model import ContextParallelModel
@@ -68,7 +69,7 @@ class EngineCore:
         self.group = None
         if args.parallel.expert_parallel:
             check_expert_parallel(args)
-            self.group = init_group(args.parallel)
+            self.group = init_group(args.parallel, resolve_device(args.device))
         built = build_engine(args, self.group)
         self.model_config = built.model_config
         self.model_name = built.model_name

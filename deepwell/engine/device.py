@@ -39,6 +39,15 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def memory_budget_gib(memory_gib: float, gpu_memory_utilization: float, device: torch.device):
+    """The budget the planner fits weights and KV cache in: `--memory-gib` on the CPU (a
+    ceiling shared with the host), a share of the GPU's own memory on CUDA."""
+    if device.type != "cuda":
+        return memory_gib
+    total = torch.cuda.get_device_properties(device).total_memory
+    return total * gpu_memory_utilization / 2**30
+
+
 def place(value: T, device: torch.device) -> T:
     """`value` with every tensor in it on `device`: a tensor, or dataclasses, lists, tuples
     and dicts holding tensors (the step metadata), copied field by field; anything else as is.

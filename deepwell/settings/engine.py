@@ -132,6 +132,13 @@ class EngineArgs:
         flags="--memory-gib",
         bound="positive",
     )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        "on cuda: the share of the GPU's memory planned for weights plus KV cache, in place "
+        "of --memory-gib (engine/device.py); unused on cpu",
+        flags="--gpu-memory-utilization",
+        metavar="FRACTION",
+    )
     max_num_seqs: int = setting(
         64,
         "requests in one engine step (batch size limit)",
@@ -309,6 +316,10 @@ class EngineArgs:
         # Sent between processes as a list (messages.py).
         self.dspark_confidence_temperature = tuple(self.dspark_confidence_temperature)
         check_settings(self)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.quantization == "int4" and self.batch_invariant:
             # A row's bits would change with the call's row count (4-bit blocks below a
             # few rows, the dense weights above).

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from deepwell import cli
-from deepwell.engine import SamplingParams
-from deepwell.engine.device import DeviceError, place, resolve_device
+from deepwell.engine import EngineArgs, SamplingParams
+from deepwell.engine.device import DeviceError, memory_budget_gib, place, resolve_device
 from deepwell.engine.layers.attention import AttentionMetadata
 
 from .tiny_llama import run_to_completion
@@ -103,3 +103,13 @@ def test_place_moves_nested_step_metadata_and_keeps_other_values():
     placed = place({"plans": [Plan(torch.arange(3), "a")], "n": 2}, torch.device("meta"))
     assert placed["plans"][0].rows.device.type == "meta"
     assert placed["plans"][0].name == "a" and placed["n"] == 2
+
+
+def test_the_cpu_budget_is_memory_gib_whatever_the_gpu_share():
+    assert memory_budget_gib(3.5, 0.5, torch.device("cpu")) == 3.5
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_a_gpu_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(ValueError, match="gpu_memory_utilization must lie in"):
+        EngineArgs(gpu_memory_utilization=share)
