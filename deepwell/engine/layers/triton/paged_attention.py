@@ -60,13 +60,15 @@ def _paged_decode_kernel(
         inside = ((index - first) * block_size + t) < context
         keys = tl.load(key_ptr + kv_offsets, mask=inside[:, None], other=0.0).to(tl.float32)
         values = tl.load(value_ptr + kv_offsets, mask=inside[:, None], other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(keys)) * scale
+        # float32 products in full precision: a GPU's default (TF32) would round q and k to
+        # 10-bit mantissas and part from the CPU path's tokens.
+        scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
         scores = tl.where(inside[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         correction = tl.exp(running_max - new_max)
         weights = tl.exp(scores - new_max[:, None])
         total = total * correction + tl.sum(weights, axis=1)
-        acc = acc * correction[:, None] + tl.dot(weights, values)
+        acc = acc * correction[:, None] + tl.dot(weights, values, input_precision="ieee")
         running_max = new_max
     out = acc / total[:, None]
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=real[:, None])
