@@ -106,7 +106,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             block_size=args.block_size,
             compute_dtype=args.dtype_choice.dtype,
         )
-    log_kernel_set(args.kernels)
+    log_kernel_set(args.kernels, device.type)
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint.tensors)
     model = build_model(

@@ -40,10 +40,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def log_kernel_set(kernels: str) -> None:
-    """Says once per engine which kernel set runs, so no fallback goes unnoticed."""
+def log_kernel_set(kernels: str, device_type: str = "cpu") -> None:
+    """Says once per engine which kernel set runs, so no fallback goes unnoticed; refuses the
+    Triton set where it cannot run (Triton missing, or CPU tensors without the interpreter)."""
     if kernels == "triton":
         require_triton()
+        if device_type == "cpu" and not interpreting():
+            raise KernelSetError(
+                "--kernels triton on the CPU runs only in Triton's interpreter: set "
+                "TRITON_INTERPRET=1 (slow; for checks), use --device cuda, or --kernels auto"
+            )
         where = "Triton interpreter on CPU" if interpreting() else "compiled"
         logger.info("kernel set: triton (%s)", where)
     else:

@@ -19,6 +19,13 @@ def test_missing_triton_is_an_error_naming_the_pin_and_the_way_out(monkeypatch):
         log_kernel_set("triton")
 
 
+def test_triton_on_cpu_tensors_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(KernelSetError, match="TRITON_INTERPRET=1"):
+        log_kernel_set("triton", "cpu")
+    log_kernel_set("triton", "cuda")
+
+
 def test_the_kernel_set_is_logged(caplog):
     with caplog.at_level(logging.INFO, logger="deepwell.engine.layers.triton"):
         log_kernel_set("triton")
