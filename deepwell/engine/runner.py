@@ -118,10 +118,12 @@ class ModelRunner:
         rows = [row for row, _ in sampling] + [
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
-        input_ids, positions, meta, logit_rows = place(
-            (input_ids, positions, meta, torch.tensor(rows, dtype=torch.long, device=HOST)),
-            self.device,
-        )
+        logit_rows = torch.tensor(rows, dtype=torch.long, device=HOST)
+        if self.device != HOST:
+            # On the host already otherwise: no walk over the metadata in the CPU hot path.
+            input_ids, positions, meta, logit_rows = place(
+                (input_ids, positions, meta, logit_rows), self.device
+            )
         return PreparedStep(
             chunks=chunks,
             input_ids=input_ids,
