@@ -37,7 +37,8 @@ def _draw_kernel(
     temperature = tl.load(temperature_ptr + row)
     num_kept = tl.load(num_kept_ptr + row)
     # Pass 1: the kept logits' maximum and softmax denominator (carried across blocks).
-    running_max = float("-inf")
+    # The lowest float32, not -inf: a first block with nothing kept then scales by exp(0).
+    running_max = -3.4028234663852886e38
     total = 0.0
     for start in range(0, vocab, block):
         ids = start + tl.arange(0, block)
@@ -47,10 +48,7 @@ def _draw_kernel(
         scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf")) / temperature
         scaled = tl.where(kept, scaled, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scaled, axis=0))
-        # A block with nothing kept yet leaves the maximum at -inf: no NaN from -inf - -inf.
-        correction = tl.where(running_max == new_max, 1.0, tl.exp(running_max - new_max))
-        weights = tl.where(kept, tl.exp(scaled - new_max), 0.0)
-        total = total * correction + tl.sum(weights, axis=0)
+        total = total * tl.exp(running_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
         running_max = new_max
     # min-p keeps probabilities of at least min_p times the largest, exp(0) / total.
     floor = tl.load(min_p_ptr + row) * (1.0 / total)
