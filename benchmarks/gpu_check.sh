@@ -41,9 +41,13 @@ else
   DEVICE=cuda; TOKENS=16; W=(); DECODE=(--tokens 64); BATCHES=(1 64); MEDIUM=medium; LIMIT=240
 fi
 
-run() {  # one process, bounded in time; its JSON line on stdout
+run() {  # one process, bounded in time; its JSON line on stdout. A failed step says so and
+          # the check goes on: one broken measurement should not hide the others.
   echo "+ $*" >&2
-  if [ "$DRY" = 1 ]; then echo '{}'; else timeout "$LIMIT" "$PY" "$@"; fi
+  if [ "$DRY" = 1 ]; then echo '{}'; return; fi
+  local status=0
+  timeout "$LIMIT" "$PY" "$@" || status=$?
+  if [ "$status" != 0 ]; then echo "{\"failed\": \"exit $status\"}"; fi
 }
 
 same_tokens() {  # label, then two JSON lines
