@@ -132,7 +132,7 @@ def _hf_generate(model, prompts: list[list[int]], new_tokens: int, device: str) 
 def run_decode(args) -> dict:
     from deepwell.engine import SamplingParams
 
-    context = args.prompt_len + args.tokens
+    context = args.prompt_len + args.tokens + 1  # the longest timed run: tokens + 1
     llm = _llm(args, max_num_seqs=args.batch, memory_gib=args.memory_gib, max_model_len=context)
     prompts = [[17 + (i * 7 + j) % 200 for j in range(args.prompt_len)] for i in range(args.batch)]
 
