@@ -9,9 +9,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer
 
 from deepwell.engine.args import EngineArgs
+from deepwell.engine.device import HOST, memory_budget_gib, resolve_device
 from deepwell.engine.errors import MemoryBudgetError
 from deepwell.engine.kv.cache import KVCache, plan_num_blocks
 from deepwell.engine.kv.layout import KVLayout
@@ -30,6 +32,8 @@ from deepwell.engine.layers.cpp_paged import paged_backend_class
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.engine.layers.triton import log_kernel_set
 from deepwell.engine.models.contract import CausalLM
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model, model_entry
@@ -66,6 +70,8 @@ class BuiltEngine:
     vocab_size: int
     # The drafter speculation uses ("ngram" or "dspark"); None when it is off.
     speculative_method: str | None = None
+    # Where the weights and the KV cache live (`--device`).
+    device: torch.device = HOST
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     """Load the checkpoint into its model, packed and quantised as `args` ask: what every
     rank of a parallel group computes with (parallel/). With `group` (expert parallelism)
     this rank loads and holds only its share of the routed experts."""
+    device = resolve_device(args.device)
     experts = _expert_sharding(args, group)
     if experts is None and args.num_kv_blocks is None:
         # Before any weight is read: a model that cannot fit is refused in seconds, with
@@ -91,16 +98,20 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         # a fixed block count sets the budget aside, so neither is planned here.
         refuse_unfit(
             args.model,
-            args.memory_gib,
+            memory_budget_gib(args.memory_gib, args.gpu_memory_utilization, device),
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             block_size=args.block_size,
             compute_dtype=args.dtype_choice.dtype,
         )
+    log_kernel_set(args.kernels, device.type)
     checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
     method = _speculative_method(args, checkpoint)
-    model = build_model(checkpoint, _model_options(args, method, experts))
+    model = build_model(checkpoint, _model_options(args, method, experts, device))
     model.load_weights(checkpoint.tensors)
+    if device != HOST:
+        # Before the CPU-only packing and quantisation below, which leave device weights alone.
+        model.to(device)
     pack_linears(model)
     hooks = model.hooks()
     # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
@@ -118,14 +129,17 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
 
 
 def _model_options(
-    args: EngineArgs, method: str | None, experts: ExpertSharding | None
+    args: EngineArgs, method: str | None, experts: ExpertSharding | None, device: torch.device
 ) -> ModelOptions:
     return ModelOptions(
         dtype=args.torch_dtype,
         backend_class=(
             BatchInvariantAttention
             if args.batch_invariant
+            # The C++ kernels read host memory only.
             else paged_backend_class(args.attention_backend)
+            if device.type == "cpu"
+            else TorchPagedAttention
         ),
         sink_backend_class=(
             BatchInvariantSinkAttention if args.batch_invariant else TorchSinkAttention
@@ -145,6 +159,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     started = time.monotonic()
     loaded = load_model(args, group)
     model, checkpoint = loaded.model, loaded.checkpoint
+    device = resolve_device(args.device)
     max_model_len = min(
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,
@@ -161,7 +176,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         TruncationMode(args.yoco_prefill_truncation_mode), args.yoco_prefill_keep_tokens
     )
     replay.check(layout)
-    kv = _kv_cache_manager(args, loaded, layout, replay, max_model_len)
+    kv = _kv_cache_manager(args, loaded, layout, replay, max_model_len, device)
     logger.info(
         "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
         checkpoint.path.name,
@@ -187,6 +202,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
         speculative_method=loaded.speculative_method,
+        device=device,
     )
 
 
@@ -196,6 +212,7 @@ def _kv_cache_manager(
     layout: KVLayout,
     replay: BoundedReplay,
     max_model_len: int,
+    device: torch.device,
 ) -> KVCacheManager:
     """The KV cache sized from the memory budget, with its snapshots, prefix keys and store."""
     num_slots = num_slots_for(args.max_num_seqs)
@@ -206,7 +223,7 @@ def _kv_cache_manager(
         snapshots = RingSnapshots(parts, SNAPSHOTS_PER_SLOT * num_slots)
     num_blocks = args.num_kv_blocks or plan_num_blocks(
         layout,
-        memory_gib=args.memory_gib,
+        memory_gib=memory_budget_gib(args.memory_gib, args.gpu_memory_utilization, device),
         model_bytes=_model_bytes(loaded.model),
         block_size=args.block_size,
         num_slots=num_slots,
@@ -219,7 +236,9 @@ def _kv_cache_manager(
             f"{num_blocks} KV blocks of {args.block_size} tokens cannot hold one "
             f"{max_model_len}-token sequence; raise num_kv_blocks or lower max_model_len"
         )
-    kv_cache = KVCache.allocate(layout, num_blocks, args.block_size, num_slots, args.torch_dtype)
+    kv_cache = KVCache.allocate(
+        layout, num_blocks, args.block_size, num_slots, args.torch_dtype, device
+    )
     root_key = _root_key(args, loaded, layout) if args.enable_prefix_caching else None
     parts = None if snapshots is None else snapshots.parts
     store = open_store(args, root_key, kv_cache, parts)

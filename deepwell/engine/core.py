@@ -15,6 +15,7 @@ import torch
 
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import build_engine, check_expert_parallel
+from deepwell.engine.device import resolve_device
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.context import launch_context_parallel
@@ -24,6 +25,7 @@ from deepwell.engine.parallel.lockstep import StepGate
 from deepwell.engine.pipeline import StepPipeline, StepStats
 from deepwell.engine.request import Request
 from deepwell.engine.runner import ModelRunner
+from deepwell.engine.sampling import sampler_for
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
 from deepwell.engine.speculative import SpecStats, Speculator
@@ -67,7 +69,7 @@ class EngineCore:
         self.group = None
         if args.parallel.expert_parallel:
             check_expert_parallel(args)
-            self.group = init_group(args.parallel)
+            self.group = init_group(args.parallel, resolve_device(args.device))
         built = build_engine(args, self.group)
         self.model_config = built.model_config
         self.model_name = built.model_name
@@ -95,6 +97,8 @@ class EngineCore:
             built.layout,
             built.replay,
             built.kv.snapshots,
+            device=built.device,
+            sampler=sampler_for(args.kernels),
         )
         # Batch-invariant mode speculates with verify lengths from each request alone
         # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepwell.engine.device import HOST, place
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
@@ -67,9 +68,12 @@ class ModelRunner:
         layout: KVLayout,
         replay: BoundedReplay = EXACT,
         snapshots: RingSnapshots | None = None,
+        device: torch.device = HOST,
+        sampler: Sampler | None = None,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
-        `snapshots`, every chunk that crosses a block boundary snapshots the rings there."""
+        `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
+        Steps are built on the host and placed on `device` (the model's and the cache's)."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -81,7 +85,8 @@ class ModelRunner:
         self.full_attention = any(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
         # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
         self.batch_invariant = batch_invariant
-        self.sampler = Sampler()
+        self.device = device
+        self.sampler = sampler or Sampler()
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         # Decode-shaped chunks first: they share one batched attention call. A verify chunk
@@ -92,7 +97,10 @@ class ModelRunner:
         ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
         num_decode_chunks = len(ordered)
         ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
-        rows, meta = self._prepare(ordered, num_decode_chunks)
+        # Built from Python lists on the host (explicitly: whatever the default device is),
+        # then placed on the engine's device in one pass below.
+        with HOST:
+            rows, meta = self._prepare(ordered, num_decode_chunks)
         snapshot_points = []
         if self.snapshots is not None:
             bs = self.block_size
@@ -108,12 +116,20 @@ class ModelRunner:
         logit_rows = [row for row, _ in sampling] + [
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
+        input_ids = torch.tensor(rows.input_ids, dtype=torch.long, device=HOST)
+        positions = torch.tensor(rows.positions, dtype=torch.long, device=HOST)
+        logit_ids = torch.tensor(logit_rows, dtype=torch.long, device=HOST)
+        if self.device != HOST:
+            # On the host already otherwise: no walk over the metadata in the CPU hot path.
+            input_ids, positions, meta, logit_ids = place(
+                (input_ids, positions, meta, logit_ids), self.device
+            )
         return PreparedStep(
             chunks=chunks,
-            input_ids=torch.tensor(rows.input_ids, dtype=torch.long),
-            positions=torch.tensor(rows.positions, dtype=torch.long),
+            input_ids=input_ids,
+            positions=positions,
             meta=meta,
-            logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+            logit_rows=logit_ids,
             sampling=[c for _, c in sampling],
             verifying=[c for _, c in verifying],
             pending_rows=rows.pending_rows,
@@ -157,7 +173,7 @@ class ModelRunner:
             requests = [step.sampling[row].request for row in live]
             rows = logits[: len(step.sampling)]
             if len(live) < len(step.sampling):
-                rows = rows[torch.tensor(live)]
+                rows = rows[torch.tensor(live, device=rows.device)]
             tokens, logprobs = self.sampler(rows, requests)
             for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
                 by_request[id(request)] = ([token], token_logprobs)

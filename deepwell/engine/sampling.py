@@ -40,11 +40,10 @@ class Sampler:
         tokens = first_argmax(logits)
         sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
         if sampled_rows:
-            rows = torch.tensor(sampled_rows)
-            probs = filtered_probs(logits[rows], [requests[i] for i in sampled_rows])
+            rows = torch.tensor(sampled_rows, device=logits.device)
             # The token drawn now takes position num_tokens in its sequence.
             draws = [uniform(requests[i].seed, requests[i].num_tokens) for i in sampled_rows]
-            tokens[rows] = inverse_cdf(probs, draws)
+            tokens[rows] = self.draw(logits[rows], [requests[i] for i in sampled_rows], draws)
         token_ids = tokens.tolist()
         logprobs = [
             token_logprobs(raw_logprobs[row], token_ids[row], r.params.top_logprobs)
@@ -53,6 +52,11 @@ class Sampler:
             for row, r in enumerate(requests)
         ]
         return token_ids, logprobs
+
+    def draw(self, logits: torch.Tensor, requests: list[Request], uniforms: list[float]):
+        """Tokens of the sampled rows: temperature, top-k / top-p / min-p, then each row's
+        uniform through the inverse CDF (the Triton kernel set draws the same in one kernel)."""
+        return inverse_cdf(filtered_probs(logits, requests), uniforms)
 
 
 # first_argmax's block: rows of logits are scanned for their maximum a block at a time.
@@ -83,9 +87,8 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     block = maxima.max(dim=-1).indices
     # The last block may be short: its columns past the vocabulary repeat the last one,
     # after its first appearance, so they never win a tie.
-    columns = (block.unsqueeze(1) * _ARGMAX_BLOCK + torch.arange(_ARGMAX_BLOCK)).clamp_(
-        max=vocab - 1
-    )
+    offsets = torch.arange(_ARGMAX_BLOCK, device=logits.device)
+    columns = (block.unsqueeze(1) * _ARGMAX_BLOCK + offsets).clamp_(max=vocab - 1)
     within = logits.gather(1, columns).max(dim=-1, keepdim=True).indices
     return columns.gather(1, within).squeeze(1)
 
@@ -115,7 +118,8 @@ def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
     is never chosen; when u * total rounds up to the total, the last token with mass is.
     """
     cdf = probs.double().cumsum(dim=-1)
-    targets = torch.tensor(uniforms, dtype=torch.float64).unsqueeze(1) * cdf[:, -1:]
+    targets = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
+    targets = targets.unsqueeze(1) * cdf[:, -1:]
     index = torch.searchsorted(cdf, targets, right=True).squeeze(1)
     vocab = probs.shape[-1]
     last_with_mass = vocab - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
@@ -129,11 +133,13 @@ def adjust_logits(row: torch.Tensor, request: Request) -> None:
         apply_penalties(row, request)
     if params.logit_bias:
         # Ids beyond the vocabulary were refused at intake.
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        row[ids] += torch.tensor(list(params.logit_bias.values()), dtype=row.dtype)
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
+        bias = list(params.logit_bias.values())
+        row[ids] += torch.tensor(bias, dtype=row.dtype, device=row.device)
     if request.num_output_tokens < params.min_tokens and request.stop_token_ids:
         # vLLM's min_tokens: no stop id (EOS included unless ignore_eos) before the minimum.
-        row[torch.tensor(sorted(request.stop_token_ids), dtype=torch.long)] = float("-inf")
+        stops = sorted(request.stop_token_ids)
+        row[torch.tensor(stops, dtype=torch.long, device=row.device)] = float("-inf")
 
 
 def apply_penalties(row: torch.Tensor, request: Request) -> None:
@@ -142,20 +148,23 @@ def apply_penalties(row: torch.Tensor, request: Request) -> None:
     if params.repetition_penalty != 1.0:
         # HF semantics: every token seen in prompt or output; shrink positive logits,
         # grow negative ones.
-        seen = torch.tensor(sorted(set(request.token_ids)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(request.token_ids)), dtype=torch.long, device=row.device)
         scores = row[seen]
         penalty = params.repetition_penalty
         row[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
     if params.presence_penalty or params.frequency_penalty:
         # OpenAI semantics: output tokens only.
-        output = torch.tensor(request.output_token_ids, dtype=torch.long)
+        output = torch.tensor(request.output_token_ids, dtype=torch.long, device=row.device)
         counts = torch.bincount(output, minlength=row.shape[0]).to(row.dtype)
         row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 
 def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p, as probabilities over the vocabulary."""
-    temperatures = torch.tensor([r.params.temperature for r in requests], dtype=logits.dtype)
+    device = logits.device
+    temperatures = torch.tensor(
+        [r.params.temperature for r in requests], dtype=logits.dtype, device=device
+    )
     logits = logits / temperatures.unsqueeze(1)
     top_ks = [r.params.top_k for r in requests]
     top_ps = [r.params.top_p for r in requests]
@@ -165,17 +174,18 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
         # keep greedy's token (the first of tied maxima); bf16 logits tie often.
         sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         vocab = logits.shape[-1]
-        ranks = torch.arange(vocab).unsqueeze(0)
-        k = torch.tensor([k if k > 0 else vocab for k in top_ks]).unsqueeze(1)
+        ranks = torch.arange(vocab, device=device).unsqueeze(0)
+        k = torch.tensor([k if k > 0 else vocab for k in top_ks], device=device).unsqueeze(1)
         remove = ranks >= k
         sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         # Drop a token when the mass before it already reaches top_p; the first always stays.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        remove |= mass_before >= torch.tensor(top_ps, dtype=logits.dtype).unsqueeze(1)
+        remove |= mass_before >= torch.tensor(top_ps, dtype=logits.dtype, device=device)[:, None]
         logits = logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
     probs = logits.softmax(dim=-1)
     if any(p > 0 for p in min_ps):
-        floor = torch.tensor(min_ps, dtype=probs.dtype).unsqueeze(1) * probs.amax(-1, keepdim=True)
+        floor = torch.tensor(min_ps, dtype=probs.dtype, device=device)[:, None]
+        floor = floor * probs.amax(-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs
 
@@ -186,3 +196,13 @@ def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
         values, ids = row.topk(top)
         alternatives = tuple(zip(ids.tolist(), values.tolist(), strict=True))
     return TokenLogprobs(token_id, row[token_id].item(), alternatives)
+
+
+def sampler_for(kernels: str) -> Sampler:
+    """The sampler of a kernel set (`--kernels`, settings/engine.py KERNEL_SETS)."""
+    if kernels == "triton":
+        # Imported here: it needs Triton, which only this kernel set asks for.
+        from deepwell.engine.layers.triton.sampling import TritonSampler
+
+        return TritonSampler()
+    return Sampler()

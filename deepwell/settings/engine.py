@@ -28,7 +28,7 @@ NATIVE_DECODES = ("auto", "off")
 KERNEL_SETS = ("auto", "triton")
 SPECULATIVE_METHODS = ("ngram", "dspark")
 YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
-DEVICES = ("cpu",)
+DEVICES = ("auto", "cpu", "cuda")
 # DeepInfer's block size (spec/deepinfer.md §1.3); the planner sizes blocks with it too.
 BLOCK_SIZE = 128
 # Share of the memory budget kept for activations and the allocator, besides weights and KV
@@ -58,11 +58,15 @@ class EngineArgs:
         choices=DTYPES,
     )
     device: str = setting(
-        "cpu",
-        "where the engine computes (the GPU path comes later)",
+        "auto",
+        "where the weights, KV cache and every step's tensors live: cuda, cpu, or auto (cuda "
+        "when torch sees a GPU, else cpu); cuda without one is an error. On cuda the C++ "
+        "kernels do not apply: attention runs on the torch path or --kernels triton",
         group="model",
         flags="--device",
         choices=DEVICES,
+        env="DEEPWELL_DEVICE",
+        env_parse=env.parse_text,
     )
     max_model_len: int | None = setting(
         None,
@@ -127,6 +131,13 @@ class EngineArgs:
         "memory budget for weights plus KV cache, in GiB",
         flags="--memory-gib",
         bound="positive",
+    )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        "on cuda: the share of the GPU's memory planned for weights plus KV cache, in place "
+        "of --memory-gib (engine/device.py); unused on cpu",
+        flags="--gpu-memory-utilization",
+        metavar="FRACTION",
     )
     max_num_seqs: int = setting(
         64,
@@ -232,7 +243,11 @@ class EngineArgs:
         default_text="twice the model's sliding window",
     )
     block_size: int = setting(
-        BLOCK_SIZE, "KV block size in tokens", group="KV cache", flags="--block-size", bound="positive"
+        BLOCK_SIZE,
+        "KV block size in tokens",
+        group="KV cache",
+        flags="--block-size",
+        bound="positive",
     )
     # Fixes the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
     num_kv_blocks: int | None = setting(
@@ -301,6 +316,10 @@ class EngineArgs:
         # Sent between processes as a list (messages.py).
         self.dspark_confidence_temperature = tuple(self.dspark_confidence_temperature)
         check_settings(self)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.quantization == "int4" and self.batch_invariant:
             # A row's bits would change with the call's row count (4-bit blocks below a
             # few rows, the dense weights above).

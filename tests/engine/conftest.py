@@ -1,5 +1,6 @@
 """Shared engine fixtures."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ from .tiny_llama import write_tiny_llama
 # The test machine's 2 cores are shared: with 2 threads, a busy neighbour stalls every
 # parallel region (measured 50x slower matmuls); one thread degrades gracefully.
 torch.set_num_threads(1)
+# Without a GPU, Triton's interpreter runs the Triton kernel set on CPU tensors; Triton reads
+# this when a kernel is defined, so before any kernel module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

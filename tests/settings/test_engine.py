@@ -55,11 +55,14 @@ def test_every_field_is_a_declared_setting_with_help() -> None:
 
 def test_the_new_settings_change_nothing_by_default(monkeypatch) -> None:
     args = EngineArgs()
-    assert (args.expand_weights, args.device) == (False, "cpu")
+    # "auto" is the CPU wherever torch sees no GPU (engine/device.py).
+    assert (args.expand_weights, args.device) == (False, "auto")
     monkeypatch.setenv("DEEPWELL_EXPAND_WEIGHTS", "1")
     assert EngineArgs().expand_weights is True
+    monkeypatch.setenv("DEEPWELL_DEVICE", "cpu")
+    assert EngineArgs().device == "cpu"
     with pytest.raises(ValueError, match="device must be one of"):
-        EngineArgs(device="cuda")
+        EngineArgs(device="tpu")
 
 
 def test_use_nextn_decode_sets_the_default_draft_length(monkeypatch) -> None:

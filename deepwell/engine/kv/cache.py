@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from deepwell.engine.device import HOST
 from deepwell.engine.errors import MemoryBudgetError
 from deepwell.engine.kv.layout import KVLayout
 from deepwell.settings.engine import ACTIVATION_RESERVE
@@ -33,8 +34,15 @@ class KVCache:
         block_size: int,
         num_slots: int,
         dtype: torch.dtype,
+        device: torch.device = HOST,
     ) -> "KVCache":
         def zeros(spec, *shape: int) -> list[torch.Tensor]:
+            if device.type != "cpu":
+                # Device memory is taken when allocated, lazily or not.
+                return [
+                    torch.zeros(shape, dtype=spec.dtype or dtype, device=device)
+                    for _ in range(spec.num_layers)
+                ]
             return [lazy_zeros(shape, spec.dtype or dtype) for _ in range(spec.num_layers)]
 
         return cls(
@@ -49,13 +57,15 @@ class KVCache:
 
     def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
         """A copy of the blocks' contents: one [len(block_ids), *block_shape] per part."""
-        index = torch.tensor(block_ids, dtype=torch.long)
-        return [tensor.index_select(0, index) for tensor in self.block_tensors()]
+        tensors = self.block_tensors()
+        index = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+        return [tensor.index_select(0, index) for tensor in tensors]
 
     def write_blocks(self, block_ids: list[int], blocks: list[list[torch.Tensor]]) -> None:
         """Fill blocks from their parts (one list of `block_tensors` shapes per block)."""
-        index = torch.tensor(block_ids, dtype=torch.long)
-        for part, tensor in enumerate(self.block_tensors()):
+        tensors = self.block_tensors()
+        index = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+        for part, tensor in enumerate(tensors):
             tensor[index] = torch.stack([block[part] for block in blocks])
 
 
@@ -69,7 +79,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """
     size = math.prod(shape) * dtype.itemsize
     if not size:
-        return torch.zeros(shape, dtype=dtype)
+        return torch.zeros(shape, dtype=dtype, device=HOST)
     return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
 
 

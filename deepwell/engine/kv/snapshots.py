@@ -91,8 +91,8 @@ class RingSnapshots:
         tensors = []
         for part in self.parts:
             ring = cache.rings[part.ring][part.layer]
-            rows = torch.arange(boundary - part.num_rows, boundary) % ring.shape[1]
-            tensors.append(ring[slot, rows])
+            rows = torch.arange(boundary - part.num_rows, boundary, device=ring.device)
+            tensors.append(ring[slot, rows % ring.shape[1]])
         return tensors
 
     def restore(
@@ -100,5 +100,5 @@ class RingSnapshots:
     ) -> None:
         for part, tensor in zip(self.parts, tensors, strict=True):
             ring = cache.rings[part.ring][part.layer]
-            rows = torch.arange(boundary - part.num_rows, boundary) % ring.shape[1]
-            ring[slot, rows] = tensor
+            rows = torch.arange(boundary - part.num_rows, boundary, device=ring.device)
+            ring[slot, rows % ring.shape[1]] = tensor

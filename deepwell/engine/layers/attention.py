@@ -85,7 +85,9 @@ class AttentionMetadata:
     @cached_property
     def decode_context_len_tensor(self) -> torch.Tensor:
         """decode_context_lens as an int64 tensor (built on first use, once per step)."""
-        return torch.tensor(self.decode_context_lens, dtype=torch.long)
+        return torch.tensor(
+            self.decode_context_lens, dtype=torch.long, device=self.decode_block_ids.device
+        )
 
     @cached_property
     def decode_block_starts(self) -> torch.Tensor:
@@ -98,8 +100,10 @@ class AttentionMetadata:
     def decode_sequence_starts(self) -> torch.Tensor:
         """[sequences + 1]: where each sequence's decode rows begin."""
         if self.decode_sequence_rows is None:
-            return torch.arange(self.num_decodes + 1)
-        counts = torch.tensor(self.decode_sequence_rows, dtype=torch.long)
+            return torch.arange(self.num_decodes + 1, device=self.decode_block_ids.device)
+        counts = torch.tensor(
+            self.decode_sequence_rows, dtype=torch.long, device=self.decode_block_ids.device
+        )
         return torch.cat((counts.new_zeros(1), counts.cumsum(0)))
 
 

@@ -96,10 +96,12 @@ class TorchPagedAttention(AttentionBackend):
             scores = _scores(grouped.index_select(0, rows), keys)
         scores.masked_fill_(meta.decode_block_padding, float("-inf"))
         index = rows.view(-1, 1, 1).expand(-1, kv_heads, group)
-        row_max = torch.full((batch, kv_heads, group), float("-inf"))
+        row_max = torch.full((batch, kv_heads, group), float("-inf"), device=q.device)
         row_max.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
         weights = torch.exp(scores - row_max.index_select(0, rows).unsqueeze(-1))
-        total = torch.zeros(batch, kv_heads, group).index_add_(0, rows, weights.sum(dim=-1))
+        total = torch.zeros(batch, kv_heads, group, device=q.device).index_add_(
+            0, rows, weights.sum(dim=-1)
+        )
         if in_place:
             block_size = weights.shape[-1]
             spread = weights.new_zeros(*stacked, block_size, dtype=q.dtype)
@@ -111,7 +113,9 @@ class TorchPagedAttention(AttentionBackend):
         else:
             values = value_cache.index_select(0, ids)
             partial = torch.matmul(weights.to(q.dtype), values).float()  # [blocks, kvh, group, dim]
-        out = torch.zeros(batch, kv_heads, group, self.head_dim).index_add_(0, rows, partial)
+        out = torch.zeros(batch, kv_heads, group, self.head_dim, device=q.device).index_add_(
+            0, rows, partial
+        )
         out /= total.unsqueeze(-1)
         return out.to(q.dtype).view(batch, self.num_heads, self.head_dim)
 

@@ -153,7 +153,11 @@ class LlamaForCausalLM(nn.Module):
     native_decode = None
 
     def __init__(
-        self, config: LlamaConfig, backend_class: type[AttentionBackend], dtype: torch.dtype
+        self,
+        config: LlamaConfig,
+        backend_class: type[AttentionBackend],
+        dtype: torch.dtype,
+        glue: Glue | None = None,
     ):
         super().__init__()
         self.config = config
@@ -161,9 +165,11 @@ class LlamaForCausalLM(nn.Module):
         backend = backend_class(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim
         )
-        # The fused glue rides with the C++ attention backend (its extension builds it); the
-        # torch and batch-invariant backends keep the torch ops.
-        glue = kernel_glue() if issubclass(backend_class, CppPagedAttention) else None
+        # Unless a kernel set brings its own (`glue`), the fused glue rides with the C++
+        # attention backend (its extension builds it); the torch and batch-invariant backends
+        # keep the torch ops.
+        if glue is None and issubclass(backend_class, CppPagedAttention):
+            glue = kernel_glue()
         self.glue = glue or TorchGlue
         self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, dtype
@@ -184,7 +190,18 @@ class LlamaForCausalLM(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "LlamaForCausalLM":
-        return cls(cls.read_config(checkpoint.hf_config), options.backend_class, options.dtype)
+        config = cls.read_config(checkpoint.hf_config)
+        if options.kernels == "triton":
+            if options.batch_invariant:
+                raise ValueError(
+                    "--kernels triton and batch-invariant mode each choose the kernels: pick one"
+                )
+            # Imported here: the Triton modules need Triton, which only this kernel set asks.
+            from deepwell.engine.layers.triton.paged_attention import TritonPagedAttention
+            from deepwell.engine.layers.triton.rms_norm import TritonGlue
+
+            return cls(config, TritonPagedAttention, options.dtype, TritonGlue)
+        return cls(config, options.backend_class, options.dtype)
 
     def kv_layout(self) -> KVLayout:
         c = self.config

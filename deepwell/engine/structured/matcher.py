@@ -9,6 +9,8 @@ import llguidance
 import numpy as np
 import torch
 
+from deepwell.engine.device import place
+
 
 class GrammarMatcher:
     def __init__(
@@ -98,6 +100,7 @@ def apply_masks(logits: torch.Tensor, rows: list[int], masks: np.ndarray) -> Non
     """Set disallowed logits to -inf in place; `masks[i]` (uint32 words) belongs to `rows[i]`."""
     vocab = logits.shape[-1]
     bits = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-    disallowed = torch.from_numpy(bits) == 0
-    index = torch.tensor(rows)
+    # The bits are unpacked on the host, then cross once (pinned, not waited for) to the logits.
+    disallowed = place(torch.from_numpy(bits) == 0, logits.device)
+    index = torch.tensor(rows, device=logits.device)
     logits[index] = logits[index].masked_fill(disallowed, float("-inf"))
