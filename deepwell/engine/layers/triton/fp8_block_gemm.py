@@ -2,9 +2,10 @@
 scale per 32x32 block, float32 out.
 
 The Triton counterpart of layers/blockscaled.py's `fp8_block_linear`, same interface. A
-program owns a tile of rows and of outputs and walks the inputs one 32-wide scale block at a
-time: it decodes the weight bytes and their block's scale (triton/encodings.py, exact) and
-multiplies in float32 at IEEE precision, so it matches the reference up to summation order.
+program owns a tile of rows and of outputs and walks the inputs a tile of whole 32-wide
+scale blocks at a time: it decodes the weight bytes and their blocks' scales
+(triton/encodings.py, exact) and multiplies in float32 at IEEE precision, so it matches the
+reference up to summation order.
 """
 
 import torch
@@ -14,8 +15,12 @@ import triton.language as tl
 from deepwell.engine.layers.blockscaled import BLOCK, _check_fp8
 from deepwell.engine.layers.triton.encodings import decode_e4m3, decode_e8m0
 
-ROW_TILE = 16
-OUT_TILE = 32
+# Largest tiles (rows, outputs, inputs); smaller where the matrix is (at least 16 for
+# tl.dot, the inputs' a whole number of scale blocks).
+ROW_TILE = 64
+OUT_TILE = 64
+IN_TILE = 128
+MIN_DOT = 16
 
 
 @triton.jit
@@ -31,6 +36,7 @@ def _fp8_block_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     output = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -39,8 +45,8 @@ def _fp8_block_gemm_kernel(
     row = row.to(tl.int64)
     output = output.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for block in range(0, tl.cdiv(in_features, BLOCK_K)):
-        column = block * BLOCK_K + tl.arange(0, BLOCK_K)
+    for start in range(0, in_features, BLOCK_K):
+        column = start + tl.arange(0, BLOCK_K)
         column_ok = column < in_features
         x = tl.load(
             x_ptr + row[:, None] * in_features + column[None, :],
@@ -53,9 +59,13 @@ def _fp8_block_gemm_kernel(
             other=0,
         ).to(tl.int32)
         scale_bytes = tl.load(
-            scale_ptr + (output // BLOCK_K) * scale_columns + block, mask=output_ok, other=127
+            scale_ptr
+            + (output // SCALE_BLOCK)[:, None] * scale_columns
+            + (column // SCALE_BLOCK)[None, :],
+            mask=output_ok[:, None] & column_ok[None, :],
+            other=127,
         ).to(tl.int32)
-        weight = decode_e4m3(codes) * decode_e8m0(scale_bytes)[:, None]
+        weight = decode_e4m3(codes) * decode_e8m0(scale_bytes)
         acc += tl.dot(x, tl.trans(weight), input_precision="ieee")
     tl.store(
         out_ptr + row[:, None] * out_features + output[None, :],
@@ -73,7 +83,13 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
     out_features, in_features = weight.shape
     out = torch.empty(rows, out_features, dtype=torch.float32, device=x.device)
     if rows and out_features:
-        grid = (triton.cdiv(rows, ROW_TILE), triton.cdiv(out_features, OUT_TILE))
+        tiles = dict(
+            BLOCK_M=tile_size(rows, ROW_TILE, MIN_DOT),
+            BLOCK_N=tile_size(out_features, OUT_TILE, MIN_DOT),
+            BLOCK_K=tile_size(in_features, IN_TILE, BLOCK),
+            SCALE_BLOCK=BLOCK,
+        )
+        grid = (triton.cdiv(rows, tiles["BLOCK_M"]), triton.cdiv(out_features, tiles["BLOCK_N"]))
         _fp8_block_gemm_kernel[grid](
             x.contiguous(),
             weight.contiguous().view(torch.uint8),
@@ -83,8 +99,11 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
             out_features,
             in_features,
             scale.shape[1],
-            BLOCK_M=ROW_TILE,
-            BLOCK_N=OUT_TILE,
-            BLOCK_K=BLOCK,
+            **tiles,
         )
     return out
+
+
+def tile_size(size: int, largest: int, smallest: int) -> int:
+    """A power-of-two tile for `size`: its next power of two within [smallest, largest]."""
+    return max(smallest, min(largest, triton.next_power_of_2(size)))

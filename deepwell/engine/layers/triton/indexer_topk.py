@@ -3,17 +3,21 @@ ascending, −1 where the chosen score is −inf (fewer entries visible than k).
 
 The Triton counterpart of the selection in models/deepseek_v41/attention.py's `Indexer`
 (and of its candidate pool's block ranking). Ties go to the lower id, as the batch-invariant
-path's `top_indices` breaks them. No sort: each row bisects the k-th largest score over the
-scores' order-preserving integer keys (32 counting passes), then one pass keeps every score
-above it and the lowest-id ties at it, writing each kept id at its rank among the kept.
+path's `top_indices` breaks them. No sort: a program takes a few rows and bisects each row's
+k-th largest score over the scores' order-preserving integer keys (32 counting passes over
+the row), then one pass keeps every score above it and the lowest-id ties at it, writing
+each kept id at its rank among the kept.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-TILE = 128
-# Bisection bounds: every int32 key lies in [lowest, highest].
+# Rows per program; columns per tile. A row that fits one tile is loaded once and bisected
+# in registers, a longer one is read again on each of the 32 passes.
+ROWS = 16
+TILE = 256
+# Bisection steps: one per bit of the int32 keys.
 KEY_BITS = 32
 
 
@@ -27,45 +31,68 @@ def _ordered_keys(scores):
 
 
 @triton.jit
-def _count_at_least(row_ptr, width, threshold, TILE: tl.constexpr):
-    count = tl.zeros([], tl.int64)
+def _load_keys(scores_ptr, row, row_ok, width, start, TILE: tl.constexpr):
+    """The keys of one tile of the rows, below every int32 key outside them."""
+    column = start + tl.arange(0, TILE)
+    inside = row_ok[:, None] & (column < width)[None, :]
+    scores = tl.load(scores_ptr + row[:, None] * width + column[None, :], mask=inside, other=0.0)
+    return tl.where(inside, _ordered_keys(scores), -(2**40)), scores, column, inside
+
+
+@triton.jit
+def _count_at_least(scores_ptr, row, row_ok, width, threshold, TILE: tl.constexpr):
+    count = tl.zeros_like(threshold)
     for start in range(0, width, TILE):
-        index = start + tl.arange(0, TILE)
-        scores = tl.load(row_ptr + index, mask=index < width, other=float("-inf"))
-        keys = tl.where(index < width, _ordered_keys(scores), -(2**40))
-        count += tl.sum((keys >= threshold).to(tl.int64), axis=0)
+        keys, _, _, _ = _load_keys(scores_ptr, row, row_ok, width, start, TILE)
+        count += tl.sum((keys >= threshold[:, None]).to(tl.int64), axis=1)
     return count
 
 
 @triton.jit
-def _top_k_ids_kernel(scores_ptr, out_ptr, width, k, KEY_BITS: tl.constexpr, TILE: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = scores_ptr + row * width
-    # The k-th largest key: the largest threshold that at least k keys reach.
-    low = tl.full([], -(2**31), tl.int64)
-    high = tl.full([], 2**31 - 1, tl.int64)
-    for _ in range(KEY_BITS):
-        middle = (low + high + 1) // 2
-        enough = _count_at_least(row_ptr, width, middle, TILE) >= k
-        low = tl.where(enough, middle, low)
-        high = tl.where(enough, high, middle - 1)
+def _top_k_ids_kernel(
+    scores_ptr,
+    out_ptr,
+    rows,
+    width,
+    k,
+    KEY_BITS: tl.constexpr,
+    TILE: tl.constexpr,
+    ROWS: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
+):
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = row < rows
+    row = row.to(tl.int64)
+    # Each row's k-th largest key: the largest threshold that at least k keys reach.
+    low = tl.full([ROWS], -(2**31), tl.int64)
+    high = tl.full([ROWS], 2**31 - 1, tl.int64)
+    if WHOLE_ROW:
+        keys, _, _, _ = _load_keys(scores_ptr, row, row_ok, width, 0, TILE)
+        for _ in range(KEY_BITS):
+            middle = (low + high + 1) // 2
+            enough = tl.sum((keys >= middle[:, None]).to(tl.int64), axis=1) >= k
+            low = tl.where(enough, middle, low)
+            high = tl.where(enough, high, middle - 1)
+    else:
+        for _ in range(KEY_BITS):
+            middle = (low + high + 1) // 2
+            enough = _count_at_least(scores_ptr, row, row_ok, width, middle, TILE) >= k
+            low = tl.where(enough, middle, low)
+            high = tl.where(enough, high, middle - 1)
     # Ties at the threshold fill what the keys above it leave, lowest id first.
-    ties_wanted = k - _count_at_least(row_ptr, width, low + 1, TILE)
-    ties_taken = tl.zeros([], tl.int64)
-    written = tl.zeros([], tl.int64)
+    ties_wanted = k - _count_at_least(scores_ptr, row, row_ok, width, low + 1, TILE)
+    ties_taken = tl.zeros([ROWS], tl.int64)
+    written = tl.zeros([ROWS], tl.int64)
     for start in range(0, width, TILE):
-        index = start + tl.arange(0, TILE)
-        inside = index < width
-        scores = tl.load(row_ptr + index, mask=inside, other=float("-inf"))
-        keys = _ordered_keys(scores)
-        tie = inside & (keys == low)
-        tie_rank = ties_taken + tl.cumsum(tie.to(tl.int64), axis=0) - 1
-        kept = inside & ((keys > low) | (tie & (tie_rank < ties_wanted)))
-        ties_taken += tl.sum(tie.to(tl.int64), axis=0)
-        rank = written + tl.cumsum(kept.to(tl.int64), axis=0) - 1
-        ids = tl.where(scores > float("-inf"), index.to(tl.int64), -1)
-        tl.store(out_ptr + row * k + rank, ids, mask=kept)
-        written += tl.sum(kept.to(tl.int64), axis=0)
+        keys, scores, column, inside = _load_keys(scores_ptr, row, row_ok, width, start, TILE)
+        tie = inside & (keys == low[:, None])
+        tie_rank = ties_taken[:, None] + tl.cumsum(tie.to(tl.int64), axis=1) - 1
+        kept = inside & ((keys > low[:, None]) | (tie & (tie_rank < ties_wanted[:, None])))
+        ties_taken += tl.sum(tie.to(tl.int64), axis=1)
+        rank = written[:, None] + tl.cumsum(kept.to(tl.int64), axis=1) - 1
+        ids = tl.where(scores > float("-inf"), column.to(tl.int64)[None, :], -1)
+        tl.store(out_ptr + row[:, None] * k + rank, ids, mask=kept)
+        written += tl.sum(kept.to(tl.int64), axis=1)
 
 
 def top_k_ids(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -75,11 +102,20 @@ def top_k_ids(scores: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(
             f"scores must be float32 [rows, width], got {scores.dtype} {list(scores.shape)}"
         )
-    if not 0 < k <= scores.shape[1]:
-        raise ValueError(f"k must be in 1..{scores.shape[1]} (the row width), got {k}")
-    out = torch.empty(scores.shape[0], k, dtype=torch.int64, device=scores.device)
-    if scores.shape[0]:
-        _top_k_ids_kernel[(scores.shape[0],)](
-            scores.contiguous(), out, scores.shape[1], k, KEY_BITS=KEY_BITS, TILE=TILE
+    rows, width = scores.shape
+    if not 0 < k <= width:
+        raise ValueError(f"k must be in 1..{width} (the row width), got {k}")
+    out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
+    if rows:
+        _top_k_ids_kernel[(triton.cdiv(rows, ROWS),)](
+            scores.contiguous(),
+            out,
+            rows,
+            width,
+            k,
+            KEY_BITS=KEY_BITS,
+            TILE=min(TILE, triton.next_power_of_2(width)),
+            ROWS=ROWS,
+            WHOLE_ROW=width <= TILE,
         )
     return out

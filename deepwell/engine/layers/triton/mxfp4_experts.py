@@ -2,9 +2,10 @@
 step's (token, expert) pairs, W2(silu(min(W1 x, limit)) · clamp(W3 x, ±limit)) · weight.
 
 The Triton counterpart of layers/blockscaled.py's `mxfp4_experts`, same interface. Pairs are
-sorted by expert on the device (no host synchronisation); two kernels then run a grid of
-(expert, row tile, output tile) programs, each finding its expert's pairs from the sorted
-slots and its weights through `MxFp4Experts`'s address tables (a `tl.pointer_type` cast, so
+sorted by expert on the device, and a table of row tiles (each within one expert's pairs)
+is built there too, sized for the worst case, so there is no host synchronisation; two
+kernels then run a grid of (row tile, output tile) programs, each reading its expert's
+weights through `MxFp4Experts`'s address tables (a `tl.pointer_type` cast, so
 the separately mapped expert tensors are never stacked). The first kernel writes the clamped
 SwiGLU activations of the sorted pairs, the second multiplies them by W2 and the routing
 weight into each pair's own row. Each packed byte holds two inputs (even one in the low
@@ -18,9 +19,12 @@ import triton.language as tl
 
 from deepwell.engine.layers.blockscaled import BLOCK, MxFp4Experts, _check_pairs
 from deepwell.engine.layers.triton.encodings import decode_e2m1, decode_e8m0
+from deepwell.engine.layers.triton.fp8_block_gemm import MIN_DOT, tile_size
 
+# Pairs per row tile; largest output and input tiles (smaller where the matrix is).
 ROW_TILE = 16
-OUT_TILE = 32
+OUT_TILE = 64
+IN_TILE = 128
 
 
 @triton.jit
@@ -37,19 +41,19 @@ def _packed_product(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
 ):
     """[BLOCK_M, BLOCK_N] float32: rows [BLOCK_M, in_features] (pointers to their first
     input) times the rows `output` of expert `expert`'s MXFP4 matrix, transposed."""
     weight_ptr = tl.load(table_ptr + expert).to(tl.pointer_type(tl.uint8))
     scale_ptr = tl.load(scale_table_ptr + expert).to(tl.pointer_type(tl.uint8))
     half = in_features // 2
-    scale_columns = tl.cdiv(in_features, BLOCK_K)
+    scale_columns = tl.cdiv(in_features, SCALE_BLOCK)
     pair = tl.arange(0, BLOCK_K // 2)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # An idle program (past its expert's pairs) runs no block.
-    blocks = tl.where(active, scale_columns, 0)
-    for block in range(0, blocks):
-        byte_column = block * (BLOCK_K // 2) + pair
+    # An idle program (a tile past the step's pairs) runs no block.
+    for start in range(0, tl.where(active, half, 0), BLOCK_K // 2):
+        byte_column = start + pair
         column_ok = byte_column < half
         x_mask = row_ok[:, None] & column_ok[None, :]
         even = tl.load(rows_ptr + 2 * byte_column[None, :], mask=x_mask, other=0.0)
@@ -60,8 +64,14 @@ def _packed_product(
             other=0,
         ).to(tl.int32)
         codes = codes & 0xFF
-        scale_bytes = tl.load(scale_ptr + output * scale_columns + block, mask=output_ok, other=127)
-        scale = decode_e8m0(scale_bytes.to(tl.int32))[:, None]
+        scale_bytes = tl.load(
+            scale_ptr
+            + output[:, None] * scale_columns
+            + (byte_column // (SCALE_BLOCK // 2))[None, :],
+            mask=output_ok[:, None] & column_ok[None, :],
+            other=127,
+        )
+        scale = decode_e8m0(scale_bytes.to(tl.int32))
         low = decode_e2m1(codes & 15) * scale
         high = decode_e2m1(codes >> 4) * scale
         acc += tl.dot(even.to(tl.float32), tl.trans(low), input_precision="ieee")
@@ -70,22 +80,24 @@ def _packed_product(
 
 
 @triton.jit
-def _expert_rows(starts_ptr, ends_ptr, expert, BLOCK_M: tl.constexpr):
-    """This program's positions among the sorted pairs, which of them are its expert's, and
-    whether it has any."""
-    start = tl.load(starts_ptr + expert)
-    end = tl.load(ends_ptr + expert)
-    position = start + tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = position < end
-    return position, row_ok, start + tl.program_id(1) * BLOCK_M < end
+def _tile_rows(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M: tl.constexpr):
+    """This program's expert, its positions among the sorted pairs, which of them are the
+    expert's, and whether it has any."""
+    tile = tl.program_id(0)
+    expert = tl.load(tile_expert_ptr + tile)
+    start = tl.load(tile_start_ptr + tile)
+    position = start + tl.arange(0, BLOCK_M)
+    end = tl.load(tile_end_ptr + tile)
+    return expert, position, position < end, start < end
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr,
     order_ptr,
-    starts_ptr,
-    ends_ptr,
+    tile_expert_ptr,
+    tile_start_ptr,
+    tile_end_ptr,
     w1_table,
     w1_scale_table,
     w3_table,
@@ -97,11 +109,13 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
 ):
-    expert = tl.program_id(0)
-    position, row_ok, active = _expert_rows(starts_ptr, ends_ptr, expert, BLOCK_M)
+    expert, position, row_ok, active = _tile_rows(
+        tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M
+    )
     pair = tl.load(order_ptr + position, mask=row_ok, other=0)
-    output = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    output = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     output_ok = output < intermediate
     rows_ptr = x_ptr + pair[:, None] * hidden
     gate = _packed_product(
@@ -117,6 +131,7 @@ def _gate_up_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        SCALE_BLOCK,
     )
     up = _packed_product(
         rows_ptr,
@@ -131,6 +146,7 @@ def _gate_up_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        SCALE_BLOCK,
     )
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -146,8 +162,9 @@ def _gate_up_kernel(
 def _down_kernel(
     inner_ptr,
     order_ptr,
-    starts_ptr,
-    ends_ptr,
+    tile_expert_ptr,
+    tile_start_ptr,
+    tile_end_ptr,
     routing_ptr,
     w2_table,
     w2_scale_table,
@@ -157,11 +174,13 @@ def _down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
 ):
-    expert = tl.program_id(0)
-    position, row_ok, active = _expert_rows(starts_ptr, ends_ptr, expert, BLOCK_M)
+    expert, position, row_ok, active = _tile_rows(
+        tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M
+    )
     pair = tl.load(order_ptr + position, mask=row_ok, other=0)
-    output = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    output = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     output_ok = output < hidden
     down = _packed_product(
         inner_ptr + position[:, None] * intermediate,
@@ -176,6 +195,7 @@ def _down_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        SCALE_BLOCK,
     )
     routing = tl.load(routing_ptr + pair, mask=row_ok, other=0.0)
     tl.store(
@@ -202,19 +222,15 @@ def mxfp4_expert_gemm(
     out = torch.zeros(pairs, hidden, dtype=torch.float32, device=x.device)
     if not pairs:
         return out
-    sorted_slots, order = slots.sort(stable=True)
-    ids = torch.arange(experts.num_experts, device=slots.device)
-    starts = torch.searchsorted(sorted_slots, ids)
-    ends = torch.searchsorted(sorted_slots, ids, right=True)
+    order, tiles = _row_tiles(slots, experts.num_experts)
     inner = torch.empty(pairs, intermediate, dtype=torch.float32, device=x.device)
     w1, w1_scale, w3, w3_scale, w2, w2_scale = (t.to(x.device) for t in experts.tables)
-    row_tiles = triton.cdiv(pairs, ROW_TILE)
-    tiles = dict(BLOCK_M=ROW_TILE, BLOCK_N=OUT_TILE, BLOCK_K=BLOCK)
-    _gate_up_kernel[(experts.num_experts, row_tiles, triton.cdiv(intermediate, OUT_TILE))](
+    num_tiles = tiles[0].shape[0]
+    up_tile = tile_size(intermediate, OUT_TILE, MIN_DOT)
+    _gate_up_kernel[(num_tiles, triton.cdiv(intermediate, up_tile))](
         x.contiguous(),
         order,
-        starts,
-        ends,
+        *tiles,
         w1,
         w1_scale,
         w3,
@@ -223,19 +239,47 @@ def mxfp4_expert_gemm(
         hidden,
         intermediate,
         float(limit),
-        **tiles,
+        BLOCK_M=ROW_TILE,
+        BLOCK_N=up_tile,
+        BLOCK_K=tile_size(hidden, IN_TILE, BLOCK),
+        SCALE_BLOCK=BLOCK,
     )
-    _down_kernel[(experts.num_experts, row_tiles, triton.cdiv(hidden, OUT_TILE))](
+    down_tile = tile_size(hidden, OUT_TILE, MIN_DOT)
+    _down_kernel[(num_tiles, triton.cdiv(hidden, down_tile))](
         inner,
         order,
-        starts,
-        ends,
+        *tiles,
         weights.contiguous(),
         w2,
         w2_scale,
         out,
         hidden,
         intermediate,
-        **tiles,
+        BLOCK_M=ROW_TILE,
+        BLOCK_N=down_tile,
+        BLOCK_K=tile_size(intermediate, IN_TILE, BLOCK),
+        SCALE_BLOCK=BLOCK,
     )
     return out
+
+
+def _row_tiles(
+    slots: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The pairs sorted by slot (`order`), and the row tiles over them: per tile its expert,
+    its first sorted position and its expert's end. Built on the device for the most tiles
+    the pairs can need (each busy expert's last tile may be partial); tiles past the ones
+    needed are empty (start = end)."""
+    sorted_slots, order = slots.sort(stable=True)
+    ids = torch.arange(num_experts, device=slots.device)
+    starts = torch.searchsorted(sorted_slots, ids)
+    ends = torch.searchsorted(sorted_slots, ids, right=True)
+    tiles_per_expert = (ends - starts + ROW_TILE - 1) // ROW_TILE
+    tile_ends = tiles_per_expert.cumsum(0)
+    most = triton.cdiv(slots.shape[0], ROW_TILE) + min(num_experts, slots.shape[0])
+    tile = torch.arange(most, device=slots.device)
+    expert = torch.searchsorted(tile_ends, tile, right=True).clamp(max=num_experts - 1)
+    first_tile = tile_ends[expert] - tiles_per_expert[expert]
+    start = starts[expert] + (tile - first_tile) * ROW_TILE
+    end = torch.where(tile < tile_ends[-1], ends[expert], start)
+    return order, (expert, start, end)

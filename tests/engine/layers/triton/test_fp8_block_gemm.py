@@ -15,7 +15,7 @@ def packed(out_features, in_features, seed=0):
 
 
 @pytest.mark.parametrize(
-    "rows, out_features, in_features", [(1, 32, 64), (5, 70, 40), (17, 33, 96)]
+    "rows, out_features, in_features", [(1, 32, 64), (5, 70, 40), (17, 33, 96), (2, 40, 300)]
 )
 def test_matches_the_torch_reference(rows, out_features, in_features) -> None:
     weight, scale = packed(out_features, in_features)

@@ -31,7 +31,12 @@ def bank(experts: int, hidden: int, intermediate: int, seed: int) -> MxFp4Expert
 
 @pytest.mark.parametrize(
     "hidden, intermediate, pairs, dtype",
-    [(64, 32, 1, torch.bfloat16), (64, 32, 11, torch.float32), (70, 48, 40, torch.bfloat16)],
+    [
+        (64, 32, 1, torch.bfloat16),
+        (64, 32, 11, torch.float32),
+        (70, 48, 40, torch.bfloat16),
+        (200, 160, 70, torch.float32),
+    ],
 )
 def test_matches_the_torch_reference(hidden, intermediate, pairs, dtype) -> None:
     """6 experts, the pairs in random order over slots 0, 2, 4 and 5 (1 and 3 idle); inputs
