@@ -2,8 +2,8 @@
 compressed entries, with a per-head sink in the softmax's denominator (spec §3.3).
 
 The Triton counterpart of layers/sink_attention.py's `TorchSinkAttention`, same interface.
-One program per query row holds all its heads (the keys are one latent shared by every
-head, spec §3.3, so a key tile is read once per row) and runs an online softmax that starts
+A program takes one query row and a tile of its heads (the keys are one latent shared by
+every head, spec §3.3, so a key tile serves them all) and runs an online softmax that starts
 from the sink: exp(sink − max) in the denominator, nothing in the numerator. Products run in
 float32 at IEEE precision (no TF32), so the result matches the torch path up to summation
 order.
@@ -15,15 +15,17 @@ import triton.language as tl
 
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 
-# Keys per tile; tl.dot needs every side at least 16.
+# Keys per tile and heads per program (tl.dot needs every side at least 16): 16 heads of a
+# 512-wide latent keep a program's float32 accumulator at 8K values.
 KEY_TILE = 32
+HEAD_TILE = 16
 MIN_DOT = 16
 
 
 @triton.jit
 def _attend_tile(q, keys, seen, scale, best, total, acc):
-    """One online-softmax step over a key tile: keys [tile, dim], seen [tile] (rows) or
-    [heads, tile]; best/total/acc the running max, denominator and numerator per head."""
+    """One online-softmax step over a key tile: keys [tile, dim], seen [1, tile] (the row's
+    mask, every head's); best/total/acc the running max, denominator and numerator per head."""
     scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
     scores = tl.where(seen, scores, float("-inf"))
     new_best = tl.maximum(best, tl.max(scores, axis=1))
@@ -53,7 +55,7 @@ def _sink_attention_kernel(
     BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, BLOCK_H)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
     tile = tl.arange(0, BLOCK_K)
     head_ok = heads < num_heads
@@ -118,7 +120,7 @@ def sink_attention(
         )
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if rows:
-        _sink_attention_kernel[(rows,)](
+        _sink_attention_kernel[(rows, triton.cdiv(num_heads, HEAD_TILE))](
             q.contiguous(),
             window_keys.contiguous(),
             window_visible.contiguous().view(torch.uint8),
@@ -131,7 +133,7 @@ def sink_attention(
             selected_keys.shape[1],
             head_dim,
             scale,
-            BLOCK_H=max(MIN_DOT, triton.next_power_of_2(num_heads)),
+            BLOCK_H=HEAD_TILE,
             BLOCK_K=KEY_TILE,
             BLOCK_D=max(MIN_DOT, triton.next_power_of_2(head_dim)),
         )
