@@ -14,9 +14,7 @@ def torch_selection(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.where(scores.gather(-1, ids) > float("-inf"), ids, -1)
 
 
-@pytest.mark.parametrize(
-    "rows, width, k", [(4, 10, 4), (3, 300, 17), (2, 5, 5), (1, 129, 128)]
-)
+@pytest.mark.parametrize("rows, width, k", [(4, 10, 4), (3, 300, 17), (2, 5, 5), (1, 129, 128)])
 def test_matches_the_torch_selection(rows, width, k) -> None:
     generator = torch.Generator().manual_seed(width)
     scores = torch.randn(rows, width, generator=generator) * 100
