@@ -12,6 +12,7 @@ entries runs on fixed-shape tiles (layers/batch_invariant.py) and top-k ties go 
 lower entry, so a row's result does not depend on its chunk or its neighbours.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,10 @@ class Compressor(nn.Module):
 class Indexer(nn.Module):
     """Scores visible compressed entries per query and keeps the top-k (lightning indexer)."""
 
+    # The kernel set's top-k (kernel_set.py): per row the ids of the k largest values,
+    # ascending, −1 where the value is −inf; None selects in torch.
+    top_ids: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+
     def __init__(self, config: DeepseekV41Config, owns_keys: bool, invariant: bool) -> None:
         super().__init__()
         self.invariant = invariant
@@ -154,13 +159,23 @@ class Indexer(nn.Module):
         blocks = blocks.unflatten(-1, (-1, size)).amax(dim=-1)
         newest = (visible_counts - 1).div(size, rounding_mode="floor").unsqueeze(1)
         blocks = blocks.masked_fill(torch.arange(blocks.shape[1]) == newest, float("inf"))
-        values, indices = self._top(blocks, min(self.pool_blocks, blocks.shape[1]))
-        keep = torch.zeros_like(blocks, dtype=torch.bool)
-        keep.scatter_(-1, indices, values > float("-inf"))
+        count = min(self.pool_blocks, blocks.shape[1])
+        if self.top_ids is not None:
+            ids = self.top_ids(blocks, count)
+            # A −1 marks a spare last column, dropped.
+            spare = blocks.shape[1]
+            keep = torch.zeros(blocks.shape[0], spare + 1, dtype=torch.bool)
+            keep = keep.scatter_(-1, torch.where(ids >= 0, ids, spare), True)[:, :spare]
+        else:
+            values, indices = self._top(blocks, count)
+            keep = torch.zeros_like(blocks, dtype=torch.bool)
+            keep.scatter_(-1, indices, values > float("-inf"))
         return keep.repeat_interleave(size, dim=-1)[:, :width] & torch.isfinite(scores)
 
     def select(self, scores: torch.Tensor) -> torch.Tensor:
         """Top-k entry ids per row, ascending, −1 where fewer are visible."""
+        if self.top_ids is not None:
+            return self.top_ids(scores, min(self.topk, scores.shape[1]))
         _, ids = self._top(scores, min(self.topk, scores.shape[1]))
         ids = ids.sort(dim=-1).values
         return torch.where(torch.isfinite(scores.gather(-1, ids)), ids, -1)

@@ -47,6 +47,11 @@ from deepwell.engine.models.deepseek_v41.engram_hash import (
     build_engram_tables,
     ngram_rows,
 )
+from deepwell.engine.models.deepseek_v41.kernel_set import (
+    TRITON,
+    sink_backend_class,
+    use_triton_kernels,
+)
 from deepwell.engine.models.deepseek_v41.mhc import collapse
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 from deepwell.engine.models.deepseek_v41.schema import (
@@ -129,9 +134,10 @@ class DeepseekV41ForCausalLM(nn.Module):
             if plan.compress_ratio
         }
         self.yoco_boundary = _yoco_boundary(self.plans)
-        # Set by from_checkpoint: the released tensors and how to bind them.
+        # Set by from_checkpoint: the released tensors, how to bind them, the kernel set.
         self.tensor_schema: dict[str, TensorSpec] = {}
         self.expand_weights = False
+        self.kernels = "auto"
 
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "DeepseekV41ForCausalLM":
@@ -159,13 +165,16 @@ class DeepseekV41ForCausalLM(nn.Module):
             config,
             options.dtype,
             tables,
-            options.sink_backend_class,
+            sink_backend_class(
+                options.kernels, options.sink_backend_class, options.batch_invariant
+            ),
             dspark=options.dspark,
             batch_invariant=options.batch_invariant,
             experts=options.experts,
         )
         model.tensor_schema = tensor_schema(text_config)
         model.expand_weights = options.expand_weights
+        model.kernels = options.kernels
         return model
 
     def kv_layout(self) -> KVLayout:
@@ -311,6 +320,8 @@ class DeepseekV41ForCausalLM(nn.Module):
                 "tensor_schema from the checkpoint's text_config (schema.tensor_schema)"
             )
         bind_weights(self, tensors, self.tensor_schema, targets, self.dtype, self.expand_weights)
+        if self.kernels == TRITON:
+            use_triton_kernels(self)
 
     def _local_names(self, name: str) -> list[str]:
         """Where a parameter goes: with expert parallelism a routed expert of the backbone

@@ -28,6 +28,9 @@ class ClampedSwiGLU(nn.Module):
 
 
 class MoE(nn.Module):
+    # The packed experts' product; the kernel set swaps in its own (kernel_set.py).
+    packed_product = staticmethod(mxfp4_experts)
+
     def __init__(
         self,
         hidden_size: int,
@@ -119,7 +122,9 @@ class MoE(nn.Module):
         row, weight applied; from any rank under expert parallelism), in the rows' order."""
         if self.packed_experts is not None:
             # Rows independent of each other: batch-invariant as it is.
-            return mxfp4_experts(x, slots, weights, self.packed_experts, self.limit).to(x.dtype)
+            return self.packed_product(x, slots, weights, self.packed_experts, self.limit).to(
+                x.dtype
+            )
         out = x.new_empty(x.shape)
         order = slots.argsort(stable=True)
         start = 0

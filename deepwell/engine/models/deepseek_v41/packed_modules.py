@@ -21,6 +21,9 @@ class Fp8BlockLinear(nn.Module):
     stack their outputs in order (a fused gate/up projection whose halves were released
     apart, their row counts not always whole scale blocks)."""
 
+    # The product over the stored bytes; the kernel set swaps in its own (kernel_set.py).
+    product = staticmethod(fp8_block_linear)
+
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
         for index, (weight, scale) in enumerate(parts):
@@ -39,7 +42,7 @@ class Fp8BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
-        outputs = [fp8_block_linear(rows, weight, scale) for weight, scale in self.parts]
+        outputs = [self.product(rows, weight, scale) for weight, scale in self.parts]
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
@@ -54,7 +57,7 @@ class Fp8BlockLinear(nn.Module):
             # The 32-row scale blocks the band touches, whole; then the band's own rows.
             first, last = group * band // SCALE_GROUP, -(-(group + 1) * band // SCALE_GROUP)
             rows = slice(first * SCALE_GROUP, last * SCALE_GROUP)
-            product = fp8_block_linear(x[:, group].contiguous(), weight[rows], scale[first:last])
+            product = self.product(x[:, group].contiguous(), weight[rows], scale[first:last])
             offset = group * band - first * SCALE_GROUP
             outputs.append(product[:, offset : offset + band])
         return torch.stack(outputs, dim=1).to(x.dtype)
