@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from deepwell.engine.outputs import RequestOutput
 from deepwell.serve.cluster.inference_errors import (
     DrainRefused,
     EngineUnavailable,
@@ -25,7 +26,6 @@ from deepwell.serve.messages import (
     AbortRequest,
     GenerateRequest,
     ModelInfo,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -88,7 +88,7 @@ class EngineClient:
     def workers(self) -> list[WorkerView]:
         return self._router.views()
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""
         stream = self._streams.open(request)
         try:

@@ -6,12 +6,12 @@ import threading
 import pytest
 import zmq
 
+from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable, RequestRejected
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -46,9 +46,8 @@ class CountingEngine:
             done = state[1] >= request.max_tokens
             if done:
                 del self.requests[request_id]
-            outputs.append(
-                TokenOutput(request_id, [100 + produced], "length" if done else None, 3, 0, None)
-            )
+            finish = FinishReason.LENGTH if done else None
+            outputs.append(RequestOutput(request_id, [100 + produced], [], finish, 3, produced + 1))
         return outputs
 
     def stats(self):
@@ -92,7 +91,7 @@ def test_generate_streams_every_token_then_finishes(worker):
         return outputs
 
     outputs = asyncio.run(main())
-    assert [o.token_ids for o in outputs] == [[100], [101], [102], [103]]
+    assert [o.new_token_ids for o in outputs] == [[100], [101], [102], [103]]
     assert [o.finish_reason for o in outputs] == [None, None, None, "length"]
     thread.join(timeout=5)
     assert not thread.is_alive()
@@ -116,7 +115,7 @@ def test_closing_a_stream_aborts_it_and_frees_its_blocks(worker):
         return first, stats
 
     first, stats = asyncio.run(main())
-    assert first.token_ids == [100]
+    assert first.new_token_ids == [100]
     assert engine.aborted == ["b"]
     assert stats.kv_blocks_used == 0 and stats.running == 0
 
@@ -162,4 +161,4 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
         await client.close()
         return outputs
 
-    assert [o.token_ids for o in asyncio.run(main())] == [[100], [101]]
+    assert [o.new_token_ids for o in asyncio.run(main())] == [[100], [101]]

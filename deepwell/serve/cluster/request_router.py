@@ -12,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
+from deepwell.engine.outputs import RequestOutput
 from deepwell.serve.cluster.inference_errors import (
     DrainRefused,
     EngineUnavailable,
@@ -25,7 +26,6 @@ from deepwell.serve.cluster.worker_pool import WATCH_INTERVAL_S, Worker, WorkerP
 from deepwell.serve.messages import (
     Shutdown,
     StepOutputs,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -164,7 +164,7 @@ class RequestRouter:
             if stream is not None:
                 self._streams.fail(stream, RequestRejected(rejected.message))
 
-    def _deliver(self, worker: Worker, output: TokenOutput) -> None:
+    def _deliver(self, worker: Worker, output: RequestOutput) -> None:
         stream = self._streams.on(worker, output.request_id)
         if stream is None:
             return
