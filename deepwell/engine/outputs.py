@@ -77,6 +77,7 @@ class Completion:
 
     request_id: str
     prompt_token_ids: list[int]
+    # Every sampled token, the stop id that ended it included; `text` leaves that id out.
     token_ids: list[int]
     text: str
     finish_reason: FinishReason
