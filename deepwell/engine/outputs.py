@@ -31,7 +31,7 @@ class RequestOutput:
     """One request's progress in one step: the tokens it gained, and whether it ended.
 
     The engine decides the stop once: `stop_token_id` names the stop id that ended the
-    request, which is the last of `new_token_ids` (the model sampled it, usage counts it)
+    request, which is the last of `new_token_ids` (sampled, so `num_output_tokens` counts it)
     but not part of the output's text; `text_token_ids` and `text_logprobs` leave it out.
     """
 
