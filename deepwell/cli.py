@@ -361,11 +361,7 @@ def _generate(args: argparse.Namespace, parallel) -> int:
     if not completions:
         return 0
     (completion,) = completions
-    text = completion.text
-    ends = [*stop_ids, *llm.core.eos_token_ids]
-    for spelling in {llm.tokenizer.id_to_token(i) for i in ends if i is not None} - {None}:
-        text = text.removesuffix(spelling)
-    print(text)
+    print(completion.text)
     return 0
 
 

@@ -28,7 +28,7 @@ FORBIDDEN = {
     "deepwell": ("deepwell.cli", *REFERENCES),
 }
 # Modules the HTTP process and `deepwell --help` load without torch.
-TORCH_FREE_AT_IMPORT = ("deepwell.settings", "deepwell.cpu_dtype")
+TORCH_FREE_AT_IMPORT = ("deepwell.settings", "deepwell.cpu_dtype", "deepwell.engine.outputs")
 
 
 @dataclass(frozen=True)

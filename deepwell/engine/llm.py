@@ -57,6 +57,8 @@ class LLM:
             self.core.add_request(request_id, list(ids), params)
             order.append(request_id)
         tokens: dict[str, list[int]] = {i: [] for i in order}
+        # The output's text leaves out the stop id that ended it (RequestOutput.stop_token_id).
+        text_tokens: dict[str, list[int]] = {i: [] for i in order}
         logprobs: dict[str, list] = {i: [] for i in order}
         finished = {}
         seeds: dict[str, int] = {}
@@ -71,6 +73,7 @@ class LLM:
             ):
                 for output in self.core.step():
                     tokens[output.request_id] += output.new_token_ids
+                    text_tokens[output.request_id] += output.text_token_ids
                     logprobs[output.request_id] += output.new_logprobs
                     seeds[output.request_id] = output.seed
                     if output.finished:
@@ -81,7 +84,7 @@ class LLM:
                 request_id=i,
                 prompt_token_ids=list(ids),
                 token_ids=tokens[i],
-                text=self.tokenizer.decode(tokens[i]) if self.tokenizer else "",
+                text=self.tokenizer.decode(text_tokens[i]) if self.tokenizer else "",
                 finish_reason=finished[i],
                 logprobs=logprobs[i],
                 seed=seeds[i],

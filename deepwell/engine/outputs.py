@@ -1,6 +1,7 @@
 """What the engine hands back: per-step token deltas and finished completions.
 
-These cross the engine boundary (to `serve` and to offline callers), so they are typed.
+These cross the engine boundary (to offline callers, and as they are to the HTTP process:
+serve/messages.py), so they are typed and import no torch.
 """
 
 import enum
@@ -27,13 +28,17 @@ class TokenLogprobs:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """One request's progress in one step: the tokens it gained, and whether it ended."""
+    """One request's progress in one step: the tokens it gained, and whether it ended.
+
+    The engine decides the stop once: `stop_token_id` names the stop id that ended the
+    request, which is the last of `new_token_ids` (sampled, so `num_output_tokens` counts it)
+    but not part of the output's text; `text_token_ids` and `text_logprobs` leave it out.
+    """
 
     request_id: str
     new_token_ids: list[int]
     # One entry per new token when the request asked for logprobs, else empty.
     new_logprobs: list[TokenLogprobs]
-    finished: bool
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
@@ -42,6 +47,28 @@ class RequestOutput:
     error: str | None = None
     # The request's sampling seed: its own, or the random one drawn when it gave none.
     seed: int = 0
+    stop_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        # msgpack carries the reason as its string value (serve/messages.py).
+        if self.finish_reason is not None and not isinstance(self.finish_reason, FinishReason):
+            object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text_token_ids(self) -> list[int]:
+        """The new tokens that are output text: all but the stop id that ended the request."""
+        if self.stop_token_id is None:
+            return self.new_token_ids
+        return self.new_token_ids[:-1]
+
+    @property
+    def text_logprobs(self) -> list[TokenLogprobs]:
+        """The logprobs of `text_token_ids` (empty unless the request asked for them)."""
+        return self.new_logprobs[: len(self.text_token_ids)]
 
 
 @dataclass(frozen=True)
@@ -50,6 +77,7 @@ class Completion:
 
     request_id: str
     prompt_token_ids: list[int]
+    # Every sampled token, the stop id that ended it included; `text` leaves that id out.
     token_ids: list[int]
     text: str
     finish_reason: FinishReason

@@ -121,16 +121,21 @@ class Request:
     def step_output(
         self, new_token_ids: list[int], new_logprobs: list[TokenLogprobs]
     ) -> RequestOutput:
-        """What the request gained in a step, and whether it has ended."""
+        """What the request gained in a step, and whether it has ended (and on which stop id)."""
+        stopped_by_token = (
+            self.finish_reason is FinishReason.STOP
+            and bool(new_token_ids)
+            and new_token_ids[-1] in self.stop_token_ids
+        )
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=new_token_ids,
             new_logprobs=new_logprobs,
-            finished=self.finish_reason is not None,
             finish_reason=self.finish_reason,
             num_prompt_tokens=self.num_prompt_tokens,
             num_output_tokens=self.num_output_tokens,
             num_cached_tokens=self.num_cached_tokens,
             error=self.error,
             seed=self.seed,
+            stop_token_id=new_token_ids[-1] if stopped_by_token else None,
         )

@@ -1,7 +1,9 @@
 """The legacy OpenAI Completions endpoint (`/v1/completions`): raw prompts in, text out.
 
-No chat encoding and no recipe: prompts are text or token ids, completed as they are, with
-stop strings, echo and logprobs in the shapes of OpenAI's `text_completion` objects.
+No chat encoding and no conversion: prompts are text or token ids, completed as they are.
+Text and stop strings come from the same decoder and matcher as the dialects' streams
+(`PlainTextStream`); what is this endpoint's own is the `text_completion` shape, echo and
+its logprobs format.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.recipe import Tokenizer
+from deepwell.recipe.stream.plain_text import PlainTextStream
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError
 from deepwell.serve.frontend import generate_sampling, sse_frame
-from deepwell.serve.messages import GenerateRequest, TokenOutput
+from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
 from deepwell.serve.sampling_fields import (
@@ -55,24 +59,31 @@ class CompletionRequest:
 
 @dataclass
 class _Choice:
-    """One prompt's completion so far: its ids, its text, and what was already sent."""
+    """One prompt's completion so far: its text, its tokens, and what was already sent."""
 
     index: int
-    text: str = ""
-    ids: list[int] = field(default_factory=list)
-    # Characters already streamed; where the output starts (after an echoed prompt).
+    output: PlainTextStream
+    # The prompt's text when the request echoes it, which the output text follows.
+    echo: str = ""
+    # Characters of `text` already streamed.
     sent: int = 0
-    start: int = 0
-    # Incremental decoding (as vLLM's detokenizer): ids[prefix:read] decode to text already
-    # in `text`, and give the following ids their context (leading spaces, byte fallback).
-    prefix: int = 0
-    read: int = 0
     finish_reason: str | None = None
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[str, float]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.echo + self.output.text
+
+    @property
+    def releasable(self) -> int:
+        """How far the text may be sent: all of it once finished, else what is settled."""
+        if self.finish_reason is not None:
+            return len(self.text)
+        return len(self.echo) + self.output.settled
 
 
 class Completions:
@@ -193,7 +204,7 @@ class Completions:
         """Run every prompt to its end; the `text_completion` object as JSON."""
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        choices = [_Choice(index) for index in range(len(request.prompts))]
+        choices = self._choices(request)
         async for _ in self._run(request, choices, completion_id, timer):
             pass
         body = _envelope(completion_id, created, request.model)
@@ -208,10 +219,10 @@ class Completions:
         """Server-sent chunks as tokens arrive, then usage (if asked) and `[DONE]`."""
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        choices = [_Choice(index) for index in range(len(request.prompts))]
+        choices = self._choices(request)
         logged = [0] * len(choices)
         async for choice in self._run(request, choices, completion_id, timer):
-            delta = choice.text[choice.sent : _releasable(choice, request.stop)]
+            delta = choice.text[choice.sent : choice.releasable]
             if not delta and choice.finish_reason is None:
                 continue
             choice.sent += len(delta)
@@ -229,6 +240,17 @@ class Completions:
             yield sse_frame(None, json.dumps(chunk))
         yield sse_frame(None, "[DONE]")
 
+    def _choices(self, request: CompletionRequest) -> list[_Choice]:
+        return [
+            _Choice(
+                index,
+                PlainTextStream(self.tokenizer, request.stop),
+                echo=self.tokenizer.decode(prompt) if request.echo else "",
+                prompt_tokens=len(prompt),
+            )
+            for index, prompt in enumerate(request.prompts)
+        ]
+
     async def _run(
         self,
         request: CompletionRequest,
@@ -237,7 +259,7 @@ class Completions:
         timer: RequestTimer,
     ) -> AsyncIterator[_Choice]:
         """Every prompt on the engine at once; yields a choice each time it gains output."""
-        queue: asyncio.Queue[tuple[_Choice, TokenOutput] | Exception | None] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[_Choice, RequestOutput] | Exception | None] = asyncio.Queue()
 
         async def pump(choice: _Choice) -> None:
             outputs = self._engine.generate(self._generate_request(request, choice, completion_id))
@@ -252,12 +274,8 @@ class Completions:
                 await outputs.aclose()
                 queue.put_nowait(None)
 
-        for choice, prompt in zip(choices, request.prompts, strict=True):
-            choice.prompt_tokens = len(prompt)
-            timer.prompt(len(prompt))
-            if request.echo:
-                choice.text = self.tokenizer.decode(prompt)
-                choice.start = len(choice.text)
+        for choice in choices:
+            timer.prompt(choice.prompt_tokens)
         pumps = [asyncio.ensure_future(pump(choice)) for choice in choices]
         try:
             running = len(pumps)
@@ -271,8 +289,8 @@ class Completions:
                 choice, output = item
                 if choice.finish_reason is not None:
                     continue
-                timer.output(len(output.token_ids))
-                self._absorb(request, choice, output)
+                timer.output(len(output.new_token_ids))
+                self._absorb(choice, output)
                 yield choice
         finally:
             for task in pumps:
@@ -296,40 +314,25 @@ class Completions:
             **generate_sampling(sampling),
         )
 
-    def _absorb(self, request: CompletionRequest, choice: _Choice, output: TokenOutput) -> None:
-        """Add an engine output to a choice: text, logprobs, and whether a stop ended it."""
-        ids = list(output.token_ids)
-        logprobs = list(output.logprobs or [])
-        choice.completion_tokens += len(ids)
-        stops = {*self.model.stop_token_ids, *request.sampling.stop_token_ids}
-        if output.finish_reason == "stop" and ids and ids[-1] in stops:
-            # The stop id ends the text; it is not part of it (as EOS is not).
-            ids.pop()
-            logprobs = logprobs[: len(ids)]
-        for token_id, (logprob, top) in zip(ids, logprobs, strict=False):
-            choice.tokens.append(self.tokenizer.decode([token_id]))
-            choice.token_logprobs.append(logprob)
-            choice.top_logprobs.append({self.tokenizer.decode([t]): lp for t, lp in top})
-        choice.ids += ids
-        self._decode(choice, final=output.finish_reason is not None)
-        if output.finish_reason is not None:
-            choice.finish_reason = "length" if output.finish_reason == "length" else "stop"
-        cut = _first_stop(choice.text, request.stop, max(choice.sent, choice.start))
-        if cut is not None:
-            choice.text = choice.text[:cut]
-            choice.finish_reason = "stop"
+    def _absorb(self, choice: _Choice, output: RequestOutput) -> None:
+        """Add an engine output to a choice: text, logprobs, and whether it ended.
 
-    def _decode(self, choice: _Choice, final: bool) -> None:
-        """Append the text of the choice's new ids, decoding only a short window of them.
-
-        Text ending in an incomplete character waits for the next ids, unless it is the last.
+        The engine's stop id ends the text without being part of it; usage counts it.
         """
-        decode = self.tokenizer.decode
-        known = decode(choice.ids[choice.prefix : choice.read])
-        text = decode(choice.ids[choice.prefix :])
-        if len(text) > len(known) and (final or not text.endswith("\ufffd")):
-            choice.text += text[len(known) :]
-            choice.prefix, choice.read = choice.read, len(choice.ids)
+        choice.completion_tokens += len(output.new_token_ids)
+        ids = output.text_token_ids
+        for token_id, logprobs in zip(ids, output.text_logprobs, strict=False):
+            choice.tokens.append(self.tokenizer.decode([token_id]))
+            choice.token_logprobs.append(logprobs.logprob)
+            choice.top_logprobs.append({self.tokenizer.decode([t]): lp for t, lp in logprobs.top})
+        choice.output.push(ids)
+        if output.finished:
+            choice.output.finish()
+            choice.finish_reason = (
+                "length" if output.finish_reason is FinishReason.LENGTH else "stop"
+            )
+        if choice.output.stop_string is not None:
+            choice.finish_reason = "stop"
 
     def _logprobs(self, request: CompletionRequest, choice: _Choice, first: int) -> dict | None:
         """OpenAI's completion logprobs for the choice's tokens from `first` on."""
@@ -365,27 +368,6 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
                 param=name,
                 code="unsupported_parameter",
             )
-
-
-def _first_stop(text: str, stop: list[str], start: int) -> int | None:
-    """Where the earliest stop string starts in `text` at or after `start`.
-
-    Nothing sent can hold one (`_releasable` keeps back a possible start), and an echoed
-    prompt is not searched.
-    """
-    found = [i for s in stop if (i := text.find(s, start)) >= 0]
-    return min(found) if found else None
-
-
-def _releasable(choice: _Choice, stop: list[str]) -> int:
-    """How far the choice's text may be sent: all of it once finished, else short of where
-    a stop string may be starting."""
-    end = len(choice.text)
-    if choice.finish_reason is not None:
-        return end
-    if stop:
-        end -= max(len(s) for s in stop) - 1
-    return max(end, choice.sent)
 
 
 def _envelope(completion_id: str, created: int, model: str) -> dict[str, Any]:

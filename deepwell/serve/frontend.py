@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from deepwell.engine.outputs import FinishReason
 from deepwell.recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -144,7 +145,6 @@ def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
         sampling = request.sampling
         # ignore_eos drops the model's stop ids too: they are its end of turn.
         model_stop = [] if sampling.ignore_eos else stop_token_ids
-        stop = {*model_stop, *sampling.stop_token_ids}
         outputs = client.generate(
             GenerateRequest(
                 request_id=request.request_id,
@@ -153,7 +153,7 @@ def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
                 temperature=1.0 if options.temperature is None else options.temperature,
                 top_p=1.0 if options.top_p is None else options.top_p,
                 seed=request.seed,
-                stop_token_ids=sorted(stop),
+                stop_token_ids=sorted({*model_stop, *sampling.stop_token_ids}),
                 top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
                 structured_output=request.structured_output,
                 cache_class=request.cache_class,
@@ -165,22 +165,20 @@ def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
             async for output in outputs:
                 if not ready:
                     usage = PromptUsage(
-                        prompt_tokens=output.prompt_tokens,
-                        prompt_cache_hit_tokens=output.cached_prompt_tokens,
+                        prompt_tokens=output.num_prompt_tokens,
+                        prompt_cache_hit_tokens=output.num_cached_tokens,
                     )
                     yield InferenceChunk.ready(prompt_usage=usage)
                     ready = True
-                token_ids, logprobs = output.token_ids, output.logprobs
-                # The stop token ends the turn; the stream parser would show it as text
-                # (spec/recipe.md §8.2: backends must strip it).
-                if output.finish_reason == "stop" and token_ids and token_ids[-1] in stop:
-                    token_ids = token_ids[:-1]
-                    logprobs = logprobs[:-1] if logprobs is not None else None
+                # The engine's stop id is not text (spec/recipe.md §8.2): the parser would
+                # show it, so the chunk carries the text tokens only.
+                token_ids = output.text_token_ids
                 if token_ids:
-                    yield InferenceChunk.tokens(token_ids, logprobs)
-                if output.finish_reason == "length":
+                    logprobs = [(lp.logprob, lp.top) for lp in output.text_logprobs]
+                    yield InferenceChunk.tokens(token_ids, logprobs or None)
+                if output.finish_reason is FinishReason.LENGTH:
                     yield InferenceChunk.finish(InferenceFinishReason.Length)
-                elif output.finish_reason is not None:
+                elif output.finished:
                     yield InferenceChunk.finish(InferenceFinishReason.Stop)
         finally:
             await outputs.aclose()

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgpack
 
+from deepwell.engine.outputs import RequestOutput, TokenLogprobs
 from deepwell.settings.engine import EngineArgs
 from deepwell.settings.parallel import ParallelConfig
 
@@ -84,25 +85,6 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class TokenOutput:
-    """The tokens one request produced in one engine step.
-
-    `finish_reason` is `"stop"`, `"length"`, `"abort"` or `"error"` on the request's last output and
-    `None` before; `logprobs` holds one `(logprob, [(token_id, logprob), ...])` per token
-    when the request asked for them.
-    """
-
-    request_id: str
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None
-    # Why the request failed, with finish_reason `"error"` (e.g. its grammar did not compile).
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class RequestRejected:
     """The engine refused a request (its own validation); nothing of it remains queued."""
 
@@ -167,10 +149,14 @@ def combine_stats(stats: list[WorkerStats]) -> WorkerStats:
 
 @dataclass(frozen=True)
 class StepOutputs:
-    """Worker → frontend: everything one engine step produced, plus the worker's load."""
+    """Worker → frontend: everything one engine step produced, plus the worker's load.
+
+    The outputs are the engine's own `RequestOutput`s: the stop decision and the token
+    counts travel as the engine made them.
+    """
 
     worker_id: int
-    outputs: list[TokenOutput]
+    outputs: list[RequestOutput]
     rejected: list[RequestRejected]
     stats: WorkerStats
 
@@ -236,7 +222,8 @@ MESSAGE_TYPES: tuple[type, ...] = (
     GenerateRequest,
     AbortRequest,
     Shutdown,
-    TokenOutput,
+    RequestOutput,
+    TokenLogprobs,
     RequestRejected,
     WorkerStats,
     StepOutputs,

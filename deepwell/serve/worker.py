@@ -16,7 +16,7 @@ from typing import Protocol
 
 import zmq
 
-from deepwell.engine import EngineCore, SamplingParams
+from deepwell.engine import EngineCore, RequestOutput, SamplingParams
 from deepwell.engine.structured import StructuredOutput
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
@@ -27,7 +27,6 @@ from deepwell.serve.messages import (
     RequestRejected,
     Shutdown,
     StepOutputs,
-    TokenOutput,
     WorkerConfig,
     WorkerFailed,
     WorkerReady,
@@ -52,7 +51,7 @@ class StepEngine(Protocol):
 
     def has_unfinished(self) -> bool: ...
 
-    def step(self) -> list[TokenOutput]: ...
+    def step(self) -> list[RequestOutput]: ...
 
     def stats(self) -> WorkerStats: ...
 
@@ -149,19 +148,8 @@ class EngineCoreAdapter:
         # MoE layer's exchange (an idle group ticks slowly, parallel/lockstep.py).
         return self._core.lockstep is not None or self._core.has_unfinished()
 
-    def step(self) -> list[TokenOutput]:
-        return [
-            TokenOutput(
-                request_id=output.request_id,
-                token_ids=output.new_token_ids,
-                finish_reason=output.finish_reason.value if output.finish_reason else None,
-                prompt_tokens=output.num_prompt_tokens,
-                cached_prompt_tokens=output.num_cached_tokens,
-                logprobs=[(lp.logprob, list(lp.top)) for lp in output.new_logprobs] or None,
-                error=output.error,
-            )
-            for output in self._core.step()
-        ]
+    def step(self) -> list[RequestOutput]:
+        return self._core.step()
 
     def stats(self) -> WorkerStats:
         stats = self._core.stats()

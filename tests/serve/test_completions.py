@@ -72,6 +72,41 @@ def test_token_id_prompts_echo_and_stop_strings(client, model_server):
     assert stopped.choices[0].text == by_ids.choices[0].text.split(word)[0]
 
 
+def test_a_streamed_stop_string_ends_the_text_as_the_whole_completion_does(client, model_server):
+    whole = client.completions.create(
+        model=model_server.model, prompt=PROMPT, max_tokens=8, temperature=0
+    )
+    word = whole.choices[0].text.split()[2]
+    request = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [word]}
+    stopped = client.completions.create(model=model_server.model, **request)
+    stream = client.completions.create(model=model_server.model, stream=True, **request)
+    chunks = [choice for chunk in stream for choice in chunk.choices]
+    assert "".join(c.text for c in chunks) == stopped.choices[0].text
+    assert stopped.choices[0].text == whole.choices[0].text.split(word)[0]
+    assert chunks[-1].finish_reason == stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_stop_token_is_counted_but_not_shown(client, model_server):
+    whole = client.completions.create(
+        model=model_server.model, prompt=PROMPT, max_tokens=6, temperature=0
+    )
+    ids = tokenize(model_server, whole.choices[0].text)
+    stopped = client.completions.create(
+        model=model_server.model,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"stop_token_ids": [ids[2]]},
+    )
+    (choice,) = stopped.choices
+    assert choice.finish_reason == "stop"
+    assert whole.choices[0].text.startswith(choice.text) and len(choice.text) < len(
+        whole.choices[0].text
+    )
+    # The stop id is sampled output: usage counts it, the text leaves it out.
+    assert stopped.usage.completion_tokens == len(tokenize(model_server, choice.text)) + 1
+
+
 def test_logprobs_name_each_token_with_its_alternatives(client, model_server):
     completion = client.completions.create(
         model=model_server.model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3

@@ -1,11 +1,11 @@
 import pytest
 
+from deepwell.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
 from deepwell.serve.messages import (
     AbortRequest,
     GenerateRequest,
     Shutdown,
     StepOutputs,
-    TokenOutput,
     WorkerConfig,
     WorkerStats,
     combine_stats,
@@ -55,7 +55,14 @@ def test_messages_round_trip_with_nesting():
         Shutdown(),
         StepOutputs(
             0,
-            [TokenOutput("r1", [5], None, 3, 0, [[-0.5, [[5, -0.5], [6, -1.0]]]])],
+            [
+                RequestOutput(
+                    "r1", [5], [TokenLogprobs(5, -0.5, [[5, -0.5], [6, -1.0]])], None, 3, 1
+                ),
+                RequestOutput(
+                    "r2", [8, 2], [], FinishReason.STOP, 4, 2, 1, seed=7, stop_token_id=2
+                ),
+            ],
             [],
             WorkerStats(1, 0, 2, 100),
         ),
@@ -94,3 +101,11 @@ def test_pool_stats_sum_counters_and_weight_speculative_rates_by_steps():
     assert pool.spec_position_accept_rates == [0.75, 0.375]
     assert abs(pool.spec_confidence_error - 0.3) < 1e-12
     assert combine_stats([]) == WorkerStats(0, 0, 0, 0)
+
+
+def test_an_engine_output_keeps_its_finish_reason_and_stop_id_on_the_wire():
+    output = RequestOutput("r", [9, 2], [], FinishReason.STOP, 4, 2, stop_token_id=2)
+    received = decode_message(encode_message(StepOutputs(0, [output], [], WorkerStats(0, 0, 0, 1))))
+    (decoded,) = received.outputs
+    assert decoded.finish_reason is FinishReason.STOP and decoded.finished
+    assert decoded.text_token_ids == [9]

@@ -144,6 +144,12 @@ class TokenDecoder:
             out.append(DecodedText(text, len(segment_ids), starts, ends, entries))
         return out
 
+    def flush(self) -> str:
+        """The text of the ids still held when the stream ends: an unfinished character
+        becomes U+FFFD, control tokens their symbols."""
+        held, self._ids, self._logprobs = self._ids, [], None
+        return "".join(text for _, text, _, _ in self._segments(held)) if held else ""
+
     def _segments(self, ids: list[int]) -> list[tuple[list[int], str, list[int], list[int]]]:
         """Split ids at control tokens and decode each piece: (ids, text, starts, ends).
 

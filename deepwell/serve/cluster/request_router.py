@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from deepwell.engine.outputs import RequestOutput
 from deepwell.serve.cluster.inference_errors import (
     DrainRefused,
     EngineUnavailable,
@@ -28,7 +29,6 @@ from deepwell.serve.messages import (
     GenerateRequest,
     Shutdown,
     StepOutputs,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -105,7 +105,7 @@ class RequestRouter:
             for w in self._pool.workers.values()
         ]
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""
         stream = self._streams.open(request)
         try:
@@ -179,7 +179,7 @@ class RequestRouter:
             if stream is not None:
                 self._streams.fail(stream, RequestRejected(rejected.message))
 
-    def _deliver(self, worker: Worker, output: TokenOutput) -> None:
+    def _deliver(self, worker: Worker, output: RequestOutput) -> None:
         stream = self._streams.on(worker, output.request_id)
         if stream is None:
             return

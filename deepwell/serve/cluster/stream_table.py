@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from deepwell.engine.outputs import RequestOutput
 from deepwell.serve.cluster.inference_errors import InferenceError, RequestRejected
 from deepwell.serve.cluster.metrics import RoleLatency
-from deepwell.serve.messages import GenerateRequest, TokenOutput
+from deepwell.serve.messages import GenerateRequest
 
 if TYPE_CHECKING:
     from deepwell.serve.cluster.worker_pool import Worker
@@ -66,25 +67,25 @@ class StreamTable:
         self.forget(stream.request.request_id)
         stream.queue.put_nowait(error)
 
-    def record(self, stream: Stream, output: TokenOutput, role: str) -> None:
+    def record(self, stream: Stream, output: RequestOutput, role: str) -> None:
         """Count an output's tokens as produced and time them against the dispatch."""
-        if output.token_ids:
+        if output.new_token_ids:
             now = time.perf_counter()
             if stream.last_output_at is None:
                 self._latency.first_token.labels(role).observe(now - stream.dispatched_at)
             else:
-                per_token = (now - stream.last_output_at) / len(output.token_ids)
+                per_token = (now - stream.last_output_at) / len(output.new_token_ids)
                 self._latency.inter_token.labels(role).observe(per_token)
             stream.last_output_at = now
-        stream.produced += output.token_ids
+        stream.produced += output.new_token_ids
 
-    def deliver(self, stream: Stream, output: TokenOutput) -> None:
+    def deliver(self, stream: Stream, output: RequestOutput) -> None:
         stream.queue.put_nowait(output)
         if output.finish_reason is not None:
             self.forget(output.request_id)
 
     @staticmethod
-    async def outputs(stream: Stream) -> AsyncIterator[TokenOutput]:
+    async def outputs(stream: Stream) -> AsyncIterator[RequestOutput]:
         """The stream's outputs until it finishes; raises what it failed with."""
         while True:
             output = await stream.queue.get()

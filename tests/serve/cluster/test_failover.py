@@ -9,6 +9,7 @@ import pytest
 import zmq
 from servers import free_port
 
+from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import DrainRefused, EngineUnavailable
 from deepwell.serve.cluster.worker_pool import WorkerRole
@@ -16,7 +17,6 @@ from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -56,8 +56,8 @@ class PositionalEngine:
             done = state[1] >= request.max_tokens
             if done:
                 del self.requests[request_id]
-            finish = "length" if done else None
-            outputs.append(TokenOutput(request_id, [token], finish, 3, 0, None))
+            finish = FinishReason.LENGTH if done else None
+            outputs.append(RequestOutput(request_id, [token], [], finish, 3, produced + 1))
         return outputs
 
     def stats(self):
@@ -135,7 +135,7 @@ def request(request_id, max_tokens, prompt=(1, 2, 3)):
 
 
 async def collect(stream):
-    return [token async for output in stream for token in output.token_ids]
+    return [token async for output in stream for token in output.new_token_ids]
 
 
 def test_requests_spread_over_workers_by_outstanding_tokens(cluster):
@@ -166,7 +166,7 @@ def test_a_lost_workers_stream_continues_on_another_without_gap_or_duplicate(clu
         stream = cluster.router.generate(request("a", 30))
         tokens = []
         async for output in stream:
-            tokens += output.token_ids
+            tokens += output.new_token_ids
             if len(tokens) == 5:
                 cluster.pool.remove(0, "killed", failed=True)
         views = cluster.router.views()
@@ -208,7 +208,7 @@ def test_a_silent_worker_is_dropped_within_the_heartbeat_timeout(cluster):
         cluster = assemble_cluster(workers.outbox, workers.inboxes, heartbeat_timeout=0.5)
         await cluster.pool.start(timeout=5)
         stream = cluster.router.generate(request("a", 400))
-        tokens = [*(await anext(stream)).token_ids]
+        tokens = [*(await anext(stream)).new_token_ids]
         workers.silence(0)
         # The worker still computes, but nothing it says counts once it is taken for dead.
         workers.engines[0].step_s = 2.0
@@ -301,7 +301,7 @@ def test_drain_finishes_or_moves_the_workers_requests_then_stops_it(
         cluster = assemble_cluster(workers.outbox, workers.inboxes)
         await cluster.pool.start(timeout=5)
         stream = cluster.router.generate(request("a", 40))
-        tokens = [*(await anext(stream)).token_ids]
+        tokens = [*(await anext(stream)).new_token_ids]
         result = await cluster.router.drain(0, max_utilisation=0.8, timeout=timeout)
         tokens += await collect(stream)
         # New requests go to the remaining worker.

@@ -7,13 +7,13 @@ import threading
 import pytest
 import zmq
 
+from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import EngineUnavailable, RequestRejected
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
-    TokenOutput,
     WorkerStats,
     encode_message,
 )
@@ -48,9 +48,8 @@ class CountingEngine:
             done = state[1] >= request.max_tokens
             if done:
                 del self.requests[request_id]
-            outputs.append(
-                TokenOutput(request_id, [100 + produced], "length" if done else None, 3, 0, None)
-            )
+            finish = FinishReason.LENGTH if done else None
+            outputs.append(RequestOutput(request_id, [100 + produced], [], finish, 3, produced + 1))
         return outputs
 
     def stats(self):
@@ -94,7 +93,7 @@ def test_generate_streams_every_token_then_finishes(worker):
         return outputs
 
     outputs = asyncio.run(main())
-    assert [o.token_ids for o in outputs] == [[100], [101], [102], [103]]
+    assert [o.new_token_ids for o in outputs] == [[100], [101], [102], [103]]
     assert [o.finish_reason for o in outputs] == [None, None, None, "length"]
     thread.join(timeout=5)
     assert not thread.is_alive()
@@ -118,7 +117,7 @@ def test_closing_a_stream_aborts_it_and_frees_its_blocks(worker):
         return first, stats
 
     first, stats = asyncio.run(main())
-    assert first.token_ids == [100]
+    assert first.new_token_ids == [100]
     assert engine.aborted == ["b"]
     assert stats.kv_blocks_used == 0 and stats.running == 0
 
@@ -164,4 +163,4 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
         await cluster.pool.close()
         return outputs
 
-    assert [o.token_ids for o in asyncio.run(main())] == [[100], [101]]
+    assert [o.new_token_ids for o in asyncio.run(main())] == [[100], [101]]
