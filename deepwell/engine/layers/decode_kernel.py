@@ -82,7 +82,9 @@ def _vector_flags() -> tuple[str, list[str]]:
 def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
     """A digest of the sources and their header, the flags, torch's version and the CPU's
     model and features: a build made with -march=native for one CPU must not load on another
-    sharing the same home directory, and a changed source is a new build (announced as one)."""
+    sharing the same home directory, and a changed source is a new build (announced as one).
+    The sources' folder is part of it too: torch's build file names each source by its path,
+    so two checkouts sharing one build folder rebuilt it every time the other had used it."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -90,7 +92,8 @@ def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
     texts = [path.read_text() for path in (*sources, HEADER)]
-    parts = [*texts, *flags, torch.__version__, platform.machine(), *described]
+    parts = [str(sources[0].parent), *texts, *flags, torch.__version__, platform.machine()]
+    parts += described
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
