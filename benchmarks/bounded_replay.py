@@ -95,8 +95,8 @@ def greedy(core: EngineCore, request_id: str, prompt: list[int], tokens: int):
     captured = []
     compute_logits = core.runner.model.compute_logits
 
-    def record(hidden: torch.Tensor) -> torch.Tensor:
-        logits = compute_logits(hidden)
+    def record(hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        logits = compute_logits(hidden, rows)
         captured.append(logits.clone())
         return logits
 

@@ -91,6 +91,7 @@ def step_times(preset: str, repeats: int) -> None:
         packed = DeepseekV41ForCausalLM.from_checkpoint(loaded, options)
         rounded_config = dataclasses.replace(packed.config, cache_packed=False)
         rounded = DeepseekV41ForCausalLM(rounded_config, dtype, packed.engram_tables)
+        rounded.tensor_schema = packed.tensor_schema  # what from_checkpoint reads off config.json
         for model in (packed, rounded):
             model.load_weights(loaded.tensors)
     generator = torch.Generator().manual_seed(0)

