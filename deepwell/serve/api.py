@@ -10,13 +10,14 @@ import time
 
 from fastapi import FastAPI
 
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster import admin
 from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.completions import Completions
 from deepwell.serve.engine_client import EngineClient
 from deepwell.serve.frontend import Frontend, Infer, engine_infer, mock_infer
 from deepwell.serve.gateway import Gateway, GatewayCollector
-from deepwell.serve.messages import ModelInfo, WorkerStats
+from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.routes import completions, generation, health, models, playground, tokenize
@@ -68,14 +69,14 @@ def _context(
     infer: Infer | None, model: ServedModel, settings: ServeSettings, engine: EngineClient | None
 ) -> ServeContext:
     if infer is None:
-        infer = engine_infer(engine, model.stop_token_ids) if engine is not None else mock_infer
+        infer = engine_infer(engine) if engine is not None else mock_infer
     admission = Admission(settings.max_pending_requests, settings.retry_after_seconds)
 
-    def stats() -> WorkerStats:
+    def stats() -> EngineStats:
         # Without workers the app's own admissions are the only load there is.
         if engine is not None:
             return engine.stats()
-        return WorkerStats(
+        return EngineStats(
             running=admission.pending, waiting=0, kv_blocks_used=0, kv_blocks_total=0
         )
 

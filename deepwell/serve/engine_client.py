@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.inference_errors import (
     DrainRefused,
     EngineUnavailable,
@@ -26,7 +27,6 @@ from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     TokenOutput,
-    WorkerStats,
     encode_message,
 )
 
@@ -81,7 +81,7 @@ class EngineClient:
     def healthy(self) -> bool:
         return self._pool.healthy
 
-    def stats(self) -> WorkerStats:
+    def stats(self) -> EngineStats:
         """Scheduler and KV occupancy, and KV reuse counters, summed over live workers."""
         return self._pool.stats()
 

@@ -6,13 +6,14 @@ import threading
 import pytest
 import zmq
 
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.engine_client import EngineClient, EngineUnavailable, RequestRejected
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
     TokenOutput,
-    WorkerStats,
     encode_message,
 )
 from deepwell.serve.worker import serve_engine
@@ -43,7 +44,7 @@ class CountingEngine:
         for request_id, state in list(self.requests.items()):
             request, produced = state
             state[1] = produced + 1
-            done = state[1] >= request.max_tokens
+            done = state[1] >= request.sampling.max_tokens
             if done:
                 del self.requests[request_id]
             outputs.append(
@@ -53,7 +54,7 @@ class CountingEngine:
 
     def stats(self):
         n = len(self.requests)
-        return WorkerStats(n, 0, n, 8)
+        return EngineStats(n, 0, n, 8)
 
     def model_info(self):
         return ModelInfo("counting", "none", 4096, "{}", None, [0])
@@ -77,7 +78,7 @@ def worker(tmp_path):
 
 
 def request(request_id, max_tokens):
-    return GenerateRequest(request_id, [1, 2, 3], max_tokens, 1.0, 1.0, None, [], None)
+    return GenerateRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens))
 
 
 def test_generate_streams_every_token_then_finishes(worker):
@@ -155,7 +156,7 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
     async def main():
         client = EngineClient(outbox, inboxes)
         await client.start(timeout=5)
-        empty = GenerateRequest("e", [], 4, 1.0, 1.0, None, [], None)
+        empty = GenerateRequest("e", [], SamplingParams(max_tokens=4))
         with pytest.raises(RequestRejected, match="the prompt is empty"):
             await anext(client.generate(empty))
         outputs = [o async for o in client.generate(request("f", 2))]
