@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deepwell.engine.args import EngineArgs
-    from deepwell.engine.core import EngineCore, EngineStats
+    from deepwell.engine.core import EngineCore
     from deepwell.engine.errors import (
         EngineError,
         InvalidRequestError,
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from deepwell.engine.llm import LLM
     from deepwell.engine.outputs import Completion, FinishReason, RequestOutput, TokenLogprobs
     from deepwell.engine.sampling_params import SamplingParams
+    from deepwell.engine.stats import EngineStats
     from deepwell.engine.stream import AsyncEngine
     from deepwell.engine.structured import GrammarError, StructuredOutput
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "EngineArgs": "deepwell.engine.args",
     "EngineCore": "deepwell.engine.core",
-    "EngineStats": "deepwell.engine.core",
+    "EngineStats": "deepwell.engine.stats",
     "EngineError": "deepwell.engine.errors",
     "InvalidRequestError": "deepwell.engine.errors",
     "MemoryBudgetError": "deepwell.engine.errors",

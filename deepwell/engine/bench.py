@@ -17,8 +17,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.core import EngineCore, EngineStats
+from deepwell.engine.core import EngineCore
 from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats
 
 
 @dataclass

@@ -9,8 +9,6 @@ while N+1 computes. Outputs are the same with it on or off: sampling reads only 
 request's own state, which is up to date before each sample.
 """
 
-from dataclasses import dataclass, field
-
 import torch
 
 from deepwell.engine.args import EngineArgs
@@ -28,37 +26,16 @@ from deepwell.engine.runner import ModelRunner
 from deepwell.engine.sampling import sampler_for
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.scheduler import Scheduler
-from deepwell.engine.speculative import SpecStats, Speculator
+from deepwell.engine.speculative import Speculator
 from deepwell.engine.speculative.cadence import DraftCadence
 from deepwell.engine.speculative.dspark import DSparkDrafter
 from deepwell.engine.speculative.ngram import NgramDrafter
+from deepwell.engine.stats import EngineStats, SpecStats
 
 # An idle step loop whose waiting requests all read the KV store sleeps at most this long.
 _LOAD_POLL_S = 0.005
 # An idle step loop with only compiling requests sleeps at most this long per step.
 _COMPILE_POLL_S = 0.005
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    num_preemptions: int
-    # Prompt tokens looked up in the prefix cache at admission, and those it supplied
-    # (from memory or the KV store).
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    store_hits: int = 0
-    store_misses: int = 0
-    store_read_bytes: int = 0
-    store_written_bytes: int = 0
-    # Unreadable, corrupt, truncated or foreign block files, and dropped writes.
-    store_errors: int = 0
-    # Speculative decoding (speculative/): request-steps that decoded, draft positions
-    # verified and accepted, per-position acceptance and the confidence error.
-    spec: SpecStats = field(default_factory=SpecStats)
 
 
 class EngineCore:

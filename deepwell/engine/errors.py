@@ -9,7 +9,14 @@ class EngineError(Exception):
 
 
 class InvalidRequestError(EngineError, ValueError):
-    """A request or its sampling parameters cannot be served; other requests are unaffected."""
+    """A request or its sampling parameters cannot be served; other requests are unaffected.
+
+    `param` names the request field at fault, when one is, for an HTTP 400's `param`.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelLoadError(EngineError, RuntimeError):

@@ -71,11 +71,7 @@ def serve_parts(
 ) -> ServeParts:
     """The app's parts, each built once from the ones it reads."""
     if infer is None:
-        infer = (
-            engine_infer(cluster.router, model.stop_token_ids)
-            if cluster is not None
-            else mock_infer
-        )
+        infer = engine_infer(cluster.router) if cluster is not None else mock_infer
     admission = Admission(settings.max_pending_requests, settings.retry_after_seconds)
     metrics = ServeMetrics(cluster.pool.stats if cluster is not None else admission.load)
     gateway = Gateway(settings.key_tokens_per_minute)

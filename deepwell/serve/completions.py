@@ -17,20 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
-from deepwell.recipe import Tokenizer
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.recipe import InferenceOptions, Tokenizer
 from deepwell.recipe.stream.plain_text import PlainTextStream
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError
-from deepwell.serve.frontend import generate_sampling, sse_frame
+from deepwell.serve.frontend import sse_frame
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
-from deepwell.serve.sampling_fields import (
-    COMPLETIONS,
-    SamplingFields,
-    check_min_tokens,
-    read_sampling_fields,
-)
+from deepwell.serve.sampling_fields import COMPLETIONS, read_sampling_params
 
 # OpenAI's defaults and bounds for this endpoint; logprobs goes to vLLM's 20, not OpenAI's 5.
 DEFAULT_MAX_TOKENS = 16
@@ -44,17 +40,15 @@ class CompletionRequest:
 
     model: str
     prompts: list[list[int]]
-    max_tokens: int
-    temperature: float
-    top_p: float
     stream: bool
     include_usage: bool
     echo: bool
     # Alternatives per token; None: no logprobs.
     logprobs: int | None
     stop: list[str]
-    seed: int
-    sampling: SamplingFields = field(default_factory=SamplingFields)
+    # Budget, seed (the body's, else serve --seed, else random), stop ids (the model's
+    # included) and the extra fields, checked.
+    sampling: SamplingParams
 
 
 @dataclass
@@ -113,7 +107,6 @@ class Completions:
             raise ApiError(400, "the request body must be a JSON object")
         model = self._served_model_name(data)
         _refuse_unsupported(data)
-        sampling = read_sampling_fields(COMPLETIONS, data)
         prompts = self._prompts(data.get("prompt"))
         max_tokens = _get(data, "max_tokens", int, DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
@@ -128,7 +121,6 @@ class Completions:
                     f"{max_tokens} in the completion). Please reduce the prompt or max_tokens.",
                     param="max_tokens",
                 )
-        check_min_tokens(sampling, max_tokens)
         temperature = _get(data, "temperature", float, 1.0)
         if not 0 <= temperature <= 2:
             raise _invalid("temperature", "in [0, 2]", temperature)
@@ -151,18 +143,28 @@ class Completions:
         options = data.get("stream_options")
         if options is not None and not (isinstance(options, dict) and stream):
             raise _invalid("stream_options", "an object, with stream = true", options)
+        recipe_fields = InferenceOptions(
+            temperature=temperature,
+            top_p=top_p,
+            logprobs=logprobs is not None,
+            top_logprobs=logprobs,
+        )
+        sampling = read_sampling_params(
+            COMPLETIONS,
+            data,
+            recipe_fields,
+            max_tokens=max_tokens,
+            fallback_seed=self._seed_of(None),
+            model_stop_token_ids=self.model.stop_token_ids,
+        )
         return CompletionRequest(
             model=model,
             prompts=prompts,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
             stream=stream,
             include_usage=bool(options and options.get("include_usage")),
             echo=echo,
             logprobs=logprobs,
             stop=_stop(data.get("stop")),
-            seed=self._seed_of(sampling.seed),
             sampling=sampling,
         )
 
@@ -300,18 +302,8 @@ class Completions:
     def _generate_request(
         self, request: CompletionRequest, choice: _Choice, completion_id: str
     ) -> GenerateRequest:
-        sampling = request.sampling
-        model_stop = [] if sampling.ignore_eos else self.model.stop_token_ids
         return GenerateRequest(
-            request_id=f"{completion_id}-{choice.index}",
-            prompt_token_ids=request.prompts[choice.index],
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop_token_ids=sorted({*model_stop, *sampling.stop_token_ids}),
-            top_logprobs=request.logprobs,
-            **generate_sampling(sampling),
+            f"{completion_id}-{choice.index}", request.prompts[choice.index], request.sampling
         )
 
     def _absorb(self, choice: _Choice, output: RequestOutput) -> None:

@@ -13,7 +13,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.outputs import FinishReason
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.structured.spec import StructuredOutput
 from deepwell.recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -31,21 +34,16 @@ from deepwell.recipe import (
 )
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError, ErrorShape
-from deepwell.serve.messages import GenerateRequest, StructuredOutputSpec
+from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
-from deepwell.serve.sampling_fields import (
-    SEED_LIMIT,
-    SamplingFields,
-    check_min_tokens,
-    read_sampling_fields,
-)
+from deepwell.serve.sampling_fields import SEED_LIMIT, read_sampling_params, requested_budget
 from deepwell.serve.schema_coverage import unenforced_keywords
 
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    """What an inference source gets: the converted request, its prompt ids and token budget.
+    """What an inference source gets: the converted request, its prompt ids and sampling.
 
     `prompt_token_ids` is empty when the served model has no tokenizer (`--mock`).
     """
@@ -53,15 +51,11 @@ class InferenceRequest:
     request_id: str
     converted: ConversationRequest
     prompt_token_ids: list[int]
-    max_tokens: int
-    structured_output: StructuredOutputSpec | None = None
+    # Budget, seed (the body's, else the SEED_HEADER request header, else the server's
+    # --seed, else random), stop ids (the model's included) and grammar, all checked.
+    sampling: SamplingParams
     # Traffic class for the KV store TTL, from the CACHE_CLASS_HEADER request header.
     cache_class: str = "chat"
-    # The sampling seed: the body's `seed`, else the SEED_HEADER request header, else the
-    # server's --seed, else random.
-    seed: int = 0
-    # Sampling settings the recipe does not carry (sampling_fields.py).
-    sampling: SamplingFields = field(default_factory=SamplingFields)
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
@@ -137,27 +131,16 @@ def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
     return chunks()
 
 
-def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
+def engine_infer(client: RequestRouter) -> Infer:
     """An inference source backed by engine workers: one `GenerateRequest` per request."""
 
     async def infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
-        options = request.converted.inference_options
-        sampling = request.sampling
-        # ignore_eos drops the model's stop ids too: they are its end of turn.
-        model_stop = [] if sampling.ignore_eos else stop_token_ids
         outputs = client.generate(
             GenerateRequest(
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                max_tokens=request.max_tokens,
-                temperature=1.0 if options.temperature is None else options.temperature,
-                top_p=1.0 if options.top_p is None else options.top_p,
-                seed=request.seed,
-                stop_token_ids=sorted({*model_stop, *sampling.stop_token_ids}),
-                top_logprobs=(options.top_logprobs or 0) if options.logprobs else None,
-                structured_output=request.structured_output,
-                cache_class=request.cache_class,
-                **generate_sampling(sampling),
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                request.cache_class,
             )
         )
         try:
@@ -184,20 +167,6 @@ def engine_infer(client: RequestRouter, stop_token_ids: list[int]) -> Infer:
             await outputs.aclose()
 
     return infer
-
-
-def generate_sampling(sampling: SamplingFields) -> dict:
-    """The `GenerateRequest` fields of a request's extra sampling settings."""
-    return {
-        "top_k": sampling.top_k,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "logit_bias": sorted(sampling.logit_bias.items()),
-        "min_tokens": sampling.min_tokens,
-        "ignore_eos": sampling.ignore_eos,
-    }
 
 
 class Frontend:
@@ -227,16 +196,17 @@ class Frontend:
             )
         header_seed = _parse_seed_header(seed_header)
         model_name, converted, parsing_options = self.convert(route, body)
-        sampling = read_sampling_fields(route.dialect, json.loads(body))
+        # The recipe ignores the fields the reference ignores: the extras are read beside it.
+        data = json.loads(body)
         conversation = converted.conversation
         kwargs = template_kwargs(body, self.model)
         prompt_token_ids = self.model.encode(conversation, kwargs)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
-        if sampling.max_completion_tokens is not None:
+        requested = requested_budget(route.dialect, data)
+        if requested is not None:
             max_tokens = self._completion_budget(
-                sampling.max_completion_tokens, len(prompt_token_ids), conversation.thinking_mode
+                requested, len(prompt_token_ids), conversation.thinking_mode
             )
-        check_min_tokens(sampling, max_tokens)
         request_id = str(uuid.uuid4())
         generator = route.request_type.chunk_generator(converted, request_id, model_name)
         structured = None
@@ -245,17 +215,16 @@ class Frontend:
             structured = structured_output_spec(converted, parsing_options, self.model)
             if structured is not None and structured.kind == "json_schema":
                 unenforced = unenforced_keywords(structured.spec)
-        seed = self.request_seed(converted.inference_options.seed, sampling.seed, header_seed)
-        inference = InferenceRequest(
-            request_id,
-            converted,
-            prompt_token_ids,
-            max_tokens,
-            structured,
-            cache_class,
-            seed,
-            sampling,
+        sampling = read_sampling_params(
+            route.dialect,
+            data,
+            converted.inference_options,
+            max_tokens=max_tokens,
+            fallback_seed=self.request_seed(header_seed),
+            model_stop_token_ids=self.model.stop_token_ids,
+            structured_output=structured,
         )
+        inference = InferenceRequest(request_id, converted, prompt_token_ids, sampling, cache_class)
         return PreparedRequest(
             route,
             model_name,
@@ -419,7 +388,7 @@ def sse_frame(event: str | None, data: str) -> bytes:
 
 def structured_output_spec(
     converted: ConversationRequest, parsing_options: ParsingOptions, model: ServedModel
-) -> StructuredOutputSpec | None:
+) -> StructuredOutput | None:
     """The engine constraint for a request's output constraint, if it has one.
 
     A forced tool call (`tool_call_required`) must match the model's tool-call grammar;
@@ -446,15 +415,18 @@ def structured_output_spec(
         kind = "json_schema"
     else:
         return None
-    trigger: list[int] = []
+    trigger: tuple[int, ...] = ()
     stage = parsing_options.thinking_initial_stage
     if stage is not None and stage.starts_in_reasoning():
         spelling = parsing_options.special_tokens.token(SpecialToken.ThinkingEnd)
         end = model.tokenizer.special_token_id(spelling)
         if end is None:
             raise ApiError(400, f"structured output in thinking mode needs a {spelling} token")
-        trigger = [end]
-    return StructuredOutputSpec(kind, spec, trigger)
+        trigger = (end,)
+    try:
+        return StructuredOutput(kind, spec, trigger)
+    except InvalidRequestError as error:
+        raise ApiError(400, str(error)) from None
 
 
 def template_kwargs(body: bytes, model: ServedModel) -> dict | None:

@@ -1,17 +1,21 @@
 """Typed messages between the HTTP process and engine workers, and their msgpack framing.
 
 Each message is a frozen dataclass; on the wire it is a msgpack ext value whose code names
-the class and whose payload is the list of its fields in declaration order.
+the class and whose payload is the list of its fields in declaration order. The engine's
+own torch-free types (SamplingParams, EngineStats) travel inside them the same way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import msgpack
 
 from deepwell.engine.outputs import RequestOutput, TokenLogprobs
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats, SpecStats
+from deepwell.engine.structured.spec import StructuredOutput
 from deepwell.settings.engine import EngineArgs
 from deepwell.settings.parallel import ParallelConfig
 
@@ -30,43 +34,23 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
-class StructuredOutputSpec:
-    """What a request's output must match: the engine's `StructuredOutput`, on the wire.
-
-    `kind` is json_schema, json_object, regex or ebnf; the grammar applies only after
-    `trigger_token_ids` when that is not empty (thinking models: after `</think>`).
-    """
-
-    kind: str
-    spec: str
-    trigger_token_ids: list[int]
-
-
-@dataclass(frozen=True)
 class GenerateRequest:
-    """Frontend → worker: generate up to `max_tokens` tokens after `prompt_token_ids`."""
+    """Frontend → worker: generate after `prompt_token_ids` as `sampling` says."""
 
     request_id: str
     prompt_token_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop_token_ids: list[int]
-    top_logprobs: int | None
-    structured_output: StructuredOutputSpec | None = None
+    # Checked on construction in the HTTP process; the worker hands it to the engine as is.
+    sampling: SamplingParams
     # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
     cache_class: str = "chat"
-    # The engine's SamplingParams of the same names (engine/sampling_params.py).
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    # (token id, bias) pairs: msgpack maps want string keys.
-    logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    min_tokens: int = 0
-    ignore_eos: bool = False
+
+    def continuation(self, produced: list[int], max_tokens: int) -> GenerateRequest:
+        """This request resumed after the tokens it `produced`, for at most `max_tokens`
+        more (moved to another worker, or its prompt alone on a prefill worker); the
+        minimum length counts the tokens already out."""
+        min_tokens = min(max(self.sampling.min_tokens - len(produced), 0), max_tokens)
+        sampling = replace(self.sampling, max_tokens=max_tokens, min_tokens=min_tokens)
+        return replace(self, prompt_token_ids=self.prompt_token_ids + produced, sampling=sampling)
 
 
 @dataclass(frozen=True)
@@ -93,61 +77,6 @@ class RequestRejected:
 
 
 @dataclass(frozen=True)
-class WorkerStats:
-    """Scheduler and KV-cache occupancy of one worker after a step."""
-
-    running: int
-    waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    # Counters since the worker started: prompt tokens looked up in the prefix cache and
-    # those it supplied; KV store block hits, misses, bytes and bad files.
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    store_hits: int = 0
-    store_misses: int = 0
-    store_read_bytes: int = 0
-    store_written_bytes: int = 0
-    store_errors: int = 0
-    # Speculative decoding counters since start: request-steps that decoded, draft positions
-    # verified and accepted; acceptance per draft position and the confidence error.
-    spec_decode_steps: int = 0
-    spec_verified_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_position_accept_rates: list[float] = field(default_factory=list)
-    spec_confidence_error: float = 0.0
-
-
-# Rates and errors are averages, not counters: across workers they are weighted by how many
-# speculative steps each worker verified.
-_AVERAGED_STATS = ("spec_position_accept_rates", "spec_confidence_error")
-
-
-def combine_stats(stats: list[WorkerStats]) -> WorkerStats:
-    """The pool's view of several workers: counters summed, speculative rates averaged."""
-    counters = {
-        f.name: sum(getattr(s, f.name) for s in stats)
-        for f in fields(WorkerStats)
-        if f.name not in _AVERAGED_STATS
-    }
-    steps = counters["spec_decode_steps"]
-    if not steps:
-        return WorkerStats(**counters)
-    positions = max(len(s.spec_position_accept_rates) for s in stats)
-    rates = [
-        sum(
-            s.spec_decode_steps * s.spec_position_accept_rates[i]
-            for s in stats
-            if i < len(s.spec_position_accept_rates)
-        )
-        / steps
-        for i in range(positions)
-    ]
-    error = sum(s.spec_decode_steps * s.spec_confidence_error for s in stats) / steps
-    return WorkerStats(**counters, spec_position_accept_rates=rates, spec_confidence_error=error)
-
-
-@dataclass(frozen=True)
 class StepOutputs:
     """Worker → frontend: everything one engine step produced, plus the worker's load.
 
@@ -158,7 +87,7 @@ class StepOutputs:
     worker_id: int
     outputs: list[RequestOutput]
     rejected: list[RequestRejected]
-    stats: WorkerStats
+    stats: EngineStats
 
 
 @dataclass(frozen=True)
@@ -192,7 +121,7 @@ class WorkerReady:
 
     worker_id: int
     model: ModelInfo
-    stats: WorkerStats
+    stats: EngineStats
     # Where a worker that joined on its own (`deepwell worker --connect`) takes requests;
     # "" for the workers the front end started, whose addresses it chose.
     inbox_address: str = ""
@@ -225,15 +154,17 @@ MESSAGE_TYPES: tuple[type, ...] = (
     RequestOutput,
     TokenLogprobs,
     RequestRejected,
-    WorkerStats,
     StepOutputs,
     ModelInfo,
     WorkerReady,
     WorkerFailed,
-    StructuredOutputSpec,
     Heartbeat,
     EngineArgs,
     ParallelConfig,
+    SamplingParams,
+    StructuredOutput,
+    EngineStats,
+    SpecStats,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 
@@ -249,7 +180,18 @@ def _to_ext(obj: Any) -> msgpack.ExtType:
 def _from_ext(code: int, data: bytes) -> Any:
     if code >= len(MESSAGE_TYPES):
         raise ValueError(f"unknown message code {code}")
-    return MESSAGE_TYPES[code](*msgpack.unpackb(data, ext_hook=_from_ext, use_list=True))
+    cls = MESSAGE_TYPES[code]
+    values = _unpack(data)
+    expected = len(fields(cls))
+    if not isinstance(values, list) or len(values) != expected:
+        got = len(values) if isinstance(values, list) else type(values).__name__
+        raise ValueError(f"malformed {cls.__name__}: expected {expected} fields, got {got}")
+    return cls(*values)
+
+
+def _unpack(data: bytes) -> Any:
+    # Map keys may be integers: SamplingParams.logit_bias is keyed by token id.
+    return msgpack.unpackb(data, ext_hook=_from_ext, use_list=True, strict_map_key=False)
 
 
 def encode_message(message: Any) -> bytes:
@@ -258,5 +200,9 @@ def encode_message(message: Any) -> bytes:
 
 
 def decode_message(frame: bytes) -> Any:
-    """Parse a frame written by `encode_message` back into its dataclass."""
-    return msgpack.unpackb(frame, ext_hook=_from_ext, use_list=True)
+    """Parse a frame written by `encode_message` back into its dataclass.
+
+    Raises ValueError for a frame that is not one: an unknown code, a wrong field count, or
+    a field its class refuses (SamplingParams checks its values on construction).
+    """
+    return _unpack(frame)

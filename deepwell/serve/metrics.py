@@ -13,14 +13,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deepwell.serve.messages import WorkerStats
+from deepwell.engine.stats import EngineStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class _LoadCollector(Collector):
-    def __init__(self, stats: Callable[[], WorkerStats]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
@@ -45,7 +45,7 @@ class _LoadCollector(Collector):
         yield from _speculative_metrics(stats)
 
 
-def _kv_reuse_metrics(stats: WorkerStats) -> Iterator[Metric]:
+def _kv_reuse_metrics(stats: EngineStats) -> Iterator[Metric]:
     """Prefix-cache hit rate in tokens, and the KV store's traffic."""
     counters = (
         (
@@ -86,46 +86,45 @@ def _kv_reuse_metrics(stats: WorkerStats) -> Iterator[Metric]:
     )
 
 
-def _speculative_metrics(stats: WorkerStats) -> Iterator[Metric]:
+def _speculative_metrics(stats: EngineStats) -> Iterator[Metric]:
     """Speculative decoding: verified and accepted draft tokens, acceptance per position,
     tokens per decode step and the confidence error (spec/deepinfer.md §1.6)."""
+    spec = stats.spec
     yield CounterMetricFamily(
-        "deepwell_spec_verified_tokens", "Draft tokens verified.", stats.spec_verified_tokens
+        "deepwell_spec_verified_tokens", "Draft tokens verified.", spec.verified_tokens
     )
     yield CounterMetricFamily(
-        "deepwell_spec_accepted_tokens", "Draft tokens accepted.", stats.spec_accepted_tokens
+        "deepwell_spec_accepted_tokens", "Draft tokens accepted.", spec.accepted_tokens
     )
-    verified = stats.spec_verified_tokens
     yield GaugeMetricFamily(
         "deepwell_spec_accept_ratio",
         "Draft tokens accepted over those verified, since start.",
-        stats.spec_accepted_tokens / verified if verified else 0.0,
+        spec.accept_rate,
     )
     per_position = GaugeMetricFamily(
         "deepwell_spec_position_accept_ratio",
         "Acceptance of draft tokens by position in the draft (1 = first), since start.",
         labels=["position"],
     )
-    for position, rate in enumerate(stats.spec_position_accept_rates, start=1):
+    for position, rate in enumerate(spec.position_accept_rates, start=1):
         per_position.add_metric([str(position)], rate)
     yield per_position
-    steps = stats.spec_decode_steps
     yield GaugeMetricFamily(
         "deepwell_spec_tokens_per_decode_step",
         "Tokens a request gains per step it decodes in (1 without speculation), since start.",
-        (steps + stats.spec_accepted_tokens) / steps if steps else 0.0,
+        spec.tokens_per_decode,
     )
     yield GaugeMetricFamily(
         "deepwell_spec_confidence_error",
         "Mean absolute error of the draft survival estimates, since start.",
-        stats.spec_confidence_error,
+        spec.confidence_error,
     )
 
 
 class ServeMetrics:
     """The service's metrics registry; `RequestTimer` feeds it per request."""
 
-    def __init__(self, stats: Callable[[], WorkerStats]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
         self.time_to_first_token = Histogram(
             "deepwell_time_to_first_token_seconds",

@@ -1,20 +1,23 @@
-"""The sampling fields the recipe does not carry, read from the request body beside it.
+"""The one reader of a request's sampling: the recipe's options plus the body's extra fields,
+made into the engine's SamplingParams, which travels to the worker as it is.
 
 The recipe's conversion stays the DeepSeek contract (it ignores fields the reference
-ignores); these fields are vLLM's and OpenAI's extras, carried to the engine or refused
-with a 400 that names the field. docs/serve.md has the table per dialect.
+ignores); the extra fields are vLLM's and OpenAI's, read here for their JSON types and
+checked for their ranges by SamplingParams itself, or refused with a 400 that names the
+field. docs/serve.md has the table per dialect.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
+from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.structured.spec import StructuredOutput
+from deepwell.recipe import InferenceOptions
 from deepwell.serve.errors import ApiError
 
-# OpenAI's bounds (platform.openai.com, Chat Completions): ±2 penalties, ±100 bias.
-MAX_PENALTY = 2.0
-MAX_LOGIT_BIAS = 100.0
 # Seeds replay through Chat's `seed`, which the recipe bounds to [0, 2**63).
 SEED_LIMIT = 2**63
 
@@ -39,33 +42,59 @@ _REFUSED: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class SamplingFields:
-    """The extra sampling settings of one request; defaults change nothing."""
-
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    # token id → additive bias.
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    stop_token_ids: tuple[int, ...] = ()
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    # A body `seed` where the recipe does not read one (Responses, Messages, completions).
-    seed: int | None = None
-    # Chat's newer name for the output budget; wins over `max_tokens` (as vLLM reads it).
-    max_completion_tokens: int | None = None
+def requested_budget(dialect: str, body: Any) -> int | None:
+    """Chat's `max_completion_tokens`, its newer name for the output budget, which wins over
+    `max_tokens` (as vLLM reads it); None when absent or not Chat."""
+    if dialect != CHAT or not isinstance(body, dict):
+        return None
+    budget = _optional_integer(body, "max_completion_tokens")
+    if budget is not None and budget < 1:
+        raise _invalid("max_completion_tokens", ">= 1", budget)
+    return budget
 
 
-def read_sampling_fields(dialect: str, body: Any) -> SamplingFields:
-    """The extra fields of a request body; raises ApiError(400) naming a bad or refused one.
+def read_sampling_params(
+    dialect: str,
+    body: Any,
+    options: InferenceOptions,
+    *,
+    max_tokens: int,
+    fallback_seed: int,
+    model_stop_token_ids: Iterable[int],
+    structured_output: StructuredOutput | None = None,
+) -> SamplingParams:
+    """The request's SamplingParams; raises ApiError(400) naming a bad or refused field.
 
-    A body in the array form (serde's positional struct) holds only the reference's fields.
+    `options` holds what the recipe read (temperature, top_p, logprobs, Chat's seed);
+    `max_tokens` is the resolved output budget; the request samples with `fallback_seed`
+    when neither the recipe nor the body gives a seed. The model's stop ids end the
+    request unless the body sets `ignore_eos`. A body in the array form (serde's
+    positional struct) holds only the reference's fields.
     """
-    if not isinstance(body, dict):
-        return SamplingFields()
+    fields = _extra_fields(dialect, body) if isinstance(body, dict) else {}
+    body_seed = fields.pop("seed", None)
+    seed = next((s for s in (options.seed, body_seed) if s is not None), fallback_seed)
+    model_stop = [] if fields.get("ignore_eos") else model_stop_token_ids
+    stop = sorted({*model_stop, *fields.pop("stop_token_ids", ())})
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if options.temperature is None else options.temperature,
+            top_p=1.0 if options.top_p is None else options.top_p,
+            logprobs=options.logprobs,
+            top_logprobs=(options.top_logprobs or 0) if options.logprobs else 0,
+            seed=seed,
+            stop_token_ids=stop,
+            structured_output=structured_output,
+            **fields,
+        )
+    except InvalidRequestError as error:
+        raise ApiError(400, str(error), param=error.param) from None
+
+
+def _extra_fields(dialect: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The body's extra fields that are set, as SamplingParams keywords of the right JSON
+    type (plus `seed` where the recipe does not read one); their ranges are SamplingParams'."""
     for name, hint in _REFUSED[dialect].items():
         if body.get(name) is not None:
             raise _refused(name, f"it is not a field of this API; {hint}")
@@ -73,55 +102,29 @@ def read_sampling_fields(dialect: str, body: Any) -> SamplingFields:
         n = body.get("n")
         if n is not None and n != 1:
             raise _refused("n", "only n = 1 is supported; send the request several times")
-    top_k = _integer(body, "top_k", -1)
-    if top_k < -1:
-        raise _invalid("top_k", "-1 or 0 (off) or a positive integer", top_k)
-    min_p = _number(body, "min_p", 0.0)
-    if not 0 <= min_p <= 1:
-        raise _invalid("min_p", "in [0, 1]", min_p)
-    repetition = _number(body, "repetition_penalty", 1.0)
-    if repetition <= 0:
-        raise _invalid("repetition_penalty", "> 0", repetition)
-    penalties = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        penalties[name] = _number(body, name, 0.0)
-        if not -MAX_PENALTY <= penalties[name] <= MAX_PENALTY:
-            raise _invalid(name, "in [-2, 2]", penalties[name])
-    min_tokens = _integer(body, "min_tokens", 0)
-    if min_tokens < 0:
-        raise _invalid("min_tokens", ">= 0", min_tokens)
+    fields: dict[str, Any] = {
+        "top_k": _optional_integer(body, "top_k"),
+        "min_tokens": _optional_integer(body, "min_tokens"),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
+        "stop_token_ids": _token_ids(body.get("stop_token_ids")),
+    }
+    for name in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        fields[name] = _number(body, name)
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _invalid("ignore_eos", "a boolean", ignore_eos)
-    seed = None if dialect == CHAT else _optional_integer(body, "seed")
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise _invalid("seed", "an integer in [0, 2^63)", seed)
-    budget = _optional_integer(body, "max_completion_tokens") if dialect == CHAT else None
-    if budget is not None and budget < 1:
-        raise _invalid("max_completion_tokens", ">= 1", budget)
-    return SamplingFields(
-        top_k=top_k,
-        min_p=min_p,
-        repetition_penalty=repetition,
-        logit_bias=_logit_bias(body.get("logit_bias")),
-        stop_token_ids=_token_ids(body.get("stop_token_ids")),
-        min_tokens=min_tokens,
-        ignore_eos=bool(ignore_eos),
-        seed=seed,
-        max_completion_tokens=budget,
-        **penalties,
-    )
+    fields["ignore_eos"] = ignore_eos
+    if dialect != CHAT:
+        seed = _optional_integer(body, "seed")
+        if seed is not None and not 0 <= seed < SEED_LIMIT:
+            raise _invalid("seed", "an integer in [0, 2^63)", seed)
+        fields["seed"] = seed
+    return {name: value for name, value in fields.items() if value is not None}
 
 
-def check_min_tokens(fields: SamplingFields, max_tokens: int) -> None:
-    """`min_tokens` may not exceed the request's resolved output budget."""
-    if fields.min_tokens > max_tokens:
-        raise _invalid("min_tokens", f"at most the output budget ({max_tokens})", fields.min_tokens)
-
-
-def _logit_bias(value: Any) -> dict[int, float]:
+def _logit_bias(value: Any) -> dict[int, float] | None:
     if value is None:
-        return {}
+        return None
     if not isinstance(value, dict):
         raise _invalid("logit_bias", "an object of token id → bias", value)
     bias = {}
@@ -131,18 +134,16 @@ def _logit_bias(value: Any) -> dict[int, float]:
             raise _invalid("logit_bias", "keyed by token ids", key)
         if isinstance(amount, bool) or not isinstance(amount, int | float):
             raise _invalid("logit_bias", "numbers", amount)
-        if not -MAX_LOGIT_BIAS <= amount <= MAX_LOGIT_BIAS:
-            raise _invalid(f"logit_bias[{key}]", "in [-100, 100]", amount)
         bias[int(key)] = float(amount)
     return bias
 
 
-def _token_ids(value: Any) -> tuple[int, ...]:
+def _token_ids(value: Any) -> list[int] | None:
     if value is None:
-        return ()
-    if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
+        return None
+    if not isinstance(value, list) or not all(_is_int(t) for t in value):
         raise _invalid("stop_token_ids", "a list of token ids", value)
-    return tuple(value)
+    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -156,15 +157,10 @@ def _optional_integer(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _integer(body: dict[str, Any], name: str, default: int) -> int:
-    value = _optional_integer(body, name)
-    return default if value is None else value
-
-
-def _number(body: dict[str, Any], name: str, default: float) -> float:
+def _number(body: dict[str, Any], name: str) -> float | None:
     value = body.get(name)
     if value is None:
-        return default
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _invalid(name, "a number", value)
     return float(value)

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import zmq
 
-from deepwell.engine import EngineCore, RequestOutput, SamplingParams
-from deepwell.engine.structured import StructuredOutput
+from deepwell.engine import EngineCore, RequestOutput
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
     AbortRequest,
@@ -30,7 +30,6 @@ from deepwell.serve.messages import (
     WorkerConfig,
     WorkerFailed,
     WorkerReady,
-    WorkerStats,
     decode_message,
     encode_message,
 )
@@ -53,7 +52,7 @@ class StepEngine(Protocol):
 
     def step(self) -> list[RequestOutput]: ...
 
-    def stats(self) -> WorkerStats: ...
+    def stats(self) -> EngineStats: ...
 
     def model_info(self) -> ModelInfo: ...
 
@@ -112,31 +111,8 @@ class EngineCoreAdapter:
         self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:
-        structured = request.structured_output
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            logit_bias=dict(request.logit_bias),
-            min_tokens=request.min_tokens,
-            ignore_eos=request.ignore_eos,
-            seed=request.seed,
-            stop_token_ids=list(request.stop_token_ids),
-            logprobs=request.top_logprobs is not None,
-            top_logprobs=request.top_logprobs or 0,
-            structured_output=None
-            if structured is None
-            else StructuredOutput(
-                structured.kind, structured.spec, tuple(structured.trigger_token_ids)
-            ),
-        )
         self._core.add_request(
-            request.request_id, request.prompt_token_ids, params, request.cache_class
+            request.request_id, request.prompt_token_ids, request.sampling, request.cache_class
         )
 
     def abort(self, request_ids: list[str]) -> None:
@@ -151,26 +127,8 @@ class EngineCoreAdapter:
     def step(self) -> list[RequestOutput]:
         return self._core.step()
 
-    def stats(self) -> WorkerStats:
-        stats = self._core.stats()
-        return WorkerStats(
-            stats.running,
-            stats.waiting,
-            stats.kv_blocks_used,
-            stats.kv_blocks_total,
-            prefix_queried_tokens=stats.prefix_queried_tokens,
-            prefix_hit_tokens=stats.prefix_hit_tokens,
-            store_hits=stats.store_hits,
-            store_misses=stats.store_misses,
-            store_read_bytes=stats.store_read_bytes,
-            store_written_bytes=stats.store_written_bytes,
-            store_errors=stats.store_errors,
-            spec_decode_steps=stats.spec.decode_steps,
-            spec_verified_tokens=stats.spec.verified_tokens,
-            spec_accepted_tokens=stats.spec.accepted_tokens,
-            spec_position_accept_rates=list(stats.spec.position_accept_rates),
-            spec_confidence_error=stats.spec.confidence_error,
-        )
+    def stats(self) -> EngineStats:
+        return self._core.stats()
 
     def close(self) -> None:
         """Write out queued KV store blocks; the next worker may want them."""

@@ -1,14 +1,20 @@
+from dataclasses import fields
+
+import msgpack
 import pytest
 
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats, SpecStats
+from deepwell.engine.structured.spec import StructuredOutput
 from deepwell.serve.messages import (
+    MESSAGE_TYPES,
     AbortRequest,
     GenerateRequest,
     Shutdown,
     StepOutputs,
     WorkerConfig,
-    WorkerStats,
-    combine_stats,
     decode_message,
     encode_message,
 )
@@ -32,24 +38,27 @@ def test_the_worker_config_carries_every_engine_setting():
 
 def test_messages_round_trip_with_nesting():
     messages = [
-        GenerateRequest("r1", [1, 2, 3], 16, 0.7, 1.0, 42, [2], None),
+        GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=16, temperature=0.7, seed=42)),
         GenerateRequest(
             "r2",
             [1],
-            8,
-            0.0,
-            1.0,
-            None,
-            [],
-            3,
-            top_k=5,
-            min_p=0.1,
-            repetition_penalty=1.2,
-            presence_penalty=-1.0,
-            frequency_penalty=0.5,
-            logit_bias=[[7, -100.0], [9, 2.5]],
-            min_tokens=2,
-            ignore_eos=True,
+            SamplingParams(
+                max_tokens=8,
+                temperature=0.0,
+                top_k=5,
+                min_p=0.1,
+                repetition_penalty=1.2,
+                presence_penalty=-1.0,
+                frequency_penalty=0.5,
+                stop_token_ids=[2, 9],
+                logit_bias={7: -100.0, 9: 2.5},
+                min_tokens=2,
+                ignore_eos=True,
+                logprobs=True,
+                top_logprobs=3,
+                structured_output=StructuredOutput("json_schema", '{"type":"object"}', (5,), 6),
+            ),
+            "agent",
         ),
         AbortRequest(["r1", "r2"]),
         Shutdown(),
@@ -64,11 +73,14 @@ def test_messages_round_trip_with_nesting():
                 ),
             ],
             [],
-            WorkerStats(1, 0, 2, 100),
+            EngineStats(1, 0, 2, 100, spec=SpecStats(3, 2, 4, 3, (1.0, 0.5), 0.1)),
         ),
     ]
     for message in messages:
         assert decode_message(encode_message(message)) == message
+    decoded = decode_message(encode_message(messages[1]))
+    assert decoded.sampling.logit_bias == {7: -100.0, 9: 2.5}
+    assert decoded.sampling.structured_output.trigger_token_ids == (5,)
 
 
 def test_unknown_objects_are_refused():
@@ -76,36 +88,39 @@ def test_unknown_objects_are_refused():
         encode_message({"a", "set"})
 
 
-def test_pool_stats_sum_counters_and_weight_speculative_rates_by_steps():
-    busy = WorkerStats(
-        running=2,
-        waiting=1,
-        kv_blocks_used=5,
-        kv_blocks_total=10,
-        spec_decode_steps=3,
-        spec_position_accept_rates=[1.0, 0.5],
-        spec_confidence_error=0.2,
-    )
-    idle = WorkerStats(
-        running=0,
-        waiting=0,
-        kv_blocks_used=0,
-        kv_blocks_total=10,
-        spec_decode_steps=1,
-        spec_position_accept_rates=[0.0],
-        spec_confidence_error=0.6,
-    )
-    pool = combine_stats([busy, idle])
-    assert (pool.running, pool.kv_blocks_used, pool.kv_blocks_total) == (2, 5, 20)
-    assert pool.spec_decode_steps == 4
-    assert pool.spec_position_accept_rates == [0.75, 0.375]
-    assert abs(pool.spec_confidence_error - 0.3) < 1e-12
-    assert combine_stats([]) == WorkerStats(0, 0, 0, 0)
+def _frame(message_type: type, payload: list) -> bytes:
+    code = MESSAGE_TYPES.index(message_type)
+    return msgpack.packb(msgpack.ExtType(code, msgpack.packb(payload)))
+
+
+def test_malformed_messages_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown message code 99"):
+        decode_message(msgpack.packb(msgpack.ExtType(99, msgpack.packb([]))))
+    with pytest.raises(ValueError, match="malformed AbortRequest: expected 1 fields, got 2"):
+        decode_message(_frame(AbortRequest, [["r1"], "extra"]))
+    with pytest.raises(ValueError, match="malformed Shutdown: expected 1 fields, got int"):
+        decode_message(_frame(Shutdown, 7))
+    # A sampling field out of range is refused as SamplingParams refuses it.
+    bad = [0] + [None] * (len(fields(SamplingParams)) - 1)
+    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+        decode_message(_frame(SamplingParams, bad))
+
+
+def test_a_continued_request_keeps_its_sampling_and_counts_its_output():
+    sampling = SamplingParams(max_tokens=10, min_tokens=6, seed=3, temperature=0.5)
+    request = GenerateRequest("r", [1, 2], sampling, "agent")
+    moved = request.continuation([7, 8, 9], 7)
+    assert moved.prompt_token_ids == [1, 2, 7, 8, 9] and moved.cache_class == "agent"
+    assert (moved.sampling.max_tokens, moved.sampling.min_tokens) == (7, 3)
+    assert (moved.sampling.seed, moved.sampling.temperature) == (3, 0.5)
+    prefill = request.continuation([], 1)
+    assert (prefill.sampling.max_tokens, prefill.sampling.min_tokens) == (1, 1)
+    assert request.sampling.max_tokens == 10
 
 
 def test_an_engine_output_keeps_its_finish_reason_and_stop_id_on_the_wire():
     output = RequestOutput("r", [9, 2], [], FinishReason.STOP, 4, 2, stop_token_id=2)
-    received = decode_message(encode_message(StepOutputs(0, [output], [], WorkerStats(0, 0, 0, 1))))
+    received = decode_message(encode_message(StepOutputs(0, [output], [], EngineStats(0, 0, 0, 1))))
     (decoded,) = received.outputs
     assert decoded.finish_reason is FinishReason.STOP and decoded.finished
     assert decoded.text_token_ids == [9]

@@ -8,7 +8,9 @@ import httpx
 import openai
 import pytest
 
-from deepwell.serve.sampling_fields import read_sampling_fields
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.recipe import InferenceOptions
+from deepwell.serve.sampling_fields import read_sampling_params
 
 # SmolLM2 answers this greedily with "Cat, cat, cat, ..." to the end of its budget.
 REPEATS = "Write the word 'cat' ten times."
@@ -184,4 +186,29 @@ def test_n_and_foreign_fields_are_refused_by_name(client, claude, model_server):
 
 
 def test_the_array_form_body_has_no_extra_fields():
-    assert read_sampling_fields("chat", ["messages", "model"]).top_k == -1
+    sampling = read_sampling_params(
+        "chat",
+        ["messages", "model"],
+        InferenceOptions(temperature=0.5),
+        max_tokens=4,
+        fallback_seed=9,
+        model_stop_token_ids=[2],
+    )
+    assert sampling == SamplingParams(max_tokens=4, temperature=0.5, seed=9, stop_token_ids=[2])
+
+
+def test_the_body_fields_and_the_recipes_make_one_sampling_params():
+    body = {"top_k": 3, "stop_token_ids": [7, 2], "logit_bias": {"5": -1}, "seed": 11}
+    options = InferenceOptions(top_p=0.5, logprobs=True, top_logprobs=2)
+    sampling = read_sampling_params(
+        "messages", body, options, max_tokens=8, fallback_seed=9, model_stop_token_ids=[2, 0]
+    )
+    assert (sampling.top_k, sampling.top_p, sampling.seed) == (3, 0.5, 11)
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 2)
+    assert sampling.stop_token_ids == [0, 2, 7] and sampling.logit_bias == {5: -1.0}
+    # ignore_eos drops the model's stop ids (its end of turn), not the body's.
+    body["ignore_eos"] = True
+    sampling = read_sampling_params(
+        "messages", body, options, max_tokens=8, fallback_seed=9, model_stop_token_ids=[2, 0]
+    )
+    assert sampling.stop_token_ids == [2, 7]

@@ -19,7 +19,7 @@ def recording_app():
     seen: list[int] = []
 
     async def infer(request):
-        seen.append(request.seed)
+        seen.append(request.sampling.seed)
         yield InferenceChunk.ready()
         yield InferenceChunk.text("ok", 1)
         yield InferenceChunk.finish(InferenceFinishReason.Stop)

@@ -66,12 +66,12 @@ def test_thinking_mode_constrains_only_after_the_end_of_thinking():
         {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}, thinking=True
     )
     assert result.kind == "json_schema"
-    assert result.trigger_token_ids == [THINK_END_ID]
+    assert result.trigger_token_ids == (THINK_END_ID,)
 
 
 def test_without_thinking_the_grammar_starts_at_once():
     result = spec({"type": "regex", "regex": "[a-z]+"}, thinking=False)
-    assert (result.kind, result.spec, result.trigger_token_ids) == ("regex", "[a-z]+", [])
+    assert (result.kind, result.spec, result.trigger_token_ids) == ("regex", "[a-z]+", ())
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_json_object_and_text(response_format, kind):
 )
 def test_a_forced_tool_call_must_match_the_dsml_grammar(tool_choice):
     result = spec(None, thinking=False, tools=[TOOL], tool_choice=tool_choice)
-    assert (result.kind, result.trigger_token_ids) == ("ebnf", [])
+    assert (result.kind, result.trigger_token_ids) == ("ebnf", ())
     assert f"dsml: <[{DSML_ID}]>" in result.spec
     assert 'invoke name=\\"f\\">' in result.spec
 

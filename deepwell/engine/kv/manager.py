@@ -14,7 +14,7 @@ import torch
 from deepwell.engine.kv.block_pool import BlockPool
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout
-from deepwell.engine.kv.prefix import chain_keys
+from deepwell.engine.kv.prefix_hash import chain_keys
 from deepwell.engine.kv.replay import EXACT, BoundedReplay
 from deepwell.engine.kv.slot_pool import SlotPool
 from deepwell.engine.kv.snapshots import RingSnapshots

@@ -17,38 +17,11 @@ from deepwell.engine.speculative.confidence import ConfidenceTable
 from deepwell.engine.speculative.drafter import Draft, Drafter
 from deepwell.engine.speculative.planner import plan_own_verify_length, plan_verify_lengths
 from deepwell.engine.speculative.step_time import StepTimeCurve
+from deepwell.engine.stats import SpecStats
 
 logger = logging.getLogger(__name__)
 # The stats line goes to the log at most this often.
 _LOG_INTERVAL_S = 60.0
-
-
-@dataclass(frozen=True)
-class SpecStats:
-    # Request-steps that produced tokens, and those that verified at least one draft position.
-    decode_steps: int = 0
-    verify_steps: int = 0
-    verified_tokens: int = 0
-    accepted_tokens: int = 0
-    # Per draft position: accepted / verified.
-    position_accept_rates: tuple[float, ...] = ()
-    confidence_error: float = 0.0
-
-    @property
-    def accept_rate(self) -> float:
-        return self.accepted_tokens / self.verified_tokens if self.verified_tokens else 0.0
-
-    @property
-    def avg_verified_len(self) -> float:
-        """Draft positions verified per request-step that verified any."""
-        return self.verified_tokens / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def tokens_per_decode(self) -> float:
-        """Tokens a request gains per step it decodes in (1 without speculation)."""
-        if not self.decode_steps:
-            return 0.0
-        return (self.decode_steps + self.accepted_tokens) / self.decode_steps
 
 
 @dataclass

@@ -38,6 +38,9 @@ class StructuredOutput:
         def bad(message: str) -> InvalidRequestError:
             return InvalidRequestError(f"invalid structured output: {message}")
 
+        # A message decoded from the wire holds a list here.
+        object.__setattr__(self, "trigger_token_ids", tuple(self.trigger_token_ids))
+
         if self.kind not in KINDS:
             raise bad(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not isinstance(self.spec, str):

@@ -1,30 +1,12 @@
 """The front end's record of which prompt blocks each worker holds, keyed as the engine keys them.
 
-The keys are the engine's hash chain (`deepwell.engine.kv.prefix.block_key`), rooted in
-the model fingerprint the worker reported; the HTTP process must not import torch, so the
-five lines of the chain are repeated here and a test checks they agree with the engine's.
+The keys are the engine's hash chain (`deepwell.engine.kv.prefix_hash`), rooted in the model
+fingerprint the worker reported.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-
-KEY_BYTES = 16
-
-
-def prompt_block_keys(root: bytes, token_ids: list[int], block_size: int) -> list[bytes]:
-    """Keys of the prompt's full blocks, each covering its tokens and every token before."""
-    keys = []
-    parent = root
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        digest = hashlib.blake2b(parent, digest_size=KEY_BYTES)
-        digest.update(
-            b"".join(t.to_bytes(4, "little") for t in token_ids[start : start + block_size])
-        )
-        parent = digest.digest()
-        keys.append(parent)
-    return keys
 
 
 class WorkerPrefixes:

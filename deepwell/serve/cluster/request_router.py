@@ -13,14 +13,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from deepwell.engine.kv.prefix_hash import prompt_block_keys
 from deepwell.engine.outputs import RequestOutput
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.inference_errors import (
     DrainRefused,
     EngineUnavailable,
     RequestRejected,
 )
 from deepwell.serve.cluster.metrics import RoleLatency
-from deepwell.serve.cluster.prefix_index import WorkerPrefixes, prompt_block_keys
+from deepwell.serve.cluster.prefix_index import WorkerPrefixes
 from deepwell.serve.cluster.routing import RoutingPolicy, WorkerLoad
 from deepwell.serve.cluster.stream_table import Stream, StreamTable
 from deepwell.serve.cluster.worker_pool import WATCH_INTERVAL_S, Worker, WorkerPool, WorkerRole
@@ -29,7 +31,6 @@ from deepwell.serve.messages import (
     GenerateRequest,
     Shutdown,
     StepOutputs,
-    WorkerStats,
     encode_message,
 )
 
@@ -59,7 +60,7 @@ class WorkerView:
     draining: bool
     in_flight: int
     outstanding_tokens: int
-    stats: WorkerStats
+    stats: EngineStats
     routed_requests: int
     routed_prompt_tokens: int
     routed_hit_tokens: int
@@ -121,7 +122,7 @@ class RequestRouter:
         """Send the stream's request, or its continuation, to the worker the policy picks."""
         original = stream.request
         produced = stream.produced
-        if produced and original.structured_output is not None:
+        if produced and original.sampling.structured_output is not None:
             # The grammar's state lives in the lost worker; a new one would restart it.
             raise EngineUnavailable("a constrained request cannot continue on another worker")
         prefill = [w for w in self._pool.workers.values() if w.live and not w.draining]
@@ -131,16 +132,16 @@ class RequestRouter:
         stream.prefilling = bool(
             prefill
             and not produced
-            and original.structured_output is None
-            and original.max_tokens > 1
+            and original.sampling.structured_output is None
+            and original.sampling.max_tokens > 1
         )
         candidates = prefill if stream.prefilling else decode or prefill
         if not candidates:
             raise EngineUnavailable("no engine worker is available")
         prompt = original.prompt_token_ids + produced
         worker = self._choose(candidates, prompt)
-        max_tokens = 1 if stream.prefilling else original.max_tokens - len(produced)
-        message = replace(original, prompt_token_ids=prompt, max_tokens=max_tokens)
+        max_tokens = 1 if stream.prefilling else original.sampling.max_tokens - len(produced)
+        message = original.continuation(produced, max_tokens)
         stream.worker = worker
         stream.dispatched_at = time.perf_counter()
         stream.last_output_at = None
@@ -255,7 +256,9 @@ class RequestRouter:
             request = stream.request
             if stream.last_output_at is None:
                 total += len(request.prompt_token_ids) + len(stream.produced)
-            total += (1 if stream.prefilling else request.max_tokens) - len(stream.produced)
+            total += (1 if stream.prefilling else request.sampling.max_tokens) - len(
+                stream.produced
+            )
         return total
 
     def _root_key(self) -> bytes:

@@ -16,6 +16,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
+from deepwell.engine.stats import EngineStats, combine_stats
 from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.prefix_index import WorkerPrefixes
 from deepwell.serve.messages import (
@@ -25,8 +26,6 @@ from deepwell.serve.messages import (
     StepOutputs,
     WorkerFailed,
     WorkerReady,
-    WorkerStats,
-    combine_stats,
     decode_message,
     encode_message,
 )
@@ -52,7 +51,7 @@ class Worker:
     address: str
     role: WorkerRole
     socket: zmq.Socket
-    stats: WorkerStats = field(default_factory=lambda: WorkerStats(0, 0, 0, 0))
+    stats: EngineStats = field(default_factory=lambda: EngineStats(0, 0, 0, 0))
     ready: bool = False
     failure: str | None = None
     draining: bool = False
@@ -143,7 +142,7 @@ class WorkerPool:
     def healthy(self) -> bool:
         return any(w.live for w in self.workers.values())
 
-    def stats(self) -> WorkerStats:
+    def stats(self) -> EngineStats:
         """Scheduler and KV occupancy, and KV reuse counters, summed over live workers."""
         return combine_stats([w.stats for w in self.workers.values() if w.failure is None])
 

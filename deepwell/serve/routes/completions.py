@@ -39,7 +39,7 @@ async def text_completions(
     def charge() -> None:
         gateway.charge(admitted.key, prompt_tokens, 0, timer.output_tokens)
 
-    headers = {SEED_HEADER: str(prepared.seed)}
+    headers = {SEED_HEADER: str(prepared.sampling.seed)}
     delivery = Delivery(PATH, ErrorShape.OPENAI, admitted, timer, headers, charge)
     if prepared.stream:
         return event_stream(delivery, completions.sse(prepared, timer))

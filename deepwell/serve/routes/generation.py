@@ -120,7 +120,7 @@ async def _generate(
 async def _stream(
     delivery: Delivery, sse: AsyncIterator[bytes], prepared: PreparedRequest
 ) -> Response:
-    if prepared.inference.structured_output is None:
+    if prepared.inference.sampling.structured_output is None:
         return event_stream(delivery, sse)
     # Wait until the engine has taken the request: a grammar that does not compile then
     # answers 400 in the dialect's shape, not a 200 stream that fails.
@@ -139,7 +139,7 @@ async def _stream(
 
 
 def _response_headers(prepared: PreparedRequest) -> dict[str, str]:
-    headers = {SEED_HEADER: str(prepared.inference.seed)}
+    headers = {SEED_HEADER: str(prepared.inference.sampling.seed)}
     if prepared.unenforced_keywords:
         headers[UNENFORCED_HEADER] = ", ".join(prepared.unenforced_keywords)
     return headers

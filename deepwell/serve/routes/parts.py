@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.assembly import Cluster
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.cluster.worker_pool import WorkerPool
@@ -18,7 +19,6 @@ from deepwell.serve.completions import Completions
 from deepwell.serve.errors import ApiError
 from deepwell.serve.frontend import Frontend
 from deepwell.serve.gateway import Gateway
-from deepwell.serve.messages import WorkerStats
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel
 from deepwell.serve.settings import ServeSettings
@@ -44,9 +44,9 @@ class Admission:
     def leave(self) -> None:
         self.pending -= 1
 
-    def load(self) -> WorkerStats:
+    def load(self) -> EngineStats:
         """The load `/metrics` shows without workers: the app's own admissions are all there is."""
-        return WorkerStats(running=self.pending, waiting=0, kv_blocks_used=0, kv_blocks_total=0)
+        return EngineStats(running=self.pending, waiting=0, kv_blocks_used=0, kv_blocks_total=0)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import zmq
 from servers import free_port
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import DrainRefused, EngineUnavailable
 from deepwell.serve.cluster.worker_pool import WorkerRole
@@ -17,7 +19,6 @@ from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
-    WorkerStats,
     encode_message,
 )
 from deepwell.serve.worker import send_heartbeats, serve_engine
@@ -53,7 +54,7 @@ class PositionalEngine:
             request, produced = state
             token = 1000 + len(request.prompt_token_ids) + produced
             state[1] = produced + 1
-            done = state[1] >= request.max_tokens
+            done = state[1] >= request.sampling.max_tokens
             if done:
                 del self.requests[request_id]
             finish = FinishReason.LENGTH if done else None
@@ -62,7 +63,7 @@ class PositionalEngine:
 
     def stats(self):
         n = len(self.requests)
-        return WorkerStats(n, 0, n, 64)
+        return EngineStats(n, 0, n, 64)
 
     def model_info(self):
         return self.model
@@ -131,7 +132,7 @@ def cluster(tmp_path):
 
 
 def request(request_id, max_tokens, prompt=(1, 2, 3)):
-    return GenerateRequest(request_id, list(prompt), max_tokens, 1.0, 1.0, 7, [], None)
+    return GenerateRequest(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, seed=7))
 
 
 async def collect(stream):
@@ -180,8 +181,8 @@ def test_a_lost_workers_stream_continues_on_another_without_gap_or_duplicate(clu
     # The produced tokens became prompt; the budget shrank by as many; the seed stayed.
     assert continuation.prompt_token_ids[:3] == [1, 2, 3]
     assert continuation.prompt_token_ids[3:] == tokens[: len(continuation.prompt_token_ids) - 3]
-    assert continuation.max_tokens == 30 - (len(continuation.prompt_token_ids) - 3)
-    assert continuation.seed == 7
+    assert continuation.sampling.max_tokens == 30 - (len(continuation.prompt_token_ids) - 3)
+    assert continuation.sampling.seed == 7
     assert views[0].failure == "killed" and views[1].live
 
 
@@ -254,8 +255,8 @@ def test_pd_prefill_worker_computes_the_prompt_and_a_decode_worker_continues(clu
     assert tokens == list(range(1003, 1009)) and handed_off == 1
     (prefill,) = workers.engines[0].received
     (decode,) = workers.engines[1].received
-    assert prefill.max_tokens == 1 and prefill.prompt_token_ids == [1, 2, 3]
-    assert decode.prompt_token_ids == [1, 2, 3, 1003] and decode.max_tokens == 5
+    assert prefill.sampling.max_tokens == 1 and prefill.prompt_token_ids == [1, 2, 3]
+    assert decode.prompt_token_ids == [1, 2, 3, 1003] and decode.sampling.max_tokens == 5
 
 
 def test_drain_is_refused_while_the_others_would_be_too_full(cluster):

@@ -8,13 +8,14 @@ import pytest
 import zmq
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
+from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import EngineUnavailable, RequestRejected
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
     Shutdown,
-    WorkerStats,
     encode_message,
 )
 from deepwell.serve.worker import serve_engine
@@ -45,7 +46,7 @@ class CountingEngine:
         for request_id, state in list(self.requests.items()):
             request, produced = state
             state[1] = produced + 1
-            done = state[1] >= request.max_tokens
+            done = state[1] >= request.sampling.max_tokens
             if done:
                 del self.requests[request_id]
             finish = FinishReason.LENGTH if done else None
@@ -54,7 +55,7 @@ class CountingEngine:
 
     def stats(self):
         n = len(self.requests)
-        return WorkerStats(n, 0, n, 8)
+        return EngineStats(n, 0, n, 8)
 
     def model_info(self):
         return ModelInfo("counting", "none", 4096, "{}", None, [0])
@@ -78,7 +79,7 @@ def worker(tmp_path):
 
 
 def request(request_id, max_tokens):
-    return GenerateRequest(request_id, [1, 2, 3], max_tokens, 1.0, 1.0, None, [], None)
+    return GenerateRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens))
 
 
 def test_generate_streams_every_token_then_finishes(worker):
@@ -158,7 +159,7 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
     async def main():
         cluster = assemble_cluster(outbox, inboxes)
         await cluster.pool.start(timeout=5)
-        empty = GenerateRequest("e", [], 4, 1.0, 1.0, None, [], None)
+        empty = GenerateRequest("e", [], SamplingParams(max_tokens=4))
         with pytest.raises(RequestRejected, match="the prompt is empty"):
             await anext(cluster.router.generate(empty))
         outputs = [o async for o in cluster.router.generate(request("f", 2))]

@@ -1,6 +1,7 @@
 """Routing policies and the front end's prefix index (keys as the engine computes them)."""
 
-from deepwell.serve.cluster.prefix_index import WorkerPrefixes, prompt_block_keys
+from deepwell.engine.kv.prefix_hash import prompt_block_keys
+from deepwell.serve.cluster.prefix_index import WorkerPrefixes
 from deepwell.serve.cluster.routing import (
     WorkerLoad,
     cache_aware,
@@ -34,16 +35,6 @@ def test_round_robin_takes_turns():
     choose = round_robin()
     workers = [WorkerLoad(0, 0, 0), WorkerLoad(1, 0, 0)]
     assert [choose(1, workers) for _ in range(4)] == [1, 0, 1, 0]
-
-
-def test_prompt_block_keys_are_the_engines_keys():
-    from deepwell.engine.kv.prefix import chain_keys
-
-    root = bytes(range(16))
-    tokens = list(range(1000, 1300))
-    keys = prompt_block_keys(root, tokens, 128)
-    assert keys == chain_keys(root, tokens, 128, 0, 2)
-    assert prompt_block_keys(root, tokens[:127], 128) == []
 
 
 def test_worker_prefixes_count_leading_hits_and_forget_the_oldest():
