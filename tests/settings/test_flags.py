@@ -20,9 +20,10 @@ from deepwell.settings.parallel import ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A fresh interpreter that refuses torch and the engine builds the whole command line,
-# parses the torch-free commands, imports what `deepwell serve --mock` runs and builds the
-# settings a worker is sent.
+# A fresh interpreter that refuses torch builds the whole command line, parses the torch-free
+# commands, imports what `deepwell serve --mock` runs and builds the settings a worker is
+# sent. The engine's torch-free modules (SamplingParams, RequestOutput and EngineStats travel
+# on the wire) may load.
 TORCH_FREE = textwrap.dedent(
     """
     import importlib.abc
@@ -30,9 +31,7 @@ TORCH_FREE = textwrap.dedent(
 
     class Refuse(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith(("torch.", "deepwell.engine.")) or (
-                name == "deepwell.engine"
-            ):
+            if name == "torch" or name.startswith("torch."):
                 raise ImportError(f"{name} must not be imported here")
             return None
 
