@@ -23,6 +23,7 @@ from deepwell.recipe.stream.plain_text import PlainTextStream
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError
 from deepwell.serve.frontend import sse_frame
+from deepwell.serve.json_body import json_object
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
@@ -99,12 +100,7 @@ class Completions:
 
     def prepare(self, body: bytes) -> CompletionRequest:
         """Parse and check a body; raises ApiError naming the field at fault."""
-        try:
-            data = json.loads(body)
-        except ValueError as error:
-            raise ApiError(400, f"invalid JSON request: {error}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        data = json_object(body)
         model = self._served_model_name(data)
         _refuse_unsupported(data)
         prompts = self._prompts(data.get("prompt"))

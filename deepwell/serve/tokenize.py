@@ -7,18 +7,18 @@ form renders through the served model's own chat encoding, with the request's
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from deepwell.recipe import ChatCompletionRequest
 from deepwell.serve.errors import ApiError
 from deepwell.serve.frontend import read_request, template_kwargs
+from deepwell.serve.json_body import json_object
 from deepwell.serve.model import ServedModel
 
 
 def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
     """`{"prompt": str}` or `{"messages": [...], "tools": [...]}` → vLLM's TokenizeResponse."""
-    data = _object(body)
+    data = json_object(body)
     tokenizer = _tokenizer(model)
     name = _model_name(model, data)
     if "messages" in data:
@@ -52,7 +52,7 @@ def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
 
 def detokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
     """`{"tokens": [ids]}` → `{"prompt": text}`."""
-    data = _object(body)
+    data = json_object(body)
     tokenizer = _tokenizer(model)
     _model_name(model, data)
     ids = data.get("tokens")
@@ -64,16 +64,6 @@ def detokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
             400, f"Invalid 'tokens': must be a list of token ids in [0, {vocab}).", param="tokens"
         )
     return {"prompt": tokenizer.decode(ids)}
-
-
-def _object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except ValueError as error:
-        raise ApiError(400, f"invalid JSON request: {error}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return data
 
 
 def _tokenizer(model: ServedModel):

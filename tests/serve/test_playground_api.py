@@ -146,7 +146,7 @@ def test_replay_reads_tool_calls_on_a_deepseek_model(v4_app):
         (b"[]", "must be an object"),
         (json.dumps({"request": 3, "output": ""}).encode(), "`request`"),
         (json.dumps({"request": CHAT, "output": 3}).encode(), "`output`"),
-        (b"{", "invalid JSON body"),
+        (b"{", "invalid JSON request"),
     ],
 )
 def test_replay_refuses_a_malformed_body(body, message):

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from deepwell.serve.errors import CLIENT_ERRORS, ApiError, ErrorShape, client_error_response
+from deepwell.serve.json_body import json_object
 from deepwell.serve.playground import ROUTES, STATIC_DIR, dialect_of, render, replay
 from deepwell.serve.routes.access import Body, EitherKey, presented_key
 from deepwell.serve.routes.dialect_route import dialect_route
@@ -73,12 +74,7 @@ class _ReplayFields:
 
 
 def _replay_fields(body: bytes) -> _ReplayFields:
-    try:
-        data = json.loads(body)
-    except ValueError as error:
-        raise ApiError(400, f"invalid JSON body: {error}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be an object with `request` and `output`")
+    data = json_object(body, "the body must be an object with `request` and `output`")
     request, dialect, output = data.get("request"), data.get("dialect"), data.get("output")
     if isinstance(request, dict):
         request = json.dumps(request)

@@ -41,6 +41,44 @@ class LayerPlan:
     engram_slot: int
 
 
+# The keys a released config must carry: the model has no defaults for them.
+_REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "moe_intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "head_dim",
+    "qk_rope_head_dim",
+    "q_lora_rank",
+    "o_lora_rank",
+    "o_groups",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "sliding_window",
+    "compress_ratios",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "hc_mult",
+)
+
+
+def _check_text_config(text: dict[str, Any], tied: bool) -> None:
+    """Refuse a config the model cannot follow, naming what is wrong."""
+    if text.get("tie_word_embeddings") or tied:
+        raise ModelLoadError("DeepSeek-V4.1 has an untied head; tie_word_embeddings is set")
+    missing = [key for key in _REQUIRED_KEYS if key not in text]
+    if missing:
+        raise ModelLoadError(f"text_config lacks {', '.join(map(repr, missing))}")
+    if text.get("num_key_value_heads", 1) != 1:
+        raise ModelLoadError("DeepSeek-V4.1 shares one latent KV head; num_key_value_heads != 1")
+    if text.get("n_shared_experts", 1) != 1:
+        raise ModelLoadError("DeepSeek-V4.1 has exactly one shared expert")
+    if text.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
+        raise ModelLoadError(f"unsupported MoE scoring_func {text['scoring_func']!r}")
+
+
 @dataclass(frozen=True)
 class DeepseekV41Config:
     vocab_size: int
@@ -106,39 +144,7 @@ class DeepseekV41Config:
     def from_hf(cls, hf: dict[str, Any]) -> DeepseekV41Config:
         """Read a released config.json (text config nested under `text_config`, or flat)."""
         text = dict(hf.get("text_config") or hf)
-        if text.get("tie_word_embeddings") or hf.get("tie_word_embeddings"):
-            raise ModelLoadError("DeepSeek-V4.1 has an untied head; tie_word_embeddings is set")
-        required = (
-            "vocab_size",
-            "hidden_size",
-            "moe_intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "head_dim",
-            "qk_rope_head_dim",
-            "q_lora_rank",
-            "o_lora_rank",
-            "o_groups",
-            "n_routed_experts",
-            "num_experts_per_tok",
-            "sliding_window",
-            "compress_ratios",
-            "index_n_heads",
-            "index_head_dim",
-            "index_topk",
-            "hc_mult",
-        )
-        missing = [key for key in required if key not in text]
-        if missing:
-            raise ModelLoadError(f"text_config lacks {', '.join(map(repr, missing))}")
-        if text.get("num_key_value_heads", 1) != 1:
-            raise ModelLoadError(
-                "DeepSeek-V4.1 shares one latent KV head; num_key_value_heads != 1"
-            )
-        if text.get("n_shared_experts", 1) != 1:
-            raise ModelLoadError("DeepSeek-V4.1 has exactly one shared expert")
-        if text.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
-            raise ModelLoadError(f"unsupported MoE scoring_func {text['scoring_func']!r}")
+        _check_text_config(text, tied=bool(hf.get("tie_word_embeddings")))
         eos = text.get("eos_token_id", hf.get("eos_token_id", 1))
         config = cls(
             vocab_size=text["vocab_size"],

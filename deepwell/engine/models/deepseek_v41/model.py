@@ -196,14 +196,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         num_rows = input_ids.shape[0]
         history = meta.token_history
         if self.batch_invariant:
-            # Whole row tiles: every elementwise pass over the step's rows then covers a
-            # multiple of the vector width, so no row falls in a kernel's scalar tail
-            # (whose exp or sigmoid rounds otherwise); sequences never read the padding.
-            padding = -num_rows % ROW_TILE
-            input_ids = F.pad(input_ids, (0, padding))
-            positions = F.pad(positions, (0, padding))
-            if history is not None:
-                history = F.pad(history, (0, 0, 0, padding), value=-1)
+            input_ids, positions, history = _pad_to_row_tiles(input_ids, positions, history)
         rotations = {
             False: self.plain_rotary.rotation(positions),
             True: self.compress_rotary.rotation(positions),
@@ -446,3 +439,17 @@ def _parameter_name(released: str) -> str:
             name = pattern.sub(replacement, released)
             return name if not name.endswith(".w2") else name + ".weight"
     return released
+
+
+def _pad_to_row_tiles(
+    input_ids: torch.Tensor, positions: torch.Tensor, history: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Whole row tiles: every elementwise pass over the step's rows then covers a multiple of
+    the vector width, so no row falls in a kernel's scalar tail (whose exp or sigmoid rounds
+    otherwise); sequences never read the padding."""
+    padding = -input_ids.shape[0] % ROW_TILE
+    input_ids = F.pad(input_ids, (0, padding))
+    positions = F.pad(positions, (0, padding))
+    if history is not None:
+        history = F.pad(history, (0, 0, 0, padding), value=-1)
+    return input_ids, positions, history
