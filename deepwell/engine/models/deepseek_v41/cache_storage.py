@@ -128,7 +128,12 @@ class StoredRows:
         if self.storage is not KVStorage.PACKED:
             rounded = self.round(values)
             return rounded, rounded
-        if self.format is FP8 and values.dtype in _NATIVE_PACK_DTYPES and native_rows():
+        if (
+            self.format is FP8
+            and values.dtype in _NATIVE_PACK_DTYPES
+            and values.is_cpu
+            and native_rows()
+        ):
             stored, unpacked = torch.ops.deepwell_v41_cache.pack_fp8(values)
             return unpacked.to(values.dtype), stored
         stored = self.format.pack(values)
@@ -137,7 +142,8 @@ class StoredRows:
     def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Stored rows → their values [..., channels] in `dtype`."""
         if self.storage is KVStorage.PACKED:
-            unpack = self.format.native_unpack if native_rows() else self.format.unpack
+            native = stored.is_cpu and native_rows()
+            unpack = self.format.native_unpack if native else self.format.unpack
             return unpack(stored, self.channels).to(dtype)
         return stored.to(dtype)
 

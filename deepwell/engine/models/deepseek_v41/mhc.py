@@ -28,6 +28,11 @@ def native_ops() -> bool:
     return loaded.module is not None
 
 
+def _native(tensor: torch.Tensor) -> bool:
+    """The C++ ops read host memory: tensors on another device take the torch ops."""
+    return tensor.is_cpu and native_ops()
+
+
 # The compute dtypes the native collapse gives.
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -53,7 +58,7 @@ class HyperConnection(nn.Module):
         [rows, S_in, S_out], all float32."""
         flat = streams.flatten(1)
         mixes = tiled_rows(self._mix, flat) if self.invariant else self._mix(flat)
-        if native_ops():
+        if _native(flat):
             return torch.ops.deepwell_mhc.coefficients(
                 mixes.contiguous(),
                 flat.contiguous(),
@@ -91,7 +96,7 @@ def collapse(
 ) -> torch.Tensor:
     """Σ_s pre[s]·streams[s]: [rows, S, hidden] → [rows, hidden], summed in float32 and
     given in `dtype` (float32 or bfloat16)."""
-    if native_ops() and dtype in _NATIVE_DTYPES:
+    if _native(streams) and dtype in _NATIVE_DTYPES:
         return torch.ops.deepwell_mhc.collapse(streams.contiguous(), pre.contiguous(), dtype)
     return collapse_torch(streams, pre, dtype)
 
@@ -101,7 +106,7 @@ def collapse_norm(
 ) -> torch.Tensor:
     """A sublayer's input: `norm` (attention.Norm: RMSNorm with a float32 weight) of the
     streams collapsed with `pre` and rounded to the compute dtype `dtype`."""
-    if native_ops() and dtype in _NATIVE_DTYPES and norm.weight.dtype == torch.float32:
+    if _native(streams) and dtype in _NATIVE_DTYPES and norm.weight.dtype == torch.float32:
         return torch.ops.deepwell_mhc.collapse_norm(
             streams.contiguous(), pre.contiguous(), norm.weight, norm.eps, dtype
         )
@@ -111,7 +116,7 @@ def collapse_norm(
 def expand(output: torch.Tensor, streams: torch.Tensor, post, comb) -> torch.Tensor:
     """New stream s = post[s]·output + Σ_r comb[r, s]·streams[r]; output [rows, hidden]
     float32, the rest float32."""
-    if native_ops():
+    if _native(streams):
         return torch.ops.deepwell_mhc.expand(
             output.contiguous(), streams.contiguous(), post.contiguous(), comb.contiguous()
         )
