@@ -690,12 +690,19 @@ def _configure_tiny_checkpoint(parser: argparse.ArgumentParser) -> None:
         "1024 wide with 160 routed experts, ~1.1 GiB mostly MXFP4, for load and memory "
         "measurements (default: tiny)",
     )
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="also write a tiny vision tower (2-layer ViT with 2D RoPE, the aligner, the "
+        "image delimiters) and set vision_config, so the checkpoint takes images",
+    )
 
 
 def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
     from deepwell.engine.models.deepseek_v41.writer import (
         DRAWN_STORED_PRESETS,
         PRESETS,
+        TINY_VISION_CONFIG,
         write_tiny_checkpoint,
     )
 
@@ -707,6 +714,7 @@ def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
             tokenizer_json=args.tokenizer,
             keep_weights=False,
             draw_stored=args.preset in DRAWN_STORED_PRESETS,
+            vision_config=TINY_VISION_CONFIG if args.vision else None,
         )
     except (OSError, ValueError) as error:
         print(f"deepwell tiny-checkpoint: {error}", file=sys.stderr)
@@ -717,7 +725,8 @@ def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
         f"{written.tensors} tensors, {written.parameters:,} parameters, "
         f"{len(written.shards)} shards, "
         f"vocabulary {text['vocab_size']}, {text['num_hidden_layers']} layers + "
-        f"{text['num_nextn_predict_layers']} draft stages (preset {args.preset}, seed {args.seed})"
+        f"{text['num_nextn_predict_layers']} draft stages"
+        f"{', a vision tower' if args.vision else ''} (preset {args.preset}, seed {args.seed})"
     )
     print(f"next: deepwell generate --model {written.path} --raw 'Hello'")
     return 0

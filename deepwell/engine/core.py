@@ -9,12 +9,16 @@ while N+1 computes. Outputs are the same with it on or off: sampling reads only 
 request's own state, which is up to date before each sample.
 """
 
+from collections.abc import Sequence
+
 import torch
 
 from deepwell.engine.args import EngineArgs
-from deepwell.engine.build import build_engine, check_expert_parallel
+from deepwell.engine.build import BuiltEngine, build_engine, check_expert_parallel
 from deepwell.engine.device import resolve_device
+from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.intake import RequestIntake
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.context import launch_context_parallel
 from deepwell.engine.parallel.eplb import EplbState
@@ -76,6 +80,7 @@ class EngineCore:
             built.kv.snapshots,
             device=built.device,
             sampler=sampler_for(args.kernels),
+            encoder_cache=_encoder_cache(built),
         )
         # Batch-invariant mode speculates with verify lengths from each request alone
         # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).
@@ -134,9 +139,14 @@ class EngineCore:
         """What the step finished by the last `step()` call computed."""
         return self.pipeline.last_step
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: Sequence[ImageInput] = (),
+    ) -> None:
         """Raise InvalidRequestError if the request cannot be served; changes nothing."""
-        self.intake.validate(prompt_token_ids, params)
+        self.intake.validate(prompt_token_ids, params, images)
 
     def add_request(
         self,
@@ -144,9 +154,12 @@ class EngineCore:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_class: str = "chat",
+        images: Sequence[ImageInput] = (),
     ) -> None:
-        """`cache_class` ("chat" or "agent") picks the KV store TTL of the request's blocks."""
-        self.intake.add(request_id, prompt_token_ids, params, cache_class)
+        """`cache_class` ("chat" or "agent") picks the KV store TTL of the request's blocks;
+        `images` fill their spans of the prompt (multimodal.py), on a model with a vision
+        tower."""
+        self.intake.add(request_id, prompt_token_ids, params, cache_class, images)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is not in flight."""
@@ -236,3 +249,8 @@ class EngineCore:
         self.speculator.propose(running, self.scheduler.max_num_batched_tokens)
         self.draft_cadence.record(any(request.draft_token_ids for request in running))
         return outputs
+
+
+def _encoder_cache(built: BuiltEngine) -> EncoderCache | None:
+    encoder = built.model.hooks().image_encoder
+    return None if encoder is None else EncoderCache(encoder)

@@ -5,6 +5,7 @@ and joins scheduling only once its matcher is ready: the decode loop never waits
 """
 
 import random
+from collections.abc import Sequence
 
 import torch
 
@@ -12,6 +13,7 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import BuiltEngine
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.kv.store import CACHE_CLASSES
+from deepwell.engine.multimodal import ImageInput, check_images
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.sampling_params import SamplingParams
@@ -43,8 +45,15 @@ class RequestIntake:
         # Requests whose grammar is compiling, by id: in `requests`, not yet scheduled.
         self.compiling: dict[str, PendingGrammar] = {}
         self._seeds = random.Random(args.seed)
+        self.image_encoder = built.model.hooks().image_encoder
+        self.context_parallel = args.context_parallel_size > 1
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: Sequence[ImageInput] = (),
+    ) -> None:
         """Raise InvalidRequestError if the request cannot be served; changes nothing."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"expected SamplingParams, got {type(params).__name__}")
@@ -76,6 +85,8 @@ class RequestIntake:
                 f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
                 f"exceeds the context of {self.max_model_len} tokens"
             )
+        if images:
+            self._check_images(prompt_token_ids, images)
         structured = params.structured_output
         if structured is not None:
             if self.grammars is None:
@@ -87,12 +98,34 @@ class RequestIntake:
                     f"[0, {self.vocab_size})"
                 )
 
+    def _check_images(self, prompt_token_ids: list[int], images: Sequence[ImageInput]) -> None:
+        encoder = self.image_encoder
+        if encoder is None:
+            raise InvalidRequestError(
+                f"the request has {len(images)} image(s) (image 0 first) but this model has "
+                "no vision tower: send text only",
+                param="images",
+            )
+        if self.context_parallel:
+            raise InvalidRequestError(
+                "images are not served with context parallelism; send text only",
+                param="images",
+            )
+        check_images(
+            images,
+            prompt_token_ids,
+            encoder.image_token_id,
+            encoder.downsample_ratio,
+            encoder.patch_size,
+        )
+
     def add(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_class: str,
+        images: Sequence[ImageInput] = (),
     ) -> None:
         """Validate, build the request, and schedule it (or start its grammar's compile)."""
         if request_id in self.requests:
@@ -101,7 +134,7 @@ class RequestIntake:
             raise InvalidRequestError(
                 f"cache class must be one of {', '.join(CACHE_CLASSES)}, got {cache_class!r}"
             )
-        self.validate(prompt_token_ids, params)
+        self.validate(prompt_token_ids, params, images)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -115,6 +148,12 @@ class RequestIntake:
             seed=seed,
             cache_class=cache_class,
         )
+        if images:
+            ratio = self.image_encoder.downsample_ratio
+            request.images = tuple(images)
+            request.image_spans = tuple(
+                (i.offset, i.offset + i.span_length(ratio), i.content_hash) for i in images
+            )
         if params.structured_output is not None:
             # Raises GrammarError for a spec too large or malformed to start compiling.
             self.compiling[request_id] = self.grammars.submit(params.structured_output)

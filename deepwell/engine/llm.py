@@ -7,6 +7,7 @@ from tqdm import tqdm
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.core import EngineCore
 from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import Completion
 from deepwell.engine.sampling_params import SamplingParams
 
@@ -28,8 +29,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
+        multi_modal_data: Sequence[Sequence[ImageInput]] | None = None,
     ) -> list[Completion]:
-        """One completion per prompt, in input order. Pass text `prompts` or `prompt_token_ids`."""
+        """One completion per prompt, in input order. Pass text `prompts` or `prompt_token_ids`;
+        `multi_modal_data`: each prompt's images (their spans already in its token ids)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise InvalidRequestError("pass exactly one of prompts and prompt_token_ids")
         if prompts is not None:
@@ -47,14 +50,21 @@ class LLM:
             raise InvalidRequestError(
                 f"{len(sampling_params)} sampling params for {len(prompt_token_ids)} prompts"
             )
+        if multi_modal_data is None:
+            multi_modal_data = [()] * len(prompt_token_ids)
+        if len(multi_modal_data) != len(prompt_token_ids):
+            raise InvalidRequestError(
+                f"multi_modal_data for {len(multi_modal_data)} prompts, not {len(prompt_token_ids)}"
+            )
+        requests = list(zip(prompt_token_ids, sampling_params, multi_modal_data, strict=True))
         # Validate all first, so a bad prompt fails the call before any work starts.
-        for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
-            self.core.validate(list(ids), params)
+        for ids, params, images in requests:
+            self.core.validate(list(ids), params, images)
         order: list[str] = []
-        for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
+        for ids, params, images in requests:
             request_id = str(self._next_id)
             self._next_id += 1
-            self.core.add_request(request_id, list(ids), params)
+            self.core.add_request(request_id, list(ids), params, images=images)
             order.append(request_id)
         tokens: dict[str, list[int]] = {i: [] for i in order}
         # The output's text leaves out the stop id that ended it (RequestOutput.stop_token_id).

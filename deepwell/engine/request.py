@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.structured.matcher import GrammarMatcher
@@ -47,6 +48,10 @@ class Request:
     slot: int | None = None
     # Traffic class: picks the KV store TTL of the blocks this request writes.
     cache_class: str = "chat"
+    # The prompt's images, in prompt order, and the span each fills: (first position, end
+    # position, content hash).
+    images: tuple[ImageInput, ...] = ()
+    image_spans: tuple[tuple[int, int, str], ...] = ()
     # Prefix keys of the full blocks of token_ids, extended as blocks fill (kv/prefix.py).
     block_keys: list[bytes] = field(default_factory=list)
     # Leading blocks already findable by key (hits, or committed after being computed).

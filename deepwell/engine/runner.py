@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.device import HOST, place
+from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
@@ -70,10 +71,13 @@ class ModelRunner:
         snapshots: RingSnapshots | None = None,
         device: torch.device = HOST,
         sampler: Sampler | None = None,
+        encoder_cache: EncoderCache | None = None,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
-        Steps are built on the host and placed on `device` (the model's and the cache's)."""
+        Steps are built on the host and placed on `device` (the model's and the cache's).
+        `encoder_cache` encodes the images of a model with a vision tower (intake lets an
+        image in only then)."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -87,6 +91,7 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.device = device
         self.sampler = sampler or Sampler()
+        self.encoder_cache = encoder_cache
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         # Decode-shaped chunks first: they share one batched attention call. A verify chunk
@@ -145,6 +150,14 @@ class ModelRunner:
             step.input_ids[row] = pending[request.request_id]
         for row, column, request in step.pending_history:
             step.meta.token_history[row, column] = pending[request.request_id]
+        images = step.meta.images
+        if images is not None:
+            images.embeddings = torch.cat(
+                [
+                    self.encoder_cache.embeddings(p.image)[p.first : p.first + p.count]
+                    for p in images.pieces
+                ]
+            )
         hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
@@ -208,6 +221,7 @@ class ModelRunner:
             if paged is not None:
                 paged.add(chunk, span, decode=index < num_decode_chunks)
         meta = StepMetadata(rows.sequences)
+        meta.images = rows.images()
         if paged is not None:
             meta.paged = paged.metadata()
         self.plan_caches(meta)

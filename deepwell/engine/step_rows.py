@@ -9,7 +9,7 @@ import torch
 
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.batch_invariant import tile_queries
-from deepwell.engine.layers.step_metadata import SequenceSpan
+from deepwell.engine.layers.step_metadata import ImagePiece, SequenceSpan, StepImages
 from deepwell.engine.request import Request
 from deepwell.engine.scheduler import ScheduledChunk
 
@@ -32,6 +32,8 @@ class StepRows:
     pending_rows: list[tuple[int, Request]] = field(default_factory=list)
     # (row, column) of history entries that are a request's pending token.
     pending_history: list[tuple[int, int, Request]] = field(default_factory=list)
+    # The rows of image spans the chunks cover.
+    image_pieces: list[ImagePiece] = field(default_factory=list)
 
     def add(self, chunk: ScheduledChunk) -> SequenceSpan:
         """The chunk's rows; returns its sequence span."""
@@ -49,12 +51,27 @@ class StepRows:
         if self.history_depth:
             self._add_history(request, start, known + chunk.draft, pending_position, row)
         self.positions += range(start, end)
+        for image, (first, last, _) in zip(request.images, request.image_spans, strict=True):
+            lo, hi = max(first, start), min(last, end)
+            if lo < hi:
+                self.image_pieces.append(ImagePiece(row + lo - start, image, lo - first, hi - lo))
         self.last_rows.append(row + chunk.num_rows - 1)
         slot = -1 if request.slot is None else request.slot
         table = torch.tensor(request.block_ids[: -(-end // self.block_size)], dtype=torch.long)
         span = SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
         self.sequences.append(span)
         return span
+
+    def images(self) -> StepImages | None:
+        """The step's image rows; None without any."""
+        if not self.image_pieces:
+            return None
+        mask = torch.zeros(len(self.input_ids), dtype=torch.bool)
+        rows = []
+        for piece in self.image_pieces:
+            mask[piece.row : piece.row + piece.count] = True
+            rows += range(piece.row, piece.row + piece.count)
+        return StepImages(mask, self.image_pieces, torch.tensor(rows, dtype=torch.long))
 
     def token_history(self) -> torch.Tensor:
         """[rows, history_depth] earlier token ids (pending entries still 0)."""
@@ -73,6 +90,11 @@ class StepRows:
         depth = self.history_depth
         earlier = request.token_ids[max(0, start - depth) : start]
         tokens = [-1] * (depth - len(earlier)) + earlier + inputs
+        # Image positions are no tokens to Engram: n-grams stop at them (spec §3.5).
+        first = start - depth
+        for span_start, span_end, _ in request.image_spans:
+            for position in range(max(span_start, first), min(span_end, start + len(inputs))):
+                tokens[position - first] = -1
         for offset in range(len(inputs)):
             position = start + offset
             self.history.append(tokens[offset : offset + depth][::-1])

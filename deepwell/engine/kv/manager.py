@@ -84,7 +84,14 @@ class KVCacheManager:
         keys = request.block_keys
         if len(keys) < num_blocks:
             parent = keys[-1] if keys else self.root_key
-            keys += chain_keys(parent, request.token_ids, self.block_size, len(keys), num_blocks)
+            keys += chain_keys(
+                parent,
+                request.token_ids,
+                self.block_size,
+                len(keys),
+                num_blocks,
+                request.image_spans,
+            )
         return keys[:num_blocks]
 
     def prefetch(self, request: Request) -> None:

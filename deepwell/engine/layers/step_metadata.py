@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.multimodal import ImageInput
 
 
 @dataclass
@@ -98,6 +99,30 @@ class CompactPlan:
 
 
 @dataclass
+class ImagePiece:
+    """Step rows [row, row + count) are positions [first, first + count) of `image`'s span
+    (a chunk boundary may cut a span anywhere)."""
+
+    row: int
+    image: ImageInput
+    first: int
+    count: int
+
+
+@dataclass
+class StepImages:
+    """The step's image-span rows and the embeddings that replace their token embeddings."""
+
+    # [rows] bool: the row is a position of some image's span.
+    mask: torch.Tensor
+    pieces: list[ImagePiece]
+    # [image rows] the rows, in pieces' order, and [image rows, hidden] their embeddings,
+    # set by the runner on the compute thread (the encoder cache lives there).
+    rows: torch.Tensor
+    embeddings: torch.Tensor | None = None
+
+
+@dataclass
 class StepMetadata:
     sequences: list[SequenceSpan]
     # [rows, depth]: token ids of the positions just before each row's (column s-1 holds
@@ -114,6 +139,8 @@ class StepMetadata:
     # consumer layers; only in steps where the floor hides some key (kv/replay.py).
     bounded_windows: dict[str, list[WindowPlan]] = field(default_factory=dict)
     compact: CompactPlan | None = None
+    # Image-span rows, when the step has any.
+    images: StepImages | None = None
 
     def consumer_windows(self, ring: str) -> list[WindowPlan]:
         """The window plans of a YOCO consumer layer."""

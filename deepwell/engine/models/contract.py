@@ -18,6 +18,7 @@ from torch import nn
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout
 from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.multimodal import ImageInput
 
 if TYPE_CHECKING:
     from deepwell.engine.models.loader import Checkpoint
@@ -81,6 +82,17 @@ class RoutedExperts:
     is_expert_tensor: Callable[[str], bool]
 
 
+class ImageEncoder(Protocol):
+    """A model's vision tower: one image → the embeddings of its prompt span, which replace
+    the span's rows at prefill (multimodal.py has the span layout)."""
+
+    image_token_id: int
+    downsample_ratio: int
+    patch_size: int
+
+    def __call__(self, image: ImageInput) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class ModelHooks:
     """A model's optional capabilities; None (False) where it has none."""
@@ -96,6 +108,8 @@ class ModelHooks:
     # Decode small all-decode steps natively where the setting ("auto" / "off") and the
     # model allow it (EngineArgs.native_decode).
     native_decode: Callable[[str], None] | None = None
+    # Its vision tower, for a checkpoint that has one: images become span embeddings.
+    image_encoder: ImageEncoder | None = None
 
 
 @runtime_checkable

@@ -67,10 +67,10 @@ class DeepseekV41Block(nn.Module):
                 c.rms_norm_eps,
             )
 
-    def attention_input(self, streams, pre, engram_rows, dtype) -> torch.Tensor:
+    def attention_input(self, streams, pre, engram_rows, dtype, image_rows=None) -> torch.Tensor:
         """The attention's input u alone (compact bounded replay compresses dropped rows)."""
         if self.engram is not None:
-            streams = self.engram(streams, engram_rows)
+            streams = self.engram(streams, engram_rows, image_rows)
         return collapse_norm(streams, pre, self.attn_norm, dtype)
 
     def forward(
@@ -87,11 +87,12 @@ class DeepseekV41Block(nn.Module):
         dtype,
         features,
         real_rows=None,
+        image_rows=None,
     ):
         def attend(u: torch.Tensor) -> torch.Tensor:
             return self.attn(u, rotation, meta, windows, ring, compressed, shared)
 
-        return self.run(streams, pre, attend, engram_rows, dtype, features, real_rows)
+        return self.run(streams, pre, attend, engram_rows, dtype, features, real_rows, image_rows)
 
     def run(
         self,
@@ -102,12 +103,15 @@ class DeepseekV41Block(nn.Module):
         dtype: torch.dtype,
         features: list[torch.Tensor] | None,
         real_rows: int | None = None,
+        image_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The block around its attention `attend(u)`, the one part that reads other
         positions (context parallelism passes its own, context_parallel.py). `real_rows`:
-        the rows before batch-invariant padding, the ones expert parallelism sends."""
+        the rows before batch-invariant padding, the ones expert parallelism sends.
+        `image_rows` [rows] bool: image-span rows, which Engram leaves as they are and
+        which route with the image bias."""
         if self.engram is not None:
-            streams = self.engram(streams, engram_rows)
+            streams = self.engram(streams, engram_rows, image_rows)
         if features is not None:
             # DSpark's target feature: the residual entering attention, streams averaged.
             features.append(streams.mean(1))
@@ -116,5 +120,5 @@ class DeepseekV41Block(nn.Module):
         streams = expand(attend(u).float(), streams, post, comb)
         ffn_pre, post, comb = self.hc_ffn(streams)
         u = collapse_norm(streams, attn_pre, self.ffn_norm, dtype)
-        streams = expand(self.ffn(u, real_rows), streams, post, comb)
+        streams = expand(self.ffn(u, real_rows, image_rows), streams, post, comb)
         return streams, ffn_pre

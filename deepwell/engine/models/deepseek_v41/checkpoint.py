@@ -21,12 +21,18 @@ from tqdm import tqdm
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config
 from deepwell.engine.models.deepseek_v41.safetensors_map import MappedShard, ShardFormatError
-from deepwell.engine.models.deepseek_v41.schema import ARCHITECTURE, TensorSpec, tensor_schema
+from deepwell.engine.models.deepseek_v41.schema import (
+    ARCHITECTURE,
+    TensorSpec,
+    tensor_schema,
+    vision_schema,
+)
 from deepwell.engine.models.deepseek_v41.weight_formats import dequantize
 from deepwell.engine.models.loader import Checkpoint
 
 INDEX_FILE = "model.safetensors.index.json"
-# The released checkpoint also holds a vision tower; the text model does not read it.
+# The vision tower's tensors: read when config.json's vision_config has layers, and
+# tolerated otherwise (a text-only config over the released files).
 VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
 
 # nemo and spec §3.8 disagree on which unquantised tensors are BF16 and which F32 (the
@@ -115,7 +121,9 @@ def _schema(config: dict[str, Any], config_path: Path) -> dict[str, TensorSpec]:
     except ModelLoadError as error:
         raise ModelLoadError(f"{str(config_path)!r}: {error}") from None
     try:
-        return tensor_schema(text_config)
+        # The vision tower's tensors are read when the config has one (layers > 0).
+        vision = vision_schema(config.get("vision_config") or {}, text_config["hidden_size"])
+        return tensor_schema(text_config) | vision
     except KeyError as error:
         raise ModelLoadError(
             f"{str(config_path)!r}: text_config lacks {error.args[0]!r}"
@@ -189,9 +197,7 @@ def _check_header(
     else:
         expected_shape = spec.format.stored_shape(spec.shape)
         expected_dtypes = (
-            (spec.format.safetensors_dtype,)
-            if spec.format.quantized
-            else _PLAIN_DTYPES
+            (spec.format.safetensors_dtype,) if spec.format.quantized else _PLAIN_DTYPES
         )
     if dtype not in expected_dtypes:
         raise ModelLoadError(

@@ -27,8 +27,15 @@ class Engram(nn.Module):
         self.q_weight = nn.Parameter(torch.ones(streams, hidden_size))
         self.k_weight = nn.Parameter(torch.ones(streams, hidden_size))
 
-    def forward(self, streams: torch.Tensor, table_rows: torch.Tensor) -> torch.Tensor:
-        """streams [rows, S, hidden] float32, table_rows [rows, hash_heads] → new streams."""
+    def forward(
+        self,
+        streams: torch.Tensor,
+        table_rows: torch.Tensor,
+        image_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """streams [rows, S, hidden] float32, table_rows [rows, hash_heads] → new streams;
+        `image_rows` [rows] bool: image-span rows, which keep their streams (the reference
+        masks their gate)."""
         memory = self.embed(table_rows).flatten(1)
         key, value = (
             self.wkv(memory)
@@ -42,4 +49,6 @@ class Engram(nn.Module):
         )
         dot = (streams * weights * key).sum(-1) * rstd * self.hidden_size**-0.5
         gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+        if image_rows is not None:
+            gate = gate.masked_fill(image_rows.unsqueeze(1), 0)
         return streams + gate.unsqueeze(-1) * value.unsqueeze(1)

@@ -23,7 +23,7 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
 from deepwell.engine.layers.batch_invariant import ROW_TILE
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
-from deepwell.engine.layers.step_metadata import StepMetadata
+from deepwell.engine.layers.step_metadata import StepImages, StepMetadata
 from deepwell.engine.models.contract import ModelHooks, RoutedExperts
 from deepwell.engine.models.deepseek_v41.attention import (
     CompressedCaches,
@@ -60,6 +60,7 @@ from deepwell.engine.models.deepseek_v41.schema import (
     is_routed_expert,
     tensor_schema,
 )
+from deepwell.engine.models.deepseek_v41.vision import ImageEncoder, VisionConfig
 from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
 
 
@@ -75,8 +76,12 @@ class DeepseekV41ForCausalLM(nn.Module):
         dspark: bool = False,
         batch_invariant: bool = False,
         experts: ExpertSharding | None = None,
+        vision: VisionConfig | None = None,
+        image_token_id: int = -1,
     ) -> None:
-        """`experts`: shard the backbone's routed experts over expert-parallel ranks."""
+        """`experts`: shard the backbone's routed experts over expert-parallel ranks;
+        `vision`: the checkpoint's vision tower, whose images fill the spans of
+        `image_token_id` (None: a text-only checkpoint)."""
         super().__init__()
         self.config = config
         self.expert_sharding = experts
@@ -126,6 +131,11 @@ class DeepseekV41ForCausalLM(nn.Module):
             self.dspark = (
                 DSpark(config, self.plain_rotary, backend, batch_invariant) if dspark else None
             )
+            self.image_encoder = (
+                None
+                if vision is None
+                else ImageEncoder(vision, config.hidden_size, image_token_id, dtype)
+            )
         sources = config.kv_sources
         # Layer → (ratio, index of its KV source among that ratio's sources).
         self._source_slots = {
@@ -171,6 +181,8 @@ class DeepseekV41ForCausalLM(nn.Module):
             dspark=options.dspark,
             batch_invariant=options.batch_invariant,
             experts=options.experts,
+            vision=VisionConfig.from_hf(checkpoint.hf_config.get("vision_config")),
+            image_token_id=checkpoint.hf_config.get("image_token_id", -1),
         )
         model.tensor_schema = tensor_schema(text_config)
         model.expand_weights = options.expand_weights
@@ -189,19 +201,24 @@ class DeepseekV41ForCausalLM(nn.Module):
             # batch-invariant paths.
             invariant_rings=True,
             context_parallel=V41ContextParallel(self),
+            image_encoder=self.image_encoder,
         )
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
         c = self.config
         num_rows = input_ids.shape[0]
         history = meta.token_history
+        images = meta.images
+        image_rows = None if images is None else images.mask
         if self.batch_invariant:
             input_ids, positions, history = _pad_to_row_tiles(input_ids, positions, history)
+            if image_rows is not None:
+                image_rows = F.pad(image_rows, (0, input_ids.shape[0] - num_rows))
         rotations = {
             False: self.plain_rotary.rotation(positions),
             True: self.compress_rotary.rotation(positions),
         }
-        streams, pre = self.initial_streams(input_ids)
+        streams, pre = self.initial_streams(input_ids, images)
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
         shared: dict[int, SharedSelection] = {}
@@ -226,6 +243,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                     pre[dropped],
                     None if engram_rows is None else engram_rows[dropped],
                     self.dtype,
+                    None if image_rows is None else image_rows[dropped],
                 )
                 block.attn.write_entries(u, compact.dropped, compressed)
                 kept = compact.rows
@@ -235,6 +253,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 rotations = {key: value[kept] for key, value in rotations.items()}
                 history = None if history is None else history[kept]
                 engram_rows = None if engram_rows is None else engram_rows[kept]
+                image_rows = None if image_rows is None else image_rows[kept]
                 shared.clear()
                 # DSpark's context rings then take the kept rows only: replay keeps at
                 # least a window, all a draft reads.
@@ -255,6 +274,7 @@ class DeepseekV41ForCausalLM(nn.Module):
                 self.dtype,
                 features if plan.index in targets else None,
                 num_rows,
+                image_rows,
             )
         if self.dspark is not None:
             self.dspark.write_context(features, positions, step, kv_cache.rings[DSPARK_RING])
@@ -266,11 +286,17 @@ class DeepseekV41ForCausalLM(nn.Module):
         full[meta.compact.rows] = hidden
         return full
 
-    def initial_streams(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual at the embedding: every stream the token's embedding, and the
-        carried `pre` one-hot on the first stream (spec §3.2)."""
+    def initial_streams(
+        self, input_ids: torch.Tensor, images: StepImages | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual at the embedding: every stream the token's embedding (an image
+        row's: its span embedding), and the carried `pre` one-hot on the first stream
+        (spec §3.2)."""
         hc = self.config.hc_mult
-        streams = self.embed(input_ids).float().unsqueeze(1).expand(-1, hc, -1)
+        embedded = self.embed(input_ids).float()
+        if images is not None:
+            embedded[images.rows] = images.embeddings.to(embedded.device).float()
+        streams = embedded.unsqueeze(1).expand(-1, hc, -1)
         pre = torch.zeros(input_ids.shape[0], hc)
         pre[:, 0] = 1
         return streams, pre
@@ -298,11 +324,9 @@ class DeepseekV41ForCausalLM(nn.Module):
         """Bind the mapped checkpoint's tensors (stored as released, spec §3.8) in place of
         the meta parameters: kept packed, or dequantised to the model's dtype with
         `expand_weights` (binding.py); every parameter must be set. `mtp.*` (DSpark) binds
-        only when DSpark is on; image-token routing (`gate.bias_vl`) never."""
+        only when DSpark is on; the vision tower, when the config has one, first."""
 
         def targets(source: str) -> list[str]:
-            if source.endswith(".ffn.gate.bias_vl"):
-                return []
             if is_draft_stage(source) and self.dspark is None:
                 return []
             return self._local_names(_parameter_name(re.sub(r"^mtp\.", "dspark.stages.", source)))
@@ -312,6 +336,8 @@ class DeepseekV41ForCausalLM(nn.Module):
                 "the model knows no checkpoint schema: build it with from_checkpoint, or set "
                 "tensor_schema from the checkpoint's text_config (schema.tensor_schema)"
             )
+        if self.image_encoder is not None:
+            self.image_encoder.load(tensors)
         bind_weights(self, tensors, self.tensor_schema, targets, self.dtype, self.expand_weights)
         if self.kernels == TRITON:
             use_triton_kernels(self)
@@ -426,6 +452,7 @@ _PARAMETER_NAMES = (
     (re.compile(rf"({_BLOCK})\.hc_(attn|ffn)_(fn|base|scale)$"), r"\1.hc_\2.\3"),
     (re.compile(rf"({_BLOCK}\.ffn)\.gate\.weight$"), r"\1.gate"),
     (re.compile(rf"({_BLOCK}\.ffn)\.gate\.bias$"), r"\1.gate_bias"),
+    (re.compile(rf"({_BLOCK}\.ffn)\.gate\.bias_vl$"), r"\1.gate_bias_vl"),
     (re.compile(rf"({_BLOCK}\.ffn)\.shared_experts\.(w[123])\.weight$"), r"\1.shared_expert.\2"),
     (re.compile(rf"({_BLOCK}\.ffn\.experts\.\d+)\.(w[13])\.weight$"), r"\1.\2"),
 )

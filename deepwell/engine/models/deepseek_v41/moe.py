@@ -55,6 +55,8 @@ class MoE(nn.Module):
         self.gate = nn.Parameter(torch.zeros(num_experts, hidden_size))
         # Selects experts only; the routing weights come from the raw scores (noaux_tc).
         self.gate_bias = nn.Parameter(torch.zeros(num_experts))
+        # The same for the positions of an image span, delimiters included (spec §3.8).
+        self.gate_bias_vl = nn.Parameter(torch.zeros(num_experts))
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -72,12 +74,21 @@ class MoE(nn.Module):
         self.input_dtype = torch.float32
         self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
 
-    def forward(self, x: torch.Tensor, real_rows: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        real_rows: int | None = None,
+        image_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x [rows, hidden] in the compute dtype → [rows, hidden] float32. Rows from
         `real_rows` on are padding (batch-invariant row tiles): with expert parallelism
-        they are not sent to experts, whose output there nobody reads."""
+        they are not sent to experts, whose output there nobody reads. `image_rows` [rows]
+        bool: the rows of image spans, which select experts with `gate_bias_vl`."""
         scores = tiled_rows(self._scores, x) if self.invariant else self._scores(x)
-        chosen = (scores + self.gate_bias).topk(self.top_k, dim=-1).indices
+        bias = self.gate_bias
+        if image_rows is not None:
+            bias = torch.where(image_rows.unsqueeze(1), self.gate_bias_vl, self.gate_bias)
+        chosen = (scores + bias).topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, chosen)
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)

@@ -25,6 +25,7 @@ from deepwell.engine.models.deepseek_v41.schema import (
     MODEL_TYPE,
     TensorSpec,
     tensor_schema,
+    vision_schema,
 )
 from deepwell.engine.models.deepseek_v41.weight_formats import (
     WeightFormat,
@@ -165,6 +166,21 @@ RELEASED_CACHE_SHAPE: dict[str, Any] = TINY_TEXT_CONFIG | dict(
     dspark_target_layer_ids=[37, 38, 39],
 )
 
+# A vision tower small enough for tests: 2 ViT layers 32 wide, 4-pixel patches, the
+# released 2D RoPE theta and 3x3 downsampling. The sizing fields are the released ones.
+TINY_VISION_CONFIG: dict[str, Any] = dict(
+    num_hidden_layers=2,
+    hidden_size=32,
+    num_attention_heads=2,
+    intermediate_size=48,
+    patch_size=4,
+    rope_theta=10000.0,
+    downsample_ratio=3,
+    max_image_tokens=1024,
+    min_pixels=295936,
+    max_wh_ratio=None,
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": TINY_TEXT_CONFIG,
     "small": SMALL_TEXT_CONFIG,
@@ -237,6 +253,7 @@ def write_tiny_checkpoint(
     shard_bytes: int | None = None,
     keep_weights: bool = True,
     draw_stored: bool = False,
+    vision_config: Mapping[str, Any] | None = None,
 ) -> WrittenCheckpoint:
     """Write a random V4.1 checkpoint into the directory `path` (created if needed).
 
@@ -248,7 +265,8 @@ def write_tiny_checkpoint(
     Shards are drawn and written one at a time, so only one shard is ever in memory, plus
     the float32 weights when `keep_weights` (for tests comparing against them). With
     `draw_stored` the MXFP4 tensors are drawn as random codes under one scale (their float
-    weights are what those decode to), not rounded from random floats: much faster.
+    weights are what those decode to), not rounded from random floats: much faster. With
+    `vision_config` (e.g. TINY_VISION_CONFIG) the vision tower is written too.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -261,11 +279,11 @@ def write_tiny_checkpoint(
     text = _fit_to_tokenizer(
         dict(TINY_TEXT_CONFIG if text_config is None else text_config), tokenizer
     )
-    config = _model_config(text, tokenizer)
+    config = _model_config(text, tokenizer, vision_config)
     (path / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     _write_tokenizer_config(path, text)
 
-    schema = tensor_schema(text)
+    schema = tensor_schema(text) | vision_schema(config["vision_config"], text["hidden_size"])
     groups = _shard_plan(schema, shard_bytes)
     files = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     generator = torch.Generator().manual_seed(seed)
@@ -360,7 +378,9 @@ def _fit_to_tokenizer(text: dict[str, Any], tokenizer: Tokenizer) -> dict[str, A
     return text
 
 
-def _model_config(text: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
+def _model_config(
+    text: dict[str, Any], tokenizer: Tokenizer, vision: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """config.json as released: the text config nested under the model config."""
     image = tokenizer.token_to_id(IMAGE)
     ids = {key: text[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
@@ -373,7 +393,10 @@ def _model_config(text: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "quantization_config": QUANTIZATION_CONFIG,
         "text_config": {"model_type": f"{MODEL_TYPE}_text", **text, "dtype": "bfloat16"},
-        "vision_config": {"model_type": f"{MODEL_TYPE}_vision", "num_hidden_layers": 0},
+        "vision_config": {
+            "model_type": f"{MODEL_TYPE}_vision",
+            **({"num_hidden_layers": 0} if vision is None else vision),
+        },
     }
 
 
@@ -405,8 +428,14 @@ def _random_weight(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor
     def normal(std: float, mean: float = 0.0) -> torch.Tensor:
         return mean + std * torch.randn(spec.shape, generator=generator)
 
-    if name.endswith(("norm.weight", ".q_weight", ".k_weight")):
+    if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", ".q_weight", ".k_weight")):
         return normal(0.1, mean=1.0)
+    if name.startswith(("vision.", "aligner.")):
+        # Unit-variance activations: attention scores of order one, so the 2D RoPE and
+        # every patch matter to the image's embeddings.
+        return normal(spec.shape[-1] ** -0.5 if len(spec.shape) == 2 else 0.1)
+    if name.startswith("image_"):
+        return normal(0.1)
     if name.endswith("_base"):
         return normal(0.5)
     if name.endswith("_scale"):
