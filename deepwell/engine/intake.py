@@ -13,7 +13,7 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import BuiltEngine
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.kv.store import CACHE_CLASSES
-from deepwell.engine.multimodal import ImageInput, check_images
+from deepwell.engine.multimodal import ImageInput, check_images, image_spans
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.request import Request, RequestStatus
 from deepwell.engine.sampling_params import SamplingParams
@@ -149,11 +149,8 @@ class RequestIntake:
             cache_class=cache_class,
         )
         if images:
-            ratio = self.image_encoder.downsample_ratio
             request.images = tuple(images)
-            request.image_spans = tuple(
-                (i.offset, i.offset + i.span_length(ratio), i.content_hash) for i in images
-            )
+            request.image_spans = image_spans(images, self.image_encoder.downsample_ratio)
         if params.structured_output is not None:
             # Raises GrammarError for a spec too large or malformed to start compiling.
             self.compiling[request_id] = self.grammars.submit(params.structured_output)

@@ -72,6 +72,16 @@ def image_token_kinds(grid: tuple[int, int], downsample_ratio: int) -> list[Imag
     return [ImageToken.START, *(row * rows), ImageToken.END]
 
 
+def image_spans(
+    images: Sequence[ImageInput], downsample_ratio: int
+) -> tuple[tuple[int, int, str], ...]:
+    """Each image's (first position, end position, content hash) in the prompt."""
+    return tuple(
+        (image.offset, image.offset + image.span_length(downsample_ratio), image.content_hash)
+        for image in images
+    )
+
+
 def check_images(
     images: Sequence[ImageInput],
     prompt_token_ids: Sequence[int],

@@ -150,14 +150,7 @@ class ModelRunner:
             step.input_ids[row] = pending[request.request_id]
         for row, column, request in step.pending_history:
             step.meta.token_history[row, column] = pending[request.request_id]
-        images = step.meta.images
-        if images is not None:
-            images.embeddings = torch.cat(
-                [
-                    self.encoder_cache.embeddings(p.image)[p.first : p.first + p.count]
-                    for p in images.pieces
-                ]
-            )
+        self.fill_image_embeddings(step.meta)
         hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
@@ -166,6 +159,19 @@ class ModelRunner:
         if not step.logit_rows.numel():
             return None
         return self.model.compute_logits(hidden, step.logit_rows)
+
+    def fill_image_embeddings(self, meta: StepMetadata) -> None:
+        """The embeddings of the step's image rows, from the encoder cache (encoding the
+        images it lacks): on the compute thread, beside the forward."""
+        images = meta.images
+        if images is None:
+            return
+        images.embeddings = torch.cat(
+            [
+                self.encoder_cache.embeddings(piece.image)[piece.first : piece.first + piece.count]
+                for piece in images.pieces
+            ]
+        )
 
     @torch.inference_mode()
     def sample(

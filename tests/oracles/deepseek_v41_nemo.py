@@ -94,6 +94,8 @@ def build_oracle(
     *,
     quantize_cache: bool,
     seed: int = 0,
+    vision_config: Mapping[str, Any] | None = None,
+    image_token_id: int | None = None,
 ) -> DeepseekV41ForCausalLM:
     """nemo's DeepseekV41ForCausalLM in fp32 on CPU, in eval mode.
 
@@ -111,9 +113,10 @@ def build_oracle(
         warnings.filterwarnings("ignore", "`rope_scaling` is deprecated", FutureWarning)
         config = DeepseekV41Config(
             text_config=dict(text_config),
-            vision_config={"num_hidden_layers": 0},
+            vision_config=dict(vision_config or {"num_hidden_layers": 0}),
             dtype="float32",
             pad_token_id=text_config["pad_token_id"],
+            **({} if image_token_id is None else {"image_token_id": image_token_id}),
         )
         torch.manual_seed(seed)
         model = DeepseekV41ForCausalLM(config, backend=CPU_BACKEND, tokenizer=fast)
@@ -175,6 +178,24 @@ def oracle_logits(model: DeepseekV41ForCausalLM, input_ids: torch.Tensor) -> tor
         raise ValueError(f"input_ids must be [batch, sequence], got shape {tuple(input_ids.shape)}")
     with torch.no_grad():
         return model(input_ids.long()).logits.float()
+
+
+def oracle_image_logits(
+    model: DeepseekV41ForCausalLM,
+    input_ids: torch.Tensor,
+    pixel_values: torch.Tensor,
+    image_grid_hws: torch.Tensor,
+    vision_token_types: torch.Tensor,
+) -> torch.Tensor:
+    """[B, S, V] float32 logits with images: pixel_values [patches, 3, p, p] as the processor
+    gives them (bf16), grids [images, 2], types [B, S] (-1 text, 0-3 image span)."""
+    with torch.no_grad():
+        return model(
+            input_ids.long(),
+            pixel_values=pixel_values,
+            image_grid_hws=image_grid_hws,
+            vision_token_types=vision_token_types,
+        ).logits.float()
 
 
 def greedy_recompute(
