@@ -11,7 +11,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import msgpack
+import numpy as np
 
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats, SpecStats
@@ -43,6 +45,12 @@ class GenerateRequest:
     sampling: SamplingParams
     # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
     cache_class: str = "chat"
+    # The prompt's images, in prompt order, each filling its span of prompt_token_ids.
+    images: tuple[ImageInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        # msgpack gives lists back.
+        object.__setattr__(self, "images", tuple(self.images))
 
     def continuation(self, produced: list[int], max_tokens: int) -> GenerateRequest:
         """This request resumed after the tokens it `produced`, for at most `max_tokens`
@@ -165,11 +173,17 @@ MESSAGE_TYPES: tuple[type, ...] = (
     StructuredOutput,
     EngineStats,
     SpecStats,
+    ImageInput,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
+# An image's pixels: [shape, dtype, bytes], after the message codes.
+_ARRAY_CODE = len(MESSAGE_TYPES)
 
 
 def _to_ext(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        payload = [list(obj.shape), obj.dtype.str, np.ascontiguousarray(obj).tobytes()]
+        return msgpack.ExtType(_ARRAY_CODE, msgpack.packb(payload))
     code = _CODE_OF.get(type(obj))
     if code is None:
         raise TypeError(f"cannot send {type(obj).__name__} between processes")
@@ -178,6 +192,10 @@ def _to_ext(obj: Any) -> msgpack.ExtType:
 
 
 def _from_ext(code: int, data: bytes) -> Any:
+    if code == _ARRAY_CODE:
+        shape, dtype, raw = msgpack.unpackb(data)
+        # Writable (a bytearray), as the engine's tensors over it expect.
+        return np.frombuffer(bytearray(raw), dtype=np.dtype(dtype)).reshape(shape)
     if code >= len(MESSAGE_TYPES):
         raise ValueError(f"unknown message code {code}")
     cls = MESSAGE_TYPES[code]

@@ -112,7 +112,11 @@ class EngineCoreAdapter:
 
     def add_request(self, request: GenerateRequest) -> None:
         self._core.add_request(
-            request.request_id, request.prompt_token_ids, request.sampling, request.cache_class
+            request.request_id,
+            request.prompt_token_ids,
+            request.sampling,
+            request.cache_class,
+            request.images,
         )
 
     def abort(self, request_ids: list[str]) -> None:

@@ -1,9 +1,11 @@
 from dataclasses import fields
 
 import msgpack
+import numpy as np
 import pytest
 
 from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import FinishReason, RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats, SpecStats
@@ -124,3 +126,16 @@ def test_an_engine_output_keeps_its_finish_reason_and_stop_id_on_the_wire():
     (decoded,) = received.outputs
     assert decoded.finish_reason is FinishReason.STOP and decoded.finished
     assert decoded.text_token_ids == [9]
+
+
+def test_a_request_with_images_carries_their_pixels_exactly():
+    pixels = np.random.default_rng(0).standard_normal((6, 3, 4, 4)).astype(np.float32)
+    image = ImageInput("ab12", (2, 3), pixels, offset=5)
+    request = GenerateRequest("r1", [1] * 20, SamplingParams(), images=(image,))
+    decoded = decode_message(encode_message(request))
+    (got,) = decoded.images
+    assert (got.content_hash, got.grid, got.offset) == ("ab12", (2, 3), 5)
+    assert got.pixel_values.dtype == np.float32 and got.pixel_values.flags.writeable
+    np.testing.assert_array_equal(got.pixel_values, pixels)
+    # A prefill-to-decode hand-off resumes the request with its images.
+    assert decoded.continuation([7], 4).images == decoded.images

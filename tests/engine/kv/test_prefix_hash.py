@@ -31,3 +31,11 @@ def test_the_front_end_keys_a_prompt_as_the_engine_does(make_core):
     # The front end has the root as the worker reports it (ModelInfo.fingerprint, hex).
     root = bytes.fromhex(core.kv.root_key.hex())
     assert engine_keys == prompt_block_keys(root, PROMPT, 16)
+
+
+def test_an_image_keys_the_blocks_its_span_reaches_and_every_block_after():
+    tokens = [7] * 40  # the image's span [10, 22) holds the same id whichever image it is
+    keys = {h: prompt_block_keys(b"root", tokens, 8, [(10, 22, h)]) for h in ("cat", "dog")}
+    assert keys["cat"][0] == keys["dog"][0] == prompt_block_keys(b"root", tokens, 8)[0]
+    assert not set(keys["cat"][1:]) & set(keys["dog"][1:])
+    assert keys["cat"] == prompt_block_keys(b"root", tokens, 8, [(10, 22, "cat")])

@@ -15,6 +15,7 @@ from oracles.deepseek_v41_nemo import build_oracle, oracle_image_logits
 
 from deepwell.engine import LLM, EngineArgs, EngineCore, InvalidRequestError, SamplingParams
 from deepwell.engine.models.deepseek_v41 import vision
+from deepwell.engine.models.deepseek_v41.engram import Engram
 from deepwell.engine.models.deepseek_v41.writer import TINY_VISION_CONFIG, write_tiny_checkpoint
 from deepwell.engine.models.loader import load_checkpoint
 from deepwell.engine.multimodal import ImageInput, image_span_length, image_token_kinds
@@ -243,9 +244,20 @@ def text_routing_for_images(model, monkeypatch):
         monkeypatch.setattr(layer.ffn, "gate_bias_vl", layer.ffn.gate_bias)
 
 
+def engram_reads_image_rows(model, monkeypatch):
+    right = Engram.forward
+    monkeypatch.setattr(Engram, "forward", lambda self, s, rows, _: right(self, s, rows))
+
+
 @pytest.mark.parametrize(
     "mistake",
-    [wrong_delimiters, one_dimensional_rope, patch_major_downsample, text_routing_for_images],
+    [
+        wrong_delimiters,
+        one_dimensional_rope,
+        patch_major_downsample,
+        text_routing_for_images,
+        engram_reads_image_rows,
+    ],
 )
 def test_the_parity_check_sees_each_vision_detail(mistake, checkpoint, oracle, monkeypatch):
     """Each detail the reference has, done wrong, moves the logits far past ATOL."""
@@ -254,6 +266,7 @@ def test_the_parity_check_sees_each_vision_detail(mistake, checkpoint, oracle, m
     ids, images = image_prompt(image_token_id(checkpoint), [WIDE, TALL], [5, 4, 3], seed=5)
     logits = ImageStepDriver(core, [(ids, images)]).step([(0, 0, len(ids))])
     worst = (logits - reference_logits(oracle, ids, images)).abs().max().item()
+    print(f"{mistake.__name__}: max |logit error| {worst:.3g}")
     assert worst > 100 * ATOL, worst
 
 

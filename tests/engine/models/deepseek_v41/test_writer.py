@@ -179,3 +179,15 @@ def test_the_cli_reports_an_unreadable_tokenizer(tmp_path, capsys) -> None:
     for tokenizer in (tmp_path / "none", tmp_path / "bad.json"):
         code = cli.main(["tiny-checkpoint", str(tmp_path / "x"), "--tokenizer", str(tokenizer)])
         assert code == 1 and f"{tokenizer}" in capsys.readouterr().err
+
+
+def test_the_cli_writes_a_vision_tower_under_the_released_names_and_shapes(tmp_path) -> None:
+    from .nemo_reference import nemo_vision_shapes
+
+    target = tmp_path / "vision"
+    assert cli.main(["tiny-checkpoint", str(target), "--vision"]) == 0
+    config = json.loads((target / "config.json").read_text())
+    assert config["vision_config"]["num_hidden_layers"] == 2
+    tensors = load_checkpoint(str(target)).tensors
+    shapes = nemo_vision_shapes(config)
+    assert {name: tuple(tensors[name].shape) for name in shapes} == shapes
