@@ -80,8 +80,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         image_token_id: int = -1,
     ) -> None:
         """`experts`: shard the backbone's routed experts over expert-parallel ranks;
-        `vision`: the checkpoint's vision tower, whose images fill the spans of
-        `image_token_id` (None: a text-only checkpoint)."""
+        `vision`: the vision tower (None: text only), whose images fill `image_token_id`s."""
         super().__init__()
         self.config = config
         self.expert_sharding = experts
@@ -208,17 +207,16 @@ class DeepseekV41ForCausalLM(nn.Module):
         c = self.config
         num_rows = input_ids.shape[0]
         history = meta.token_history
-        images = meta.images
-        image_rows = None if images is None else images.mask
+        image_rows = None if meta.images is None else meta.images.mask
         if self.batch_invariant:
-            input_ids, positions, history = _pad_to_row_tiles(input_ids, positions, history)
-            if image_rows is not None:
-                image_rows = F.pad(image_rows, (0, input_ids.shape[0] - num_rows))
+            input_ids, positions, history, image_rows = _pad_to_row_tiles(
+                input_ids, positions, history, image_rows
+            )
         rotations = {
             False: self.plain_rotary.rotation(positions),
             True: self.compress_rotary.rotation(positions),
         }
-        streams, pre = self.initial_streams(input_ids, images)
+        streams, pre = self.initial_streams(input_ids, meta.images)
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
         shared: dict[int, SharedSelection] = {}
@@ -469,8 +467,11 @@ def _parameter_name(released: str) -> str:
 
 
 def _pad_to_row_tiles(
-    input_ids: torch.Tensor, positions: torch.Tensor, history: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    history: torch.Tensor | None,
+    image_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Whole row tiles: every elementwise pass over the step's rows then covers a multiple of
     the vector width, so no row falls in a kernel's scalar tail (whose exp or sigmoid rounds
     otherwise); sequences never read the padding."""
@@ -479,4 +480,6 @@ def _pad_to_row_tiles(
     positions = F.pad(positions, (0, padding))
     if history is not None:
         history = F.pad(history, (0, 0, 0, padding), value=-1)
-    return input_ids, positions, history
+    if image_rows is not None:
+        image_rows = F.pad(image_rows, (0, padding))
+    return input_ids, positions, history, image_rows

@@ -82,14 +82,16 @@ class VisionNorm(nn.Module):
 
 
 def grid_rotation(
-    rows: int, cols: int, head_dim: int, theta: float
+    rows: int, cols: int, head_dim: int, theta: float, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [rows * cols, 1, head_dim / 2] for row-major patches: the first quarter of
     the head's frequencies turn with the patch's row, the second with its column."""
     half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half))
-    row = torch.arange(rows, dtype=torch.float32).repeat_interleave(cols)
-    col = torch.arange(cols, dtype=torch.float32).repeat(rows)
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, half, 2, dtype=torch.float32, device=device) / half)
+    )
+    row = torch.arange(rows, dtype=torch.float32, device=device).repeat_interleave(cols)
+    col = torch.arange(cols, dtype=torch.float32, device=device).repeat(rows)
     angles = torch.cat((row[:, None] * inv_freq, col[:, None] * inv_freq), dim=-1)
     return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
 
@@ -163,7 +165,7 @@ class VisionTransformer(nn.Module):
     def forward(self, patches: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         c = self.config
         x = self.patch_embed.proj(patches.flatten(1))
-        cos, sin = grid_rotation(rows, cols, c.head_dim, c.rope_theta)
+        cos, sin = grid_rotation(rows, cols, c.head_dim, c.rope_theta, x.device)
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.norm(x)
@@ -241,10 +243,13 @@ class ImageEncoder(nn.Module):
     def forward(self, image: ImageInput) -> torch.Tensor:
         rows, cols = image.grid
         # The reference's processor hands the tower bf16 pixels.
-        pixels = torch.from_numpy(image.pixel_values).to(torch.bfloat16).to(self.dtype)
+        device = self.aligner.w1.weight.device
+        pixels = torch.from_numpy(image.pixel_values).to(device, torch.bfloat16).to(self.dtype)
         states = self.vision(pixels, rows, cols)
         content = self.aligner(states, rows, cols).to(self.dtype)
-        kinds = torch.tensor(image_token_kinds(image.grid, self.config.downsample_ratio))
+        kinds = torch.tensor(
+            image_token_kinds(image.grid, self.config.downsample_ratio), device=device
+        )
         span = content.new_empty(kinds.numel(), content.shape[-1])
         span[kinds == ImageToken.CONTENT] = content
         span[kinds == ImageToken.START] = self.image_start.to(self.dtype)
