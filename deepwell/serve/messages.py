@@ -7,15 +7,18 @@ own torch-free types (SamplingParams, EngineStats) travel inside them the same w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import msgpack
+import numpy as np
 
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats, SpecStats
 from deepwell.engine.structured.spec import StructuredOutput
+from deepwell.serve.images.grid import VisionSpec
 from deepwell.settings.engine import EngineArgs
 from deepwell.settings.parallel import ParallelConfig
 
@@ -43,6 +46,8 @@ class GenerateRequest:
     sampling: SamplingParams
     # Traffic class, "chat" or "agent": the KV store TTL of the request's blocks.
     cache_class: str = "chat"
+    # The prompt's images, each filling its span of `prompt_token_ids` (engine/multimodal.py).
+    images: list[ImageInput] = field(default_factory=list)
 
     def continuation(self, produced: list[int], max_tokens: int) -> GenerateRequest:
         """This request resumed after the tokens it `produced`, for at most `max_tokens`
@@ -113,6 +118,8 @@ class ModelInfo:
     # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix
     # caching.
     fingerprint: str = ""
+    # How the model's vision tower wants its images; None: it takes none.
+    vision: VisionSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -165,11 +172,18 @@ MESSAGE_TYPES: tuple[type, ...] = (
     StructuredOutput,
     EngineStats,
     SpecStats,
+    VisionSpec,
+    ImageInput,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
+# An image's pixels travel as their dtype, shape and raw bytes.
+_ARRAY_CODE = 127
 
 
 def _to_ext(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        payload = [obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes()]
+        return msgpack.ExtType(_ARRAY_CODE, msgpack.packb(payload))
     code = _CODE_OF.get(type(obj))
     if code is None:
         raise TypeError(f"cannot send {type(obj).__name__} between processes")
@@ -178,6 +192,10 @@ def _to_ext(obj: Any) -> msgpack.ExtType:
 
 
 def _from_ext(code: int, data: bytes) -> Any:
+    if code == _ARRAY_CODE:
+        dtype, shape, raw = msgpack.unpackb(data)
+        # A writable copy: the engine hands it to torch, which wants to own writable memory.
+        return np.frombuffer(bytearray(raw), dtype=np.dtype(dtype)).reshape(shape)
     if code >= len(MESSAGE_TYPES):
         raise ValueError(f"unknown message code {code}")
     cls = MESSAGE_TYPES[code]
