@@ -44,6 +44,7 @@ from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
 from deepwell.serve.sampling_fields import SEED_LIMIT, read_sampling_params, requested_budget
 from deepwell.serve.schema_coverage import unenforced_keywords
+from deepwell.serve.token_ids import ChatTokenIds, wants_token_ids
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class PreparedRequest:
     unenforced_keywords: list[str] = field(default_factory=list)
     # Images the model answered without seeing (IMAGES_NOT_SEEN_HEADER).
     images_not_seen: int = 0
+    # Chat's `return_token_ids`: adds the ids to the response; None when not asked.
+    token_ids: ChatTokenIds | None = None
+    # The ids generated so far (the text's tokens, as the chunks bring them).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
@@ -254,6 +259,9 @@ class Frontend:
             inference,
             unenforced_keywords=unenforced,
             images_not_seen=self._images_not_seen(route, body, converted),
+            token_ids=ChatTokenIds(prompt_token_ids)
+            if route is CHAT and wants_token_ids(data)
+            else None,
         )
 
     def encode(
@@ -388,6 +396,7 @@ class Frontend:
                     timer.prompt(usage.prompt_tokens)
                 elif kind == "tokens":
                     timer.output(len(chunk.token_ids))
+                    prepared.output_token_ids.extend(chunk.token_ids)
                 elif kind == "text":
                     timer.output(chunk.token_count or 0)
                 for event in processor.push(chunk):
@@ -418,6 +427,8 @@ class Frontend:
         finally:
             await events.aclose()
         # The processor's final events always come, so a response object exists here.
+        if prepared.token_ids is not None:
+            return prepared.token_ids.response(response.to_json(), prepared.output_token_ids)
         return response.to_json()
 
     async def sse(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
@@ -426,7 +437,10 @@ class Frontend:
         events = self.events(prepared, timer)
         try:
             async for event in events:
-                yield sse_frame(response_type.sse_event_name(event), event.to_json())
+                data = event.to_json()
+                if prepared.token_ids is not None:
+                    data = prepared.token_ids.chunk(data, prepared.output_token_ids)
+                yield sse_frame(response_type.sse_event_name(event), data)
         finally:
             await events.aclose()
         done = response_type.sse_done_data()
