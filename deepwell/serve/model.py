@@ -126,26 +126,7 @@ def served_model(
     if deepseek is not None and chat_template is None:
         if tool_call_parser is not None:
             raise UnsupportedModel("DeepSeek models write DSML tool calls; drop --tool-call-parser")
-        encoding_type, version = deepseek
-        encoding = encoding_type().with_tokenizer(tokenizer)
-        options = (
-            ConversionOptions()
-            .with_model_versions_by_name({info.name: version})
-            .with_structured_output(True)
-            # file:// URLs reach the server, which reads them only where it is allowed to.
-            .with_local_image_files(True)
-        )
-        return ServedModel(
-            names=(info.name,),
-            conversion_options=options,
-            context_limit=info.context_limit,
-            encoder=encoding.encode,
-            tokenizer=tokenizer,
-            stop_token_ids=stop,
-            tool_call_grammar=encoding.tool_call_grammar,
-            encoding=encoding,
-            vision=info.vision,
-        )
+        return _deepseek_model(info, tokenizer, *deepseek)
     template = chat_template if chat_template is not None else info.chat_template
     if template is None:
         raise UnsupportedModel(
@@ -196,6 +177,34 @@ def served_model(
         tool_call_grammar=grammar,
         tool_call_format=tool_call_parser or DSML,
         takes_template_kwargs=True,
+    )
+
+
+def _deepseek_model(
+    info: ModelInfo,
+    tokenizer: Tokenizer,
+    encoding_type: type[DeepseekV4Encoding | DeepseekV41Encoding],
+    version: ModelVersion,
+) -> ServedModel:
+    """A DeepSeek model, prompted through the recipe's encoding of its version."""
+    encoding = encoding_type().with_tokenizer(tokenizer)
+    options = (
+        ConversionOptions()
+        .with_model_versions_by_name({info.name: version})
+        .with_structured_output(True)
+        # file:// URLs reach the server, which reads them only where it is allowed to.
+        .with_local_image_files(True)
+    )
+    return ServedModel(
+        names=(info.name,),
+        conversion_options=options,
+        context_limit=info.context_limit,
+        encoder=encoding.encode,
+        tokenizer=tokenizer,
+        stop_token_ids=list(info.eos_token_ids),
+        tool_call_grammar=encoding.tool_call_grammar,
+        encoding=encoding,
+        vision=info.vision,
     )
 
 
