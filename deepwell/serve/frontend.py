@@ -265,9 +265,10 @@ class Frontend:
         )
 
     def encode(
-        self, model_name: str, conversation: Conversation, template_kwargs: dict | None = None
+        self, model_name: str, conversation: Conversation, variables: dict | None = None
     ) -> tuple[list[int], list[ImageInput]]:
-        """The prompt ids, each image placeholder expanded into its span, and the images.
+        """The prompt ids, each image placeholder expanded into its span, and the images;
+        `variables` are a template model's `chat_template_kwargs`.
 
         Images the model cannot take, too many, or unreadable ones are refused here
         (`ApiError` 400 naming the image's part of the request).
@@ -275,7 +276,7 @@ class Frontend:
         sources = conversation_images(conversation)
         self.images.admit(model_name, sources)
         if not sources:
-            return self.model.encode(conversation, template_kwargs), []
+            return self.model.encode(conversation, variables), []
         prepared = self.images.prepare(sources)
         encoding = self.model.encoding
         if encoding is None or self.model.tokenizer is None:

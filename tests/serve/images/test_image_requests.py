@@ -245,3 +245,21 @@ def test_embedded_model_refuses_an_image_naming_its_part(model_server):
     assert httpx.post(
         f"{model_server.base_url}/v1/chat/completions", json=body, timeout=60
     ).is_success
+
+
+def test_v41_checkpoint_without_vision_weights_refuses_an_image(v41_server):
+    client = anthropic.Anthropic(base_url=v41_server.base_url, api_key="-", max_retries=0)
+    image = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png()).decode()}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model=v41_server.model,
+            max_tokens=4,
+            messages=[{"role": "user", "content": [{"type": "image", "source": image}]}],
+        )
+    message = refused.value.body["error"]["message"]
+    assert message.startswith("image 1 (messages.0.content[0]): the model "), message
+    assert "no vision tower" in message
+    reply = client.messages.create(
+        model=v41_server.model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert reply.stop_reason in ("end_turn", "max_tokens")
