@@ -92,6 +92,11 @@ class ConversionOptions:
         self.special_tokens = DEFAULT_SPECIAL_TOKENS
         # deepwell's extension, off as in the reference: Messages `output_config.format`.
         self.structured_output = False
+        # deepwell's extensions for serving images, as in the reference when unset: whether
+        # image parts become sources (None: as the model version says; V4-Pro's become
+        # "[Unsupported Image]" text), and whether `file://` URLs are accepted.
+        self.images_supported: bool | None = None
+        self.local_image_files = False
 
     def _with(self, **changes: object) -> ConversionOptions:
         copy = ConversionOptions.__new__(ConversionOptions)
@@ -136,6 +141,15 @@ class ConversionOptions:
     def with_structured_output(self, enabled: bool) -> ConversionOptions:
         """Accept output constraints the reference ignores (Messages `output_config.format`)."""
         return self._with(structured_output=enabled)
+
+    def with_images_supported(self, supported: bool | None) -> ConversionOptions:
+        """Keep image parts as sources (True) or stand-in text (False) whatever the model
+        version; a server that cannot see them refuses them by their source's path."""
+        return self._with(images_supported=supported)
+
+    def with_local_image_files(self, enabled: bool) -> ConversionOptions:
+        """Accept `file://` image URLs (the server checks the path it may read)."""
+        return self._with(local_image_files=enabled)
 
     def __repr__(self) -> str:
         return f"ConversionOptions(default_thinking_mode={self.default_thinking_mode})"

@@ -7,7 +7,9 @@ closes its chunk stream, which aborts the request in the engine.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
@@ -17,6 +19,8 @@ from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.completions import Completions
 from deepwell.serve.frontend import Frontend, Infer, engine_infer, mock_infer
 from deepwell.serve.gateway import Gateway, GatewayCollector
+from deepwell.serve.images.intake import ImageIntake
+from deepwell.serve.images.pool import PoolConfig
 from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
@@ -55,7 +59,16 @@ def create_app(
         parts.metrics.compute_dtype.info(
             {"dtype": model_info.dtype, "requested": model_info.requested_dtype}
         )
-    app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        # The multimodal pool's processes end with the server.
+        parts.frontend.images.close()
+
+    app = FastAPI(
+        title="deepwell", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
     app.state.parts = parts
     for router in _ROUTERS:
         app.include_router(router)
@@ -78,7 +91,8 @@ def serve_parts(
     metrics.registry.register(GatewayCollector(gateway))
     if cluster is not None:
         metrics.registry.register(ClusterCollector(cluster.router.views, cluster.latency))
-    frontend = Frontend(model, infer, settings.default_seed)
+    images = ImageIntake(model.vision, settings.images, PoolConfig.from_environment())
+    frontend = Frontend(model, infer, images, settings.default_seed)
     # Raw-prompt completions run on the workers directly: no chat encoding, no Infer seam.
     raw_completions = (
         Completions(model, cluster.router, frontend.request_seed)

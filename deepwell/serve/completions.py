@@ -28,6 +28,7 @@ from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
 from deepwell.serve.sampling_fields import COMPLETIONS, read_sampling_params
+from deepwell.serve.token_ids import wants_token_ids
 
 # OpenAI's defaults and bounds for this endpoint; logprobs goes to vLLM's 20, not OpenAI's 5.
 DEFAULT_MAX_TOKENS = 16
@@ -50,6 +51,8 @@ class CompletionRequest:
     # Budget, seed (the body's, else serve --seed, else random), stop ids (the model's
     # included) and the extra fields, checked.
     sampling: SamplingParams
+    # vLLM's `return_token_ids`: each choice carries its prompt's ids and its generated ids.
+    return_token_ids: bool = False
 
 
 @dataclass
@@ -68,6 +71,11 @@ class _Choice:
     top_logprobs: list[dict[str, float]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Every id generated, the stop id included (as `completion_tokens` counts them), how
+    # many of them were sent, and whether the prompt's ids were.
+    token_ids: list[int] = field(default_factory=list)
+    ids_sent: int = 0
+    prompt_ids_sent: bool = False
 
     @property
     def text(self) -> str:
@@ -162,6 +170,7 @@ class Completions:
             logprobs=logprobs,
             stop=_stop(data.get("stop")),
             sampling=sampling,
+            return_token_ids=wants_token_ids(data),
         )
 
     def _served_model_name(self, data: dict[str, Any]) -> str:
@@ -208,6 +217,7 @@ class Completions:
         body = _envelope(completion_id, created, request.model)
         body["choices"] = [
             _choice_json(choice, choice.text, self._logprobs(request, choice, 0))
+            | self._token_ids(request, choice)
             for choice in choices
         ]
         body["usage"] = _usage(choices)
@@ -227,7 +237,9 @@ class Completions:
             logprobs = self._logprobs(request, choice, logged[choice.index])
             logged[choice.index] = len(choice.tokens)
             chunk = _envelope(completion_id, created, request.model)
-            chunk["choices"] = [_choice_json(choice, delta, logprobs)]
+            chunk["choices"] = [
+                _choice_json(choice, delta, logprobs) | self._token_ids(request, choice)
+            ]
             if request.include_usage:
                 chunk["usage"] = None
             yield sse_frame(None, json.dumps(chunk, ensure_ascii=False))
@@ -308,6 +320,7 @@ class Completions:
         The engine's stop id ends the text without being part of it; usage counts it.
         """
         choice.completion_tokens += len(output.new_token_ids)
+        choice.token_ids.extend(output.new_token_ids)
         ids = output.text_token_ids
         for token_id, logprobs in zip(ids, output.text_logprobs, strict=False):
             choice.tokens.append(self.tokenizer.decode([token_id]))
@@ -321,6 +334,17 @@ class Completions:
             )
         if choice.output.stop_string is not None:
             choice.finish_reason = "stop"
+
+    def _token_ids(self, request: CompletionRequest, choice: _Choice) -> dict:
+        """The choice's ids not yet sent (and its prompt's, the first time), when asked."""
+        if not request.return_token_ids:
+            return {}
+        ids = {"token_ids": choice.token_ids[choice.ids_sent :]}
+        choice.ids_sent = len(choice.token_ids)
+        if not choice.prompt_ids_sent:
+            choice.prompt_ids_sent = True
+            ids = {"prompt_token_ids": request.prompts[choice.index]} | ids
+        return ids
 
     def _logprobs(self, request: CompletionRequest, choice: _Choice, first: int) -> dict | None:
         """OpenAI's completion logprobs for the choice's tokens from `first` on."""

@@ -14,17 +14,20 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from deepwell.engine.errors import InvalidRequestError
+from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import FinishReason
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.structured.spec import StructuredOutput
 from deepwell.recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    Conversation,
     ConversationRequest,
     InferenceChunk,
     InferenceFinishReason,
     MessagesRequest,
     MessagesResponse,
+    ModelVersion,
     ParsingOptions,
     PromptUsage,
     ResponsesRequest,
@@ -32,13 +35,16 @@ from deepwell.recipe import (
     SpecialToken,
     StreamProcessor,
 )
+from deepwell.recipe.errors import ConversionError
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.images.intake import ImageIntake, conversation_images
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
 from deepwell.serve.sampling_fields import SEED_LIMIT, read_sampling_params, requested_budget
 from deepwell.serve.schema_coverage import unenforced_keywords
+from deepwell.serve.token_ids import ChatTokenIds, wants_token_ids
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class InferenceRequest:
     sampling: SamplingParams
     # Traffic class for the KV store TTL, from the CACHE_CLASS_HEADER request header.
     cache_class: str = "chat"
+    # The prompt's images, each filling its span of `prompt_token_ids`.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 Infer = Callable[[InferenceRequest], AsyncIterator[InferenceChunk]]
@@ -114,6 +122,12 @@ class PreparedRequest:
     prompt_usage: PromptUsage | None = None
     # Keywords of the request's JSON schema the grammar skips (UNENFORCED_HEADER).
     unenforced_keywords: list[str] = field(default_factory=list)
+    # Images the model answered without seeing (IMAGES_NOT_SEEN_HEADER).
+    images_not_seen: int = 0
+    # Chat's `return_token_ids`: adds the ids to the response; None when not asked.
+    token_ids: ChatTokenIds | None = None
+    # The ids generated so far (the text's tokens, as the chunks bring them).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
@@ -141,6 +155,7 @@ def engine_infer(client: RequestRouter) -> Infer:
                 request.prompt_token_ids,
                 request.sampling,
                 request.cache_class,
+                request.images,
             )
         )
         try:
@@ -172,12 +187,20 @@ def engine_infer(client: RequestRouter) -> Infer:
 class Frontend:
     """Runs requests of the three dialects against one served model and inference source.
 
-    `default_seed` (serve --seed) samples requests that bring no seed of their own.
+    `default_seed` (serve --seed) samples requests that bring no seed of their own;
+    `images` checks, reads and preprocesses the requests' images for the model.
     """
 
-    def __init__(self, model: ServedModel, infer: Infer, default_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        model: ServedModel,
+        infer: Infer,
+        images: ImageIntake,
+        default_seed: int | None = None,
+    ) -> None:
         self.model = model
         self._infer = infer
+        self.images = images
         self.default_seed = default_seed
 
     def prepare(
@@ -200,7 +223,7 @@ class Frontend:
         data = json.loads(body)
         conversation = converted.conversation
         kwargs = template_kwargs(body, self.model)
-        prompt_token_ids = self.model.encode(conversation, kwargs)
+        prompt_token_ids, images = self.encode(model_name, conversation, kwargs)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), self.model.context_limit)
         requested = requested_budget(route.dialect, data)
         if requested is not None:
@@ -224,7 +247,9 @@ class Frontend:
             model_stop_token_ids=self.model.stop_token_ids,
             structured_output=structured,
         )
-        inference = InferenceRequest(request_id, converted, prompt_token_ids, sampling, cache_class)
+        inference = InferenceRequest(
+            request_id, converted, prompt_token_ids, sampling, cache_class, images
+        )
         return PreparedRequest(
             route,
             model_name,
@@ -233,7 +258,58 @@ class Frontend:
             generator,
             inference,
             unenforced_keywords=unenforced,
+            images_not_seen=self._images_not_seen(route, body, converted),
+            token_ids=ChatTokenIds(prompt_token_ids)
+            if route is CHAT and wants_token_ids(data)
+            else None,
         )
+
+    def encode(
+        self, model_name: str, conversation: Conversation, variables: dict | None = None
+    ) -> tuple[list[int], list[ImageInput]]:
+        """The prompt ids, each image placeholder expanded into its span, and the images;
+        `variables` are a template model's `chat_template_kwargs`.
+
+        Images the model cannot take, too many, or unreadable ones are refused here
+        (`ApiError` 400 naming the image's part of the request).
+        """
+        sources = conversation_images(conversation)
+        self.images.admit(model_name, sources)
+        if not sources:
+            return self.model.encode(conversation, variables), []
+        prepared = self.images.prepare(sources)
+        encoding = self.model.encoding
+        if encoding is None or self.model.tokenizer is None:
+            # --mock: the images were checked and preprocessed; there is no prompt to fill.
+            return [], []
+        prompt_ids, rendered = encoding.encode_with_images(conversation)
+        # A rendering may drop a message and its images (an empty system message).
+        by_source = {id(source): image for source, image in zip(sources, prepared, strict=True)}
+        spelling = self.model.conversion_options.special_tokens.token(SpecialToken.Image)
+        placeholder_id = self.model.tokenizer.special_token_id(spelling)
+        if placeholder_id is None:
+            raise ApiError(400, f"the model's tokenizer has no {spelling} to place images with")
+        return self.images.prompt_images(
+            prompt_ids, placeholder_id, [by_source[id(source)] for source in rendered]
+        )
+
+    def _images_not_seen(self, route: Route, body: bytes, converted: ConversationRequest) -> int:
+        """Images V4-Pro's conversion replaced by its stand-in text: the request converted
+        again keeping them (at least one when that conversion refuses one of them)."""
+        options = self.model.conversion_options
+        if (
+            converted.model_version is not ModelVersion.DeepseekV4Pro
+            or options.images_supported is not None
+            or b"image" not in body
+        ):
+            return 0
+        try:
+            kept = read_request(route.request_type, body).convert(
+                options.with_images_supported(True)
+            )
+        except (ConversionError, ApiError):
+            return 1
+        return len(conversation_images(kept.conversation))
 
     def request_seed(self, *given: int | None) -> int:
         """The first seed the request gave (body, then header), else the server's, else random."""
@@ -300,8 +376,9 @@ class Frontend:
         if isinstance(data, dict):
             # Counting needs no output budget, but the Messages schema requires one.
             data.setdefault("max_tokens", 1)
-        converted = read_request(MessagesRequest, data).convert(self.model.conversion_options)
-        return len(self.model.encode(converted.conversation))
+        request = read_request(MessagesRequest, data)
+        converted = request.convert(self.model.conversion_options)
+        return len(self.encode(request.model, converted.conversation)[0])
 
     async def events(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator:
         """The dialect events of one request, ending with the final ones; closing aborts it."""
@@ -320,6 +397,7 @@ class Frontend:
                     timer.prompt(usage.prompt_tokens)
                 elif kind == "tokens":
                     timer.output(len(chunk.token_ids))
+                    prepared.output_token_ids.extend(chunk.token_ids)
                 elif kind == "text":
                     timer.output(chunk.token_count or 0)
                 for event in processor.push(chunk):
@@ -350,6 +428,8 @@ class Frontend:
         finally:
             await events.aclose()
         # The processor's final events always come, so a response object exists here.
+        if prepared.token_ids is not None:
+            return prepared.token_ids.response(response.to_json(), prepared.output_token_ids)
         return response.to_json()
 
     async def sse(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
@@ -358,7 +438,10 @@ class Frontend:
         events = self.events(prepared, timer)
         try:
             async for event in events:
-                yield sse_frame(response_type.sse_event_name(event), event.to_json())
+                data = event.to_json()
+                if prepared.token_ids is not None:
+                    data = prepared.token_ids.chunk(data, prepared.output_token_ids)
+                yield sse_frame(response_type.sse_event_name(event), data)
         finally:
             await events.aclose()
         done = response_type.sse_done_data()

@@ -37,7 +37,13 @@ from deepwell.serve.model import (
     renamed,
     served_model,
 )
-from deepwell.serve.settings import API_KEY_ENV, ServeSettings, api_keys, model_path
+from deepwell.serve.settings import (
+    API_KEY_ENV,
+    ServeSettings,
+    api_keys,
+    image_settings,
+    model_path,
+)
 from deepwell.settings.flags import engine_args_from, given
 from deepwell.settings.parallel import ParallelConfig
 
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         key_tokens_per_minute=args.key_tokens_per_minute,
         default_seed=args.seed,
         playground=not args.no_playground,
+        images=image_settings(args),
     )
     try:
         model = model_path(args)  # two disagreeing models stop here, before anything starts

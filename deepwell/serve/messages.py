@@ -7,7 +7,7 @@ own torch-free types (SamplingParams, EngineStats) travel inside them the same w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import msgpack
@@ -18,6 +18,7 @@ from deepwell.engine.outputs import RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats, SpecStats
 from deepwell.engine.structured.spec import StructuredOutput
+from deepwell.serve.images.grid import VisionSpec
 from deepwell.settings.engine import EngineArgs
 from deepwell.settings.parallel import ParallelConfig
 
@@ -121,6 +122,8 @@ class ModelInfo:
     # dtype; kv/prefix.py): workers of one cluster must agree on it. "" without prefix
     # caching.
     fingerprint: str = ""
+    # How the model's vision tower wants its images; None: it takes none.
+    vision: VisionSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     StructuredOutput,
     EngineStats,
     SpecStats,
+    VisionSpec,
     ImageInput,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}

@@ -23,6 +23,7 @@ from deepwell.recipe.encoding.chat_template import ChatTemplateEncoding, ChatTem
 from deepwell.recipe.encoding.json_call_grammar import json_call_grammar
 from deepwell.recipe.json_value import JsonValue
 from deepwell.recipe.stream.json_calls import DSML
+from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.messages import ModelInfo
 
 PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatTemplateEncoding
@@ -30,6 +31,9 @@ PromptEncoding = DeepseekV4Encoding | DeepseekV41Encoding | ChatTemplateEncoding
 # Without a tokenizer `--mock` counts prompts as 0 tokens; DeepSeek V4's context then only
 # bounds max_tokens.
 MOCK_CONTEXT_LIMIT = 1_048_576
+# The released DeepSeek-V4.1-Flash vision config: `--mock` checks and preprocesses images as
+# that model would, then gives its fixed reply.
+RELEASED_V41_VISION = VisionSpec(image_token_id=129264)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class ServedModel:
     # The encoding behind `encoder` (the playground shows its rendered prompts); None under
     # `--mock`, where each request's model version picks a DeepSeek encoding.
     encoding: PromptEncoding | None = None
+    # How the model's vision tower takes images; None: the model sees none, and a request
+    # with an image is refused naming it (V4-Pro's stand-in text aside, images.py).
+    vision: VisionSpec | None = None
 
     def encode(
         self, conversation: Conversation, template_kwargs: Mapping[str, JsonValue] | None = None
@@ -69,11 +76,12 @@ class ServedModel:
 
 def mock_model() -> ServedModel:
     """The `--mock` model: the recipe's default DeepSeek names, no weights, no tokenizer."""
-    options = ConversionOptions()
+    options = ConversionOptions().with_local_image_files(True)
     return ServedModel(
         names=tuple(sorted(options.model_versions_by_name)),
         conversion_options=options,
         context_limit=MOCK_CONTEXT_LIMIT,
+        vision=RELEASED_V41_VISION,
     )
 
 
@@ -118,23 +126,7 @@ def served_model(
     if deepseek is not None and chat_template is None:
         if tool_call_parser is not None:
             raise UnsupportedModel("DeepSeek models write DSML tool calls; drop --tool-call-parser")
-        encoding_type, version = deepseek
-        encoding = encoding_type().with_tokenizer(tokenizer)
-        options = (
-            ConversionOptions()
-            .with_model_versions_by_name({info.name: version})
-            .with_structured_output(True)
-        )
-        return ServedModel(
-            names=(info.name,),
-            conversion_options=options,
-            context_limit=info.context_limit,
-            encoder=encoding.encode,
-            tokenizer=tokenizer,
-            stop_token_ids=stop,
-            tool_call_grammar=encoding.tool_call_grammar,
-            encoding=encoding,
-        )
+        return _deepseek_model(info, tokenizer, *deepseek)
     template = chat_template if chat_template is not None else info.chat_template
     if template is None:
         raise UnsupportedModel(
@@ -167,6 +159,10 @@ def served_model(
         .with_model_versions_by_name({info.name: ModelVersion.DeepseekV4Pro})
         .with_default_thinking_mode(False)
         .with_structured_output(True)
+        # A template model sees no image: keep each as a source, so the refusal names it
+        # (V4-Pro's "[Unsupported Image]" stand-in is DeepSeek's behaviour, not theirs).
+        .with_images_supported(True)
+        .with_local_image_files(True)
     )
     return ServedModel(
         names=(info.name,),
@@ -181,6 +177,34 @@ def served_model(
         tool_call_grammar=grammar,
         tool_call_format=tool_call_parser or DSML,
         takes_template_kwargs=True,
+    )
+
+
+def _deepseek_model(
+    info: ModelInfo,
+    tokenizer: Tokenizer,
+    encoding_type: type[DeepseekV4Encoding | DeepseekV41Encoding],
+    version: ModelVersion,
+) -> ServedModel:
+    """A DeepSeek model, prompted through the recipe's encoding of its version."""
+    encoding = encoding_type().with_tokenizer(tokenizer)
+    options = (
+        ConversionOptions()
+        .with_model_versions_by_name({info.name: version})
+        .with_structured_output(True)
+        # file:// URLs reach the server, which reads them only where it is allowed to.
+        .with_local_image_files(True)
+    )
+    return ServedModel(
+        names=(info.name,),
+        conversion_options=options,
+        context_limit=info.context_limit,
+        encoder=encoding.encode,
+        tokenizer=tokenizer,
+        stop_token_ids=list(info.eos_token_ids),
+        tool_call_grammar=encoding.tool_call_grammar,
+        encoding=encoding,
+        vision=info.vision,
     )
 
 

@@ -7,8 +7,10 @@ Kept free of heavy imports so that building the `deepwell` parser stays fast.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from deepwell.serve.cluster.options import add_cluster_arguments
 from deepwell.settings import environment
@@ -18,6 +20,22 @@ from deepwell.settings.flags import add_engine_arguments, add_parallel_arguments
 API_KEY_ENV = environment.register(
     "DEEPWELL_API_KEY", "one more API key serve accepts, beside --api-key", environment.parse_text
 )
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """What a request's images may be and where their bytes may come from."""
+
+    # serve --limit-mm-per-prompt image=N: images one request may carry.
+    max_images_per_prompt: int = 8
+    max_image_bytes: int = 20 * 1024 * 1024
+    # Pixels of one decoded image (width x height), checked before decoding.
+    max_image_pixels: int = 40_000_000
+    # Hosts remote http(s) images may come from; empty: none.
+    allowed_media_domains: tuple[str, ...] = ()
+    # `file://` images are read only under this directory; None: none.
+    allowed_local_media_path: Path | None = None
+    media_fetch_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,7 @@ class ServeSettings:
     default_seed: int | None = None
     # Serve the static page at /playground (its API calls still need a key).
     playground: bool = True
+    images: ImageSettings = field(default_factory=ImageSettings)
 
 
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
@@ -54,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     _add_model_names(parser, groups.model)
     _add_http_arguments(parser.add_argument_group("HTTP server"))
+    _add_image_arguments(parser.add_argument_group("images in requests"))
     _add_prompt_arguments(
         parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
     )
@@ -133,6 +153,91 @@ def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (default: info)",
+    )
+
+
+def _add_image_arguments(images: argparse._ArgumentGroup) -> None:
+    """How many images a request may carry, how large, and where they may come from."""
+    defaults = ImageSettings()
+    images.add_argument(
+        "--limit-mm-per-prompt",
+        type=images_per_prompt,
+        default=defaults.max_images_per_prompt,
+        metavar="image=N",
+        help='images one request may carry, as image=N or JSON {"image": N} '
+        f"(default: {defaults.max_images_per_prompt})",
+    )
+    images.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=defaults.max_image_bytes,
+        help=f"largest image file, in bytes (default: {defaults.max_image_bytes})",
+    )
+    images.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=defaults.max_image_pixels,
+        help="largest image, width x height in pixels, checked before it is decoded "
+        f"(default: {defaults.max_image_pixels})",
+    )
+    images.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        metavar="HOST",
+        help="hosts whose http(s) image URLs the server fetches (redirects are checked "
+        "again); without it, remote image URLs are refused",
+    )
+    images.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="read file:// image URLs under DIR; without it, local files are refused",
+    )
+    images.add_argument(
+        "--media-fetch-timeout",
+        type=float,
+        default=defaults.media_fetch_timeout_s,
+        help=f"seconds one remote image may take (default: {defaults.media_fetch_timeout_s:g})",
+    )
+
+
+def images_per_prompt(text: str) -> int:
+    """`--limit-mm-per-prompt`: `image=N` or vLLM's JSON `{"image": N}`."""
+    if text.lstrip().startswith("{"):
+        try:
+            limits = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}") from None
+    else:
+        key, _, value = text.partition("=")
+        limits = {key.strip(): value.strip()}
+    if not isinstance(limits, dict) or set(limits) != {"image"}:
+        raise argparse.ArgumentTypeError(
+            f'give the image limit as image=N or {{"image": N}}, got {text!r} '
+            "(images are the only media served)"
+        )
+    try:
+        limit = int(limits["image"])
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"the image limit must be an integer, got {text!r}"
+        ) from None
+    if limit < 0:
+        raise argparse.ArgumentTypeError(f"the image limit must be 0 or more, got {limit}")
+    return limit
+
+
+def image_settings(args: argparse.Namespace) -> ImageSettings:
+    local = args.allowed_local_media_path
+    if local is not None and not Path(local).is_dir():
+        raise ValueError(f"--allowed-local-media-path {local}: not a directory")
+    return ImageSettings(
+        max_images_per_prompt=args.limit_mm_per_prompt,
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
+        allowed_media_domains=tuple(args.allowed_media_domains),
+        allowed_local_media_path=None if local is None else Path(local),
+        media_fetch_timeout_s=args.media_fetch_timeout,
     )
 
 

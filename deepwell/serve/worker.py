@@ -8,16 +8,19 @@ within one engine step.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Protocol
 
 import zmq
 
 from deepwell.engine import EngineCore, RequestOutput
 from deepwell.engine.stats import EngineStats
+from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
     AbortRequest,
@@ -152,7 +155,16 @@ class EngineCoreAdapter:
             dtype_reason=self._args.dtype_choice.reason,
             bos_token_id=core.bos_token_id,
             fingerprint=core.kv.root_key.hex() if core.kv.root_key is not None else "",
+            vision=self._vision(),
         )
+
+    def _vision(self) -> VisionSpec | None:
+        """How the HTTP process prepares images for this engine: None unless the engine
+        built a vision tower, so that no image reaches an engine that cannot see it."""
+        if self._core.intake.image_encoder is None:
+            return None
+        config = json.loads((Path(self._args.model) / "config.json").read_text())
+        return VisionSpec.from_config(config)
 
 
 def send_heartbeats(

@@ -12,7 +12,7 @@ from servers import MODEL_ARGS, start_server
 
 from deepwell.cli import build_parser
 from deepwell.cpu_dtype import select_dtype
-from deepwell.serve.settings import api_keys, model_path
+from deepwell.serve.settings import api_keys, image_settings, model_path
 
 KEY = "sk-from-the-environment"
 
@@ -120,3 +120,24 @@ def test_metrics_and_log_say_the_compute_dtype(named_server, model_server):
     expected = select_dtype("auto").dtype
     metrics = httpx.get(f"{model_server.base_url}/metrics").text
     assert f'deepwell_compute_dtype_info{{dtype="{expected}",requested="auto"}} 1' in metrics
+
+
+def test_image_limits_take_vllm_spellings(tmp_path):
+    assert parse("--limit-mm-per-prompt", "image=3").limit_mm_per_prompt == 3
+    assert parse("--limit-mm-per-prompt", '{"image": 0}').limit_mm_per_prompt == 0
+    for bad in ("video=2", '{"image": -1}', "image=many", "{oops"):
+        with pytest.raises(SystemExit):
+            parse("--limit-mm-per-prompt", bad)
+    settings = image_settings(
+        parse(
+            "--allowed-media-domains",
+            "a.example",
+            "b.example",
+            "--allowed-local-media-path",
+            str(tmp_path),
+        )
+    )
+    assert settings.allowed_media_domains == ("a.example", "b.example")
+    assert settings.allowed_local_media_path == tmp_path
+    with pytest.raises(ValueError, match="not a directory"):
+        image_settings(parse("--allowed-local-media-path", str(tmp_path / "missing")))

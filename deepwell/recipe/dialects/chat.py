@@ -427,7 +427,7 @@ def _blocks(content: str | list, path: str, images: ImagePolicy, allow_images: b
                 raise ConversionError("Image in assistant message is not supported")
             # A file is an image given as a data URL.
             url = block["image_url"] if kind == "image_url" else {"url": block["file_data"]}
-            blocks.image(image_source(url["url"], url.get("detail"), path))
+            blocks.image(image_source(url["url"], url.get("detail"), path, images))
     return blocks
 
 

@@ -33,12 +33,17 @@ class ImagePolicy:
 
     token: str
     supported: bool
+    # deepwell's extension (ConversionOptions.local_image_files): `file://` URLs are image
+    # sources too; the server decides which paths it reads.
+    local_files: bool = False
 
     @classmethod
     def for_model(cls, version: ModelVersion, options: ConversionOptions) -> ImagePolicy:
+        supported = options.images_supported
+        if supported is None:
+            supported = version is not ModelVersion.DeepseekV4Pro
         return cls(
-            options.special_tokens.token(SpecialToken.Image),
-            version is not ModelVersion.DeepseekV4Pro,
+            options.special_tokens.token(SpecialToken.Image), supported, options.local_image_files
         )
 
 
@@ -75,11 +80,13 @@ class BlockText:
         return message
 
 
-def image_source(url: str, detail: str | None, path: str) -> ImageSource:
+def image_source(url: str, detail: str | None, path: str, images: ImagePolicy) -> ImageSource:
     """An image URL as a source; `path` names the request part in error messages."""
     detail = detail or "high"
     lowered = url.lower()
-    if lowered.startswith(("http://", "https://")):
+    if lowered.startswith(("http://", "https://")) or (
+        images.local_files and lowered.startswith("file://")
+    ):
         return UrlImageSource(url, detail, path=path)
     if lowered.startswith("data:"):
         check_data_url(url, path)

@@ -620,7 +620,7 @@ def _assistant(index: int, content: list, ctx: _Context) -> AssistantMessage:
             texts.append(block["text"])
         elif kind == "image":
             if ctx.images.supported:
-                _image(block["source"], f"messages.{index}.content[{position}]")
+                _image(block["source"], f"messages.{index}.content[{position}]", ctx.images)
                 raise ConversionError("Image in assistant message is unsupported")
             texts.append(UNSUPPORTED_IMAGE_TEXT)
         elif kind == "document":
@@ -656,7 +656,7 @@ def _unsupported_document(block: dict) -> str:
 def _block_image(blocks: BlockText, block: dict, path: str, source_path: str) -> None:
     """An image among a system message's blocks: a placeholder, or V4-Pro's stand-in text."""
     if blocks.images.supported:
-        blocks.image(_image(block["source"], path, source_path))
+        blocks.image(_image(block["source"], path, blocks.images, source_path))
     else:
         blocks.text(UNSUPPORTED_IMAGE_TEXT)
 
@@ -665,10 +665,12 @@ def _image_message(source: tuple[str, dict], path: str, images: ImagePolicy) -> 
     if not images.supported:
         # V4-Pro: an image is a stand-in text, never checked (spec §15.9).
         return UserMessage(UNSUPPORTED_IMAGE_TEXT)
-    return UserMessage(images.token, [_image(source, path)], image_token=images.token)
+    return UserMessage(images.token, [_image(source, path, images)], image_token=images.token)
 
 
-def _image(source: tuple[str, dict], path: str, source_path: str | None = None) -> ImageSource:
+def _image(
+    source: tuple[str, dict], path: str, images: ImagePolicy, source_path: str | None = None
+) -> ImageSource:
     """The block's image source; `path` names it in errors, `source_path` (by default the
     same) is the path the source carries."""
     kind, fields = source
@@ -683,7 +685,8 @@ def _image(source: tuple[str, dict], path: str, source_path: str | None = None) 
             f"{where}: file_id is not supported. Pass the image as a base64 data url instead."
         )
     url = fields["url"]
-    if not url.lower().startswith(("http://", "https://")):
+    schemes = ("http://", "https://", "file://") if images.local_files else ("http://", "https://")
+    if not url.lower().startswith(schemes):
         raise ConversionError(f"{where}: invalid url: {json.dumps(url, ensure_ascii=False)}")
     return UrlImageSource(url, path=path)
 
@@ -704,7 +707,7 @@ def _tool_result(
             blocks.text(item["text"])
         elif kind == "image":
             if images.supported:
-                blocks.image(_image(item["source"], path))
+                blocks.image(_image(item["source"], path, images))
             else:
                 blocks.text(UNSUPPORTED_IMAGE_TEXT)
         elif kind == "document":

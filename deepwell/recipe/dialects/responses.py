@@ -699,7 +699,7 @@ def _blocks(
         else:
             if assistant:
                 raise ConversionError(f"{path}: Image in assistant message is unsupported")
-            blocks.image(image_source(block["image_url"], block["detail"], path))
+            blocks.image(image_source(block["image_url"], block["detail"], path, images))
     return blocks
 
 

@@ -71,10 +71,15 @@ class DeepseekEncoding(ABC):
         return out.build(images)
 
     def encode(self, conversation: Conversation) -> list[int]:
+        return self.encode_with_images(conversation)[0]
+
+    def encode_with_images(self, conversation: Conversation) -> tuple[list[int], list[ImageSource]]:
+        """The prompt ids and, in prompt order, the images its placeholders stand for (a
+        rendering may drop a message's images: they are not in the list then)."""
         if self._tokenizer is None:
             raise RuntimeError("no tokenizer is attached to the encoding")
-        out, _ = self._render(conversation)
-        return encode_rendered(self._tokenizer, out)
+        out, images = self._render(conversation)
+        return encode_rendered(self._tokenizer, out), images
 
     def tool_call_grammar(self, tools: Sequence[ToolDefinition]) -> str:
         """The Lark grammar a forced tool call (tool_choice required) must match.

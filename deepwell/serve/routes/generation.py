@@ -25,6 +25,7 @@ from deepwell.serve.frontend import (
     Route,
 )
 from deepwell.serve.gateway import Gateway
+from deepwell.serve.images.intake import IMAGES_NOT_SEEN_HEADER
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
 from deepwell.serve.routes.access import (
     Admitted,
@@ -142,4 +143,6 @@ def _response_headers(prepared: PreparedRequest) -> dict[str, str]:
     headers = {SEED_HEADER: str(prepared.inference.sampling.seed)}
     if prepared.unenforced_keywords:
         headers[UNENFORCED_HEADER] = ", ".join(prepared.unenforced_keywords)
+    if prepared.images_not_seen:
+        headers[IMAGES_NOT_SEEN_HEADER] = str(prepared.images_not_seen)
     return headers
