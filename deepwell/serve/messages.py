@@ -7,7 +7,7 @@ own torch-free types (SamplingParams, EngineStats) travel inside them the same w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import msgpack
