@@ -89,28 +89,29 @@ def test_enforce_eager_is_a_setting_with_deepinfers_environment_switch():
     assert environment.read("DEEPWELL_ENFORCE_EAGER", {"DEEPWELL_ENFORCE_EAGER": "0"}) is False
 
 
-def _requests(core: EngineCore, num_requests: int) -> None:
+def _requests(core: EngineCore, num_requests: int, run: str) -> None:
     for index in range(num_requests):
         prompt = [(7 * index + 3 * k) % 90 + 5 for k in range(3 + 2 * index)]
         # Different lengths: the batch shrinks through several capture sizes.
         params = SamplingParams(max_tokens=4 + 2 * index, temperature=0, ignore_eos=True)
-        core.add_request(f"r{index}", prompt, params)
+        core.add_request(f"{run}{index}", prompt, params)
 
 
-def _eager_and_graphed(make, num_requests: int = 5) -> tuple[dict, dict, set[int]]:
-    core = make()
-    _requests(core, num_requests)
+def _eager_and_graphed(core: EngineCore, num_requests: int = 5) -> tuple[list, list, set[int]]:
+    """The same requests run eagerly, then padded through the eager replay, on one engine
+    (no prefix cache: the second run computes what the first did)."""
+    _requests(core, num_requests, "eager")
     eager = run_to_completion(core)
-    core = make()
     replay = EagerReplay(max_graphs=1000)
     core.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay)
-    _requests(core, num_requests)
+    _requests(core, num_requests, "graphed")
     graphed = run_to_completion(core)
-    return eager, graphed, {key.batch_size for key in replay.buffers}
+    return list(eager.values()), list(graphed.values()), {k.batch_size for k in replay.buffers}
 
 
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_tiny_llama(make_core):
-    eager, graphed, sizes = _eager_and_graphed(lambda: make_core(num_speculative_tokens=0))
+    core = make_core(num_speculative_tokens=0, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(core)
     assert graphed == eager
     # 5 decodes pad to 8, then the batch shrinks through 4, 2 and 1 as requests finish.
     assert sizes == {8, 4, 2, 1}
@@ -118,8 +119,8 @@ def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_tiny_llama(ma
 
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_embedded_smollm2():
     args = dict(batch_invariant=True, memory_gib=1.0, max_model_len=128, block_size=16)
-    args |= dict(num_speculative_tokens=0)
-    eager, graphed, sizes = _eager_and_graphed(lambda: EngineCore(EngineArgs(**args)), 3)
+    args |= dict(num_speculative_tokens=0, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)), 3)
     assert graphed == eager
     assert 4 in sizes
 
@@ -131,7 +132,7 @@ def v41_checkpoint(tmp_path_factory):
 
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_a_tiny_v41(v41_checkpoint):
     args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=256, block_size=16)
-    args |= dict(num_speculative_tokens=0, memory_gib=0.5)
-    eager, graphed, sizes = _eager_and_graphed(lambda: EngineCore(EngineArgs(**args)))
+    args |= dict(num_speculative_tokens=0, memory_gib=0.5, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)))
     assert graphed == eager
     assert 8 in sizes
