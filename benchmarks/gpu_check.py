@@ -6,11 +6,15 @@ each run one engine configuration and print one JSON line (the script compares a
   (static batches, the best of `--hf-batch-sizes`), output tokens per second;
 - decode: the decode step time at a batch size, and the share of `--peak-gbps` it streams,
   counting the weights once per step plus every KV entry of the batch's contexts (a floor
-  on the bytes a step must read: activations and re-reads are left out).
+  on the bytes a step must read: activations and re-reads are left out);
+- graphs: a padded decode step captured as a CUDA graph and replayed against the eager
+  forward (hidden states and step time), and the engine's greedy tokens with decode graphs
+  against --enforce-eager (engine/decode_graphs.py).
 
     .venv/bin/python benchmarks/gpu_check.py tokens --model DIR --device cuda
     .venv/bin/python benchmarks/gpu_check.py w --engine transformers --device cuda
     .venv/bin/python benchmarks/gpu_check.py decode --batch 64 --device cuda --peak-gbps 4800
+    .venv/bin/python benchmarks/gpu_check.py graphs --batch 5 --device cuda
 """
 
 import argparse
@@ -162,9 +166,75 @@ def run_decode(args) -> dict:
     }
 
 
+def run_graphs(args) -> dict:
+    """One padded decode step of `--batch` sequences run eagerly, then through its graph key
+    three times (seen, captured, replayed: CUDA graphs on cuda, the eager replay elsewhere),
+    hidden states compared and step times; then greedy tokens with the engine's graphs
+    against --enforce-eager, and how often the engine captured and replayed."""
+    from deepwell.engine import SamplingParams
+    from deepwell.engine.decode_graphs import (
+        CudaGraphReplay,
+        DecodeGraphs,
+        EagerReplay,
+        capture_sizes,
+    )
+
+    prompts = [[17 + (i * 7 + j) % 200 for j in range(24)] for i in range(args.batch)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    settings = dict(max_num_seqs=args.batch, max_model_len=256, memory_gib=args.memory_gib)
+    llm = _llm(args, async_scheduling=False, enforce_eager=True, **settings)
+    core, runner = llm.core, llm.core.runner
+    for index, prompt in enumerate(prompts):
+        core.add_request(str(index), prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    core.step()  # the prefills; the next step decodes every sequence
+    replay = CudaGraphReplay() if args.device.startswith("cuda") else EagerReplay()
+    # Sizes past the batch: the step is padded, as most engine steps are.
+    runner.decode_graphs = DecodeGraphs(capture_sizes(args.batch + 3), replay)
+    step = runner.prepare(core.scheduler.schedule().chunks)
+    inputs = (step.input_ids, step.positions, step.meta)
+    with torch.inference_mode():
+        eager = runner._forward_model(*inputs).clone()
+        graphed = [
+            runner.decode_graphs.run(step.graph_size, inputs, runner._forward_model).clone()
+            for _ in range(3)
+        ]
+
+        def timed(run) -> float:
+            _sync(args.device)
+            start = time.perf_counter()
+            for _ in range(args.tokens):
+                run()
+            _sync(args.device)
+            return (time.perf_counter() - start) / args.tokens * 1e3
+
+        eager_ms = timed(lambda: runner._forward_model(*inputs))
+        graph_ms = timed(
+            lambda: runner.decode_graphs.run(step.graph_size, inputs, runner._forward_model)
+        )
+    differences = [(g.float() - eager.float()).abs().max().item() for g in graphed]
+    greedy = {}
+    for enforce_eager in (True, False):
+        llm = _llm(args, enforce_eager=enforce_eager, **settings)
+        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        greedy[enforce_eager] = [o.token_ids for o in outputs]
+        engine_replay = (
+            None if llm.core.runner.decode_graphs is None else llm.core.runner.decode_graphs.replay
+        )
+    return {
+        "batch": args.batch,
+        "graph_size": step.graph_size,
+        "max_abs_diff_seen_captured_replayed": differences,
+        "eager_step_ms": eager_ms,
+        "graph_step_ms": graph_ms,
+        "engine_tokens_match_enforce_eager": greedy[True] == greedy[False],
+        "engine_captures": getattr(engine_replay, "captures", None),
+        "engine_replays": getattr(engine_replay, "replays", None),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("tokens", "w", "decode"))
+    parser.add_argument("what", choices=("tokens", "w", "decode", "graphs"))
     parser.add_argument("--model", default=None, help="checkpoint (default: the embedded model)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kernels", default="auto", choices=("auto", "triton"))
@@ -187,7 +257,7 @@ def main() -> None:
         "--peak-gbps", type=float, default=4800.0, help="decode: memory bandwidth (H200: 4800)"
     )
     args = parser.parse_args()
-    run = {"tokens": run_tokens, "w": run_w, "decode": run_decode}[args.what]
+    run = {"tokens": run_tokens, "w": run_w, "decode": run_decode, "graphs": run_graphs}[args.what]
     print(json.dumps(run(args)))
 
 

@@ -4,6 +4,8 @@
 #      against the CPU's;
 #   2. workload W on the embedded model: deepwell against transformers on the same GPU;
 #   3. decode at batch 1 and 64 as a share of the GPU's memory bandwidth (embedded model);
+#  3b. decode CUDA graphs: a padded step captured and replayed against eager (embedded model
+#      and tiny V4.1), and greedy tokens with graphs against --enforce-eager;
 #   4. the medium V4.1 checkpoint: its tokens on CUDA against the CPU's, and its decode.
 # --cpu rehearses the same steps on this CPU at tiny sizes (Triton through its interpreter);
 # --dry-run prints the commands only. No GPU has run it yet (docs/benchmarks.md).
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY=1 ;;
     --peak-gbps) PEAK="$2"; shift ;;
     --python) PY="$2"; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -80,6 +82,11 @@ echo "== 3. decode, embedded model (bandwidth share of $PEAK GB/s)"
 for batch in "${BATCHES[@]}"; do
   run "$CHECK" decode --device "$DEVICE" --batch "$batch" --peak-gbps "$PEAK" "${DECODE[@]}"
 done
+
+echo "== 3b. CUDA graphs for decode: capture and replay against eager, tokens against --enforce-eager"
+run "$CHECK" graphs --device "$DEVICE" --batch 5 --max-tokens "$TOKENS" "${DECODE[@]}"
+run "$CHECK" graphs --model "$WORK/tiny" --device "$DEVICE" --dtype float32 --batch 5 \
+  --max-tokens "$TOKENS" "${DECODE[@]}"
 
 echo "== 4. $MEDIUM DeepSeek-V4.1: greedy tokens and decode"
 run -m deepwell.cli tiny-checkpoint "$WORK/$MEDIUM" --preset "$MEDIUM" >/dev/null

@@ -15,6 +15,7 @@ import torch
 
 from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import BuiltEngine, build_engine, check_expert_parallel
+from deepwell.engine.decode_graphs import decode_graphs_for
 from deepwell.engine.device import resolve_device
 from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.intake import RequestIntake
@@ -81,6 +82,9 @@ class EngineCore:
             device=built.device,
             sampler=sampler_for(args.kernels),
             encoder_cache=_encoder_cache(built),
+            decode_graphs=decode_graphs_for(
+                built.device, args.enforce_eager, args.max_num_seqs, self.group is not None
+            ),
         )
         # Batch-invariant mode speculates with verify lengths from each request alone
         # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).

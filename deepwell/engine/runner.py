@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepwell.engine.decode_graphs import DecodeGraphs, padding_chunks
 from deepwell.engine.device import HOST, place
 from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.kv.cache import KVCache
@@ -53,6 +54,8 @@ class PreparedStep:
     # with ring snapshots; the forward fills `snapshots` with what it took there.
     snapshot_points: list[tuple[str, int, int]] = field(default_factory=list)
     snapshots: dict[str, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
+    # A decode step padded to this batch size for its graph (decode_graphs.py); None: eager.
+    graph_size: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -72,12 +75,14 @@ class ModelRunner:
         device: torch.device = HOST,
         sampler: Sampler | None = None,
         encoder_cache: EncoderCache | None = None,
+        decode_graphs: DecodeGraphs | None = None,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
         Steps are built on the host and placed on `device` (the model's and the cache's).
         `encoder_cache` encodes the images of a model with a vision tower (intake lets an
-        image in only then)."""
+        image in only then). With `decode_graphs`, steps of single-token decodes run padded
+        through their graphs."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -92,8 +97,12 @@ class ModelRunner:
         self.device = device
         self.sampler = sampler or Sampler()
         self.encoder_cache = encoder_cache
+        self.decode_graphs = decode_graphs
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
+        graph_size = None if self.decode_graphs is None else self.decode_graphs.size_for(chunks)
+        # Padding rows follow the real ones and are decode-shaped like them.
+        padding = [] if graph_size is None else padding_chunks(chunks, graph_size)
         # Decode-shaped chunks first: they share one batched attention call. A verify chunk
         # joins them, a row per query, when other requests decode too: at batch 1 one SDPA
         # over its rows is cheaper, in a batch one call beats an SDPA per drafting request.
@@ -102,10 +111,11 @@ class ModelRunner:
         ordered = [c for c, d in zip(chunks, shaped, strict=True) if d]
         num_decode_chunks = len(ordered)
         ordered += [c for c, d in zip(chunks, shaped, strict=True) if not d]
+        num_decode_chunks += len(padding)
         # Built from Python lists on the host (explicitly: whatever the default device is),
         # then placed on the engine's device in one pass below.
         with HOST:
-            rows, meta = self._prepare(ordered, num_decode_chunks)
+            rows, meta = self._prepare(ordered + padding, num_decode_chunks)
         snapshot_points = []
         if self.snapshots is not None:
             bs = self.block_size
@@ -114,7 +124,9 @@ class ModelRunner:
                 if boundary > c.start and c.request.slot is not None:
                     snapshot_points.append((c.request.request_id, c.request.slot, boundary))
         completing = [
-            (row, c) for row, c in zip(rows.last_rows, ordered, strict=True) if c.completes
+            (row, c)
+            for row, c in zip(rows.last_rows, ordered + padding, strict=True)
+            if c.completes
         ]
         sampling = [(row, c) for row, c in completing if not c.draft]
         verifying = [(row, c) for row, c in completing if c.draft]
@@ -140,6 +152,7 @@ class ModelRunner:
             pending_rows=rows.pending_rows,
             pending_history=rows.pending_history,
             snapshot_points=snapshot_points,
+            graph_size=graph_size,
         )
 
     @torch.inference_mode()
@@ -151,7 +164,11 @@ class ModelRunner:
         for row, column, request in step.pending_history:
             step.meta.token_history[row, column] = pending[request.request_id]
         self.fill_image_embeddings(step.meta)
-        hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_cache)
+        inputs = (step.input_ids, step.positions, step.meta)
+        if step.graph_size is None:
+            hidden = self._forward_model(*inputs)
+        else:
+            hidden = self.decode_graphs.run(step.graph_size, inputs, self._forward_model)
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
             tensors = self.snapshots.capture(self.kv_cache, slot, boundary)
@@ -213,6 +230,11 @@ class ModelRunner:
             offset += num_rows
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
+
+    def _forward_model(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, meta, self.kv_cache)
 
     def _prepare(
         self, chunks: list[ScheduledChunk], num_decode_chunks: int

@@ -139,6 +139,16 @@ class EngineArgs:
         flags="--gpu-memory-utilization",
         metavar="FRACTION",
     )
+    enforce_eager: bool = setting(
+        False,
+        "on cuda: run every decode step eagerly instead of replaying CUDA graphs captured at "
+        "batch sizes 1, 2, 4, 8, 16, ... up to --max-num-seqs (engine/decode_graphs.py); on "
+        "cpu graphs are off whatever this says",
+        flags="--enforce-eager",
+        bool_flag="on",
+        env="DEEPWELL_ENFORCE_EAGER",
+        env_parse=env.parse_flag,
+    )
     max_num_seqs: int = setting(
         64,
         "requests in one engine step (batch size limit)",

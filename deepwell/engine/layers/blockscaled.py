@@ -53,7 +53,7 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor)
     [rows, in] float32 or bfloat16, weight float8_e4m3fn [out, in], scale float8_e8m0fnu
     [ceil(out / 32), ceil(in / 32)]."""
     _check_fp8(x, weight, scale)
-    kernel = native_kernel()
+    kernel = native_kernel() if x.device.type == "cpu" else None
     if kernel is not None:
         return kernel.fp8_block_linear(x, weight, scale)
     return fp8_block_linear_reference(x, weight, scale)
@@ -63,7 +63,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """float32 [rows, out] = x.float() @ weight.float().T for x [rows, in] float32 or bfloat16
     and weight bfloat16 [out, in], without materialising weight.float()."""
     _check_rows(x, weight, torch.bfloat16, weight.shape[1] if weight.dim() == 2 else -1)
-    kernel = native_kernel()
+    kernel = native_kernel() if x.device.type == "cpu" else None
     if kernel is not None:
         return kernel.bf16_linear(x, weight)
     return bf16_linear_reference(x, weight)
@@ -96,8 +96,8 @@ class MxFp4Experts:
         w2: Sequence[torch.Tensor],
         w2_scale: Sequence[torch.Tensor],
     ) -> "MxFp4Experts":
-        """Validate every expert's six tensors (dtype, shape, contiguous CPU memory) and build
-        the address tables. A ValueError names the first tensor that is wrong."""
+        """Validate every expert's six tensors (dtype, shape, contiguous memory on one device)
+        and build the address tables. A ValueError names the first tensor that is wrong."""
         parts = {
             "w1": w1,
             "w1_scale": w1_scale,
@@ -134,11 +134,14 @@ class MxFp4Experts:
                         f"expert {index} {name}: expected {dtype} {list(shape)}, "
                         f"got {tensor.dtype} {list(tensor.shape)}"
                     )
-                if tensor.device.type != "cpu" or not tensor.is_contiguous():
-                    raise ValueError(f"expert {index} {name} must be contiguous CPU memory")
+                if tensor.device != w1[0].device or not tensor.is_contiguous():
+                    raise ValueError(
+                        f"expert {index} {name} must be contiguous memory on {w1[0].device}"
+                    )
         kept = {name: tuple(tensors) for name, tensors in parts.items()}
+        # Built once, beside the weights: a kernel on their device reads them without a copy.
         tables = tuple(
-            torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+            torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=w1[0].device)
             for tensors in kept.values()
         )
         return cls(**kept, tables=tables)
@@ -168,7 +171,7 @@ def mxfp4_experts(
     bfloat16, slots int64 [pairs] and weights float32 [pairs], pairs in any order. One native
     call for all the layer's experts, with no host synchronisation."""
     _check_pairs(x, slots, weights, experts)
-    kernel = native_kernel()
+    kernel = native_kernel() if x.device.type == "cpu" else None
     if kernel is not None:
         return kernel.mxfp4_experts(
             x,
@@ -212,7 +215,7 @@ def mxfp4_experts_reference(
     def matrix(data: torch.Tensor, scale: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
         return lambda begin, end: dequantize_mxfp4(data[begin:end], scale[begin:end])
 
-    out = torch.empty(x.shape, dtype=torch.float32)
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     for expert in torch.unique(slots).tolist():
         picked = (slots == expert).nonzero().squeeze(1)
         rows = x[picked]
@@ -235,7 +238,7 @@ def _sliced_matmul(
 ) -> torch.Tensor:
     """x.float() @ W.T with W's float32 rows [begin, end) from `rows`, REFERENCE_ROWS at a time."""
     x = x.float()
-    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    out = torch.empty(x.shape[0], out_features, dtype=torch.float32, device=x.device)
     for begin in range(0, out_features, REFERENCE_ROWS):
         end = min(out_features, begin + REFERENCE_ROWS)
         out[:, begin:end] = x @ rows(begin, end).T

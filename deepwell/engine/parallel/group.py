@@ -28,15 +28,29 @@ class DistributedGroup:
     backend: str
     timeout_s: float
 
+    @property
+    def device(self) -> torch.device:
+        """Where this group's collectives read their tensors: the rank's GPU on NCCL, else
+        the host."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+def backend_for(device: torch.device | None) -> str:
+    """The collective backend for tensors on `device`: NCCL for CUDA tensors (gloo cannot
+    read device memory), gloo for host tensors (NCCL cannot read host memory)."""
+    return "nccl" if device is not None and device.type == "cuda" else "gloo"
+
+
 def init_group(config: ParallelConfig, device: torch.device | None = None) -> DistributedGroup:
-    """Join the group (blocks until every rank has joined, at most `timeout_s`)."""
-    on_cuda = device is not None and device.type == "cuda"
-    backend = "nccl" if on_cuda else "gloo"
+    """Join the group (blocks until every rank has joined, at most `timeout_s`) on the
+    backend for the engine's `device`."""
+    backend = backend_for(device)
     try:
         dist.init_process_group(
             backend,

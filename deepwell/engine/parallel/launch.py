@@ -26,7 +26,8 @@ WATCH_INTERVAL_S = 0.1
 @dataclass(frozen=True)
 class RankStats:
     """What a rank measured: steps the group computed, seconds of model work (forward and
-    sampling) and of it in all-to-alls, pairs its experts computed, EPLB's re-placements."""
+    sampling) and of it in all-to-alls, pairs its experts computed, EPLB's re-placements,
+    bytes sent to other ranks."""
 
     rank: int
     steps: int = 0
@@ -36,6 +37,9 @@ class RankStats:
     rebalances: tuple[Rebalance, ...] = ()
     # Seconds of this rank's generate call (its requests and its peers' steps).
     generate_s: float = 0.0
+    # Bytes the all-to-alls sent to other ranks: tokens with their routes, outputs back.
+    dispatch_bytes: int = 0
+    combine_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,8 @@ def _rank_stats(core, rank: int) -> RankStats:
         sum(layer.exchange_s for layer in layers),
         sum(layer.computed_tokens for layer in layers),
         tuple(gate.eplb.history) if gate.eplb is not None else (),
+        dispatch_bytes=sum(layer.dispatch_bytes for layer in layers),
+        combine_bytes=sum(layer.combine_bytes for layer in layers),
     )
 
 

@@ -32,7 +32,7 @@ class StepGate:
 
     def agree(self, has_work: bool, has_unfinished: bool) -> bool:
         """Called once per `step()` by every rank; True when any rank computes this step."""
-        flags = torch.tensor([int(has_work), int(has_unfinished)])
+        flags = torch.tensor([int(has_work), int(has_unfinished)], device=self.group.device)
         with collective(self.group, "step agreement"):
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         any_work, self.group_unfinished = bool(flags[0]), bool(flags[1])
@@ -50,4 +50,4 @@ class StepGate:
     def dummy_step(self) -> None:
         """This rank's part of a step it has no tokens for: each MoE layer's exchange."""
         for moe in self.moe_layers:
-            moe(torch.zeros(0, moe.hidden_size, dtype=moe.input_dtype))
+            moe(torch.zeros(0, moe.hidden_size, dtype=moe.input_dtype, device=self.group.device))

@@ -75,6 +75,12 @@ def test_two_expert_parallel_ranks_match_one_process(checkpoint, batch, one_rank
     assert [c.token_ids for c in run.completions] == one_rank
     # Both ranks computed expert pairs for the other: the exchange really ran.
     assert all(stats.computed_tokens > 0 and stats.exchange_s > 0 for stats in run.stats)
+    # A token goes once to each rank holding some of its experts: fewer bytes out than one
+    # row per (token, expert) pair, which the combine still returns (plus 16 route bytes).
+    hidden = TINY_TEXT_CONFIG["hidden_size"]
+    combined = sum(stats.combine_bytes for stats in run.stats)
+    per_pair = combined // (4 * hidden) * (4 * hidden + 16)
+    assert 0 < sum(stats.dispatch_bytes for stats in run.stats) < 0.9 * per_pair
 
 
 def test_four_ranks_with_eplb_replacing_experts_mid_run_match_one_process(

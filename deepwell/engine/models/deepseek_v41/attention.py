@@ -295,7 +295,9 @@ class CSA2Attention(nn.Module):
         if not windows:
             return []
         sizes = [len(window.ring_rows) for window in windows]
-        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(torch.tensor(sizes))
+        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(
+            torch.tensor(sizes), output_size=sum(sizes)
+        )
         rows = torch.cat([window.ring_rows for window in windows])
         return list(self.storage.window.decode(ring[slots, rows], dtype).split(sizes))
 

@@ -9,6 +9,9 @@ from deepwell.engine.layers.batch_invariant import tiled_rows
 from deepwell.engine.layers.blockscaled import MxFp4Experts, mxfp4_experts
 from deepwell.engine.parallel.expert import ExpertParallel
 
+# A packed bank's tensors, in MxFp4Experts' field order.
+PACKED_COLUMNS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+
 
 class ClampedSwiGLU(nn.Module):
     """W2(silu(min(W1 x, limit)) · clamp(W3 x, ±limit)), the gate and up halves fused."""
@@ -118,13 +121,28 @@ class MoE(nn.Module):
             raise ValueError(f"a bank of {bank.num_experts} experts for {self.num_slots} slots")
         self.packed_experts = bank
         self.experts = None
-        # Registered too, so the model's bytes count them (build.py sizes the KV cache).
+        # Registered too, so the model's bytes count them (build.py sizes the KV cache) and
+        # `.to(device)` moves them.
         columns = (bank.w1, bank.w1_scale, bank.w3, bank.w3_scale, bank.w2, bank.w2_scale)
-        for column, tensors in zip(
-            ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"), columns, strict=True
-        ):
+        for column, tensors in zip(PACKED_COLUMNS, columns, strict=True):
             for slot, tensor in enumerate(tensors):
                 self.register_buffer(f"packed_{column}_{slot}", tensor, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Module.to and friends; a bank whose buffers moved to another device is rebuilt
+        there, with its address tables (their pointers are the old device's otherwise)."""
+        super()._apply(fn, recurse)
+        bank = self.packed_experts
+        if bank is not None and self.packed_w1_0.device != bank.w1[0].device:
+            self.packed_experts = MxFp4Experts.from_tensors(
+                **{
+                    column: [
+                        getattr(self, f"packed_{column}_{slot}") for slot in range(len(bank.w1))
+                    ]
+                    for column in PACKED_COLUMNS
+                }
+            )
+        return self
 
     def _run_slots(
         self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor

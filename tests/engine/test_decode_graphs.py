@@ -1,0 +1,138 @@
+"""Decode graphs: the capture sizes, padding, graph keys and static buffers, on the CPU through
+the eager replay (the path CUDA graphs take, without the capture): padded static-buffer decode
+gives the eager path's tokens on the embedded SmolLM2, the tiny Llama and a tiny V4.1."""
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.decode_graphs import (
+    DecodeGraphs,
+    EagerReplay,
+    GraphKey,
+    capture_sizes,
+    decode_graphs_for,
+    padded_size,
+    signature,
+)
+from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.settings import environment
+
+from .tiny_llama import run_to_completion
+
+
+def test_capture_sizes_are_one_two_four_then_every_eight_up_to_the_batch_limit():
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(1) == [1]
+
+
+def test_a_batch_pads_to_the_smallest_size_holding_it_and_none_past_the_largest():
+    sizes = capture_sizes(20)
+    assert [padded_size(n, sizes) for n in (1, 3, 5, 8, 9, 17, 20)] == [1, 4, 8, 8, 16, 20, 20]
+    assert padded_size(21, sizes) is None
+
+
+def test_the_graph_key_holds_shapes_and_plain_values_not_tensor_contents():
+    @dataclasses.dataclass
+    class Plan:
+        rows: torch.Tensor
+        lens: list[int]
+
+    step = (torch.arange(4), Plan(torch.zeros(2, 3), [5, 6]))
+    same_shapes = (torch.arange(4) + 7, Plan(torch.ones(2, 3), [5, 6]))
+    assert signature(step) == signature(same_shapes)
+    assert signature(step) != signature((torch.arange(5), Plan(torch.zeros(2, 3), [5, 6])))
+    assert signature(step) != signature((torch.arange(4), Plan(torch.zeros(2, 3), [5, 7])))
+    assert signature(step) != signature((torch.arange(4.0), Plan(torch.zeros(2, 3), [5, 6])))
+
+
+def test_eager_replay_reuses_a_keys_static_buffers_with_the_new_steps_values():
+    replay = EagerReplay()
+    seen = []
+
+    def forward(ids, positions, meta):
+        seen.append((ids.data_ptr(), ids.tolist(), meta["lens"].tolist()))
+        return ids.float()
+
+    graphs = DecodeGraphs([4], replay)
+    graphs.run(4, (torch.arange(4), torch.arange(4), {"lens": torch.tensor([1])}), forward)
+    graphs.run(4, (torch.arange(4) + 10, torch.arange(4), {"lens": torch.tensor([9])}), forward)
+    assert seen[0][0] == seen[1][0]
+    assert seen[1][1:] == ([10, 11, 12, 13], [9])
+    assert [key.batch_size for key in replay.buffers] == [4]
+
+
+def test_eager_replay_keeps_at_most_its_limit_of_graphs():
+    replay = EagerReplay(max_graphs=2)
+    for n in (1, 2, 3):
+        replay.run(GraphKey(n, (n,)), (torch.zeros(n), torch.zeros(n), None), lambda *a: a[0])
+    assert [key.batch_size for key in replay.buffers] == [2, 3]
+
+
+def test_graphs_are_off_on_the_cpu_and_with_enforce_eager_and_say_so(caplog):
+    with caplog.at_level(logging.INFO, logger="deepwell.engine.decode_graphs"):
+        assert decode_graphs_for(torch.device("cpu"), False, 64, False) is None
+        assert decode_graphs_for(torch.device("cuda"), True, 64, False) is None
+        assert decode_graphs_for(torch.device("cuda"), False, 64, True) is None
+    assert ["cpu" in caplog.messages[0], "--enforce-eager" in caplog.messages[1]] == [True, True]
+    assert "expert-parallel" in caplog.messages[2]
+
+
+def test_enforce_eager_is_a_setting_with_deepinfers_environment_switch():
+    assert EngineArgs().enforce_eager is False
+    assert environment.read("DEEPWELL_ENFORCE_EAGER", {"DEEPWELL_ENFORCE_EAGER": "1"}) is True
+    assert environment.read("DEEPWELL_ENFORCE_EAGER", {"DEEPWELL_ENFORCE_EAGER": "0"}) is False
+
+
+def _requests(core: EngineCore, num_requests: int, run: str) -> None:
+    for index in range(num_requests):
+        prompt = [(7 * index + 3 * k) % 90 + 5 for k in range(3 + 2 * index)]
+        # Different lengths: the batch shrinks through several capture sizes.
+        params = SamplingParams(max_tokens=4 + 2 * index, temperature=0, ignore_eos=True)
+        core.add_request(f"{run}{index}", prompt, params)
+
+
+def _eager_and_graphed(core: EngineCore, num_requests: int = 5) -> tuple[list, list, set[int]]:
+    """The same requests run eagerly, then padded through the eager replay, on one engine
+    (no prefix cache: the second run computes what the first did)."""
+    _requests(core, num_requests, "eager")
+    eager = run_to_completion(core)
+    replay = EagerReplay(max_graphs=1000)
+    core.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay)
+    _requests(core, num_requests, "graphed")
+    graphed = run_to_completion(core)
+    return list(eager.values()), list(graphed.values()), {k.batch_size for k in replay.buffers}
+
+
+def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_tiny_llama(make_core):
+    core = make_core(num_speculative_tokens=0, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(core)
+    assert graphed == eager
+    # 5 decodes pad to 8, then the batch shrinks through 4, 2 and 1 as requests finish.
+    assert sizes == {8, 4, 2, 1}
+
+
+def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_embedded_smollm2():
+    args = dict(batch_invariant=True, memory_gib=1.0, max_model_len=128, block_size=16)
+    args |= dict(num_speculative_tokens=0, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)), 3)
+    assert graphed == eager
+    assert 4 in sizes
+
+
+@pytest.fixture(scope="module")
+def v41_checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
+
+
+def test_padded_static_buffer_decode_gives_the_eager_tokens_on_a_tiny_v41(v41_checkpoint):
+    args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=256, block_size=16)
+    args |= dict(num_speculative_tokens=0, memory_gib=0.5, enable_prefix_caching=False)
+    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)))
+    assert graphed == eager
+    assert 8 in sizes
