@@ -17,6 +17,7 @@ was written on is shared, and a descheduled thread stalls a call by a whole time
 ratio = bf16 / kernel.
 
     PYTHONPATH=. .venv/bin/python benchmarks/blockscaled_kernels.py [--threads N] [--repeats 50]
+        [--linear-shapes 2048x2048 4096x2048] [--intermediate 768 1536]
 """
 
 import argparse
@@ -149,13 +150,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--intermediate", type=int, nargs="+", default=[768, 1536])
+    parser.add_argument(
+        "--linear-shapes",
+        nargs="+",
+        default=[f"{o}x{i}" for o, i in LINEAR_SHAPES],
+        help="FP8 linears as OUTxIN (the medium checkpoint's: 512x1024 2048x512 128x1024 "
+        "1024x1024 1024x512)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     kernel = native_kernel()
     path = "torch reference" if kernel is None else kernel.instruction_set()
     print(f"threads {args.threads}, kernel path {path}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'what':34} {'rows':>4} {'kernel ms':>10} {'bf16 ms':>10} {'ratio':>6}")
-    for out_features, in_features in LINEAR_SHAPES:
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.linear_shapes]
+    for out_features, in_features in shapes:
         for rows in ROWS:
             ours, theirs = linear_rows(out_features, in_features, rows, args.repeats)
             what = f"fp8 linear {out_features}x{in_features}"

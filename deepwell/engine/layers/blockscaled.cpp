@@ -89,6 +89,13 @@ constexpr int64_t bytes_of(int64_t columns) {
 
 int64_t padded(int64_t columns) { return (columns + kBlock - 1) / kBlock * kBlock; }
 
+constexpr int64_t kLine = 64;
+// A decode step reads each weight once, so its weights stream from memory, and a tile's rows
+// (kOutputs of them, 0.5–2 KiB each) are too short for the hardware prefetcher to run ahead:
+// while a tile computes, the tile `ahead` bytes on (the next kOutputs rows, contiguous) is
+// fetched line by line. A prefetch never faults, so past a matrix's end it is only wasted.
+inline void prefetch_line(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
+
 // E8M0 byte b → 2^(b - 127); 0 is float32's subnormal 2^-127, 255 NaN.
 inline float e8m0_to_float(uint8_t b) {
   if (b == 255) return std::numeric_limits<float>::quiet_NaN();
@@ -272,10 +279,10 @@ inline float zero() { return 0.f; }
 // result[o * R + r] = Σ_k w[o]_k x[r][k] for O weight rows of `columns` inputs and R
 // activation rows, zero-padded to a whole block (MXFP4: in mxfp4_lane order); `scales[o]`
 // the row's e8m0 per block (MXFP4; unused otherwise). Each (o, r) runs the same operations
-// whatever O and R are.
+// whatever O and R are. `ahead`: see prefetch_line.
 template <Format F, int O, int R>
 void dot_tile(const uint8_t* const* w, const uint8_t* const* scales, int64_t columns, const float* const* x,
-              float* result) {
+              int64_t ahead, float* result) {
   Vector acc[O][R][kChains];
   for (int o = 0; o < O; ++o)
     for (int r = 0; r < R; ++r)
@@ -288,6 +295,8 @@ void dot_tile(const uint8_t* const* w, const uint8_t* const* scales, int64_t col
   };
   for (int64_t b = 0; b < full; ++b) {
     for (int o = 0; o < O; ++o) at[o] = w[o] + b * block_bytes<F>();
+    if (b * block_bytes<F>() % kLine == 0)
+      for (int o = 0; o < O; ++o) prefetch_line(at[o] + ahead);
     scales_of(b);
     accumulate_block<F, O, R>(at, scale, x, b * kBlock, acc);
   }
@@ -306,24 +315,24 @@ void dot_tile(const uint8_t* const* w, const uint8_t* const* scales, int64_t col
 
 template <Format F, int O>
 void dot_tile_rows(int rows, const uint8_t* const* w, const uint8_t* const* scales, int64_t columns,
-                   const float* const* x, float* result) {
+                   const float* const* x, int64_t ahead, float* result) {
   switch (rows) {
-    case 1: dot_tile<F, O, 1>(w, scales, columns, x, result); break;
-    case 2: dot_tile<F, O, 2>(w, scales, columns, x, result); break;
-    case 3: dot_tile<F, O, 3>(w, scales, columns, x, result); break;
-    default: dot_tile<F, O, 4>(w, scales, columns, x, result); break;
+    case 1: dot_tile<F, O, 1>(w, scales, columns, x, ahead, result); break;
+    case 2: dot_tile<F, O, 2>(w, scales, columns, x, ahead, result); break;
+    case 3: dot_tile<F, O, 3>(w, scales, columns, x, ahead, result); break;
+    default: dot_tile<F, O, 4>(w, scales, columns, x, ahead, result); break;
   }
 }
 
 // dot_tile for `outputs` (1..kOutputs) weight rows and `rows` (1..kGroup) activation rows.
 template <Format F>
 void dot_group(int outputs, int rows, const uint8_t* const* w, const uint8_t* const* scales, int64_t columns,
-               const float* const* x, float* result) {
+               const float* const* x, int64_t ahead, float* result) {
   switch (outputs) {
-    case 1: dot_tile_rows<F, 1>(rows, w, scales, columns, x, result); break;
-    case 2: if constexpr (kOutputs >= 2) dot_tile_rows<F, 2>(rows, w, scales, columns, x, result); break;
-    case 3: if constexpr (kOutputs >= 3) dot_tile_rows<F, 3>(rows, w, scales, columns, x, result); break;
-    default: if constexpr (kOutputs >= 4) dot_tile_rows<F, 4>(rows, w, scales, columns, x, result); break;
+    case 1: dot_tile_rows<F, 1>(rows, w, scales, columns, x, ahead, result); break;
+    case 2: if constexpr (kOutputs >= 2) dot_tile_rows<F, 2>(rows, w, scales, columns, x, ahead, result); break;
+    case 3: if constexpr (kOutputs >= 3) dot_tile_rows<F, 3>(rows, w, scales, columns, x, ahead, result); break;
+    default: if constexpr (kOutputs >= 4) dot_tile_rows<F, 4>(rows, w, scales, columns, x, ahead, result); break;
   }
 }
 
@@ -349,7 +358,7 @@ void output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_
       const float* group[kGroup];
       float result[kOutputs * kGroup];
       for (int r = 0; r < n; ++r) group[r] = x + (g + r) * stride;
-      dot_group<F>(tile.count, n, tile.rows, tile.scales, columns, group, result);
+      dot_group<F>(tile.count, n, tile.rows, tile.scales, columns, group, kOutputs * row_bytes, result);
       for (int j = 0; j < tile.count; ++j)
         for (int r = 0; r < n; ++r) out[(first + g + r) * out_features + o + j] = result[j * n + r];
     }
@@ -400,7 +409,7 @@ inline int64_t pair_lane(int64_t k) { return (k % 16) / 8 * 32 + k / 16 * 8 + k 
 // kBf16: the weights are bf16 already (bf16_linear): a step's two vectors are its 64 columns
 // in order, and the activations are in plain column order.
 template <int O, int R, bool kBf16>
-void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
+void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* x, int64_t ahead, float* result) {
   constexpr int64_t kStepBytes = kBf16 ? 2 * kPairStep : kPairStep;
   const E4m3Bf16Tables& t = e4m3_bf16_tables();
   const __m512i low0 = _mm512_load_si512(t.low), low1 = _mm512_load_si512(t.low + 64);
@@ -435,7 +444,10 @@ void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* 
   const int64_t full = columns / kPairStep;
   const uint8_t* at[O];
   for (int64_t b = 0; b < full; ++b) {
-    for (int o = 0; o < O; ++o) at[o] = w[o] + b * kStepBytes;
+    for (int o = 0; o < O; ++o) {
+      at[o] = w[o] + b * kStepBytes;
+      for (int64_t line = 0; line < kStepBytes; line += kLine) prefetch_line(at[o] + line + ahead);
+    }
     step(at, b * kPairStep);
   }
   if (columns % kPairStep) {
@@ -451,12 +463,13 @@ void pair_tile(const uint8_t* const* w, int64_t columns, const uint16_t* const* 
 }
 
 template <int O, bool kBf16>
-void pair_tile_rows(int rows, const uint8_t* const* w, int64_t columns, const uint16_t* const* x, float* result) {
+void pair_tile_rows(int rows, const uint8_t* const* w, int64_t columns, const uint16_t* const* x, int64_t ahead,
+                    float* result) {
   switch (rows) {
-    case 1: pair_tile<O, 1, kBf16>(w, columns, x, result); break;
-    case 2: pair_tile<O, 2, kBf16>(w, columns, x, result); break;
-    case 3: pair_tile<O, 3, kBf16>(w, columns, x, result); break;
-    default: pair_tile<O, 4, kBf16>(w, columns, x, result); break;
+    case 1: pair_tile<O, 1, kBf16>(w, columns, x, ahead, result); break;
+    case 2: pair_tile<O, 2, kBf16>(w, columns, x, ahead, result); break;
+    case 3: pair_tile<O, 3, kBf16>(w, columns, x, ahead, result); break;
+    default: pair_tile<O, 4, kBf16>(w, columns, x, ahead, result); break;
   }
 }
 
@@ -468,17 +481,19 @@ void pair_output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, i
   for (int64_t o = o_begin; o < o_end; o += kOutputs) {
     const int count = static_cast<int>(std::min<int64_t>(kOutputs, o_end - o));
     const uint8_t* tile[kOutputs];
-    for (int j = 0; j < count; ++j) tile[j] = weight + (o + j) * columns * (kBf16 ? 2 : 1);
+    const int64_t row_bytes = columns * (kBf16 ? 2 : 1);
+    const int64_t ahead = kOutputs * row_bytes;
+    for (int j = 0; j < count; ++j) tile[j] = weight + (o + j) * row_bytes;
     for (int64_t g = 0; g < rows; g += kGroup) {
       const int n = static_cast<int>(std::min<int64_t>(kGroup, rows - g));
       const uint16_t* group[kGroup];
       float result[kOutputs * kGroup];
       for (int r = 0; r < n; ++r) group[r] = x + (g + r) * stride;
       switch (count) {
-        case 1: pair_tile_rows<1, kBf16>(n, tile, columns, group, result); break;
-        case 2: pair_tile_rows<2, kBf16>(n, tile, columns, group, result); break;
-        case 3: pair_tile_rows<3, kBf16>(n, tile, columns, group, result); break;
-        default: pair_tile_rows<4, kBf16>(n, tile, columns, group, result); break;
+        case 1: pair_tile_rows<1, kBf16>(n, tile, columns, group, ahead, result); break;
+        case 2: pair_tile_rows<2, kBf16>(n, tile, columns, group, ahead, result); break;
+        case 3: pair_tile_rows<3, kBf16>(n, tile, columns, group, ahead, result); break;
+        default: pair_tile_rows<4, kBf16>(n, tile, columns, group, ahead, result); break;
       }
       for (int j = 0; j < count; ++j)
         for (int r = 0; r < n; ++r) out[(first + g + r) * out_features + o + j] = result[j * n + r];
@@ -724,6 +739,8 @@ torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slot
     for (int64_t c = 0; c < hidden; ++c) xs[p * x_stride + lane_of(c)] = src[p * hidden + c];
   }
   const float cap = static_cast<float>(limit);
+  // An expert's rows are contiguous: a tile prefetches the next tile's rows.
+  const int64_t gate_ahead = kOutputs * (hidden / 2), down_ahead = kOutputs * (inter / 2);
   // Weight rows [i, i + kOutputs) of `m` (clipped at `end`) for expert e.
   auto tile_of = [](const ExpertMatrices& m, int64_t e, int64_t i, int64_t end) {
     RowTile tile{};
@@ -739,8 +756,8 @@ torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slot
       const RowTile w1_rows = tile_of(gate, e, i, end), w3_rows = tile_of(up, e, i, end);
       pair_groups(ordered, starts, e, xs.data(), x_stride, [&](int n, const float* const* rows, const int64_t* ids) {
         float h[kOutputs * kGroup], u[kOutputs * kGroup];
-        dot_group<Format::kMxFp4>(w1_rows.count, n, w1_rows.rows, w1_rows.scales, hidden, rows, h);
-        dot_group<Format::kMxFp4>(w3_rows.count, n, w3_rows.rows, w3_rows.scales, hidden, rows, u);
+        dot_group<Format::kMxFp4>(w1_rows.count, n, w1_rows.rows, w1_rows.scales, hidden, rows, gate_ahead, h);
+        dot_group<Format::kMxFp4>(w3_rows.count, n, w3_rows.rows, w3_rows.scales, hidden, rows, gate_ahead, u);
         for (int j = 0; j < w1_rows.count; ++j) {
           for (int r = 0; r < n; ++r) {
             const float g = std::min(h[j * n + r], cap);
@@ -757,7 +774,7 @@ torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slot
       const RowTile w2_rows = tile_of(down, e, i, end);
       pair_groups(ordered, starts, e, act.data(), act_stride, [&](int n, const float* const* rows, const int64_t* ids) {
         float y[kOutputs * kGroup];
-        dot_group<Format::kMxFp4>(w2_rows.count, n, w2_rows.rows, w2_rows.scales, inter, rows, y);
+        dot_group<Format::kMxFp4>(w2_rows.count, n, w2_rows.rows, w2_rows.scales, inter, rows, down_ahead, y);
         for (int j = 0; j < w2_rows.count; ++j)
           for (int r = 0; r < n; ++r) o[ids[r] * hidden + i + j] = routing[ids[r]] * y[j * n + r];
       });

@@ -26,24 +26,28 @@ class Fp8BlockLinear(nn.Module):
 
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
-        for index, (weight, scale) in enumerate(parts):
-            self.register_buffer(f"weight{index}", weight, persistent=False)
-            self.register_buffer(f"scale{index}", scale, persistent=False)
+        # The buffers' names, read straight from _buffers in forward: nn.Module's
+        # __getattr__ and the names' formatting cost more than a small product at batch 1.
+        self.part_names = [(f"weight{index}", f"scale{index}") for index in range(len(parts))]
+        for (weight_name, scale_name), (weight, scale) in zip(self.part_names, parts, strict=True):
+            self.register_buffer(weight_name, weight, persistent=False)
+            self.register_buffer(scale_name, scale, persistent=False)
         self.num_parts = len(parts)
         self.in_features = parts[0][0].shape[1]
         self.out_features = sum(weight.shape[0] for weight, _ in parts)
 
     @property
     def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [
-            (getattr(self, f"weight{index}"), getattr(self, f"scale{index}"))
-            for index in range(self.num_parts)
-        ]
+        buffers = self._buffers
+        return [(buffers[weight], buffers[scale]) for weight, scale in self.part_names]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
-        outputs = [self.product(rows, weight, scale) for weight, scale in self.parts]
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self.num_parts == 1:
+            ((weight, scale),) = self.parts
+            out = self.product(rows, weight, scale)
+        else:
+            out = torch.cat([self.product(rows, weight, scale) for weight, scale in self.parts], 1)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
