@@ -23,6 +23,7 @@ from deepwell.engine.layers.step_metadata import (
     plan_windows,
     split_at_replay_start,
 )
+from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler, first_argmax
@@ -70,6 +71,7 @@ class ModelRunner:
         snapshots: RingSnapshots | None = None,
         device: torch.device = HOST,
         sampler: Sampler | None = None,
+        logit_filter: LogitFilter | None = None,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
@@ -87,6 +89,7 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.device = device
         self.sampler = sampler or Sampler()
+        self.logit_filter = logit_filter
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         # Decode-shaped chunks first: they share one batched attention call. A verify chunk
@@ -163,6 +166,8 @@ class ModelRunner:
         tokens and one more (speculative/verify.py)."""
         if logits is None:
             return [], []
+        if self.logit_filter is not None:
+            logits = self.logit_filter.apply(logits)
         by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {
             id(c.request): ([], None) for c in step.chunks if c.completes
         }
