@@ -157,7 +157,7 @@ class Scheduler:
 
     def _fit_keys(self, start: int, num_tokens: int) -> int:
         """A prefill chunk's tokens cut to the step's key cap; 0: it waits. The step's first
-        prefill chunk always runs, so that a prompt longer than the cap still advances."""
+        prefill chunk runs whole, so that a prompt longer than the cap still advances."""
         cap = self.max_prefill_keys
         if cap is None or num_tokens <= 1:
             return num_tokens
@@ -165,8 +165,6 @@ class Scheduler:
             num_tokens = min(num_tokens, cap - self._prefill_keys - start)
             if num_tokens < 1:
                 return 0
-        elif start + num_tokens > cap:
-            num_tokens = max(1, cap - start)
         self._prefill_keys += start + num_tokens
         return num_tokens
 

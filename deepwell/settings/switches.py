@@ -23,7 +23,7 @@ DEEPINFER_SWITCHES: dict[str, str | None] = {
     "DEEPINFER_USERBUFFER_COMM_SMS": "GPU streaming multiprocessors for DeepEP: none here",
     "DEEPINFER_GLOO_TIMEOUT": None,
     "DEEPINFER_REARRANGE_P2P_GROUPS": (
-        "EPLB moves weights by broadcast over gloo (engine/parallel/eplb.py), not P2P buckets"
+        "EPLB sends each moved expert's weights point to point over gloo, without buckets"
     ),
     "DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS": None,
     "DEEPINFER_EXPERT_COUNT_WINDOW_SIZE": None,
