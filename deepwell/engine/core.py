@@ -67,7 +67,9 @@ class EngineCore:
             self.kv,
             args.max_num_seqs,
             args.max_num_batched_tokens,
-            whole_drafts=args.batch_invariant or not args.enable_mtp_varlen,
+            # Outside batch-invariant mode a draft the budget cannot hold is cut rather
+            # than deferred: its request still decodes this step.
+            whole_drafts=args.batch_invariant,
             max_prefill_keys=args.prefill_max_sum_seqlen_k,
         )
         # Rank 0 of a context-parallel group: long prefills run across the group.

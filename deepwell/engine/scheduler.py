@@ -60,9 +60,8 @@ class Scheduler:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # Verify lengths from each request alone (batch-invariant mode, or variable-length
-        # verification off): a draft the step's budget left cannot hold waits for the next
-        # step whole, so its verify length never depends on the other requests.
+        # Batch-invariant mode: a draft the step's budget left cannot hold waits for the
+        # next step whole, so its verify length never depends on the other requests.
         self.whole_drafts = whole_drafts
         # DeepInfer's PREFILL_MAX_SUM_SEQLEN_K: the key positions a step's prefill chunks
         # attend over together (each its start plus its tokens); None: no cap.

@@ -83,7 +83,8 @@ class Speculator:
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
             )
             if self.own_lengths:
-                # A draft must fit a step whole (the scheduler defers, never cuts, it).
+                # A draft must fit a step whole (in batch-invariant mode the scheduler
+                # defers, never cuts, it).
                 room = min(room, budget - 1)
             if room > 0:
                 candidates.append(request)
