@@ -7,7 +7,7 @@ Each configuration runs in its own process, since libgomp's spinning state outli
 each is the best of `--repeats` runs (a shared machine swings single runs). Greedy, the
 checkpoints' random weights (drafts are seldom accepted: every step still drafts):
 
-    PYTHONPATH=. .venv/bin/python benchmarks/async_overlap.py [--presets tiny medium]
+    PYTHONPATH=. .venv/bin/python benchmarks/async_overlap.py [--presets tiny medium] [--threads 1 2]
 """
 
 import argparse
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -102,7 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         for preset in args.presets:
             path = checkpoint(preset, directory)
-            for threads in (1, 2):
+            for threads in args.threads:
                 for overlap in (False, True):
                     runs = []
                     for _ in range(args.repeats):
