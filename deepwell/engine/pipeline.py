@@ -62,10 +62,10 @@ class StepPipeline:
         # The engine's table of unfinished requests: an ended request leaves it here.
         self.requests = requests
         # Once two threads have run parallel torch ops, libgomp has more threads than cores
-        # and stops spinning between parallel regions, which slows every small op: on 2
-        # cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s with the
-        # forward on its own thread (docs/benchmarks.md, "Asynchronous scheduling"). So
-        # by default the CPU loop overlaps only with one torch thread.
+        # and stops spinning between parallel regions, which slows every small op on a quiet
+        # machine: on 2 cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s
+        # with the forward on its own thread. So by default the CPU loop overlaps only with
+        # one torch thread (docs/benchmarks.md, "asynchronous scheduling with DSpark").
         threads = torch.get_num_threads()
         if async_scheduling is None:
             async_scheduling = threads == 1

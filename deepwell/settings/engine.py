@@ -198,8 +198,8 @@ class EngineArgs:
         env="DEEPWELL_DFLASH_CONFIDENCE_HEAD_TEMPERATURE",
         env_parse=env.parse_floats,
     )
-    # core.py; outputs are the same either way. Auto follows the measurement in
-    # docs/benchmarks.md ("Asynchronous scheduling"): it pays at one torch thread only.
+    # core.py; outputs are the same either way. Auto follows the quiet-machine measurement
+    # (docs/benchmarks.md, "asynchronous scheduling with DSpark"): one torch thread only.
     async_scheduling: bool | None = setting(
         None,
         "schedule step N+1 and hand back step N's tokens while step N+1 computes (outputs are "

@@ -235,9 +235,9 @@ print(json.dumps(runs))
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_overlap_is_on_by_default_with_one_thread_only_and_changes_no_token(tiny_llama, threads):
-    """docs/benchmarks.md, "Asynchronous scheduling": with two threads on a CPU the overlap
-    costs more than it hides, so auto turns it off there; forced on, it still gives the same
-    tokens."""
+    """docs/benchmarks.md, "asynchronous scheduling with DSpark": on a quiet CPU two
+    threads run faster synchronously, so auto turns overlap off there; forced on, it still
+    gives the same tokens."""
     out = subprocess.run(
         [sys.executable, "-c", _THREADS_SCRIPT, str(tiny_llama), str(threads)],
         check=True,

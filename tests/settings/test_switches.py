@@ -26,7 +26,7 @@ DEEPINFER_TYPES = {
     "DEEPINFER_SAMPLER_FORCE_TOPK": ("int", 0),
     "DEEPINFER_DECODE_TOKEN_BLACKLIST": ("ids", ()),
     "DEEPINFER_NUM_STATE_SLOTS_RATIO": ("float", 1.2),
-    # DeepInfer's 1; here auto, as measured (docs/benchmarks.md, "Asynchronous scheduling").
+    # DeepInfer's 1; here auto, as measured (docs/benchmarks.md, "asynchronous scheduling with DSpark").
     "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": ("bool", None),
     "DEEPINFER_LOGGING_INTERVAL_STEP": ("int", 100),
     "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": ("str", "off"),
