@@ -732,6 +732,21 @@ def _run_tiny_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- switches ---
+
+
+def _configure_switches(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _run_switches(args: argparse.Namespace) -> int:
+    import deepwell.serve.settings  # noqa: F401 (registers serve's variables)
+    from deepwell.settings.switches import render
+
+    sys.stdout.write(render())
+    return 0
+
+
 # Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
 # one line here.
 COMMANDS: list[Command] = [
@@ -784,6 +799,13 @@ COMMANDS: list[Command] = [
         "and encoding, KV per token, sequences that fit",
         _configure_plan,
         _run_plan,
+    ),
+    Command(
+        "switches",
+        "the table of environment variables: DeepInfer's DEEPINFER_* and their DEEPWELL_* "
+        "twins, deepwell's own, other tools' (docs/switches.md)",
+        _configure_switches,
+        _run_switches,
     ),
     Command(
         "tiny-checkpoint",

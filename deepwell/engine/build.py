@@ -164,7 +164,7 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         args.max_model_len or model.config.max_position_embeddings,
         model.config.max_position_embeddings,
     )
-    layout = model.kv_layout()
+    layout = model.kv_layout().with_max_backtrack(args.max_backtracking_tokens)
     if args.batch_invariant and layout.needs_slots and not model.hooks().invariant_rings:
         # Rings and state slots are read by the model's own layers, outside these kernels:
         # only a model that declares invariant paths for them (DeepSeek-V4.1) runs here.
@@ -215,7 +215,7 @@ def _kv_cache_manager(
     device: torch.device,
 ) -> KVCacheManager:
     """The KV cache sized from the memory budget, with its snapshots, prefix keys and store."""
-    num_slots = num_slots_for(args.max_num_seqs)
+    num_slots = num_slots_for(args.max_num_seqs, args.num_state_slots_ratio)
     snapshots = None
     if args.enable_prefix_caching and layout.ring_snapshots:
         layout = layout.with_snapshot_rows(args.block_size)

@@ -9,6 +9,8 @@ while N+1 computes. Outputs are the same with it on or off: sampling reads only 
 request's own state, which is up to date before each sample.
 """
 
+import logging
+import time
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +21,7 @@ from deepwell.engine.decode_graphs import decode_graphs_for
 from deepwell.engine.device import resolve_device
 from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.intake import RequestIntake
+from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.multimodal import ImageInput
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.context import launch_context_parallel
@@ -37,6 +40,7 @@ from deepwell.engine.speculative.dspark import DSparkDrafter
 from deepwell.engine.speculative.ngram import NgramDrafter
 from deepwell.engine.stats import EngineStats, SpecStats
 
+logger = logging.getLogger(__name__)
 # An idle step loop whose waiting requests all read the KV store sleeps at most this long.
 _LOAD_POLL_S = 0.005
 # An idle step loop with only compiling requests sleeps at most this long per step.
@@ -64,7 +68,13 @@ class EngineCore:
         self.max_model_len = built.max_model_len
         self.kv = built.kv
         self.scheduler = Scheduler(
-            self.kv, args.max_num_seqs, args.max_num_batched_tokens, args.batch_invariant
+            self.kv,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            # Outside batch-invariant mode a draft the budget cannot hold is cut rather
+            # than deferred: its request still decodes this step.
+            whole_drafts=args.batch_invariant,
+            max_prefill_keys=args.prefill_max_sum_seqlen_k,
         )
         # Rank 0 of a context-parallel group: long prefills run across the group.
         self.context_parallel = None
@@ -85,9 +95,12 @@ class EngineCore:
             decode_graphs=decode_graphs_for(
                 built.device, args.enforce_eager, args.max_num_seqs, self.group is not None
             ),
+            logit_filter=LogitFilter.of(
+                args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
+            ),
         )
-        # Batch-invariant mode speculates with verify lengths from each request alone
-        # (DeepInfer's MTP_VARLEN off, spec/deepinfer.md §1.6; speculative/planner.py).
+        # Verify lengths from each request alone unless enable_mtp_varlen, and always in
+        # batch-invariant mode (DeepInfer's MTP_VARLEN, spec/deepinfer.md §1.6; planner.py).
         self.speculator = None
         if built.speculative_method is not None:
             drafter = (
@@ -97,7 +110,10 @@ class EngineCore:
             )
             limit = built.layout.max_draft_tokens(args.num_speculative_tokens)
             self.speculator = Speculator(
-                min(limit, drafter.max_tokens or limit), drafter, args.batch_invariant
+                min(limit, drafter.max_tokens or limit),
+                drafter,
+                args.batch_invariant,
+                variable_length=args.enable_mtp_varlen,
             )
         self.draft_cadence = DraftCadence(every_step=args.batch_invariant)
         # Unfinished requests by id: intake adds them; the pipeline, or an abort, ends them.
@@ -109,19 +125,28 @@ class EngineCore:
             self.speculator,
             self.requests,
             # Expert-parallel steps are collectives agreed on this thread: no overlap.
-            args.async_scheduling and self.group is None,
+            args.async_scheduling if self.group is None else False,
         )
         self.async_scheduling = self.pipeline.async_scheduling
         self.intake = RequestIntake(args, built, self.scheduler, self.requests)
         self._aborted: list[RequestOutput] = []
         self.num_preemptions = 0
+        self.logging_interval_step = args.logging_interval_step
+        self._logged_step = 0
+        self._logged_at = time.monotonic()
         self.lockstep = None
         if self.group is not None:
             eplb = args.parallel
             self.lockstep = StepGate(
                 self.group,
                 built.model.hooks().routed_experts.layers,
-                EplbState(eplb.eplb_window_steps, eplb.eplb_min_gain) if eplb.enable_eplb else None,
+                EplbState(
+                    eplb.eplb_window_steps,
+                    eplb.eplb_min_gain,
+                    eplb.eplb_step_interval or eplb.eplb_window_steps,
+                )
+                if eplb.enable_eplb
+                else None,
             )
 
     @property
@@ -235,12 +260,40 @@ class EngineCore:
             self.lockstep.dummy_step()
             return outputs
         if plan.chunks or self.pipeline.in_flight is not None:
-            return outputs + self.pipeline.advance(plan)
+            outputs += self.pipeline.advance(plan)
+            self._log_stats()
+            return outputs
         # Nothing to compute: wait for a store read or a compile rather than spin.
         self.scheduler.wait_for_loads(_LOAD_POLL_S)
         if self.intake.compiling and not outputs:
             self.intake.wait_for_compile(_COMPILE_POLL_S)
         return outputs
+
+    def _log_stats(self) -> None:
+        """A line of statistics every `logging_interval_step` steps (DeepInfer's
+        LOGGING_INTERVAL_STEP, spec/deepinfer.md §1.7)."""
+        steps = self.pipeline.num_steps
+        interval = self.logging_interval_step
+        if interval <= 0 or steps % interval or steps == self._logged_step:
+            return
+        now = time.monotonic()
+        rate = (steps - self._logged_step) / max(now - self._logged_at, 1e-9)
+        self._logged_step, self._logged_at = steps, now
+        stats = self.stats()
+        logger.info(
+            "step %d: %.1f steps/s, running %d, waiting %d, KV blocks %d/%d, prefix hit "
+            "tokens %d/%d, preemptions %d, draft accept rate %.2f",
+            steps,
+            rate,
+            stats.running,
+            stats.waiting,
+            stats.kv_blocks_used,
+            stats.kv_blocks_total,
+            stats.prefix_hit_tokens,
+            stats.prefix_queried_tokens,
+            stats.num_preemptions,
+            stats.spec.accept_rate,
+        )
 
     def _propose_drafts(self) -> list[RequestOutput]:
         """Give running requests drafts for the next step, first draining the step in flight

@@ -52,8 +52,9 @@ class StepPipeline:
         kv: KVCacheManager,
         speculator: Speculator | None,
         requests: dict[str, Request],
-        async_scheduling: bool,
+        async_scheduling: bool | None,
     ) -> None:
+        """`async_scheduling` None: on with one torch thread only (below)."""
         self.runner = runner
         self.scheduler = scheduler
         self.kv = kv
@@ -61,16 +62,20 @@ class StepPipeline:
         # The engine's table of unfinished requests: an ended request leaves it here.
         self.requests = requests
         # Once two threads have run parallel torch ops, libgomp has more threads than cores
-        # and stops spinning between parallel regions, which slows every small op: on 2
-        # cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s with the
-        # forward on its own thread. So the CPU loop overlaps only with one torch thread.
-        self.async_scheduling = async_scheduling and torch.get_num_threads() == 1
-        if async_scheduling and not self.async_scheduling:
-            logger.info(
-                "asynchronous scheduling needs one torch thread on CPU (%d in use): "
-                "the step loop runs synchronously",
-                torch.get_num_threads(),
-            )
+        # and stops spinning between parallel regions, which slows every small op on a quiet
+        # machine: on 2 cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s
+        # with the forward on its own thread. So by default the CPU loop overlaps only with
+        # one torch thread (docs/benchmarks.md, "asynchronous scheduling with DSpark").
+        threads = torch.get_num_threads()
+        if async_scheduling is None:
+            async_scheduling = threads == 1
+            if not async_scheduling:
+                logger.info(
+                    "asynchronous scheduling pays with one torch thread only (%d in use): "
+                    "the step loop runs synchronously (--async-scheduling forces it)",
+                    threads,
+                )
+        self.async_scheduling = async_scheduling
         self._compute = start_compute_thread() if self.async_scheduling else None
         self.in_flight: LaunchedStep | None = None
         self.num_steps = 0

@@ -25,6 +25,7 @@ from deepwell.engine.layers.step_metadata import (
     plan_windows,
     split_at_replay_start,
 )
+from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler, first_argmax
@@ -76,6 +77,7 @@ class ModelRunner:
         sampler: Sampler | None = None,
         encoder_cache: EncoderCache | None = None,
         decode_graphs: DecodeGraphs | None = None,
+        logit_filter: LogitFilter | None = None,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
@@ -98,6 +100,7 @@ class ModelRunner:
         self.sampler = sampler or Sampler()
         self.encoder_cache = encoder_cache
         self.decode_graphs = decode_graphs
+        self.logit_filter = logit_filter
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         graph_size = None if self.decode_graphs is None else self.decode_graphs.size_for(chunks)
@@ -199,6 +202,8 @@ class ModelRunner:
         tokens and one more (speculative/verify.py)."""
         if logits is None:
             return [], []
+        if self.logit_filter is not None:
+            logits = self.logit_filter.apply(logits)
         by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {
             id(c.request): ([], None) for c in step.chunks if c.completes
         }

@@ -55,6 +55,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         whole_drafts: bool = False,
+        max_prefill_keys: int | None = None,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -62,6 +63,10 @@ class Scheduler:
         # Batch-invariant mode: a draft the step's budget left cannot hold waits for the
         # next step whole, so its verify length never depends on the other requests.
         self.whole_drafts = whole_drafts
+        # DeepInfer's PREFILL_MAX_SUM_SEQLEN_K: the key positions a step's prefill chunks
+        # attend over together (each its start plus its tokens); None: no cap.
+        self.max_prefill_keys = max_prefill_keys
+        self._prefill_keys = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -83,6 +88,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
+        self._prefill_keys = 0
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -90,6 +96,10 @@ class Scheduler:
                 index += 1  # its pending token is its last
                 continue
             num_tokens = min(request.num_expected_tokens - request.num_computed_tokens, budget)
+            num_tokens = self._fit_keys(request.num_computed_tokens, num_tokens)
+            if not num_tokens:
+                index += 1
+                continue
             if self.kv.cuts_chunks:
                 num_tokens = self.kv.snapshot_cut(request, request.num_computed_tokens, num_tokens)
             target = request.num_computed_tokens + num_tokens
@@ -129,6 +139,9 @@ class Scheduler:
                 index += 1  # its stored prefix is still loading; the next may go first
                 continue
             num_tokens = min(request.num_tokens - hit.num_tokens, budget)
+            num_tokens = self._fit_keys(hit.num_tokens, num_tokens)
+            if not num_tokens:
+                break
             if self.kv.cuts_chunks:
                 num_tokens = self.kv.snapshot_cut(request, hit.num_tokens, num_tokens)
             if not self.kv.can_allocate(request, hit.num_tokens + num_tokens, hit):
@@ -140,6 +153,19 @@ class Scheduler:
             chunks.append(self._take(request, num_tokens, []))
             budget -= num_tokens
         return SchedulerOutput(chunks, preempted)
+
+    def _fit_keys(self, start: int, num_tokens: int) -> int:
+        """A prefill chunk's tokens cut to the step's key cap; 0: it waits. The step's first
+        prefill chunk runs whole, so that a prompt longer than the cap still advances."""
+        cap = self.max_prefill_keys
+        if cap is None or num_tokens <= 1:
+            return num_tokens
+        if self._prefill_keys:
+            num_tokens = min(num_tokens, cap - self._prefill_keys - start)
+            if num_tokens < 1:
+                return 0
+        self._prefill_keys += start + num_tokens
+        return num_tokens
 
     @staticmethod
     def _take(request: Request, num_tokens: int, draft: list[int]) -> ScheduledChunk:

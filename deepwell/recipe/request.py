@@ -69,8 +69,9 @@ class ConversationRequest:
         # Chat only: `stream_options.include_usage`, which decides whether streamed chunks
         # before the last one carry `"usage":null` (docs/recipe.md "Stream usage and accumulation").
         self.include_usage = include_usage
-        # Responses only: streamed `ns::name` tool calls are split back with this map.
-        self.namespace_tool_map = dict(namespace_tool_map or {})
+        # Responses only: streamed `ns::name` tool calls are split back with this map; None
+        # (a request built directly, not converted) splits every name at its first `::`.
+        self.namespace_tool_map = None if namespace_tool_map is None else dict(namespace_tool_map)
         self.echo = echo or ResponsesEcho()
         # deepwell's addition: the validated JSON schema the output must match, as the user
         # wrote it (strict mode closes its objects). The output constraint's text is the

@@ -76,7 +76,7 @@ def setting(
     if env is not None:
         if env_parse is None:
             raise ValueError(f"{env} needs env_parse")
-        environment.register(env, help, env_parse)
+        environment.register(env, help, env_parse, default, default_text)
 
         def from_environment() -> Any:
             value = environment.read(env)

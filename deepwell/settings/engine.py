@@ -208,13 +208,18 @@ class EngineArgs:
         env="DEEPWELL_DFLASH_CONFIDENCE_HEAD_TEMPERATURE",
         env_parse=env.parse_floats,
     )
-    # core.py; outputs are the same either way.
-    async_scheduling: bool = setting(
-        True,
-        "schedule step N+1 and hand back step N's tokens while step N+1 computes; "
-        "--no-async-scheduling runs the step loop synchronously (outputs are the same)",
-        flags="--no-async-scheduling",
-        bool_flag="off",
+    # core.py; outputs are the same either way. Auto follows the quiet-machine measurement
+    # (docs/benchmarks.md, "asynchronous scheduling with DSpark"): one torch thread only.
+    async_scheduling: bool | None = setting(
+        None,
+        "schedule step N+1 and hand back step N's tokens while step N+1 computes (outputs are "
+        "the same); --no-async-scheduling runs the step loop synchronously; a step that "
+        "verifies drafts always finishes before the next is planned",
+        flags="--async-scheduling",
+        bool_flag="both",
+        env="DEEPWELL_ZERO_OVERHEAD_SCHEDULING",
+        env_parse=env.parse_flag,
+        default_text="auto: on with one torch thread, off with more",
     )
     # DeepSeek-V4.1 SWA bounded replay (kv/replay.py; DeepInfer's
     # DEEPINFER_YOCO_PREFILL_* switches, spec/deepinfer.md §1.4, §1.6).
@@ -318,6 +323,66 @@ class EngineArgs:
         metavar="DURATION",
         default_text=in_days(3 * _DAY_S),
     )
+    # --- DeepInfer's switches, mirrored (spec/deepinfer.md §1.4; docs/switches.md) ---
+    # DeepInfer's default: off (its deterministic sampling needs verify lengths that do not
+    # depend on the batch, §1.6).
+    enable_mtp_varlen: bool = setting(
+        False,
+        "speculative decoding: plan the verify lengths of a step's requests together, from "
+        "their draft confidences and the measured step time (variable-length verification); "
+        "off: each request verifies the length its own confidences give, whatever else runs "
+        "(batch-invariant mode always does)",
+        flags="--enable-mtp-varlen",
+        bool_flag="both",
+        env="DEEPWELL_ENABLE_MTP_VARLEN",
+        env_parse=env.parse_flag,
+    )
+    max_backtracking_tokens: int = setting(
+        0,
+        "rows a sequence may roll back after a rejected draft, kept in each ring beyond its "
+        "window; at least the model's own (DeepSeek-V4.1: 6, five drafts and one); drafts "
+        "per step stay below it",
+        bound="non-negative",
+        env="DEEPWELL_MAX_BACKTRACKING_TOKENS",
+        env_parse=env.parse_int,
+    )
+    num_state_slots_ratio: float = setting(
+        1.2,
+        "per-sequence state slots (rings, compressor state) = int(max_num_seqs x ratio) + 1",
+        group="KV cache",
+        bound="positive",
+        env="DEEPWELL_NUM_STATE_SLOTS_RATIO",
+        env_parse=env.parse_float,
+    )
+    sampler_force_topk: int = setting(
+        0,
+        "every token is drawn from its row's k most likely ones, whatever the request asks; "
+        "0 is off",
+        bound="non-negative",
+        env="DEEPWELL_SAMPLER_FORCE_TOPK",
+        env_parse=env.parse_int,
+    )
+    decode_token_blacklist: tuple[int, ...] = setting(
+        (),
+        "token ids never generated (comma-separated)",
+        env="DEEPWELL_DECODE_TOKEN_BLACKLIST",
+        env_parse=env.parse_token_ids,
+    )
+    prefill_max_sum_seqlen_k: int | None = setting(
+        None,
+        "the most key positions a step's prefill chunks may attend over together (each "
+        "chunk's prompt start plus its tokens); a chunk that would pass it waits",
+        bound="positive",
+        env="DEEPWELL_PREFILL_MAX_SUM_SEQLEN_K",
+        env_parse=env.parse_int,
+        default_text="no cap",
+    )
+    logging_interval_step: int = setting(
+        100,
+        "log a line of engine statistics every N steps; 0 or less: never",
+        env="DEEPWELL_LOGGING_INTERVAL_STEP",
+        env_parse=env.parse_int,
+    )
     # Attention data parallelism, MoE expert parallelism and EPLB over torch.distributed
     # (parallel/); one rank per EngineCore. Its flags come from its own declaration.
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -325,6 +390,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         # Sent between processes as a list (messages.py).
         self.dspark_confidence_temperature = tuple(self.dspark_confidence_temperature)
+        self.decode_token_blacklist = tuple(self.decode_token_blacklist)
         check_settings(self)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from deepwell.settings import environment as env
 from deepwell.settings.declare import setting
 
 
@@ -44,12 +45,24 @@ class ParallelConfig:
         flags="--enable-eplb",
         bool_flag="on",
     )
+    # DeepInfer's EXPERT_COUNT_WINDOW_SIZE and EXPERT_REARRANGEMENT_STEP_INTERVAL, apart.
     eplb_window_steps: int = setting(
-        32,
-        "steps of token counts behind each EPLB re-placement",
+        100,
+        "steps of token counts behind each EPLB re-placement (the last ones before it)",
         group="parallelism",
         flags="--eplb-window-steps",
         metavar="STEPS",
+        env="DEEPWELL_EXPERT_COUNT_WINDOW_SIZE",
+        env_parse=env.parse_int,
+    )
+    eplb_step_interval: int = setting(
+        0,
+        "EPLB re-places experts every N steps, at least the window; 0: every window",
+        group="parallelism",
+        flags="--eplb-step-interval",
+        metavar="STEPS",
+        env="DEEPWELL_EXPERT_REARRANGEMENT_STEP_INTERVAL",
+        env_parse=env.parse_int,
     )
     eplb_redundant_experts: int = setting(
         0,
@@ -58,6 +71,8 @@ class ParallelConfig:
         group="parallelism",
         flags="--eplb-redundant-experts",
         metavar="N",
+        env="DEEPWELL_OVERRIDE_NUM_EXTRA_EXPERTS",
+        env_parse=env.parse_int,
     )
     # Moving weights costs a step's wait; a shift of a few percent in the counts is noise.
     eplb_min_gain: float = setting(
@@ -86,10 +101,13 @@ class ParallelConfig:
     nnodes: int = setting(
         1, "machines the ranks span, equally", group="parallelism", flags="--nnodes"
     )
+    # DeepInfer's 4 hours: a peer may be inside a long prefill.
     timeout_s: float = setting(
-        60.0,
+        14400.0,
         "seconds a collective waits for a peer before the group fails",
         group="parallelism",
+        env="DEEPWELL_GLOO_TIMEOUT",
+        env_parse=env.parse_float,
     )
 
     def __post_init__(self) -> None:
@@ -113,6 +131,13 @@ class ParallelConfig:
             raise ValueError("enable_eplb balances expert-parallel ranks: it needs expert_parallel")
         if self.eplb_redundant_experts < 0 or self.eplb_window_steps < 1:
             raise ValueError("eplb_redundant_experts must be >= 0 and eplb_window_steps >= 1")
+        if self.eplb_step_interval and not (1 <= self.eplb_window_steps <= self.eplb_step_interval):
+            raise ValueError(
+                f"eplb_window_steps must lie in [1, eplb_step_interval "
+                f"{self.eplb_step_interval}], got {self.eplb_window_steps}"
+            )
+        if self.eplb_step_interval < 0:
+            raise ValueError(f"eplb_step_interval must be >= 0, got {self.eplb_step_interval}")
         if self.eplb_min_gain < 0:
             raise ValueError(f"eplb_min_gain must be >= 0, got {self.eplb_min_gain}")
         if self.eplb_redundant_experts and not self.enable_eplb:

@@ -3,6 +3,9 @@ while a step computes, and a whole pool after any mix of stops, aborts and preem
 
 import itertools
 import json
+import logging
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -203,3 +206,54 @@ def test_speculation_and_grammars_give_the_same_tokens_either_way(
     overlapped, verified = generate(True)
     assert overlapped == synchronous
     assert verified > 0  # drafts still ran with the loop overlapping
+
+
+# Runs in a process of its own: the torch thread count is process-wide, and libgomp's state
+# after two threads outlives the test.
+_THREADS_SCRIPT = """
+import json, sys
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+model, threads = sys.argv[1], int(sys.argv[2])
+runs = {}
+for mode in (None, False, True):
+    core = EngineCore(EngineArgs(
+        model=model, dtype="float32", block_size=16, memory_gib=0.25, batch_invariant=True,
+        attention_backend="torch", num_threads=threads, async_scheduling=mode,
+    ))
+    for index, prompt in enumerate([[5, 6, 7, 8], [9, 10, 11], [12] * 20]):
+        params = SamplingParams(max_tokens=10, temperature=index * 0.7, seed=index)
+        core.add_request(str(index), prompt, params)
+    tokens = {}
+    while core.has_unfinished():
+        for output in core.step():
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+    runs[str(mode)] = [core.async_scheduling, tokens]
+    core.close()
+print(json.dumps(runs))
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_overlap_is_on_by_default_with_one_thread_only_and_changes_no_token(tiny_llama, threads):
+    """docs/benchmarks.md, "asynchronous scheduling with DSpark": on a quiet CPU two
+    threads run faster synchronously, so auto turns overlap off there; forced on, it still
+    gives the same tokens."""
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS_SCRIPT, str(tiny_llama), str(threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    runs = json.loads(out.strip().splitlines()[-1])
+    assert [runs[mode][0] for mode in ("None", "False", "True")] == [threads == 1, False, True]
+    assert runs["None"][1] == runs["False"][1] == runs["True"][1]
+
+
+def test_a_stats_line_is_logged_every_interval_of_steps(make_core, caplog):
+    core = make_core(logging_interval_step=3, attention_backend="torch")
+    core.add_request("r", [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
+    with caplog.at_level(logging.INFO, logger="deepwell.engine.core"):
+        run_to_completion(core)
+    lines = [r.getMessage() for r in caplog.records if r.name == "deepwell.engine.core"]
+    assert [line.split(":")[0] for line in lines] == ["step 3", "step 6"]
+    assert "running 1" in lines[0]

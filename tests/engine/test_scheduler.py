@@ -94,3 +94,31 @@ def test_a_draft_is_cut_to_the_budget_left_or_waits_whole_when_batch_invariant()
     # step and then verifies all 4.
     assert draft_lengths(False)[0] == [3, 3]
     assert draft_lengths(True) == [[3], [0, 4]]
+
+
+def test_prefill_chunks_together_stay_under_the_key_cap():
+    # DeepInfer's PREFILL_MAX_SUM_SEQLEN_K: each chunk counts its start plus its tokens.
+    scheduler = Scheduler(KVCacheManager(LAYOUT, 64, 4, 1), 8, 128, max_prefill_keys=40)
+    for name in "ab":
+        scheduler.add(request(name, 30))
+    plan = run(scheduler)
+    assert [(c.request.request_id, c.start, c.num_tokens) for c in plan.chunks] == [
+        ("a", 0, 30),
+        ("b", 0, 10),
+    ]
+    # a decodes (not a prefill); b's next chunk covers keys 0..30.
+    plan = run(scheduler)
+    assert [(c.request.request_id, c.start, c.num_tokens) for c in plan.chunks] == [
+        ("a", 30, 1),
+        ("b", 10, 20),
+    ]
+
+
+def test_a_prompt_longer_than_the_key_cap_still_prefills_alone():
+    scheduler = Scheduler(KVCacheManager(LAYOUT, 64, 4, 1), 8, 64, max_prefill_keys=16)
+    scheduler.add(request("long", 100))
+    scheduler.add(request("short", 4))
+    plan = run(scheduler)
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("long", 64)]
+    plan = run(scheduler)
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("long", 36)]

@@ -155,6 +155,15 @@ class KVLayout:
         )
         return dataclasses.replace(self, rings=rings)
 
+    def with_max_backtrack(self, rows: int) -> "KVLayout":
+        """Every ring keeping at least `rows` rows beyond its window for rollbacks (DeepInfer's
+        MAX_BACKTRACKING_TOKENS); a ring's own need stays the floor."""
+        rings = tuple(
+            dataclasses.replace(ring, max_backtrack=max(ring.max_backtrack, rows))
+            for ring in self.rings
+        )
+        return dataclasses.replace(self, rings=rings)
+
     def max_draft_tokens(self, requested: int) -> int:
         """Draft tokens a step may verify: a verify chunk writes 1 + k ring rows, and
         rejected rows stay harmless while they only overwrite rows older than every read

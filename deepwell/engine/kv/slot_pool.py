@@ -1,13 +1,14 @@
 """SlotPool: per-sequence state slots (sliding-window rings, compressor state).
 
-DeepInfer sizes it int(max_num_seqs * 1.2) + 1 (DEEPINFER_NUM_STATE_SLOTS_RATIO).
+DeepInfer sizes it int(max_num_seqs * 1.2) + 1 (DEEPINFER_NUM_STATE_SLOTS_RATIO; ours is
+EngineArgs.num_state_slots_ratio).
 """
 
 SLOTS_PER_SEQ = 1.2
 
 
-def num_slots_for(max_num_seqs: int) -> int:
-    return int(max_num_seqs * SLOTS_PER_SEQ) + 1
+def num_slots_for(max_num_seqs: int, ratio: float = SLOTS_PER_SEQ) -> int:
+    return int(max_num_seqs * ratio) + 1
 
 
 class SlotPool:

@@ -1,5 +1,5 @@
-"""EPLB: count tokens per expert over a window of steps, re-place the experts of every MoE
-layer from the all-reduced counts, and move expert weights between ranks to match, for the
+"""EPLB: count tokens per expert over a window of steps, every interval of steps re-place the
+experts of every MoE layer from the window's all-reduced counts, and move expert weights between ranks to match, for the
 layers where that lowers the load's imbalance enough to be worth the move."""
 
 from __future__ import annotations
@@ -33,10 +33,25 @@ class Rebalance:
 
 @dataclass
 class EplbState:
+    # The counts behind a re-placement are those of its last `window_steps` steps.
     window_steps: int
     # ParallelConfig.eplb_min_gain.
     min_gain: float
+    # Steps between re-placements, at least the window (DeepInfer's
+    # EXPERT_REARRANGEMENT_STEP_INTERVAL beside its EXPERT_COUNT_WINDOW_SIZE).
+    interval_steps: int
     history: list[Rebalance] = field(default_factory=list)
+
+    def rebalances_at(self, step: int) -> bool:
+        return step > 0 and step % self.interval_steps == 0
+
+    def window_opens_at(self, step: int) -> bool:
+        """Whether the counts restart at this step: `window_steps` before a re-placement
+        (the re-placement itself restarts them, so a window as long as the interval never
+        needs this)."""
+        return (step + self.window_steps) % self.interval_steps == 0 and (
+            self.window_steps < self.interval_steps
+        )
 
 
 def rebalance(

@@ -41,8 +41,14 @@ class StepGate:
                 time.sleep(IDLE_TICK_S)
             return False
         eplb = self.eplb
-        if eplb is not None and self.steps and self.steps % eplb.window_steps == 0:
-            eplb.history.append(rebalance(self.moe_layers, self.group, self.steps, eplb.min_gain))
+        if eplb is not None:
+            if eplb.rebalances_at(self.steps):
+                eplb.history.append(
+                    rebalance(self.moe_layers, self.group, self.steps, eplb.min_gain)
+                )
+            elif eplb.window_opens_at(self.steps):
+                for moe in self.moe_layers:
+                    moe.parallel.expert_tokens.zero_()
         self.steps += 1
         return True
 

@@ -2,10 +2,12 @@
 
 Before a step it proposes drafts, estimates each position's survival and plans how many
 positions each request verifies (`Request.draft_token_ids`); after the step it learns from
-what was accepted and how long the step took. In batch-invariant mode a request's verify
-length is a function of that request alone: its survival comes from its own acceptance
-history (or its drafter), its length from a fixed cost model (planner.py), and the step's
-token budget caps it only through the configured maximum, never through what else runs.
+what was accepted and how long the step took. Without variable-length verification
+(DeepInfer's ENABLE_MTP_VARLEN off, the default) a request's verify length is a function of
+its own survival estimates: a fixed cost model (planner.py) gives it, and the step's token
+budget caps it only through the configured maximum, never through what else runs. In
+batch-invariant mode the survival itself comes from the request's own acceptance history
+(or its drafter) too.
 """
 
 import logging
@@ -34,11 +36,17 @@ class _Planned:
 
 class Speculator:
     def __init__(
-        self, num_speculative_tokens: int, drafter: Drafter, batch_invariant: bool = False
+        self,
+        num_speculative_tokens: int,
+        drafter: Drafter,
+        batch_invariant: bool = False,
+        variable_length: bool = True,
     ) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.drafter = drafter
         self.batch_invariant = batch_invariant
+        # Verify lengths planned per request alone, not across the step's requests.
+        self.own_lengths = batch_invariant or not variable_length
         # Learned from every request's verifications (the statistics, and the batch
         # planner's estimates)...
         self.confidence = ConfidenceTable(num_speculative_tokens)
@@ -74,8 +82,9 @@ class Speculator:
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1
             )
-            if self.batch_invariant:
-                # A draft must fit a step whole (the scheduler defers, never cuts, it).
+            if self.own_lengths:
+                # A draft must fit a step whole (in batch-invariant mode the scheduler
+                # defers, never cuts, it).
                 room = min(room, budget - 1)
             if room > 0:
                 candidates.append(request)
@@ -95,7 +104,7 @@ class Speculator:
                 drafting.append((request, draft, _Planned(draft.bucket, survival, native)))
         if not drafting:
             return
-        if self.batch_invariant:
+        if self.own_lengths:
             for request, draft, planned in drafting:
                 self._set_draft(request, draft, planned, plan_own_verify_length(planned.survival))
             return

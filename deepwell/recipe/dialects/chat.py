@@ -239,7 +239,11 @@ class ChatCompletionRequest(ProtocolRequest):
         # A streamed request without include_usage gets no `usage` key before the last chunk.
         null_usage = request.include_usage or not request.stream
         return ChatCompletionChunkGenerator(
-            id, model, request.parsing_options.thinking_initial_stage, null_usage
+            id,
+            model,
+            request.parsing_options.thinking_initial_stage,
+            null_usage,
+            request.conversation.thinking_mode,
         )
 
 

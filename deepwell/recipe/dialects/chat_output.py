@@ -148,6 +148,7 @@ class ChatCompletionChunkGenerator:
         "content_tail",
         "fingerprint",
         "no_usage",
+        "thinking_mode",
     )
 
     def __init__(
@@ -156,6 +157,7 @@ class ChatCompletionChunkGenerator:
         model: str,
         thinking_initial_stage: ThinkingInitialStage | None,
         null_usage: bool = True,
+        thinking_mode: bool | None = None,
     ) -> None:
         self.id = id
         self.model = model
@@ -164,16 +166,19 @@ class ChatCompletionChunkGenerator:
         self.head = '{"id":' + _quote(id) + ',"object":"chat.completion.chunk","created":'
         self.middle = ""
         self.fingerprint = None
-        # The delta shapes follow the request (thinking mode, prefix continuation), not the
-        # parsing options a processor may be given (spec/recipe.md §9.1).
+        # The delta shapes follow the request (its conversation's thinking mode and the stage
+        # its own parsing options start in), not the parsing options a processor may be
+        # given (spec/recipe.md §9.1). A request built directly keeps the stage None while
+        # its conversation thinks: its deltas carry a null reasoning_content from the start.
         stage = thinking_initial_stage
-        if stage is None:
+        self.thinking_mode = stage is not None if thinking_mode is None else thinking_mode
+        if not self.thinking_mode:
             self.start_delta = '{"role":"assistant","content":""}'
-        elif stage.starts_in_reasoning():
+        elif stage is not None and stage.starts_in_reasoning():
             self.start_delta = '{"role":"assistant","content":null,"reasoning_content":""}'
         else:
             self.start_delta = '{"role":"assistant","content":"","reasoning_content":null}'
-        self.content_tail = "}" if stage is None else ',"reasoning_content":null}'
+        self.content_tail = ',"reasoning_content":null}' if self.thinking_mode else "}"
 
     def start(self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list) -> None:
         self.fingerprint = system_fingerprint
@@ -204,6 +209,12 @@ class ChatCompletionChunkGenerator:
     def finish(
         self, reason: str, stop_sequence: str | None, usage: CompletionUsage, out: list
     ) -> None:
+        if not self.thinking_mode and usage.reasoning_tokens is not None:
+            # A request outside thinking mode reports no reasoning tokens, even where the
+            # parsing options it was given counted some.
+            usage = CompletionUsage(
+                usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, None
+            )
         out.append(ChatCompletionChunk(self, _FINAL, finish_reason=reason, usage=usage))
 
 

@@ -114,7 +114,7 @@ class MessagesChunkGenerator:
     def __init__(self, id: str, model: str, thinking_mode: bool) -> None:
         self._id = id
         self._model = model
-        self._thinking_mode = thinking_mode
+        self.thinking_mode = thinking_mode
         self._signature = id
         self._open: _Block | None = None
         self._index = -1
@@ -134,7 +134,7 @@ class MessagesChunkGenerator:
                 usage,
             )
         )
-        if self._thinking_mode:
+        if self.thinking_mode:
             self._open_block(_Block("thinking"), out)
 
     def _open_block(self, block: _Block, out: list) -> None:

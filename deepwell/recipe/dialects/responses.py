@@ -346,11 +346,11 @@ class ResponsesRequest(ProtocolRequest):
     def chunk_generator(
         conversation_request: ConversationRequest, id: str, model: str
     ) -> ResponsesChunkGenerator:
-        return (
-            ResponsesChunkGenerator(id, model)
-            .with_namespace_tool_map(conversation_request.namespace_tool_map)
-            .with_echo(conversation_request.echo)
-        )
+        request = conversation_request
+        generator = ResponsesChunkGenerator(id, model, request.conversation.thinking_mode)
+        if request.namespace_tool_map is not None:
+            generator.with_namespace_tool_map(request.namespace_tool_map)
+        return generator.with_echo(request.echo)
 
 
 def _separator(version: ModelVersion | None) -> str:

@@ -218,10 +218,13 @@ def _json(value: object) -> str:
 class ResponsesChunkGenerator:
     """Turns parser output into Responses events (obtain via `ResponsesRequest.chunk_generator`)."""
 
-    def __init__(self, id: str, model: str) -> None:
+    def __init__(self, id: str, model: str, thinking_mode: bool = False) -> None:
         self._id = id
         self._model = model
-        self._namespaces: dict[str, tuple[str, str]] = {}
+        self.thinking_mode = thinking_mode
+        # None: no map from conversion; the reference then splits every name at its first
+        # `::`, whatever the model.
+        self._namespaces: dict[str, tuple[str, str]] | None = None
         self._echo = ResponsesEcho()
         self._custom: set[str] = set()
         self._sequence = 0
@@ -397,8 +400,13 @@ class ResponsesChunkGenerator:
             item = self._open_item("custom_tool_call", "ctc")
         else:
             item = self._open_item("function_call", "fc")
-            if name in self._namespaces:
-                item.namespace, name = self._namespaces[name]
+            namespaces = self._namespaces
+            if namespaces is None:
+                namespace, separator, local = name.partition("::")
+                if separator:
+                    item.namespace, name = namespace, local
+            elif name in namespaces:
+                item.namespace, name = namespaces[name]
         item.call_id = call_id
         item.name = name
         self._custom_mode = _PREFIX

@@ -146,7 +146,13 @@ class ChunkGenerator(Protocol):
     Argument pieces arrive as JSON text, except string values, which arrive raw
     (`is_string_value`): the dialect escapes them, or streams a custom tool's input
     unescaped (spec/recipe.md §9.2).
+
+    `thinking_mode` is the request's (its conversation's), not the parsing options': the
+    reference marks tool-call ids `ET_` and counts Chat's reasoning tokens by it, so parsing
+    options built apart from the request change neither (spec/recipe.md §15.2).
     """
+
+    thinking_mode: bool
 
     def start(
         self, prompt_usage: PromptUsage, system_fingerprint: str | None, out: list

@@ -356,8 +356,10 @@ class StreamProcessor:
             if self._decoder is not None:
                 # A name may have begun in a token chunk and ended in a text chunk.
                 text = text.translate(self._decoder.spelling_of)
-            # spec/recipe.md §15.2: `ET_` marks calls of a thinking stream with no reasoning yet.
-            call_id = new_tool_call_id(self._calls, self._thinking and not self._reasoned)
+            # spec/recipe.md §15.2: `ET_` marks calls of a thinking request's stream with no
+            # reasoning yet; the request's mode, whatever stage the parsing options start in.
+            thinking = self._generator.thinking_mode
+            call_id = new_tool_call_id(self._calls, thinking and not self._reasoned)
             generator.tool_call(self._calls, call_id, text, out)
             self._calls += 1
         elif kind == ARGUMENT:

@@ -85,3 +85,13 @@ def test_llama_layout_needs_no_slots():
     r = request(9)
     kv.allocate(r, 9)
     assert r.slot is None and len(r.block_ids) == 2
+
+
+def test_max_backtrack_raises_every_ring_and_the_drafts_it_allows():
+    assert V41_LIKE.max_draft_tokens(8) == 5
+    deeper = V41_LIKE.with_max_backtrack(9)
+    assert [ring.max_backtrack for ring in deeper.rings] == [9]
+    assert deeper.rings[0].rows == 16 + 9
+    assert deeper.max_draft_tokens(8) == 8
+    # The model's own rollback rows stay the floor.
+    assert V41_LIKE.with_max_backtrack(2).rings == V41_LIKE.rings

@@ -118,3 +118,24 @@ def test_batch_invariant_verify_length_ignores_the_batch_and_the_step_times():
     assert alone > 0
     assert all(lengths(True, n, cost) == alone for n in (1, 7, 40) for cost in (0.0, 0.5))
     assert lengths(False, 40, 0.5) < lengths(False, 0, 0.0)
+
+
+def test_without_variable_length_verification_the_batch_and_step_times_change_no_length():
+    """DeepInfer's ENABLE_MTP_VARLEN off (the default): a request verifies the length its own
+    survival gives, beside any neighbours and whatever the step-time curve; on, the shared
+    planner shortens it when rows cost much."""
+    repeated = [5, 6, 7, 8] * 4
+
+    def length(variable_length: bool, neighbours: int, seconds_per_row: float) -> int:
+        speculator = Speculator(5, NgramDrafter(), variable_length=variable_length)
+        for rows in range(1, 80):
+            speculator.record_step(rows, 1.0 + seconds_per_row * rows)
+        target = _request("target", repeated)
+        batch = [_request(f"m{n}", [9, 10, 11, 9, 10, 11, 9, 10]) for n in range(neighbours)]
+        speculator.propose([target, *batch], 512)
+        return len(target.draft_token_ids)
+
+    alone = length(False, 0, 0.0)
+    assert alone > 0
+    assert all(length(False, n, cost) == alone for n in (1, 7, 40) for cost in (0.0, 2.0))
+    assert length(True, 40, 2.0) < alone

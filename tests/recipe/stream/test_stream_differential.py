@@ -3,8 +3,11 @@
 Outputs mix reasoning, content, DSML tool calls (V4 and V4.1 markup) with hostile string
 arguments, JSON mode and stop sequences; they are cut at random places (at and across
 `</think>`) into text chunks, token chunks or a mix of both, and may stop mid-part. Chat
-requests vary `stream` and `stream_options.include_usage`. Every push, the finish call, the
-usage, and the accumulated response after every event must agree.
+requests vary `stream` and `stream_options.include_usage`. The parsing options are built
+directly: mostly in the request's own thinking mode, but also apart from it, and the request
+itself is sometimes built directly from a conversation rather than converted from a body.
+Every push, the finish call, the usage, and the accumulated response after every event must
+agree.
 """
 
 from __future__ import annotations
@@ -215,6 +218,12 @@ def example(seed: int) -> dict:
         chunks += mixed_chunks(rng, text)
     if rng.random() < 0.8:
         chunks.append(("finish", rng.choice(["Stop", "Stop", "Length", "ContentFilter"])))
+    # The request the generator comes from: converted in the parsing options' thinking mode,
+    # converted in a mode drawn apart from them, or built directly from a conversation
+    # (whose parsing options start in no stage, whatever its thinking mode).
+    origin = rng.choice(["same", "same", "apart", "direct"])
+    options["request_stage"] = rng.choice(STAGES) if origin != "same" else options["stage"]
+    options["direct"] = origin == "direct"
     return {
         "options": options,
         "chunks": chunks,
@@ -225,7 +234,7 @@ def example(seed: int) -> dict:
 
 
 def body(dialect: str, options: dict) -> dict:
-    thinking = options["stage"] is not None
+    thinking = options["request_stage"] is not None
     if dialect == "chat":
         b = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "x"}]}
         if not thinking:
@@ -268,9 +277,15 @@ def run(lib: object, ex: dict, tokenizer_for_side: object) -> list:
     dialect = ex["dialect"]
     request_name, response_name = REQUEST_CLASSES[dialect]
     request_class = getattr(lib, request_name)
-    converted = request_class(body(dialect, ex["options"])).convert(lib.ConversionOptions())
-    generator = request_class.chunk_generator(converted, "resp-1", "m")
     o = ex["options"]
+    if o["direct"]:
+        conversation = lib.Conversation(
+            [lib.UserMessage("x")], thinking_mode=o["request_stage"] is not None
+        )
+        converted = lib.ConversationRequest(conversation, lib.ModelVersion.DeepseekV41Flash)
+    else:
+        converted = request_class(body(dialect, o)).convert(lib.ConversionOptions())
+    generator = request_class.chunk_generator(converted, "resp-1", "m")
     parsing = lib.ParsingOptions(
         parse_tool_calls=o["tools"],
         starts_in_tool_calls=o["in_calls"],
