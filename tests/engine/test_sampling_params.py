@@ -43,7 +43,7 @@ def test_the_request_path_types_import_without_torch() -> None:
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"stop_token_ids": [3, -1]}, "stop_token_ids"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"top_logprobs": 1001}, "top_logprobs"),
     ],
 )
 def test_a_refused_value_names_its_field(fields: dict, param: str) -> None:
