@@ -42,6 +42,7 @@ def _llm(args, **kwargs):
         num_speculative_tokens=0,
         enable_prefix_caching=False,
         **kwargs,
+        decode_sequence=False,
     )
 
 

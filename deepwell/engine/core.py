@@ -59,7 +59,11 @@ class EngineCore:
         self.max_model_len = built.max_model_len
         self.kv = built.kv
         self.scheduler = Scheduler(
-            self.kv, args.max_num_seqs, args.max_num_batched_tokens, args.batch_invariant
+            self.kv,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            args.batch_invariant,
+            args.chunked_prefill,
         )
         # Rank 0 of a context-parallel group: long prefills run across the group.
         self.context_parallel = None

@@ -1,26 +1,94 @@
-"""LLM: the offline facade — load a model, generate for a list of prompts, return completions."""
+"""LLM: the offline facade with DeepInfer's API (spec/deepinfer.md §1.3): load a model, generate
+for a list of prompts, return the decoded strings (or the finished completions), close.
 
+A DeepInfer script runs unchanged after changing its import; deepwell's own EngineArgs names
+are accepted too and keep their meaning (engine/deepinfer_args.py maps the keywords).
+"""
+
+import logging
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from deepwell.engine.args import EngineArgs
 from deepwell.engine.core import EngineCore
+from deepwell.engine.deepinfer_args import offline_engine_args
+from deepwell.engine.device import resolve_device
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.outputs import Completion
 from deepwell.engine.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+# Notes already logged in this process: each argument without effect is said once.
+_logged: set[str] = set()
+
 
 class LLM:
-    def __init__(self, model: str | None = None, **kwargs) -> None:
-        """`model`: a .gguf file or a config.json + safetensors directory; None = embedded
-        SmolLM2-135M-Instruct. Other keyword arguments are EngineArgs fields."""
-        self.core = EngineCore(EngineArgs(model=model, **kwargs))
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        trust_remote_code: bool = False,
+        expert_parallel_size: int = 1,
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.9,
+        decode_sequence: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """`model`: a .gguf file, a config.json + safetensors directory, or a Hugging Face
+        cache directory (`revision` picks its snapshot); None = the embedded
+        SmolLM2-135M-Instruct. `tokenizer`: a tokenizer.json (or a directory with one) to use
+        in place of the model's. Other keywords: DeepInfer's EngineArgs (docs/engine.md,
+        "Offline API") or deepwell's EngineArgs fields. `decode_sequence`: `generate` returns
+        strings; False returns `Completion`s."""
+        offline = offline_engine_args(
+            model,
+            tokenizer=tokenizer,
+            revision=revision,
+            tokenizer_revision=tokenizer_revision,
+            expert_parallel_size=expert_parallel_size,
+            trust_remote_code=trust_remote_code,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            **kwargs,
+        )
+        notes = list(offline.notes)
+        if resolve_device(offline.engine.device).type == "cpu":
+            notes.append(
+                f"gpu_memory_utilization={gpu_memory_utilization} has no effect on the CPU: "
+                f"memory_gib={offline.engine.memory_gib} sets the memory budget"
+            )
+        for note in notes:
+            if note not in _logged:
+                _logged.add(note)
+                logger.warning("LLM: %s", note)
+        self.decode_sequence = decode_sequence
+        # Before the model loads: a wrong path fails in a moment.
+        own_tokenizer = _load_tokenizer(offline.tokenizer) if offline.tokenizer else None
+        self.core = EngineCore(offline.engine)
+        self._tokenizer = own_tokenizer or self.core.tokenizer
         self._next_id = 0
+        self._closed = False
 
     @property
-    def tokenizer(self):
-        return self.core.tokenizer
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the engine's threads and ranks and write queued KV blocks; again is a no-op."""
+        if not self._closed:
+            self._closed = True
+            self.core.close()
 
     def generate(
         self,
@@ -28,17 +96,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
-    ) -> list[Completion]:
-        """One completion per prompt, in input order. Pass text `prompts` or `prompt_token_ids`."""
-        if (prompts is None) == (prompt_token_ids is None):
-            raise InvalidRequestError("pass exactly one of prompts and prompt_token_ids")
-        if prompts is not None:
-            if isinstance(prompts, str):
-                prompts = [prompts]
-            if self.tokenizer is None:
-                raise InvalidRequestError("this model has no tokenizer; pass prompt_token_ids")
-            prompt_token_ids = [self.tokenizer.encode(p).ids for p in prompts]
-        assert prompt_token_ids is not None
+        multi_modal_data: Any = None,
+    ) -> list[str] | list[Completion]:
+        """One result per prompt, in input order: the decoded output text when the LLM was
+        built with `decode_sequence` (the default), else the `Completion`. Pass text
+        `prompts` or `prompt_token_ids`; `multi_modal_data`: one entry (or None) per prompt."""
+        if self._closed:
+            raise InvalidRequestError("this LLM is closed")
+        prompt_token_ids = self._prompt_ids(prompts, prompt_token_ids)
+        self._check_images(multi_modal_data, len(prompt_token_ids))
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -49,17 +115,62 @@ class LLM:
             )
         # Validate all first, so a bad prompt fails the call before any work starts.
         for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
-            self.core.validate(list(ids), params)
+            self.core.validate(ids, params)
         order: list[str] = []
         for ids, params in zip(prompt_token_ids, sampling_params, strict=True):
             request_id = str(self._next_id)
             self._next_id += 1
-            self.core.add_request(request_id, list(ids), params)
+            self.core.add_request(request_id, ids, params)
             order.append(request_id)
+        completions = self._run(order, prompt_token_ids, use_tqdm)
+        if self.decode_sequence:
+            return [c.text for c in completions]
+        return completions
+
+    def _prompt_ids(
+        self,
+        prompts: str | Sequence[str] | None,
+        prompt_token_ids: Sequence[Sequence[int]] | None,
+    ) -> list[list[int]]:
+        if (prompts is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("pass exactly one of prompts and prompt_token_ids")
+        if prompt_token_ids is not None:
+            return [list(ids) for ids in prompt_token_ids]
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer; pass prompt_token_ids")
+        return [self.tokenizer.encode(p).ids for p in prompts]
+
+    def _check_images(self, multi_modal_data: Any, num_prompts: int) -> None:
+        """Refuse images, naming them: no model this engine loads has a vision tower yet."""
+        if multi_modal_data is None:
+            return
+        entries = (
+            multi_modal_data if isinstance(multi_modal_data, list | tuple) else [multi_modal_data]
+        )
+        if len(entries) != num_prompts:
+            raise InvalidRequestError(
+                f"multi_modal_data has {len(entries)} entries for {num_prompts} prompts; "
+                "give one (or None) per prompt"
+            )
+        given = [index for index, entry in enumerate(entries) if entry]
+        if given:
+            raise InvalidRequestError(
+                f"multi_modal_data for prompt {given[0]}: {self.core.model_name} has no vision "
+                "tower, so it takes text prompts only",
+                "multi_modal_data",
+            )
+
+    def _run(
+        self, order: list[str], prompt_token_ids: list[list[int]], use_tqdm: bool
+    ) -> list[Completion]:
+        """Step the engine until every request in `order` is finished."""
         tokens: dict[str, list[int]] = {i: [] for i in order}
         # The output's text leaves out the stop id that ended it (RequestOutput.stop_token_id).
         text_tokens: dict[str, list[int]] = {i: [] for i in order}
         logprobs: dict[str, list] = {i: [] for i in order}
+        prompt_logprobs: dict[str, list] = {i: [] for i in order}
         finished = {}
         seeds: dict[str, int] = {}
         lockstep = self.core.lockstep
@@ -75,6 +186,7 @@ class LLM:
                     tokens[output.request_id] += output.new_token_ids
                     text_tokens[output.request_id] += output.text_token_ids
                     logprobs[output.request_id] += output.new_logprobs
+                    prompt_logprobs[output.request_id] += output.prompt_logprobs
                     seeds[output.request_id] = output.seed
                     if output.finished:
                         finished[output.request_id] = output.finish_reason
@@ -82,12 +194,23 @@ class LLM:
         return [
             Completion(
                 request_id=i,
-                prompt_token_ids=list(ids),
+                prompt_token_ids=ids,
                 token_ids=tokens[i],
                 text=self.tokenizer.decode(text_tokens[i]) if self.tokenizer else "",
                 finish_reason=finished[i],
                 logprobs=logprobs[i],
                 seed=seeds[i],
+                prompt_logprobs=prompt_logprobs[i],
             )
             for i, ids in zip(order, prompt_token_ids, strict=True)
         ]
+
+
+def _load_tokenizer(path: str) -> Tokenizer:
+    """A tokenizer.json, or the one in a directory."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise InvalidRequestError(f"tokenizer {path!r}: no tokenizer.json there")
+    return Tokenizer.from_file(str(file))

@@ -55,6 +55,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         whole_drafts: bool = False,
+        chunked_prefill: bool = True,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -62,6 +63,9 @@ class Scheduler:
         # Batch-invariant mode: a draft the step's budget left cannot hold waits for the
         # next step whole, so its verify length never depends on the other requests.
         self.whole_drafts = whole_drafts
+        # Off (DeepInfer's offline default): a waiting request is admitted only when its
+        # whole remaining prompt fits the step's budget left, else it waits (FIFO).
+        self.chunked_prefill = chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -129,6 +133,8 @@ class Scheduler:
                 index += 1  # its stored prefix is still loading; the next may go first
                 continue
             num_tokens = min(request.num_tokens - hit.num_tokens, budget)
+            if not self.chunked_prefill and num_tokens < request.num_tokens - hit.num_tokens:
+                break
             if self.kv.cuts_chunks:
                 num_tokens = self.kv.snapshot_cut(request, hit.num_tokens, num_tokens)
             if not self.kv.can_allocate(request, hit.num_tokens + num_tokens, hit):
