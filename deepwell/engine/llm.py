@@ -23,6 +23,8 @@ from deepwell.engine.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 # Notes already logged in this process: each argument without effect is said once.
 _logged: set[str] = set()
+# DeepInfer's default, which on the CPU asks for nothing and so is not remarked on.
+_GPU_MEMORY_UTILIZATION = 0.9
 
 
 class LLM:
@@ -57,7 +59,9 @@ class LLM:
             **kwargs,
         )
         notes = list(offline.notes)
-        if resolve_device(offline.engine.device).type == "cpu":
+        if gpu_memory_utilization != _GPU_MEMORY_UTILIZATION and (
+            resolve_device(offline.engine.device).type == "cpu"
+        ):
             notes.append(
                 f"gpu_memory_utilization={gpu_memory_utilization} has no effect on the CPU: "
                 f"memory_gib={offline.engine.memory_gib} sets the memory budget"
