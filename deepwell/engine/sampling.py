@@ -202,7 +202,8 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
 def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
     alternatives: tuple[tuple[int, float], ...] = ()
     if top:
-        values, ids = row.topk(top)
+        # top_logprobs may exceed a small vocabulary (up to 1000 are allowed).
+        values, ids = row.topk(min(top, row.shape[-1]))
         alternatives = tuple(zip(ids.tolist(), values.tolist(), strict=True))
     return TokenLogprobs(token_id, row[token_id].item(), alternatives)
 
