@@ -68,6 +68,10 @@ class _Choice:
     top_logprobs: list[dict[str, float]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # vLLM's prompt_logprobs: None for the first prompt token, then per token its id → logprob
+    # and text, with the alternatives asked for; None unless the request asked.
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def text(self) -> str:
@@ -207,7 +211,9 @@ class Completions:
             pass
         body = _envelope(completion_id, created, request.model)
         body["choices"] = [
-            _choice_json(choice, choice.text, self._logprobs(request, choice, 0))
+            _choice_json(
+                choice, choice.text, self._logprobs(request, choice, 0), choice.prompt_logprobs
+            )
             for choice in choices
         ]
         body["usage"] = _usage(choices)
@@ -227,7 +233,11 @@ class Completions:
             logprobs = self._logprobs(request, choice, logged[choice.index])
             logged[choice.index] = len(choice.tokens)
             chunk = _envelope(completion_id, created, request.model)
-            chunk["choices"] = [_choice_json(choice, delta, logprobs)]
+            prompt_logprobs = None
+            if not choice.prompt_logprobs_sent and choice.prompt_logprobs is not None:
+                # Once per choice, in its first chunk that has them (as vLLM streams them).
+                prompt_logprobs, choice.prompt_logprobs_sent = choice.prompt_logprobs, True
+            chunk["choices"] = [_choice_json(choice, delta, logprobs, prompt_logprobs)]
             if request.include_usage:
                 chunk["usage"] = None
             yield sse_frame(None, json.dumps(chunk, ensure_ascii=False))
@@ -308,6 +318,14 @@ class Completions:
         The engine's stop id ends the text without being part of it; usage counts it.
         """
         choice.completion_tokens += len(output.new_token_ids)
+        if output.prompt_logprobs:
+            choice.prompt_logprobs = [None] + [
+                {
+                    str(t): {"logprob": lp, "decoded_token": self.tokenizer.decode([t])}
+                    for t, lp in ((entry.token_id, entry.logprob), *entry.top)
+                }
+                for entry in output.prompt_logprobs
+            ]
         ids = output.text_token_ids
         for token_id, logprobs in zip(ids, output.text_logprobs, strict=False):
             choice.tokens.append(self.tokenizer.decode([token_id]))
@@ -362,13 +380,18 @@ def _envelope(completion_id: str, created: int, model: str) -> dict[str, Any]:
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model}
 
 
-def _choice_json(choice: _Choice, text: str, logprobs: dict | None) -> dict:
-    return {
+def _choice_json(
+    choice: _Choice, text: str, logprobs: dict | None, prompt_logprobs: list | None = None
+) -> dict:
+    body = {
         "index": choice.index,
         "text": text,
         "logprobs": logprobs,
         "finish_reason": choice.finish_reason,
     }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
 
 
 def _usage(choices: list[_Choice]) -> dict[str, int]:
