@@ -313,8 +313,8 @@ class EngineArgs:
     # rest of its keywords are mapped by engine/deepinfer_args.py.
     load_format: str = setting(
         "auto",
-        "auto: the checkpoint's weights; dummy: synthetic weights of the checkpoint's shapes "
-        "(config.json and the tensor headers only; for benchmarks, outputs are noise)",
+        "auto: the checkpoint's weights; dummy: DeepSeek-V4.1 weights drawn at random in the "
+        "checkpoint's shapes and encodings from config.json alone (benchmarks; outputs are noise)",
         group="model",
         flags="--load-format",
         choices=LOAD_FORMATS,
