@@ -76,7 +76,6 @@ class SamplingParams:
         def bad(param: str, message: str) -> InvalidRequestError:
             return InvalidRequestError(f"invalid sampling parameter: {message}", param)
 
-        self._read_deepinfer_fields(bad)
         if not isinstance(self.max_tokens, int) or not 0 <= self.max_tokens <= _MAX_INT32:
             raise bad(
                 "max_tokens",
@@ -123,6 +122,7 @@ class SamplingParams:
                     f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], "
                     f"got {bias} for token {token_id}",
                 )
+        self._read_deepinfer_fields(bad)
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad(
                 "top_logprobs",
