@@ -94,3 +94,15 @@ def test_a_draft_is_cut_to_the_budget_left_or_waits_whole_when_batch_invariant()
     # step and then verifies all 4.
     assert draft_lengths(False)[0] == [3, 3]
     assert draft_lengths(True) == [[3], [0, 4]]
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
+    chunked = make(budget=16)
+    whole = Scheduler(KVCacheManager(LAYOUT, 64, 4, 1), 8, 16, chunked_prefill=False)
+    for scheduler in (chunked, whole):
+        scheduler.add(request("a", 10))
+        scheduler.add(request("b", 10))
+    assert [c.num_tokens for c in run(chunked).chunks] == [10, 6]
+    assert [c.num_tokens for c in run(whole).chunks] == [10]
+    # The next step: a decodes, b's whole prompt fits beside it.
+    assert [c.num_tokens for c in run(whole).chunks] == [1, 10]
