@@ -271,22 +271,3 @@ def test_so_args_and_response_format_are_one_constraint_too_many():
             structured_output=StructuredOutput("json_object"),
         )
     assert error.value.param == "so_args"
-
-
-def test_seq_seed_repeats_a_sampled_chat_reply(client, model_server):
-    def reply():
-        completion = client.chat.completions.create(
-            model=model_server.model,
-            messages=[{"role": "user", "content": "Name a colour."}],
-            temperature=1.0,
-            max_tokens=8,
-            extra_body={
-                "seq_seed": 2**64 - 3,
-                "so_args": {"schema_type": "regex", "schema": "[a-z]{3,6}"},
-            },
-        )
-        return completion.choices[0].message.content
-
-    first = reply()
-    assert first == reply()
-    assert 3 <= len(first) <= 6 and first.isalpha() and first.islower()
