@@ -50,6 +50,7 @@ def child(args) -> dict[int, float]:
         num_speculative_tokens=0,
         quantization=args.quantization,
         num_threads=args.threads,
+        decode_sequence=False,
     )
     greedy = {"temperature": 0, "ignore_eos": True}
 

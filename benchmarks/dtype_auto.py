@@ -46,6 +46,7 @@ def child(args) -> dict:
         enable_prefix_caching=False,
         num_speculative_tokens=0,
         num_threads=args.threads,
+        decode_sequence=False,
     )
     greedy = {"temperature": 0, "ignore_eos": True}
     llm.generate(

@@ -46,6 +46,7 @@ def _llm(args, **kwargs):
         num_speculative_tokens=0,
         enable_prefix_caching=False,
         **kwargs,
+        decode_sequence=False,
     )
 
 

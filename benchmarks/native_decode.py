@@ -32,9 +32,21 @@ def engines(args) -> dict[str, LLM]:
         "attention_backend": "cpp",
     }
     return {
-        "native int4": LLM(dtype=args.dtype, quantization="int4", native_decode="auto", **common),
-        "torch int4": LLM(dtype=args.dtype, quantization="int4", native_decode="off", **common),
-        f"{args.dtype} dense": LLM(dtype=args.dtype, **common),
+        "native int4": LLM(
+            dtype=args.dtype,
+            quantization="int4",
+            native_decode="auto",
+            **common,
+            decode_sequence=False,
+        ),
+        "torch int4": LLM(
+            dtype=args.dtype,
+            quantization="int4",
+            native_decode="off",
+            **common,
+            decode_sequence=False,
+        ),
+        f"{args.dtype} dense": LLM(dtype=args.dtype, **common, decode_sequence=False),
     }
 
 

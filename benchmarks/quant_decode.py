@@ -140,6 +140,7 @@ def engine_decode(args) -> None:
                 enable_prefix_caching=False,
                 num_speculative_tokens=0,
                 num_threads=args.threads,
+                decode_sequence=False,
             )
 
             def timed(tokens: int, llm=llm) -> float:

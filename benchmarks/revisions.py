@@ -34,7 +34,7 @@ requests = workload.make_workload()
 import deepwell
 assert deepwell.__file__.startswith({checkout!r}), deepwell.__file__
 from deepwell.engine import LLM, SamplingParams
-llm = LLM(dtype="bfloat16", enable_prefix_caching=False)
+llm = LLM(dtype="bfloat16", enable_prefix_caching=False, decode_sequence=False)
 greedy = dict(temperature=0, ignore_eos=True)
 llm.generate(prompt_token_ids=[requests[0]["prompt_ids"][:64]],
              sampling_params=SamplingParams(max_tokens=8, **greedy), use_tqdm=False)

@@ -54,6 +54,7 @@ def make_llm(args, async_scheduling: bool = True) -> LLM:
         quantization=args.quantization,
         num_threads=1,
         async_scheduling=async_scheduling,
+        decode_sequence=False,
     )
     # The first generate builds kernels and warms oneDNN; it is not measured.
     llm.generate(

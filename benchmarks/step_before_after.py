@@ -28,7 +28,13 @@ def child(dtype: str, steps: int) -> dict:
 
     workload = make_workload()
     greedy = {"temperature": 0, "ignore_eos": True}
-    llm = LLM(dtype=dtype, enable_prefix_caching=False, num_speculative_tokens=0, num_threads=1)
+    llm = LLM(
+        dtype=dtype,
+        enable_prefix_caching=False,
+        num_speculative_tokens=0,
+        num_threads=1,
+        decode_sequence=False,
+    )
     prompt = workload[0]["prompt_ids"][:64]
 
     def timed(max_tokens: int) -> float:

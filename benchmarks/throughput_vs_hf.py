@@ -83,6 +83,7 @@ def child_deepwell(args, workload: list[dict], decode_prompt: list[int]) -> dict
         enable_prefix_caching=False,
         num_speculative_tokens=args.k,
         quantization=args.quantization,
+        decode_sequence=False,
     )
     greedy = {"temperature": 0, "ignore_eos": True}
     llm.generate(

@@ -96,6 +96,7 @@ def measure(args: argparse.Namespace, expand: bool) -> dict:
         enable_prefix_caching=False,
         max_num_seqs=max(args.batch_sizes),
         num_threads=args.threads,
+        decode_sequence=False,
     )
     load_s = time.monotonic() - started
     vocab = llm.core.model_config.vocab_size

@@ -329,7 +329,7 @@ def _generate(args: argparse.Namespace, parallel) -> int:
         engine_args = engine_args_from(args, parallel=parallel)
         if parallel.rank == 0:
             print(_loading_line(engine_args), file=sys.stderr, flush=True)
-        llm = LLM(**vars(engine_args))
+        llm = LLM(**vars(engine_args), decode_sequence=False)
         stop_ids: list[int] = []
         prompt: str | list[int] = args.prompt
         if not args.raw:
@@ -354,7 +354,7 @@ def _generate(args: argparse.Namespace, parallel) -> int:
             completions = llm.generate(
                 prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False
             )
-        llm.core.close()  # writes out the KV store's queue
+        llm.close()  # writes out the KV store's queue
     except (EngineError, ValueError, ParallelError) as error:
         print(f"deepwell generate: {error}", file=sys.stderr)
         return 1

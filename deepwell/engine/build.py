@@ -35,6 +35,7 @@ from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.layers.triton import log_kernel_set
 from deepwell.engine.models.contract import CausalLM
+from deepwell.engine.models.deepseek_v41.dummy import dummy_checkpoint
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
 from deepwell.engine.models.registry import ModelOptions, build_model, model_entry
 from deepwell.engine.parallel.expert import ExpertSharding
@@ -105,7 +106,7 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             compute_dtype=args.dtype_choice.dtype,
         )
     log_kernel_set(args.kernels, device.type)
-    checkpoint = load_checkpoint(args.model, None if experts is None else experts.holds)
+    checkpoint = _checkpoint(args, experts)
     method = _speculative_method(args, checkpoint)
     model = build_model(checkpoint, _model_options(args, method, experts, device))
     model.load_weights(checkpoint.tensors)
@@ -126,6 +127,16 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
         hooks.native_decode(args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
+
+
+def _checkpoint(args: EngineArgs, experts: ExpertSharding | None) -> Checkpoint:
+    """The checkpoint's tensors as stored, or (load_format "dummy") drawn at random in their
+    shapes and encodings from config.json alone."""
+    if args.load_format == "dummy":
+        if experts is not None:
+            raise ValueError("load_format 'dummy' does not combine with expert parallelism")
+        return dummy_checkpoint(args.model or "", args.seed)
+    return load_checkpoint(args.model, None if experts is None else experts.holds)
 
 
 def _model_options(

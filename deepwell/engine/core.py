@@ -75,6 +75,7 @@ class EngineCore:
             # than deferred: its request still decodes this step.
             whole_drafts=args.batch_invariant,
             max_prefill_keys=args.prefill_max_sum_seqlen_k,
+            chunked_prefill=args.chunked_prefill,
         )
         # Rank 0 of a context-parallel group: long prefills run across the group.
         self.context_parallel = None

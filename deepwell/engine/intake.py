@@ -38,6 +38,7 @@ class RequestIntake:
     ) -> None:
         self.vocab_size = built.vocab_size
         self.max_model_len = built.max_model_len
+        self.bounded_replay = built.replay.bounded
         self.eos_token_ids = built.eos_token_ids
         self.scheduler = scheduler
         self.requests = requests
@@ -67,12 +68,20 @@ class RequestIntake:
                 f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {self.vocab_size}), "
                 f"e.g. {bad[0]!r}"
             )
-        named = [*params.stop_token_ids, *params.logit_bias]
+        named = [*params.stop_token_ids, *params.logit_bias, *(params.golden_token_ids or ())]
+        if params.first_n_token_no_eos:
+            named.append(params.eos_id)
         outside = [t for t in named if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if outside:
             raise InvalidRequestError(
-                f"stop_token_ids / logit_bias name token id {outside[0]!r}, outside the "
-                f"vocabulary [0, {self.vocab_size})"
+                f"stop_token_ids / logit_bias / golden_token_ids / eos_id name token id "
+                f"{outside[0]!r}, outside the vocabulary [0, {self.vocab_size})"
+            )
+        if params.wants_prompt_logprobs and self.bounded_replay:
+            # The consumer layers' rows before the kept suffix are skipped or see a narrowed
+            # window, so their logits are not the model's.
+            raise InvalidRequestError(
+                "prompt_logprobs needs yoco_prefill_truncation_mode 'off'", "prompt_logprobs"
             )
         total = len(prompt_token_ids) + params.max_tokens
         if len(prompt_token_ids) >= self.max_model_len:

@@ -5,7 +5,7 @@ serve/messages.py), so they are typed and import no torch.
 """
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class FinishReason(str, enum.Enum):
@@ -48,6 +48,9 @@ class RequestOutput:
     # The request's sampling seed: its own, or the random one drawn when it gave none.
     seed: int = 0
     stop_token_id: int | None = None
+    # With SamplingParams.prompt_logprobs, once, in the request's first output: one entry
+    # per prompt token after the first (the first has no context to be predicted from).
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # msgpack carries the reason as its string value (serve/messages.py).
@@ -84,3 +87,15 @@ class Completion:
     logprobs: list[TokenLogprobs]
     # The sampling seed used (the request's, or a random one when it gave none).
     seed: int = 0
+    # With SamplingParams.prompt_logprobs: one entry per prompt token after the first.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    @property
+    def token_id(self) -> list[int]:
+        """DeepInfer's name for the output's token ids (its RequestOutput.token_id)."""
+        return self.token_ids
+
+    @property
+    def finished(self) -> bool:
+        """Always True: `LLM.generate` returns finished requests (DeepInfer's `.finished`)."""
+        return True

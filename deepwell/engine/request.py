@@ -80,6 +80,10 @@ class Request:
     # (DSpark on a sampled request); None for point-mass drafts.
     draft_probs: torch.Tensor | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Logprobs of prompt tokens 1, 2, ... as their rows are computed (prompt_logprobs);
+    # handed out once, with the first output.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
     num_preemptions: int = 0
     first_token_time: float | None = None
 
@@ -132,6 +136,9 @@ class Request:
             and bool(new_token_ids)
             and new_token_ids[-1] in self.stop_token_ids
         )
+        prompt_logprobs = []
+        if self.prompt_logprobs and not self.prompt_logprobs_sent:
+            prompt_logprobs, self.prompt_logprobs_sent = self.prompt_logprobs, True
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=new_token_ids,
@@ -143,4 +150,5 @@ class Request:
             error=self.error,
             seed=self.seed,
             stop_token_id=new_token_ids[-1] if stopped_by_token else None,
+            prompt_logprobs=prompt_logprobs,
         )

@@ -28,7 +28,7 @@ from deepwell.engine.layers.step_metadata import (
 from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler, first_argmax
+from deepwell.engine.sampling import Sampler, first_argmax, token_logprobs
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
 from deepwell.engine.step_rows import PagedRows, StepRows
@@ -42,7 +42,8 @@ class PreparedStep:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: StepMetadata
-    # Rows whose logits the step needs: the sampling rows, then every verify row.
+    # Rows whose logits the step needs: the sampling rows, every verify row, then the
+    # prompt rows of requests that asked for prompt logprobs.
     logit_rows: torch.Tensor
     # Completing chunks that sample one token, and those that verify a draft.
     sampling: list[ScheduledChunk]
@@ -51,6 +52,9 @@ class PreparedStep:
     pending_rows: list[tuple[int, Request]]
     # (row, column) of token-history entries that are a request's pending token.
     pending_history: list[tuple[int, int, Request]]
+    # (request, first position, count): prompt rows whose logits score the prompt token
+    # after each (SamplingParams.prompt_logprobs), in logit-row order after the verify rows.
+    prompt_rows: list[tuple[Request, int, int]] = field(default_factory=list)
     # (request id, slot, block boundary) of each chunk that crosses a boundary, for layouts
     # with ring snapshots; the forward fills `snapshots` with what it took there.
     snapshot_points: list[tuple[str, int, int]] = field(default_factory=list)
@@ -136,6 +140,15 @@ class ModelRunner:
         logit_rows = [row for row, _ in sampling] + [
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
+        prompt_rows = []
+        for last_row, c in zip(rows.last_rows, ordered, strict=True):
+            if c.request.params.wants_prompt_logprobs:
+                # Positions whose next token is still a prompt token.
+                end = min(c.start + c.num_tokens, c.request.num_prompt_tokens - 1)
+                if end > c.start:
+                    first_row = last_row - (c.num_tokens - 1)
+                    logit_rows += range(first_row, first_row + end - c.start)
+                    prompt_rows.append((c.request, c.start, end - c.start))
         input_ids = torch.tensor(rows.input_ids, dtype=torch.long, device=HOST)
         positions = torch.tensor(rows.positions, dtype=torch.long, device=HOST)
         logit_ids = torch.tensor(logit_rows, dtype=torch.long, device=HOST)
@@ -154,6 +167,7 @@ class ModelRunner:
             verifying=[c for _, c in verifying],
             pending_rows=rows.pending_rows,
             pending_history=rows.pending_history,
+            prompt_rows=prompt_rows,
             snapshot_points=snapshot_points,
             graph_size=graph_size,
         )
@@ -233,6 +247,9 @@ class ModelRunner:
                 own = targets[start : start + num_rows]
             by_request[id(request)] = (verify(block, chunk.draft, request, probs, own), None)
             offset += num_rows
+        for request, first, count in step.prompt_rows:
+            score_prompt(logits[offset : offset + count], request, first)
+            offset += count
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
         return [t for t, _ in results], [lp for _, lp in results]
 
@@ -301,3 +318,19 @@ class ModelRunner:
                 meta.bounded_windows[ring.name] = plan_windows(
                     sequences, ring.window, ring.rows, bounded=True
                 )
+
+
+def score_prompt(logits: torch.Tensor, request: Request, first: int) -> None:
+    """Append to `request.prompt_logprobs` the logprobs of the prompt tokens after positions
+    `first`, `first + 1`, ... whose rows these `logits` are. The prompt is computed from
+    position 0 (never taken from the prefix cache), so rows arrive in order; a recompute
+    after a preemption repeats positions already scored, which are skipped."""
+    skip = len(request.prompt_logprobs) - first
+    if skip >= len(logits):
+        return
+    logprobs = torch.log_softmax(logits[skip:].float(), dim=-1)
+    start = first + skip
+    top = request.params.prompt_top_logprobs
+    targets = request.prompt_token_ids[start + 1 : start + 1 + len(logprobs)]
+    for row, token_id in zip(logprobs, targets, strict=True):
+        request.prompt_logprobs.append(token_logprobs(row, token_id, top))

@@ -45,6 +45,11 @@ class Sampler:
             draws = [uniform(requests[i].seed, requests[i].num_tokens) for i in sampled_rows]
             tokens[rows] = self.draw(logits[rows], [requests[i] for i in sampled_rows], draws)
         token_ids = tokens.tolist()
+        for row, request in enumerate(requests):
+            golden = request.params.golden_token_ids
+            if golden and request.num_output_tokens < len(golden):
+                # Teacher forcing (DeepInfer's golden_token_ids): the drawn token gives way.
+                token_ids[row] = golden[request.num_output_tokens]
         logprobs = [
             token_logprobs(raw_logprobs[row], token_ids[row], r.params.top_logprobs)
             if raw_logprobs is not None and r.params.logprobs
@@ -127,7 +132,8 @@ def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
 
 
 def adjust_logits(row: torch.Tensor, request: Request) -> None:
-    """In place on one row of logits: penalties, logit bias, then the minimum length."""
+    """In place on one row of logits: penalties, logit bias, then the minimum length and
+    DeepInfer's first tokens without EOS."""
     params = request.params
     if params.penalised:
         apply_penalties(row, request)
@@ -140,6 +146,9 @@ def adjust_logits(row: torch.Tensor, request: Request) -> None:
         # vLLM's min_tokens: no stop id (EOS included unless ignore_eos) before the minimum.
         stops = sorted(request.stop_token_ids)
         row[torch.tensor(stops, dtype=torch.long, device=row.device)] = float("-inf")
+    if request.num_output_tokens < params.first_n_token_no_eos:
+        # An eos_id beyond the vocabulary was refused at intake.
+        row[params.eos_id] = float("-inf")
 
 
 def apply_penalties(row: torch.Tensor, request: Request) -> None:
@@ -193,7 +202,8 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
 def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:
     alternatives: tuple[tuple[int, float], ...] = ()
     if top:
-        values, ids = row.topk(top)
+        # top_logprobs may exceed a small vocabulary (up to 1000 are allowed).
+        values, ids = row.topk(min(top, row.shape[-1]))
         alternatives = tuple(zip(ids.tolist(), values.tolist(), strict=True))
     return TokenLogprobs(token_id, row[token_id].item(), alternatives)
 

@@ -56,6 +56,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         whole_drafts: bool = False,
         max_prefill_keys: int | None = None,
+        chunked_prefill: bool = True,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -67,6 +68,9 @@ class Scheduler:
         # attend over together (each its start plus its tokens); None: no cap.
         self.max_prefill_keys = max_prefill_keys
         self._prefill_keys = 0
+        # Off (DeepInfer's offline default): a waiting request is admitted only when its
+        # whole remaining prompt fits the step's budget left, else it waits (FIFO).
+        self.chunked_prefill = chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -139,6 +143,8 @@ class Scheduler:
                 index += 1  # its stored prefix is still loading; the next may go first
                 continue
             num_tokens = min(request.num_tokens - hit.num_tokens, budget)
+            if not self.chunked_prefill and num_tokens < request.num_tokens - hit.num_tokens:
+                break
             num_tokens = self._fit_keys(hit.num_tokens, num_tokens)
             if not num_tokens:
                 break

@@ -76,6 +76,10 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     ids_sent: int = 0
     prompt_ids_sent: bool = False
+    # vLLM's prompt_logprobs: None for the first prompt token, then per token its id → logprob
+    # and text, with the alternatives asked for; None unless the request asked.
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def text(self) -> str:
@@ -216,7 +220,9 @@ class Completions:
             pass
         body = _envelope(completion_id, created, request.model)
         body["choices"] = [
-            _choice_json(choice, choice.text, self._logprobs(request, choice, 0))
+            _choice_json(
+                choice, choice.text, self._logprobs(request, choice, 0), choice.prompt_logprobs
+            )
             | self._token_ids(request, choice)
             for choice in choices
         ]
@@ -237,8 +243,13 @@ class Completions:
             logprobs = self._logprobs(request, choice, logged[choice.index])
             logged[choice.index] = len(choice.tokens)
             chunk = _envelope(completion_id, created, request.model)
+            prompt_logprobs = None
+            if not choice.prompt_logprobs_sent and choice.prompt_logprobs is not None:
+                # Once per choice, in its first chunk that has them (as vLLM streams them).
+                prompt_logprobs, choice.prompt_logprobs_sent = choice.prompt_logprobs, True
             chunk["choices"] = [
-                _choice_json(choice, delta, logprobs) | self._token_ids(request, choice)
+                _choice_json(choice, delta, logprobs, prompt_logprobs)
+                | self._token_ids(request, choice)
             ]
             if request.include_usage:
                 chunk["usage"] = None
@@ -321,6 +332,14 @@ class Completions:
         """
         choice.completion_tokens += len(output.new_token_ids)
         choice.token_ids.extend(output.new_token_ids)
+        if output.prompt_logprobs:
+            choice.prompt_logprobs = [None] + [
+                {
+                    str(t): {"logprob": lp, "decoded_token": self.tokenizer.decode([t])}
+                    for t, lp in ((entry.token_id, entry.logprob), *entry.top)
+                }
+                for entry in output.prompt_logprobs
+            ]
         ids = output.text_token_ids
         for token_id, logprobs in zip(ids, output.text_logprobs, strict=False):
             choice.tokens.append(self.tokenizer.decode([token_id]))
@@ -386,13 +405,18 @@ def _envelope(completion_id: str, created: int, model: str) -> dict[str, Any]:
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model}
 
 
-def _choice_json(choice: _Choice, text: str, logprobs: dict | None) -> dict:
-    return {
+def _choice_json(
+    choice: _Choice, text: str, logprobs: dict | None, prompt_logprobs: list | None = None
+) -> dict:
+    body = {
         "index": choice.index,
         "text": text,
         "logprobs": logprobs,
         "finish_reason": choice.finish_reason,
     }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
 
 
 def _usage(choices: list[_Choice]) -> dict[str, int]:

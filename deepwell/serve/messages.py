@@ -56,9 +56,19 @@ class GenerateRequest:
     def continuation(self, produced: list[int], max_tokens: int) -> GenerateRequest:
         """This request resumed after the tokens it `produced`, for at most `max_tokens`
         more (moved to another worker, or its prompt alone on a prefill worker); the
-        minimum length counts the tokens already out."""
-        min_tokens = min(max(self.sampling.min_tokens - len(produced), 0), max_tokens)
-        sampling = replace(self.sampling, max_tokens=max_tokens, min_tokens=min_tokens)
+        minimum length, the first tokens without EOS and the teacher-forced tokens count
+        the tokens already out, and the prompt's logprobs went out with the first token."""
+        done = len(produced)
+        sampling = self.sampling
+        if done:
+            sampling = replace(
+                sampling,
+                first_n_token_no_eos=max(sampling.first_n_token_no_eos - done, 0),
+                golden_token_ids=(sampling.golden_token_ids or [])[done:] or None,
+                prompt_logprobs=False,
+            )
+        min_tokens = min(max(sampling.min_tokens - done, 0), max_tokens)
+        sampling = replace(sampling, max_tokens=max_tokens, min_tokens=min_tokens)
         return replace(self, prompt_token_ids=self.prompt_token_ids + produced, sampling=sampling)
 
 

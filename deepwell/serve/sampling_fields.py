@@ -73,7 +73,13 @@ def read_sampling_params(
     """
     fields = _extra_fields(dialect, body) if isinstance(body, dict) else {}
     body_seed = fields.pop("seed", None)
-    seed = next((s for s in (options.seed, body_seed) if s is not None), fallback_seed)
+    seed = next((s for s in (options.seed, body_seed) if s is not None), None)
+    if seed is None and fields.get("seq_seed") is None:
+        seed = fallback_seed
+    if fields.get("so_args") is not None and structured_output is not None:
+        raise _refused(
+            "so_args", "the request constrains its output already (response_format or tools)"
+        )
     model_stop = [] if fields.get("ignore_eos") else model_stop_token_ids
     stop = sorted({*model_stop, *fields.pop("stop_token_ids", ())})
     try:
@@ -106,10 +112,11 @@ def _extra_fields(dialect: str, body: dict[str, Any]) -> dict[str, Any]:
         "top_k": _optional_integer(body, "top_k"),
         "min_tokens": _optional_integer(body, "min_tokens"),
         "logit_bias": _logit_bias(body.get("logit_bias")),
-        "stop_token_ids": _token_ids(body.get("stop_token_ids")),
+        "stop_token_ids": _token_ids(body.get("stop_token_ids"), "stop_token_ids"),
     }
     for name in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
         fields[name] = _number(body, name)
+    fields |= _deepinfer_fields(dialect, body)
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _invalid("ignore_eos", "a boolean", ignore_eos)
@@ -120,6 +127,32 @@ def _extra_fields(dialect: str, body: dict[str, Any]) -> dict[str, Any]:
             raise _invalid("seed", "an integer in [0, 2^63)", seed)
         fields["seed"] = seed
     return {name: value for name, value in fields.items() if value is not None}
+
+
+def _deepinfer_fields(dialect: str, body: dict[str, Any]) -> dict[str, Any]:
+    """DeepInfer's SamplingParams fields (spec/deepinfer.md §1.5) the dialects have no field
+    for, sent in `extra_body`; `prompt_logprobs` in /v1/completions only (vLLM's place)."""
+    seq_seed = _optional_integer(body, "seq_seed")
+    if seq_seed is not None and not 0 <= seq_seed < 2**64:
+        raise _invalid("seq_seed", "an integer in [0, 2^64)", seq_seed)
+    so_args = body.get("so_args")
+    if so_args is not None and not isinstance(so_args, dict):
+        raise _invalid("so_args", "an object (schema_type, schema, ...)", so_args)
+    fields = {
+        "seq_seed": seq_seed,
+        "so_args": so_args,
+        "first_n_token_no_eos": _optional_integer(body, "first_n_token_no_eos"),
+        "eos_id": _optional_integer(body, "eos_id"),
+        "golden_token_ids": _token_ids(body.get("golden_token_ids"), "golden_token_ids"),
+    }
+    prompt_logprobs = body.get("prompt_logprobs")
+    if prompt_logprobs is not None:
+        if dialect != COMPLETIONS:
+            raise _refused("prompt_logprobs", "it is a field of /v1/completions only")
+        if not isinstance(prompt_logprobs, int):
+            raise _invalid("prompt_logprobs", "a boolean or an integer", prompt_logprobs)
+        fields["prompt_logprobs"] = prompt_logprobs
+    return fields
 
 
 def _logit_bias(value: Any) -> dict[int, float] | None:
@@ -138,11 +171,11 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     return bias
 
 
-def _token_ids(value: Any) -> list[int] | None:
+def _token_ids(value: Any, name: str) -> list[int] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(_is_int(t) for t in value):
-        raise _invalid("stop_token_ids", "a list of token ids", value)
+        raise _invalid(name, "a list of token ids", value)
     return value
 
 

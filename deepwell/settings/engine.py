@@ -29,6 +29,7 @@ KERNEL_SETS = ("auto", "triton")
 SPECULATIVE_METHODS = ("ngram", "dspark")
 YOCO_TRUNCATION_MODES = ("off", "mask", "compact")
 DEVICES = ("auto", "cpu", "cuda")
+LOAD_FORMATS = ("auto", "dummy")
 # DeepInfer's block size (spec/deepinfer.md §1.3); the planner sizes blocks with it too.
 BLOCK_SIZE = 128
 # Share of the memory budget kept for activations and the allocator, besides weights and KV
@@ -383,6 +384,23 @@ class EngineArgs:
         env="DEEPWELL_LOGGING_INTERVAL_STEP",
         env_parse=env.parse_int,
     )
+    # DeepInfer's offline EngineArgs (spec/deepinfer.md §1.3) that mean something here; the
+    # rest of its keywords are mapped by engine/deepinfer_args.py.
+    load_format: str = setting(
+        "auto",
+        "auto: the checkpoint's weights; dummy: DeepSeek-V4.1 weights drawn at random in the "
+        "checkpoint's shapes and encodings from config.json alone (benchmarks; outputs are noise)",
+        group="model",
+        flags="--load-format",
+        choices=LOAD_FORMATS,
+    )
+    chunked_prefill: bool = setting(
+        True,
+        "split a long prompt over several steps' token budgets; --no-chunked-prefill admits "
+        "a prompt only whole (max_num_batched_tokens must then hold max_model_len)",
+        flags="--no-chunked-prefill",
+        bool_flag="off",
+    )
     # Attention data parallelism, MoE expert parallelism and EPLB over torch.distributed
     # (parallel/); one rank per EngineCore. Its flags come from its own declaration.
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -400,6 +418,15 @@ class EngineArgs:
             # A row's bits would change with the call's row count (4-bit blocks below a
             # few rows, the dense weights above).
             raise ValueError("int4 quantization cannot run batch-invariant")
+        if (
+            not self.chunked_prefill
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                f"must hold a whole prompt of max_model_len ({self.max_model_len}) tokens"
+            )
         if self.kv_store_path is not None and not self.enable_prefix_caching:
             raise ValueError("kv_store_path needs enable_prefix_caching")
         if self.batch_invariant and self.yoco_prefill_truncation_mode == "compact":

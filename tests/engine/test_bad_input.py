@@ -42,8 +42,8 @@ def test_bad_prompt_is_rejected_and_others_still_run(core, prompt, params, messa
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
-        ({"max_tokens": -3}, "max_tokens must be a positive integer"),
+        ({"max_tokens": 2**31}, r"max_tokens must be an integer in \[0, 2\^31\)"),
+        ({"max_tokens": -3}, r"max_tokens must be an integer in \[0, 2\^31\)"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"temperature": -1}, "temperature must be >= 0"),
@@ -51,8 +51,8 @@ def test_bad_prompt_is_rejected_and_others_still_run(core, prompt, params, messa
         ({"min_p": 2}, "min_p must be in"),
         ({"repetition_penalty": 0}, "repetition_penalty must be > 0"),
         ({"presence_penalty": 3}, "presence_penalty must be in"),
-        ({"top_logprobs": 3}, "top_logprobs needs logprobs=True"),
-        ({"logprobs": True, "top_logprobs": 99}, "top_logprobs must be in"),
+        ({"top_logprobs": -1}, "top_logprobs must be in"),
+        ({"logprobs": True, "top_logprobs": 1001}, "top_logprobs must be in"),
     ],
 )
 def test_bad_sampling_parameters_name_the_field(kwargs, message):

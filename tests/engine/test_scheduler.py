@@ -122,3 +122,15 @@ def test_a_prompt_longer_than_the_key_cap_still_prefills_alone():
     assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("long", 64)]
     plan = run(scheduler)
     assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("long", 36)]
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
+    chunked = make(budget=16)
+    whole = Scheduler(KVCacheManager(LAYOUT, 64, 4, 1), 8, 16, chunked_prefill=False)
+    for scheduler in (chunked, whole):
+        scheduler.add(request("a", 10))
+        scheduler.add(request("b", 10))
+    assert [c.num_tokens for c in run(chunked).chunks] == [10, 6]
+    assert [c.num_tokens for c in run(whole).chunks] == [10]
+    # The next step: a decodes, b's whole prompt fits beside it.
+    assert [c.num_tokens for c in run(whole).chunks] == [1, 10]

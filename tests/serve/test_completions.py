@@ -19,6 +19,12 @@ def tokenize(model_server, text: str) -> list[int]:
     return httpx.post(f"{model_server.base_url}/tokenize", json={"prompt": text}).json()["tokens"]
 
 
+def detokenize(model_server, tokens: list[int]) -> str:
+    return httpx.post(f"{model_server.base_url}/detokenize", json={"tokens": tokens}).json()[
+        "prompt"
+    ]
+
+
 def test_a_completion_continues_the_raw_prompt(client, model_server):
     completion = client.completions.create(
         model=model_server.model, prompt=PROMPT, max_tokens=6, temperature=0
@@ -118,6 +124,30 @@ def test_logprobs_name_each_token_with_its_alternatives(client, model_server):
         # Greedy: the chosen token is the most likely of its alternatives.
         assert len(top) == 3 and max(top, key=top.get) == token
     assert logprobs.text_offset[0] == 0
+
+
+def test_prompt_logprobs_score_every_prompt_token_after_the_first(client, model_server):
+    prompt_ids = tokenize(model_server, PROMPT)
+    for stream in (False, True):
+        response = client.completions.create(
+            model=model_server.model,
+            prompt=PROMPT,
+            max_tokens=3,
+            temperature=0,
+            stream=stream,
+            extra_body={"prompt_logprobs": 2, "golden_token_ids": prompt_ids[:2]},
+        )
+        chunks = list(response) if stream else [response]
+        found = [c.choices[0].model_extra.get("prompt_logprobs") for c in chunks]
+        (scored,) = [f for f in found if f is not None]
+        assert scored[0] is None and len(scored) == len(prompt_ids)
+        for token, entry in zip(prompt_ids[1:], scored[1:], strict=True):
+            # The prompt token itself and its two best alternatives (which may include it).
+            assert str(token) in entry and 2 <= len(entry) <= 3
+            assert all(value["logprob"] <= 0 for value in entry.values())
+        # Teacher forcing: the first output tokens are the golden ones.
+        text = "".join(c.choices[0].text for c in chunks)
+        assert text.startswith(detokenize(model_server, prompt_ids[:2]))
 
 
 @pytest.mark.parametrize(

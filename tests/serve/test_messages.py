@@ -103,8 +103,8 @@ def test_malformed_messages_are_refused_by_name():
     with pytest.raises(ValueError, match="malformed Shutdown: expected 1 fields, got int"):
         decode_message(_frame(Shutdown, 7))
     # A sampling field out of range is refused as SamplingParams refuses it.
-    bad = [0] + [None] * (len(fields(SamplingParams)) - 1)
-    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+    bad = [-1] + [None] * (len(fields(SamplingParams)) - 1)
+    with pytest.raises(InvalidRequestError, match="max_tokens must be an integer in"):
         decode_message(_frame(SamplingParams, bad))
 
 
@@ -118,6 +118,21 @@ def test_a_continued_request_keeps_its_sampling_and_counts_its_output():
     prefill = request.continuation([], 1)
     assert (prefill.sampling.max_tokens, prefill.sampling.min_tokens) == (1, 1)
     assert request.sampling.max_tokens == 10
+
+
+def test_a_continued_request_counts_its_output_against_deepinfers_fields():
+    sampling = SamplingParams(
+        max_tokens=10,
+        first_n_token_no_eos=3,
+        golden_token_ids=[4, 5, 6],
+        prompt_logprobs=True,
+        seq_seed=2**64 - 1,
+    )
+    moved = GenerateRequest("r", [1, 2], sampling).continuation([4, 5], 8).sampling
+    assert (moved.first_n_token_no_eos, moved.golden_token_ids) == (1, [6])
+    assert not moved.wants_prompt_logprobs and moved.seq_seed == 2**64 - 1
+    prefill = GenerateRequest("r", [1, 2], sampling).continuation([], 1).sampling
+    assert prefill.wants_prompt_logprobs and prefill.golden_token_ids == [4, 5, 6]
 
 
 def test_an_engine_output_keeps_its_finish_reason_and_stop_id_on_the_wire():

@@ -9,7 +9,9 @@ import openai
 import pytest
 
 from deepwell.engine.sampling_params import SamplingParams
+from deepwell.engine.structured.spec import StructuredOutput
 from deepwell.recipe import InferenceOptions
+from deepwell.serve.errors import ApiError
 from deepwell.serve.sampling_fields import read_sampling_params
 
 # SmolLM2 answers this greedily with "Cat, cat, cat, ..." to the end of its budget.
@@ -212,3 +214,60 @@ def test_the_body_fields_and_the_recipes_make_one_sampling_params():
         "messages", body, options, max_tokens=8, fallback_seed=9, model_stop_token_ids=[2, 0]
     )
     assert sampling.stop_token_ids == [2, 7]
+
+
+def test_deepinfer_fields_come_through_extra_body():
+    body = {
+        "seq_seed": 2**64 - 1,
+        "first_n_token_no_eos": 1,
+        "eos_id": 2,
+        "golden_token_ids": [5, 6],
+        "so_args": {"schema_type": "ebnf", "schema": 'root ::= "a" | "b"'},
+    }
+    sampling = read_sampling_params(
+        "chat", body, InferenceOptions(), max_tokens=8, fallback_seed=9, model_stop_token_ids=[2]
+    )
+    # seq_seed is the seed: the server's fallback does not compete with it.
+    assert sampling.seed == sampling.seq_seed == 2**64 - 1
+    assert (sampling.first_n_token_no_eos, sampling.eos_id) == (1, 2)
+    assert sampling.golden_token_ids == [5, 6]
+    assert sampling.structured_output.kind == "ebnf"
+    assert sampling.structured_output.spec.startswith("%llguidance")
+
+
+@pytest.mark.parametrize(
+    ("dialect", "body", "param"),
+    [
+        ("chat", {"prompt_logprobs": True}, "prompt_logprobs"),
+        ("chat", {"seq_seed": -1}, "seq_seed"),
+        ("messages", {"seq_seed": 5, "seed": 6}, "seq_seed"),
+        ("messages", {"golden_token_ids": ["a"]}, "golden_token_ids"),
+        ("chat", {"so_args": {"schema_type": "ebnf", "schema": 'root ::= "a" (= "b")'}}, "so_args"),
+        ("completions", {"so_args": {"schema_type": "json", "schema": "{}", "x": 1}}, "so_args"),
+    ],
+)
+def test_bad_deepinfer_fields_are_refused_naming_them(dialect, body, param):
+    with pytest.raises(ApiError) as error:
+        read_sampling_params(
+            dialect,
+            body,
+            InferenceOptions(),
+            max_tokens=8,
+            fallback_seed=9,
+            model_stop_token_ids=[],
+        )
+    assert error.value.param == param
+
+
+def test_so_args_and_response_format_are_one_constraint_too_many():
+    with pytest.raises(ApiError) as error:
+        read_sampling_params(
+            "chat",
+            {"so_args": {"schema_type": "regex", "schema": "a+"}},
+            InferenceOptions(),
+            max_tokens=8,
+            fallback_seed=9,
+            model_stop_token_ids=[],
+            structured_output=StructuredOutput("json_object"),
+        )
+    assert error.value.param == "so_args"

@@ -104,3 +104,12 @@ def test_a_sampled_reply_replays_from_its_seed_on_a_real_model(invariant_server)
     drawn = sample(invariant_server)
     replay = sample(invariant_server, seed=int(drawn.headers[SEED]))
     assert replay.json()["choices"] == drawn.json()["choices"]
+
+
+def test_deepinfers_seq_seed_replays_a_constrained_reply(invariant_server):
+    so_args = {"schema_type": "regex", "schema": "[a-z]{3,6}"}
+    first = sample(invariant_server, seq_seed=2**64 - 3, so_args=so_args)
+    again = sample(invariant_server, seq_seed=2**64 - 3, so_args=so_args)
+    assert again.json()["choices"] == first.json()["choices"]
+    text = first.json()["choices"][0]["message"]["content"]
+    assert 3 <= len(text) <= 6 and text.isalpha() and text.islower()

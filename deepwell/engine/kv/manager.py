@@ -132,6 +132,9 @@ class KVCacheManager:
             request.stored_blocks = dict(blocks)
             request.stored_snapshots = snapshots
             request.store_load = None
+        if request.params.wants_prompt_logprobs:
+            # Every prompt position needs its logits, so none is taken from the cache.
+            return hit
         keys = self.keys(request, (request.num_tokens - 1) // self.block_size)
         for key in keys:
             block_id = self.block_pool.lookup(key)

@@ -168,7 +168,7 @@ def _run_rank(
     config: ParallelConfig = args.parallel
     try:
         fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-        llm = LLM(**fields)
+        llm = LLM(**fields, decode_sequence=False)
         mine = list(range(config.rank, len(prompts), config.world_size))
         started = time.perf_counter()
         done = llm.generate(

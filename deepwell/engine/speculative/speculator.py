@@ -75,9 +75,9 @@ class Speculator:
                 continue
             num_decodes += 1
             params = request.params
-            # Penalties, bias, min_tokens and logprobs are applied by the sampler only; the
-            # verify rows would sample without them.
-            if params.adjusts_logits or params.logprobs:
+            # Penalties, bias, min_tokens, logprobs and teacher forcing are applied by the
+            # sampler only; the verify rows would sample without them.
+            if params.adjusts_logits or params.logprobs or params.golden_token_ids:
                 continue
             room = min(
                 self.num_speculative_tokens, params.max_tokens - request.num_output_tokens - 1

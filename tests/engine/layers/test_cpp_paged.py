@@ -334,6 +334,7 @@ def test_embedded_smoke_answers_unchanged_in_float32_and_closer_to_it_in_bf16():
                     num_kv_blocks=8,
                     max_model_len=512,
                     num_speculative_tokens=0,
+                    decode_sequence=False,
                 )
                 answers[dtype, choice, seqs] = [
                     c.token_ids for c in llm.generate(SMOKE, greedy, use_tqdm=False)

@@ -281,6 +281,8 @@ def embedded(**kwargs) -> LLM:
         enable_prefix_caching=False,
         num_speculative_tokens=0,
         **kwargs,
+        decode_sequence=False,
+        chunked_prefill=True,
     )
 
 

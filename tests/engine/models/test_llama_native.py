@@ -89,6 +89,7 @@ def embedded(native: str, dtype: str = "float32", **kwargs) -> LLM:
         max_model_len=512,
         num_speculative_tokens=0,
         **kwargs,
+        decode_sequence=False,
     )
 
 
@@ -97,7 +98,6 @@ def greedy_with_logprobs(llm: LLM, prompts: list[str], max_tokens: int):
         max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=5
     )
     return llm.generate(prompts, params, use_tqdm=False)
-
 
 
 def test_embedded_native_steps_match_the_torch_path_float32(caplog):

@@ -49,7 +49,13 @@ def hf_model():
 def llm32():
     # 5-token steps: every prompt but the shortest is prefilled in chunks, even alone, and
     # in a batch the chunks share steps with other requests' decodes.
-    return LLM(dtype="float32", max_num_batched_tokens=5, max_num_seqs=16)
+    return LLM(
+        dtype="float32",
+        max_num_batched_tokens=5,
+        max_num_seqs=16,
+        decode_sequence=False,
+        chunked_prefill=True,
+    )
 
 
 def hf_greedy(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
@@ -104,7 +110,9 @@ def test_float32_greedy_matches_transformers_generate_16_prompts_48_tokens(hf_mo
 
 
 def test_bfloat16_logprobs_stay_close_to_float32_reference(hf_model):
-    llm = LLM(dtype="bfloat16", max_num_batched_tokens=64)
+    llm = LLM(
+        dtype="bfloat16", max_num_batched_tokens=64, decode_sequence=False, chunked_prefill=True
+    )
     prompts = [llm.tokenizer.encode(p).ids for p in PROMPTS[:4]]
     params = SamplingParams(
         max_tokens=8, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=5

@@ -49,6 +49,7 @@ def test_embedded_model_float32_gives_the_default_paths_greedy_tokens():
             num_kv_blocks=2,
             max_model_len=256,
             num_speculative_tokens=0,
+            decode_sequence=False,
         )
         if kernels == "triton":
             layer = llm.core.runner.model.layers[0]

@@ -32,7 +32,14 @@ def hf_model(checkpoint):
 @pytest.fixture(scope="module")
 def llm(checkpoint):
     # 8-token steps: prompts are prefilled in chunks, and batched ones share steps.
-    return LLM(model=str(checkpoint), dtype="float32", max_num_batched_tokens=8, memory_gib=0.25)
+    return LLM(
+        model=str(checkpoint),
+        dtype="float32",
+        max_num_batched_tokens=8,
+        memory_gib=0.25,
+        decode_sequence=False,
+        chunked_prefill=True,
+    )
 
 
 def prompts(lengths, seed: int = 0) -> list[list[int]]:
@@ -93,6 +100,8 @@ def test_a_gguf_file_loads_the_same_model(checkpoint, llm, tmp_path):
         dtype="float32",
         max_num_batched_tokens=8,
         memory_gib=0.25,
+        decode_sequence=False,
+        chunked_prefill=True,
     )
     assert gguf_llm.core.architecture == llm.core.architecture
     assert gguf_llm.core.chat_template == llm.core.chat_template

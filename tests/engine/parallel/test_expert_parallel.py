@@ -59,7 +59,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def one_rank(checkpoint, batch) -> list[list[int]]:
-    llm = LLM(checkpoint, **ENGINE)
+    llm = LLM(checkpoint, **ENGINE, decode_sequence=False)
     prompts, params = batch
     completions = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     return [c.token_ids for c in completions]

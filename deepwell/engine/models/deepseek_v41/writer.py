@@ -298,10 +298,10 @@ def write_tiny_checkpoint(
             if names[len(shard)] not in stored:  # the shard opens on a scale drawn before
                 spec = next(specs)
                 if draw_stored and spec.format is WeightFormat.MXFP4:
-                    data, scale = _random_mxfp4(spec, generator)
+                    data, scale = random_mxfp4(spec, generator)
                     value = dequantize(spec.format, data, scale) if keep_weights else None
                 else:
-                    value = _random_weight(spec, generator)
+                    value = random_weight(spec, generator)
                     data, scale = quantize(spec.format, value)
                 if value is not None and keep_weights:
                     weights[spec.name] = value
@@ -417,7 +417,7 @@ def _write_tokenizer_config(path: Path, text: dict[str, Any]) -> None:
     )
 
 
-def _random_weight(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
+def random_weight(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
     """Random values of a sensible size for each kind of tensor, float32.
 
     The constants nemo initialises (norms at 1, mHC base 0 and scale 1, zero sinks and
@@ -447,9 +447,7 @@ def _random_weight(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor
     return normal(0.02)
 
 
-def _random_mxfp4(
-    spec: TensorSpec, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def random_mxfp4(spec: TensorSpec, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniformly random E2M1 code pairs and one power-of-two scale for all groups."""
     codes = torch.randint(
         0, 256, spec.format.stored_shape(spec.shape), generator=generator, dtype=torch.uint8

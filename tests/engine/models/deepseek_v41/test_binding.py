@@ -65,7 +65,9 @@ def test_packed_and_expanded_give_the_same_tokens_in_float32(checkpoint) -> None
     )
     completions = {}
     for expand in (False, True):
-        llm = LLM(**vars(args(checkpoint, dtype="float32", expand_weights=expand)))
+        llm = LLM(
+            **vars(args(checkpoint, dtype="float32", expand_weights=expand)), decode_sequence=False
+        )
         completions[expand] = llm.generate(
             prompt_token_ids=prompts, sampling_params=greedy, use_tqdm=False
         )

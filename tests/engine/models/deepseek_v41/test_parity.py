@@ -147,7 +147,7 @@ def check_against_reference(oracle, prompt: list[int], completion) -> None:
 
 
 def test_64_decode_steps_match_full_recompute(checkpoint, oracle):
-    llm = LLM(**vars(engine_args(checkpoint)))
+    llm = LLM(**vars(engine_args(checkpoint)), decode_sequence=False)
     prompt = prompts(1, [20], seed=2)[0]
     (completion,) = generate(llm, [prompt], 64)
     assert len(completion.token_ids) == 64
@@ -156,7 +156,10 @@ def test_64_decode_steps_match_full_recompute(checkpoint, oracle):
 
 def test_batch_of_8_requests_of_different_lengths_under_continuous_batching(checkpoint, oracle):
     # 16-token steps: long prompts prefill in chunks beside the others' decodes.
-    llm = LLM(**vars(engine_args(checkpoint, max_num_batched_tokens=16, max_num_seqs=8)))
+    llm = LLM(
+        **vars(engine_args(checkpoint, max_num_batched_tokens=16, max_num_seqs=8)),
+        decode_sequence=False,
+    )
     batch = prompts(8, [3, 7, 9, 16, 17, 30, 41, 60], seed=3)
     completions = generate(llm, batch, 16)
     for prompt, completion in zip(batch, completions, strict=True):
@@ -165,7 +168,10 @@ def test_batch_of_8_requests_of_different_lengths_under_continuous_batching(chec
 
 @pytest.mark.slow
 def test_batch_of_8_requests_64_greedy_tokens_each(checkpoint, oracle):
-    llm = LLM(**vars(engine_args(checkpoint, max_num_batched_tokens=32, max_num_seqs=8)))
+    llm = LLM(
+        **vars(engine_args(checkpoint, max_num_batched_tokens=32, max_num_seqs=8)),
+        decode_sequence=False,
+    )
     batch = prompts(8, [5, 11, 19, 24, 33, 47, 70, 90], seed=4)
     for prompt, completion in zip(batch, generate(llm, batch, 64), strict=True):
         check_against_reference(oracle, prompt, completion)
@@ -187,7 +193,10 @@ def test_with_cache_quantisation_the_logits_stay_statistically_close(checkpoint)
 def test_preempted_requests_recompute_their_window_rings_and_compressed_state(checkpoint, oracle):
     # 10 blocks of 16 tokens cannot hold 8 requests of ~50 tokens: the newest are preempted
     # and recomputed from scratch, rings, tails and compressed entries included.
-    llm = LLM(**vars(engine_args(checkpoint, num_kv_blocks=10, max_num_seqs=8, max_model_len=160)))
+    llm = LLM(
+        **vars(engine_args(checkpoint, num_kv_blocks=10, max_num_seqs=8, max_model_len=160)),
+        decode_sequence=False,
+    )
     batch = prompts(8, [20, 25, 30, 18, 27, 22, 31, 24], seed=6)
     completions = generate(llm, batch, 24)
     assert llm.core.stats().num_preemptions > 0

@@ -54,7 +54,7 @@ def test_the_triton_set_gives_the_default_greedy_tokens(checkpoint) -> None:
     )
     completions = {}
     for kernels in ("auto", "triton"):
-        llm = LLM(**vars(args(checkpoint, kernels=kernels)))
+        llm = LLM(**vars(args(checkpoint, kernels=kernels)), decode_sequence=False)
         (completions[kernels],) = llm.generate(
             prompt_token_ids=[prompt], sampling_params=greedy, use_tqdm=False
         )
