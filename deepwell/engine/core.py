@@ -82,40 +82,8 @@ class EngineCore:
         model = built.model
         if args.context_parallel_size > 1:
             model = self.context_parallel = launch_context_parallel(built.model, args)
-        self.runner = ModelRunner(
-            model,
-            built.kv_cache,
-            args.block_size,
-            args.batch_invariant,
-            built.layout,
-            built.replay,
-            built.kv.snapshots,
-            device=built.device,
-            sampler=sampler_for(args.kernels),
-            encoder_cache=_encoder_cache(built),
-            decode_graphs=decode_graphs_for(
-                built.device, args.enforce_eager, args.max_num_seqs, self.group is not None
-            ),
-            logit_filter=LogitFilter.of(
-                args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
-            ),
-        )
-        # Verify lengths from each request alone unless enable_mtp_varlen, and always in
-        # batch-invariant mode (DeepInfer's MTP_VARLEN, spec/deepinfer.md §1.6; planner.py).
-        self.speculator = None
-        if built.speculative_method is not None:
-            drafter = (
-                DSparkDrafter(built.model, built.kv_cache, args.dspark_confidence_temperature)
-                if built.speculative_method == "dspark"
-                else NgramDrafter()
-            )
-            limit = built.layout.max_draft_tokens(args.num_speculative_tokens)
-            self.speculator = Speculator(
-                min(limit, drafter.max_tokens or limit),
-                drafter,
-                args.batch_invariant,
-                variable_length=args.enable_mtp_varlen,
-            )
+        self.runner = _model_runner(model, built, args, self.group is not None)
+        self.speculator = _speculator(built, args)
         self.draft_cadence = DraftCadence(every_step=args.batch_invariant)
         # Unfinished requests by id: intake adds them; the pipeline, or an abort, ends them.
         self.requests: dict[str, Request] = {}
@@ -307,6 +275,50 @@ class EngineCore:
         self.speculator.propose(running, self.scheduler.max_num_batched_tokens)
         self.draft_cadence.record(any(request.draft_token_ids for request in running))
         return outputs
+
+
+def _model_runner(
+    model: torch.nn.Module, built: BuiltEngine, args: EngineArgs, expert_parallel: bool
+) -> ModelRunner:
+    """The runner of `model` (the built one, or its context-parallel wrapper)."""
+    return ModelRunner(
+        model,
+        built.kv_cache,
+        args.block_size,
+        args.batch_invariant,
+        built.layout,
+        built.replay,
+        built.kv.snapshots,
+        device=built.device,
+        sampler=sampler_for(args.kernels),
+        encoder_cache=_encoder_cache(built),
+        decode_graphs=decode_graphs_for(
+            built.device, args.enforce_eager, args.max_num_seqs, expert_parallel
+        ),
+        logit_filter=LogitFilter.of(
+            args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
+        ),
+    )
+
+
+def _speculator(built: BuiltEngine, args: EngineArgs) -> Speculator | None:
+    """Drafts and verification, when the model speculates; verify lengths from each request
+    alone unless enable_mtp_varlen, and always in batch-invariant mode (DeepInfer's
+    MTP_VARLEN, spec/deepinfer.md §1.6; speculative/planner.py)."""
+    if built.speculative_method is None:
+        return None
+    drafter = (
+        DSparkDrafter(built.model, built.kv_cache, args.dspark_confidence_temperature)
+        if built.speculative_method == "dspark"
+        else NgramDrafter()
+    )
+    limit = built.layout.max_draft_tokens(args.num_speculative_tokens)
+    return Speculator(
+        min(limit, drafter.max_tokens or limit),
+        drafter,
+        args.batch_invariant,
+        variable_length=args.enable_mtp_varlen,
+    )
 
 
 def _encoder_cache(built: BuiltEngine) -> EncoderCache | None:

@@ -37,6 +37,20 @@ class ImageSettings:
     allowed_local_media_path: Path | None = None
     media_fetch_timeout_s: float = 10.0
 
+# The multimodal preprocessing pool (serve/images/pool.py), as DeepInfer's switches name it.
+USE_POOL_ENV = environment.register(
+    "DEEPWELL_USE_MULTIMODAL_POOL",
+    "decode and resize request images in a process pool (default on; 0 runs them in the "
+    "request's thread)",
+    environment.parse_flag,
+    default=True,
+)
+POOL_SIZE_ENV = environment.register(
+    "DEEPWELL_MULTIMODAL_POOL_SIZE",
+    "processes of the multimodal pool (default: 2, at most the CPUs)",
+    environment.parse_int,
+)
+
 
 @dataclass(frozen=True)
 class ServeSettings:

@@ -47,10 +47,15 @@ DEEPINFER_SWITCHES: dict[str, str | None] = {
     "DEEPINFER_ENGRAM_FORCE_GPU_STORAGE": "Engram tables live in host memory, the only memory",
     "DEEPINFER_SAMPLER_FORCE_TOPK": None,
     "DEEPINFER_DECODE_TOKEN_BLACKLIST": None,
-    "DEEPINFER_ENFORCE_EAGER": "CUDA graphs: engine X, branch gpu (`--enforce-eager`)",
-    "DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL": "CUDA graphs: engine X, branch gpu",
-    "DEEPINFER_DFLASH_ENFORCE_EAGER": "CUDA graphs: engine X, branch gpu",
-    "DEEPINFER_DFLASH_CUDAGRAPH_BATCH_SIZE_INTERVAL": "CUDA graphs: engine X, branch gpu",
+    "DEEPINFER_ENFORCE_EAGER": None,
+    "DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL": (
+        "decode graphs are captured at 1, 2, 4 and every 8 up to --max-num-seqs "
+        "(engine/decode_graphs.py), DeepInfer's grid step fixed"
+    ),
+    "DEEPINFER_DFLASH_ENFORCE_EAGER": (
+        "drafts run eagerly: only single-token decode steps are replayed from graphs"
+    ),
+    "DEEPINFER_DFLASH_CUDAGRAPH_BATCH_SIZE_INTERVAL": "no draft graphs (above)",
     "DEEPINFER_DECODE_PERF_CACHE_DIR": (
         "the step-time curve is measured online (speculative/step_time.py), never cached"
     ),
@@ -85,10 +90,16 @@ DEEPINFER_SWITCHES: dict[str, str | None] = {
     "DEEPINFER_PROFILE_HTTP_ENABLE": "no per-engine profiling server; serve has /metrics",
     "DEEPINFER_PROFILE_HTTP_PORT_BASE": "no profiling server (above)",
     "DEEPINFER_TORCH_PROFILER_DIR": "no built-in torch profiler hook",
-    "DEEPINFER_USE_MULTIMODAL_POOL": "the vision preprocessing pool: engine XI, branch vis-serve",
-    "DEEPINFER_MULTIMODAL_POOL_SIZE_GB": "the vision pool: engine XI, branch vis-serve",
-    "DEEPINFER_MULTI_MODAL_BUFFER_SIZE": "the vision pool: engine XI, branch vis-serve",
-    "DEEPINFER_MULTI_MODAL_WORKER_TIMEOUT": "the vision pool: engine XI, branch vis-serve",
+    "DEEPINFER_USE_MULTIMODAL_POOL": None,
+    "DEEPINFER_MULTIMODAL_POOL_SIZE_GB": (
+        "the pool is sized in processes, DEEPWELL_MULTIMODAL_POOL_SIZE (default 2), not GB"
+    ),
+    "DEEPINFER_MULTI_MODAL_BUFFER_SIZE": (
+        "images travel to the pool as bytes and back as arrays, no shared buffer to size"
+    ),
+    "DEEPINFER_MULTI_MODAL_WORKER_TIMEOUT": (
+        "an image's fetch has --media-fetch-timeout; its decoding is bounded by the pixel limit"
+    ),
     "DEEPINFER_CPP_LOG_LEVEL": "no C++ logging: the kernels do not log",
     "DEEPINFER_FUSED_SAMPLE_STRESS_TEST": "DeepInfer's own kernel tests",
     "DEEPINFER_FUSED_SAMPLE_DETAIL_LOG": "DeepInfer's own kernel tests",

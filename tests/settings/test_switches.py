@@ -32,6 +32,8 @@ DEEPINFER_TYPES = {
     "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": ("str", "off"),
     "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": ("int", 140),
     "DEEPINFER_BATCH_INVARIANT": ("bool", False),
+    "DEEPINFER_ENFORCE_EAGER": ("bool", False),
+    "DEEPINFER_USE_MULTIMODAL_POOL": ("bool", True),
 }
 PARSERS = {
     "bool": environment.parse_flag,

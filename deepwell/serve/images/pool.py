@@ -17,19 +17,9 @@ from deepwell.recipe.conversation import ImageSource
 from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.images.media import MediaAccess, image_bytes
 from deepwell.serve.images.pixels import ImageRejected, PixelLimits, PreparedImage, prepare_image
+from deepwell.serve.settings import POOL_SIZE_ENV, USE_POOL_ENV
 from deepwell.settings import environment
 
-USE_POOL_ENV = environment.register(
-    "DEEPWELL_USE_MULTIMODAL_POOL",
-    "decode and resize request images in a process pool (default on; 0 runs them in the "
-    "request's thread)",
-    environment.parse_flag,
-)
-POOL_SIZE_ENV = environment.register(
-    "DEEPWELL_MULTIMODAL_POOL_SIZE",
-    "processes of the multimodal pool (default: 2, at most the CPUs)",
-    environment.parse_int,
-)
 DEFAULT_POOL_SIZE = 2
 MAX_POOL_SIZE = 64
 
