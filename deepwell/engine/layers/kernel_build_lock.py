@@ -76,13 +76,32 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (Linux's /proc); None where it
+    cannot be read."""
+    try:
+        # Field 22, counted after the parenthesised name (which may hold spaces).
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def stale_reason(holder: LockHolder, now: float, stale_seconds: float) -> str | None:
     """Why a holder no longer counts, or None while it does. A PID is checked only on this
     host; a holder on another (a shared home directory) goes stale by age alone."""
-    if holder.host == socket.gethostname() and not _is_alive(holder.pid):
+    here = holder.host == socket.gethostname()
+    if here and not _is_alive(holder.pid):
         return "its process is gone"
     if now - holder.started > stale_seconds:
         return f"it has held the lock for over {stale_seconds:.0f} s"
+    started = process_start_time(holder.pid) if here else None
+    # A second's slack: btime and the tick count are coarse.
+    if started is not None and started > holder.started + 1:
+        return f"its PID now names a process started after the lock ({started:.0f})"
     return None
 
 

@@ -20,6 +20,7 @@ from deepwell.engine.layers.kernel_build_lock import (
     TORCH_LOCK_NAME,
     KernelBuildWaitTimeout,
     kernel_build_lock,
+    process_start_time,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -207,3 +208,16 @@ def test_a_start_killed_inside_the_compiler_leaves_a_build_the_next_start_comple
     second = _start_in_a_subprocess(env)
     assert second.stdout.strip() == "served by the kernel", second.stderr
     assert "its process is gone" in second.stderr
+
+
+def test_a_holder_whose_pid_now_names_a_younger_process_is_taken_over(tmp_path, caplog):
+    # This process as the "holder" of a lock written a minute before it started: a PID reused.
+    this_process_started = process_start_time(os.getpid())
+    assert this_process_started is not None and abs(this_process_started - time.time()) < 86400
+    _write_holder(tmp_path, os.getpid(), this_process_started - 60)
+    with (
+        caplog.at_level(logging.WARNING),
+        kernel_build_lock(tmp_path, "z", wait_seconds=0, stale_seconds=3600),
+    ):
+        pass
+    assert "its PID now names a process started after the lock" in caplog.text
