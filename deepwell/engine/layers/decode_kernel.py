@@ -3,8 +3,9 @@ llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
 into one extension; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights;
 hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows):
-compiled once per machine into the torch extensions cache on first use,
-loaded from there after.
+compiled once per machine into the torch extensions cache, up front by `deepwell
+build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
+(layers/kernel_build_lock.py), and loaded from there after.
 
 Nothing here runs at import: only an engine that decodes asks for a kernel, so commands
 that never decode never compile. The build uses the local C++ compiler and ninja only; it
