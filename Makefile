@@ -27,6 +27,7 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 # Serves the embedded model on 127.0.0.1:8000 and prints a ready-to-paste curl line;
 # pass options through ARGS, e.g. `make run ARGS="--mock --port 9000"`.
 run: $(VENV)/.run-deps
+	$(if $(findstring --mock,$(ARGS)),,$(VENV)/bin/deepwell build-kernels)
 	$(VENV)/bin/deepwell serve $(ARGS)
 
 # The browser tests drive Debian's chromium (Playwright never downloads a browser): install
@@ -38,8 +39,12 @@ browser:
 		chromium fonts-droid-fallback; } >/dev/null 2>&1; } \
 		|| echo "chromium is not installed: the browser tests will skip"
 
+# The kernels are compiled up front, two at a time, not one by one inside the first tests
+# that use them (cached: a second run only loads them); a checkout that skips this still
+# builds each on first use.
 test: $(VENV)/.test-deps browser
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/deepwell build-kernels --test-paths
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.test-deps

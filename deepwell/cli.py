@@ -747,6 +747,59 @@ def _run_switches(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- build-kernels ---
+
+
+def _configure_build_kernels(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--test-paths",
+        action="store_true",
+        help="also the forced AVX2 / scalar builds of the linear kernels, which only the tests use",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        metavar="N",
+        help="kernels built at once, one compiler process each, ~1.4 GB of memory each "
+        "(default: this process's CPUs)",
+    )
+
+
+def _run_build_kernels(args: argparse.Namespace) -> int:
+    import logging
+    import resource
+    import time
+
+    from deepwell.engine.layers.decode_kernel import KERNEL_BUILDS, build_kernels
+
+    if args.jobs < 1:
+        print(
+            f"deepwell build-kernels: --jobs must be at least 1, got {args.jobs}", file=sys.stderr
+        )
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    builds = [kernel for kernel in KERNEL_BUILDS if args.test_paths or not kernel.test_only]
+
+    def report(kernel, loaded, seconds: float) -> None:
+        state = "ready" if loaded.module is not None else "unavailable, the torch path serves"
+        print(f"  {kernel.name}: {state} after {seconds:.1f} s ({loaded.reason})", flush=True)
+
+    def cpu_seconds() -> float:
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        return sum(usage.ru_utime + usage.ru_stime for usage in used)
+
+    print(f"building {len(builds)} kernels, {args.jobs} at a time", flush=True)
+    started, cpu_before = time.monotonic(), cpu_seconds()
+    results = build_kernels(builds, args.jobs, report)
+    ready = sum(loaded.module is not None for loaded in results.values())
+    print(
+        f"{ready} of {len(builds)} kernels ready in {time.monotonic() - started:.1f} s "
+        f"({cpu_seconds() - cpu_before:.1f} CPU s)"
+    )
+    return 0
+
+
 # Every subcommand, in `--help` order. Add one by writing its configure/run pair above and
 # one line here.
 COMMANDS: list[Command] = [
@@ -812,6 +865,13 @@ COMMANDS: list[Command] = [
         "write a tiny random DeepSeek-V4.1 checkpoint in the released format",
         _configure_tiny_checkpoint,
         _run_tiny_checkpoint,
+    ),
+    Command(
+        "build-kernels",
+        "compile the C++ kernels into torch's extensions cache now, in parallel, instead of "
+        "inside the first engine that needs each (an engine falls back to torch without them)",
+        _configure_build_kernels,
+        _run_build_kernels,
     ),
 ]
 

@@ -3,16 +3,16 @@ llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
 into one extension; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights;
 hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows):
-compiled once per machine into the torch extensions cache on first use,
-loaded from there after.
+compiled once per machine into the torch extensions cache, up front by `deepwell
+build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
+(layers/kernel_build_lock.py), and loaded from there after.
 
 Nothing here runs at import: only an engine that decodes asks for a kernel, so commands
 that never decode never compile. The build uses the local C++ compiler and ninja only; it
 downloads nothing.
 """
 
-import contextlib
-import fcntl
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -22,12 +22,14 @@ import shutil
 import subprocess
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from deepwell.engine.layers.kernel_build_lock import KernelBuildWaitTimeout, kernel_build_lock
 
 logger = logging.getLogger(__name__)
 
@@ -43,28 +45,38 @@ CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
 BUILD_SECONDS = 60
+# How long a start waits for another live process's build of the same kernel before it
+# takes the torch path: a cold build took up to 13 minutes on a shared, loaded 2-core VM.
+BUILD_WAIT_SECONDS = 1200.0
+# A holder this old is taken to be hung (or its PID reused) and its lock is taken over.
+BUILD_STALE_SECONDS = 3600.0
+# The forced lower paths below exist for the tests to check, never to serve: -O1 (the later
+# -O wins) takes about a quarter off their compile, most of it being torch's headers.
+FORCED_PATH_OPTIMISATION = "-O1"
 # quant_gemv.cpp's instruction-set paths: "native" takes the best this CPU has; the others
 # force a lower one (the tests build each to keep them all checked).
-QUANT_PATH_DEFINES = {
+QUANT_PATH_FLAGS = {
     "native": [],
-    "avx2": ["-DDEEPWELL_QUANT_AVX2"],
-    "scalar": ["-DDEEPWELL_QUANT_SCALAR"],
+    "avx2": ["-DDEEPWELL_QUANT_AVX2", FORCED_PATH_OPTIMISATION],
+    "scalar": ["-DDEEPWELL_QUANT_SCALAR", FORCED_PATH_OPTIMISATION],
 }
 
 # blockscaled.cpp's instruction-set paths, alike: AVX-512 at best, forced AVX2, scalar.
-BLOCKSCALED_PATH_DEFINES = {
+BLOCKSCALED_PATH_FLAGS = {
     "native": [],
-    "avx2": ["-DDEEPWELL_BLOCKSCALED_AVX2"],
-    "scalar": ["-DDEEPWELL_BLOCKSCALED_SCALAR"],
+    "avx2": ["-DDEEPWELL_BLOCKSCALED_AVX2", FORCED_PATH_OPTIMISATION],
+    "scalar": ["-DDEEPWELL_BLOCKSCALED_SCALAR", FORCED_PATH_OPTIMISATION],
 }
 
 
 @dataclass(frozen=True)
 class DecodeKernel:
-    """The loaded extension, or None with the reason it is not there."""
+    """The loaded extension, or None with the reason it is not there; the folder it was
+    built in, where it got that far."""
 
     module: ModuleType | None
     reason: str
+    directory: Path | None = None
 
 
 def _vector_flags() -> tuple[str, list[str]]:
@@ -141,19 +153,19 @@ def load_decode_kernel() -> DecodeKernel:
 @functools.cache
 def load_quant_kernel(path: str = "native") -> DecodeKernel:
     """The GGUF-block linears (quant_gemv.cpp) on the instruction-set `path`
-    (QUANT_PATH_DEFINES), built on the first call in a process if the cache lacks it."""
-    return _load((QUANT_SOURCE,), f"quantised linear kernel ({path})", QUANT_PATH_DEFINES[path])
+    (QUANT_PATH_FLAGS), built on the first call in a process if the cache lacks it."""
+    return _load((QUANT_SOURCE,), f"quantised linear kernel ({path})", QUANT_PATH_FLAGS[path])
 
 
 @functools.cache
 def load_blockscaled_kernel(path: str = "native") -> DecodeKernel:
     """The linears on released FP8 / MXFP4 / bf16 encodings (blockscaled.cpp) on the
-    instruction-set `path` (BLOCKSCALED_PATH_DEFINES), built on the first call in a process
+    instruction-set `path` (BLOCKSCALED_PATH_FLAGS), built on the first call in a process
     if the cache lacks it."""
     return _load(
         (BLOCKSCALED_SOURCE,),
         f"block-scaled linear kernel ({path})",
-        BLOCKSCALED_PATH_DEFINES[path],
+        BLOCKSCALED_PATH_FLAGS[path],
     )
 
 
@@ -179,23 +191,7 @@ def load_llama_kernel() -> DecodeKernel:
     return _load(LLAMA_SOURCES, "native decode step", ["-DDEEPWELL_ONE_EXTENSION"])
 
 
-@contextlib.contextmanager
-def _build_lock(directory: Path) -> Iterator[None]:
-    """One build per directory at a time, under a lock the kernel drops when its holder
-    dies. torch's own `lock` file outlives a build that was killed (a timeout, Ctrl-C), and
-    every later process would wait on it forever; holding this lock, no live process can be
-    building here, so a `lock` file left behind is stale and goes."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "deepwell.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            (directory / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKernel:
+def _load(sources: tuple[Path, ...], what: str, extra_flags: list[str]) -> DecodeKernel:
     missing = _missing_tool()
     if missing is not None:
         return DecodeKernel(None, missing)
@@ -206,7 +202,7 @@ def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKer
     from torch.utils.cpp_extension import load
 
     capability, flags = _vector_flags()
-    flags = flags + defines
+    flags = flags + extra_flags
     try:
         key = _build_key(sources, flags)
     except OSError as error:
@@ -219,7 +215,9 @@ def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKer
         )
     started = time.monotonic()
     try:
-        with _build_lock(directory):
+        with kernel_build_lock(
+            directory, what, wait_seconds=BUILD_WAIT_SECONDS, stale_seconds=BUILD_STALE_SECONDS
+        ):
             module = load(
                 name,
                 [str(source) for source in sources],
@@ -227,9 +225,79 @@ def _load(sources: tuple[Path, ...], what: str, defines: list[str]) -> DecodeKer
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(directory),
             )
+    except KernelBuildWaitTimeout as error:
+        return DecodeKernel(None, str(error), directory)
     except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        return DecodeKernel(None, f"its build failed ({first_line}; log in {directory})")
+        return DecodeKernel(None, f"its build failed ({first_line}; log in {directory})", directory)
     return DecodeKernel(
-        module, f"{capability}, loaded in {time.monotonic() - started:.1f} s from {directory}"
+        module,
+        f"{capability}, loaded in {time.monotonic() - started:.1f} s from {directory}",
+        directory,
     )
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """One kernel `deepwell build-kernels` builds: its name, whether only the tests use it,
+    how many sources it compiles (the biggest go first), and its loader."""
+
+    name: str
+    test_only: bool
+    sources: int
+    load: Callable[[], DecodeKernel]
+
+
+KERNEL_BUILDS = (
+    KernelBuild("native decode step", False, len(LLAMA_SOURCES), load_llama_kernel),
+    KernelBuild("decode attention", False, 2, load_decode_kernel),
+    KernelBuild("quantised linear", False, 1, load_quant_kernel),
+    KernelBuild("block-scaled linear", False, 1, load_blockscaled_kernel),
+    KernelBuild("mHC", False, 1, load_hyper_connection_kernel),
+    KernelBuild("V4.1 cache rows", False, 1, load_cache_rows_kernel),
+    *(
+        KernelBuild(
+            f"quantised linear ({path}, forced)",
+            True,
+            1,
+            functools.partial(load_quant_kernel, path),
+        )
+        for path in QUANT_PATH_FLAGS
+        if path != "native"
+    ),
+    *(
+        KernelBuild(
+            f"block-scaled linear ({path}, forced)",
+            True,
+            1,
+            functools.partial(load_blockscaled_kernel, path),
+        )
+        for path in BLOCKSCALED_PATH_FLAGS
+        if path != "native"
+    ),
+)
+
+
+def build_kernels(
+    builds: Sequence[KernelBuild],
+    jobs: int,
+    report: Callable[[KernelBuild, DecodeKernel, float], None],
+) -> dict[str, DecodeKernel]:
+    """Builds (or loads from the cache) each kernel, `jobs` at a time, one compiler process
+    each, biggest first; `report` hears of each as it ends, with its wall seconds."""
+    # One compile per build at a time, so `jobs` bounds the compilers (each ~1.4 GB) too.
+    os.environ["MAX_JOBS"] = "1"
+    _missing_tool()  # puts ninja on PATH once, before the threads read it
+
+    def build(kernel: KernelBuild) -> tuple[KernelBuild, DecodeKernel, float]:
+        started = time.monotonic()
+        return kernel, kernel.load(), time.monotonic() - started
+
+    ordered = sorted(builds, key=lambda kernel: -kernel.sources)
+    results: dict[str, DecodeKernel] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(build, k) for k in ordered]):
+            kernel, loaded, seconds = future.result()
+            results[kernel.name] = loaded
+            report(kernel, loaded, seconds)
+    return results

@@ -1,29 +1,17 @@
-"""The kernel build's lock: a build killed midway never blocks the next process; the build's
-key: each checkout of the same sources builds in its own folder."""
+"""The build's key: each checkout of the same sources builds in its own folder; the forced
+paths the tests check are built lighter than the native one. (The build's lock:
+test_kernel_build_lock.py.)"""
 
-import fcntl
 import shutil
 
-import pytest
-
-from deepwell.engine.layers.decode_kernel import SOURCE, _build_key, _build_lock
-
-
-def test_a_lock_file_left_by_a_killed_build_is_cleared(tmp_path):
-    (tmp_path / "lock").touch()  # what torch's FileBaton leaves when its build is killed
-    with _build_lock(tmp_path):
-        assert not (tmp_path / "lock").exists()
-
-
-def test_the_build_lock_is_held_exclusively_while_building(tmp_path):
-    with (
-        _build_lock(tmp_path),
-        open(tmp_path / "deepwell.lock", "a") as other,
-        pytest.raises(BlockingIOError),
-    ):
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with open(tmp_path / "deepwell.lock", "a") as other:
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released after the build
+from deepwell.engine.layers.decode_kernel import (
+    BLOCKSCALED_PATH_FLAGS,
+    FORCED_PATH_OPTIMISATION,
+    KERNEL_BUILDS,
+    QUANT_PATH_FLAGS,
+    SOURCE,
+    _build_key,
+)
 
 
 def test_two_checkouts_of_the_same_sources_build_in_two_folders(tmp_path):
@@ -33,3 +21,19 @@ def test_two_checkouts_of_the_same_sources_build_in_two_folders(tmp_path):
     shutil.copy(SOURCE, copy)
     assert _build_key((SOURCE,), ["-O3"]) == _build_key((SOURCE,), ["-O3"])
     assert _build_key((copy,), ["-O3"]) != _build_key((SOURCE,), ["-O3"])
+
+
+def test_only_the_forced_paths_are_built_at_a_lower_optimisation():
+    for flags in (QUANT_PATH_FLAGS, BLOCKSCALED_PATH_FLAGS):
+        assert FORCED_PATH_OPTIMISATION not in flags["native"]
+        assert all(FORCED_PATH_OPTIMISATION in flags[path] for path in ("avx2", "scalar"))
+
+
+def test_build_kernels_covers_every_kernel_and_marks_the_test_only_ones():
+    names = [kernel.name for kernel in KERNEL_BUILDS]
+    assert len(names) == len(set(names)) == 10
+    assert sorted(kernel.name for kernel in KERNEL_BUILDS if kernel.test_only) == sorted(
+        f"{kind} ({path}, forced)"
+        for kind in ("block-scaled linear", "quantised linear")
+        for path in ("avx2", "scalar")
+    )
