@@ -13,7 +13,7 @@ the prefill before it) is charged to what its innermost deepwell frame runs:
 import argparse
 from collections import Counter
 
-LINEARS = ("packed_linear.py", "int4_linear.py", "nn/modules/linear.py")
+LINEARS = ("packed_linear.py", "quant_linear.py", "nn/modules/linear.py")
 ATTENTION = ("cpp_paged.py", "torch_paged.py", "layers/attention.py", "decode_kernel.py")
 # The engine's phases, by the function a sample's stack passes through.
 PHASES = (

@@ -248,6 +248,9 @@ def main() -> None:
     )
     print(f"errors   {totals.errors}")
     print(f"offline  output tok/s {offline_tps:8.1f}   ({offline_requests} requests/window)")
+    if offline_tps == 0:
+        # A window too short for the machine's speed: no offline token to divide by.
+        sys.exit("no ratio: the offline run produced no token in the window (raise --duration)")
     print(f"overhead ratio (HTTP / offline tok/s) {http_tps / offline_tps:.3f}   (goal >= 0.9)")
 
 

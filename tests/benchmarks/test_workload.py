@@ -4,7 +4,7 @@ from workload import W_SHA256, make_workload, summary, workload_sha256
 
 
 def test_the_default_workload_is_w_as_first_recorded():
-    # The sha256 and token totals docs/benchmarks.md quotes for W.
+    # The sha256 and token totals docs/benchmarks-log.md quotes for W.
     facts = summary(make_workload())
     assert facts["sha256"] == W_SHA256
     assert (facts["n"], facts["prompt_tokens"], facts["output_tokens"]) == (64, 19_021, 10_407)
