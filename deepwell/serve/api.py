@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
 from deepwell.serve.cluster import admin
 from deepwell.serve.cluster.assembly import Cluster
@@ -21,6 +22,7 @@ from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.routes import completions, generation, health, models, playground, tokenize
+from deepwell.serve.routes.dialect_route import unrouted_response
 from deepwell.serve.routes.parts import Admission, ServeParts
 from deepwell.serve.settings import ServeSettings
 
@@ -57,6 +59,7 @@ def create_app(
         )
     app = FastAPI(title="deepwell", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.parts = parts
+    app.add_exception_handler(HTTPException, unrouted_response)
     for router in _ROUTERS:
         app.include_router(router)
     if parts.settings.playground:
