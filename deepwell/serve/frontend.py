@@ -21,6 +21,7 @@ from deepwell.recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ConversationRequest,
+    ConversionError,
     InferenceChunk,
     InferenceFinishReason,
     MessagesRequest,
@@ -32,8 +33,10 @@ from deepwell.recipe import (
     SpecialToken,
     StreamProcessor,
 )
+from deepwell.recipe.dialects.responses import SERVER_TOOLS
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.json_body import json_object
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
@@ -269,7 +272,7 @@ class Frontend:
         return requested
 
     def convert(
-        self, route: Route, body: bytes | str
+        self, route: Route, body: bytes | str | dict
     ) -> tuple[str, ConversationRequest, ParsingOptions]:
         """Parse and convert a body for the served model: its model name, the converted
         request and the parsing options to read the output with.
@@ -278,8 +281,13 @@ class Frontend:
         `ConversionError` for requests the recipe refuses.
         """
         request = read_request(route.request_type, body)
+        if route is RESPONSES:
+            refuse_builtin_tools(body if isinstance(body, dict) else json.loads(body))
         model_name = request.model
-        converted = request.convert(self.model.conversion_options)
+        try:
+            converted = request.convert(self.model.conversion_options)
+        except ConversionError as error:
+            raise _with_thinking_hint(error, route.dialect) from None
         conversation = converted.conversation
         parsing_options = converted.parsing_options
         if not self.model.supports_tools:
@@ -292,16 +300,14 @@ class Frontend:
         return model_name, converted, parsing_options
 
     def count_tokens(self, body: bytes) -> int:
-        """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""
-        try:
-            data = json.loads(body)
-        except ValueError as error:
-            raise ApiError(400, f"invalid JSON request: {error}") from None
-        if isinstance(data, dict):
-            # Counting needs no output budget, but the Messages schema requires one.
-            data.setdefault("max_tokens", 1)
-        converted = read_request(MessagesRequest, data).convert(self.model.conversion_options)
-        return len(self.model.encode(converted.conversation))
+        """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`): the prompt
+        a `/v1/messages` request with the same body reads, system and tools included, and
+        refused where that request would be (tools to a model without them)."""
+        data = json_object(body)
+        # Counting needs no output budget, but the Messages schema requires one.
+        data.setdefault("max_tokens", 1)
+        _, converted, _ = self.convert(MESSAGES, data)
+        return len(self.model.encode(converted.conversation, template_kwargs(body, self.model)))
 
     async def events(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator:
         """The dialect events of one request, ending with the final ones; closing aborts it."""
@@ -370,6 +376,44 @@ class Frontend:
 # of the wrong type (ValueError), nesting too deep (RecursionError), an integer outside the
 # JSON range (OverflowError); spec/recipe.md §1.
 _UNREADABLE_BODY = (ValueError, RecursionError, OverflowError)
+
+
+# The recipe's refusal of a forced tool call in thinking mode (DeepSeek's own text), and how
+# each dialect turns thinking off, which the text does not say.
+_THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
+_THINKING_OFF = {
+    "chat": '"thinking": {"type": "disabled"} (or "reasoning_effort": "none")',
+    "responses": '"reasoning": {"effort": "none"}',
+    "messages": '"thinking": {"type": "disabled"}',
+}
+
+
+def _with_thinking_hint(error: ConversionError, dialect: str) -> ConversionError:
+    if error.message != _THINKING_TOOL_CHOICE:
+        return error
+    return ConversionError(
+        f"{error.message}: a required or named tool_choice needs thinking off; send "
+        f"{_THINKING_OFF[dialect]}, or use tool_choice auto.",
+        error.status_code,
+    )
+
+
+def refuse_builtin_tools(data: dict) -> None:
+    """A Responses request that declares one of OpenAI's built-in tools gets a 400 naming it.
+
+    The recipe drops them, as DeepSeek's API does; a server that silently runs without the
+    search the client asked for answers from what the model remembers instead.
+    """
+    tools = data.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in SERVER_TOOLS:
+            raise ApiError(
+                400,
+                f"The built-in tool '{kind}' (tools[{index}]) is not run by this server; "
+                "declare a function tool and run it on your side.",
+                param=f"tools[{index}]",
+            )
 
 
 def read_request(request_type: type, body: bytes | str | dict):
