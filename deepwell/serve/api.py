@@ -21,16 +21,27 @@ from deepwell.serve.gateway import Gateway, GatewayCollector
 from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
-from deepwell.serve.routes import completions, generation, health, models, playground, tokenize
+from deepwell.serve.responses_store import ResponseStore
+from deepwell.serve.routes import (
+    completions,
+    generation,
+    health,
+    models,
+    playground,
+    stored,
+    tokenize,
+)
 from deepwell.serve.routes.dialect_route import unrouted_response
 from deepwell.serve.routes.parts import Admission, ServeParts
 from deepwell.serve.settings import ServeSettings
+from deepwell.serve.stored_responses import ResponsesState
 
 # The routers every app serves; a cluster adds its operator routes (cluster/admin.py).
 _ROUTERS = (
     generation.openai_router,
     generation.anthropic_router,
     completions.router,
+    stored.router,
     tokenize.router,
     models.router,
     playground.router,
@@ -97,5 +108,10 @@ def serve_parts(
         admission=admission,
         cluster=cluster,
         completions=raw_completions,
+        responses=ResponsesState(
+            ResponseStore(
+                settings.responses_store, settings.responses_ttl_s, settings.responses_max
+            )
+        ),
         created=int(time.time()),
     )

@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         key_tokens_per_minute=args.key_tokens_per_minute,
         default_seed=args.seed,
         playground=not args.no_playground,
+        responses_store=args.responses_store,
+        responses_ttl_s=args.responses_ttl,
+        responses_max=args.responses_max,
     )
     try:
         model = model_path(args)  # two disagreeing models stop here, before anything starts
