@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.outputs import FinishReason
@@ -40,6 +41,13 @@ from deepwell.serve.json_body import json_object
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
+from deepwell.serve.parallel_samples import (
+    ChunkIndexer,
+    interleaved,
+    merged_response,
+    requested_samples,
+    samples_of,
+)
 from deepwell.serve.sampling_fields import SEED_LIMIT, read_sampling_params, requested_budget
 from deepwell.serve.schema_coverage import unenforced_keywords
 
@@ -117,6 +125,29 @@ class PreparedRequest:
     prompt_usage: PromptUsage | None = None
     # Keywords of the request's JSON schema the grammar skips (UNENFORCED_HEADER).
     unenforced_keywords: list[str] = field(default_factory=list)
+    # Chat's `n`: samples of the prompt answered as one response (parallel_samples.py).
+    samples: int = 1
+
+    def new_response(self) -> Any:
+        """The response object this request's events accumulate into."""
+        usage = self.prompt_usage or PromptUsage()
+        return self.route.response_type(
+            self.inference.request_id,
+            self.model,
+            self.created,
+            usage.prompt_tokens,
+            usage.prompt_cache_hit_tokens,
+        )
+
+    def sample_requests(self) -> list[PreparedRequest]:
+        route, converted = self.route, self.converted
+
+        def generator() -> object:
+            return route.request_type.chunk_generator(
+                converted, self.inference.request_id, self.model
+            )
+
+        return samples_of(self, self.samples, generator)
 
 
 def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
@@ -198,6 +229,7 @@ class Frontend:
                 f"got {cache_class!r}.",
             )
         header_seed = _parse_seed_header(seed_header)
+        samples, body = requested_samples(body) if route is CHAT else (1, body)
         model_name, converted, parsing_options = self.convert(route, body)
         # The recipe ignores the fields the reference ignores: the extras are read beside it.
         data = json.loads(body)
@@ -236,6 +268,7 @@ class Frontend:
             generator,
             inference,
             unenforced_keywords=unenforced,
+            samples=samples,
         )
 
     def request_seed(self, *given: int | None) -> int:
@@ -339,19 +372,14 @@ class Frontend:
 
     async def complete(self, prepared: PreparedRequest, timer: RequestTimer) -> str:
         """Run a request to its end and return the accumulated response JSON."""
+        if prepared.samples > 1:
+            return await self._complete_samples(prepared, timer)
         response = None
         events = self.events(prepared, timer)
         try:
             async for event in events:
                 if response is None:
-                    usage = prepared.prompt_usage or PromptUsage()
-                    response = prepared.route.response_type(
-                        prepared.inference.request_id,
-                        prepared.model,
-                        prepared.created,
-                        usage.prompt_tokens,
-                        usage.prompt_cache_hit_tokens,
-                    )
+                    response = prepared.new_response()
                 response.accumulate(event)
         finally:
             await events.aclose()
@@ -361,15 +389,54 @@ class Frontend:
     async def sse(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
         """Server-sent-event frames of a streamed request, with the dialect's terminal frame."""
         response_type = prepared.route.response_type
-        events = self.events(prepared, timer)
-        try:
-            async for event in events:
-                yield sse_frame(response_type.sse_event_name(event), event.to_json())
-        finally:
-            await events.aclose()
+        if prepared.samples > 1:
+            indexer = ChunkIndexer(prepared.samples)
+            events = self._sample_events(prepared, timer)
+            try:
+                async for index, event in events:
+                    yield sse_frame(None, indexer.chunk(index, event.to_json()))
+            finally:
+                await events.aclose()
+        else:
+            events = self.events(prepared, timer)
+            try:
+                async for event in events:
+                    yield sse_frame(response_type.sse_event_name(event), event.to_json())
+            finally:
+                await events.aclose()
         done = response_type.sse_done_data()
         if done is not None:
             yield sse_frame(None, done)
+
+    async def _complete_samples(self, prepared: PreparedRequest, timer: RequestTimer) -> str:
+        responses: dict[int, Any] = {}
+        events = self._sample_events(prepared, timer)
+        try:
+            async for index, event in events:
+                if index not in responses:
+                    responses[index] = prepared.new_response()
+                responses[index].accumulate(event)
+        finally:
+            await events.aclose()
+        return merged_response([responses[index].to_json() for index in sorted(responses)])
+
+    def _sample_events(
+        self, prepared: PreparedRequest, timer: RequestTimer
+    ) -> AsyncIterator[tuple[int, Any]]:
+        """(sample index, event) of a request's samples, as they come; the request's prompt
+        usage is its first sample's, which read the prompt."""
+        samples = prepared.sample_requests()
+
+        def stream(sample: PreparedRequest) -> Callable[[], AsyncIterator]:
+            async def events() -> AsyncIterator:
+                async for event in self.events(sample, timer):
+                    if prepared.prompt_usage is None:
+                        prepared.prompt_usage = samples[0].prompt_usage
+                    yield event
+
+            return events
+
+        return interleaved([stream(sample) for sample in samples])
 
 
 # What the recipe's request classes raise for a body they cannot read: bad JSON or a field
