@@ -16,6 +16,7 @@ import uuid
 from starlette.responses import Response
 
 from deepwell.recipe import ConversionError
+from deepwell.recipe.json_value import utf8_encodable
 
 logger = logging.getLogger(__name__)
 
@@ -96,19 +97,11 @@ def error_object(
 def error_response(shape: ErrorShape, error: ApiError) -> Response:
     content = error_object(shape, error.status_code, error.message, error.param, error.code)
     body = json.dumps(content, ensure_ascii=False)
-    if not body.isascii() and not _utf8_encodable(body):
+    if not body.isascii() and not utf8_encodable(body):
         # A message that quotes the client's text may hold a lone surrogate: escaped, it is
         # still the same JSON string, and the answer stays a 4xx instead of failing to encode.
         body = json.dumps(content)
     return Response(body, error.status_code, error.headers, media_type="application/json")
-
-
-def _utf8_encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def conversion_error_response(shape: ErrorShape, error: ConversionError) -> Response:
