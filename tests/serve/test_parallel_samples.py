@@ -28,7 +28,7 @@ def test_seeded_samples_repeat_and_share_the_prompts_blocks(model_server):
     # A prompt no earlier test sent, so the first sample finds nothing cached.
     prompt = f"Tell me a short fact about the number {uuid.uuid4().int % 10**12}. " * 4
     messages = [{"role": "user", "content": prompt}]
-    hits_before = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens")
+    hits_before = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total")
     first = client.chat.completions.create(
         model=model_server.model, messages=messages, n=3, **SAMPLED
     )
@@ -59,7 +59,7 @@ def test_seeded_samples_repeat_and_share_the_prompts_blocks(model_server):
     deadline = time.monotonic() + 10
     gained = 0.0
     while time.monotonic() < deadline:
-        gained = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens") - hits_before
+        gained = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total") - hits_before
         if gained >= 2 * (prompt_tokens - block):
             break
         time.sleep(0.2)
