@@ -59,7 +59,9 @@ def test_seeded_samples_repeat_and_share_the_prompts_blocks(model_server):
     deadline = time.monotonic() + 10
     gained = 0.0
     while time.monotonic() < deadline:
-        gained = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total") - hits_before
+        gained = (
+            metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total") - hits_before
+        )
         if gained >= 2 * (prompt_tokens - block):
             break
         time.sleep(0.2)

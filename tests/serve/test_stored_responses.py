@@ -180,7 +180,7 @@ def test_a_continued_turn_renders_as_the_whole_history_does():
     # Instructions are not carried over (OpenAI's rule): the history is items only.
     assert "Be brief." not in json.dumps(items)
     assert [item["id"][:4] for item in items["data"]] == ["msg_"] * 3
-    assert items["data"][0]["content"] == "Again"  # newest first
+    assert items["data"][0]["content"] == [{"type": "input_text", "text": "Again"}]  # newest first
 
 
 def test_the_store_forgets_after_its_ttl_and_keeps_at_most_its_bound(tmp_path):

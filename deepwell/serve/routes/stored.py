@@ -47,7 +47,7 @@ async def input_items(
                 400, f"no input item '{after}' in response '{response_id}'", param="after"
             )
         items = items[ids.index(after) + 1 :]
-    page = items[:limit]
+    page = [_listed(item) for item in items[:limit]]
     return JSONResponse(
         {
             "object": "list",
@@ -81,3 +81,11 @@ async def cancel(response_id: str, state: ResponsesDep, _key: OpenAIKey) -> Resp
         await state.background.cancel(response_id)
         stored = stored_or_404(state.store, response_id)
     return Response(stored.response, media_type="application/json")
+
+
+def _listed(item: dict) -> dict:
+    """An input item as OpenAI lists it: a message's text content as one input_text part
+    (the stored item keeps the form it was sent in, which rebuilds the prompt exactly)."""
+    if item.get("type", "message") == "message" and isinstance(item.get("content"), str):
+        return {**item, "content": [{"type": "input_text", "text": item["content"]}]}
+    return item
