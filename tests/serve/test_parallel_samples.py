@@ -26,7 +26,8 @@ def metric(base_url: str, name: str) -> float:
 def test_seeded_samples_repeat_and_share_the_prompts_blocks(model_server):
     client = openai.OpenAI(base_url=f"{model_server.base_url}/v1", api_key="unused", max_retries=0)
     # A prompt no earlier test sent, so the first sample finds nothing cached.
-    prompt = f"Tell me a short fact about the number {uuid.uuid4().int % 10**12}. " * 4
+    # Long enough for three full KV blocks of 128 tokens.
+    prompt = f"Tell me a short fact about the number {uuid.uuid4().int % 10**12}. " * 40
     messages = [{"role": "user", "content": prompt}]
     hits_before = metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total")
     first = client.chat.completions.create(
@@ -55,17 +56,17 @@ def test_seeded_samples_repeat_and_share_the_prompts_blocks(model_server):
 
     # Samples 1 and 2 of the first request read the prompt's full blocks from the cache.
     prompt_tokens = first.usage.prompt_tokens
-    block = 16
+    block = 128  # --block-size's default
     deadline = time.monotonic() + 10
     gained = 0.0
     while time.monotonic() < deadline:
         gained = (
             metric(model_server.base_url, "deepwell_prefix_cache_hit_tokens_total") - hits_before
         )
-        if gained >= 2 * (prompt_tokens - block):
+        if gained >= 2 * (prompt_tokens // block) * block:
             break
         time.sleep(0.2)
-    assert gained >= 2 * (prompt_tokens - block)
+    assert gained >= 2 * (prompt_tokens // block) * block > 0
 
 
 def test_n_indexes_choices_and_counts_the_usage_once_in_process():
