@@ -87,7 +87,7 @@ def is_serde_value(value: JsonValue) -> bool:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            if not item.isascii() and not _encodable(item):
+            if not item.isascii() and not utf8_encodable(item):
                 return False
         elif isinstance(item, float):
             if not math.isfinite(item):
@@ -97,7 +97,7 @@ def is_serde_value(value: JsonValue) -> bool:
             if depth > TEXT_MAX_NESTING:
                 return False
             if isinstance(item, dict):
-                if not all(key.isascii() or _encodable(key) for key in item):
+                if not all(key.isascii() or utf8_encodable(key) for key in item):
                     return False
                 stack.extend((child, depth) for child in item.values())
             else:
@@ -105,7 +105,8 @@ def is_serde_value(value: JsonValue) -> bool:
     return True
 
 
-def _encodable(text: str) -> bool:
+def utf8_encodable(text: str) -> bool:
+    """Whether `text` has no lone surrogate, which UTF-8 cannot encode."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
 from deepwell.serve.cluster import admin
 from deepwell.serve.cluster.assembly import Cluster
@@ -24,15 +25,27 @@ from deepwell.serve.images.pool import PoolConfig
 from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
-from deepwell.serve.routes import completions, generation, health, models, playground, tokenize
+from deepwell.serve.responses_store import ResponseStore
+from deepwell.serve.routes import (
+    completions,
+    generation,
+    health,
+    models,
+    playground,
+    stored,
+    tokenize,
+)
+from deepwell.serve.routes.dialect_route import unrouted_response
 from deepwell.serve.routes.parts import Admission, ServeParts
 from deepwell.serve.settings import ServeSettings
+from deepwell.serve.stored_responses import ResponsesState
 
 # The routers every app serves; a cluster adds its operator routes (cluster/admin.py).
 _ROUTERS = (
     generation.openai_router,
     generation.anthropic_router,
     completions.router,
+    stored.router,
     tokenize.router,
     models.router,
     playground.router,
@@ -70,6 +83,7 @@ def create_app(
         title="deepwell", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
     app.state.parts = parts
+    app.add_exception_handler(HTTPException, unrouted_response)
     for router in _ROUTERS:
         app.include_router(router)
     if parts.settings.playground:
@@ -108,5 +122,10 @@ def serve_parts(
         admission=admission,
         cluster=cluster,
         completions=raw_completions,
+        responses=ResponsesState(
+            ResponseStore(
+                settings.responses_store, settings.responses_ttl_s, settings.responses_max
+            )
+        ),
         created=int(time.time()),
     )

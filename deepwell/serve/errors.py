@@ -16,6 +16,7 @@ import uuid
 from starlette.responses import Response
 
 from deepwell.recipe import ConversionError
+from deepwell.recipe.json_value import utf8_encodable
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
@@ -39,6 +41,7 @@ _OPENAI_TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("invalid_request_error", "invalid_api_key"),
     404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
     409: ("invalid_request_error", "conflict"),
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
@@ -94,6 +97,10 @@ def error_object(
 def error_response(shape: ErrorShape, error: ApiError) -> Response:
     content = error_object(shape, error.status_code, error.message, error.param, error.code)
     body = json.dumps(content, ensure_ascii=False)
+    if not body.isascii() and not utf8_encodable(body):
+        # A message that quotes the client's text may hold a lone surrogate: escaped, it is
+        # still the same JSON string, and the answer stays a 4xx instead of failing to encode.
+        body = json.dumps(content)
     return Response(body, error.status_code, error.headers, media_type="application/json")
 
 

@@ -11,7 +11,8 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.multimodal import ImageInput
@@ -23,6 +24,7 @@ from deepwell.recipe import (
     ChatCompletionResponse,
     Conversation,
     ConversationRequest,
+    ConversionError,
     InferenceChunk,
     InferenceFinishReason,
     MessagesRequest,
@@ -35,13 +37,21 @@ from deepwell.recipe import (
     SpecialToken,
     StreamProcessor,
 )
-from deepwell.recipe.errors import ConversionError
+from deepwell.recipe.dialects.responses import SERVER_TOOLS
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.images.intake import ImageIntake, conversation_images
+from deepwell.serve.json_body import json_object
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
+from deepwell.serve.parallel_samples import (
+    ChunkIndexer,
+    interleaved,
+    merged_response,
+    requested_samples,
+    samples_of,
+)
 from deepwell.serve.sampling_fields import SEED_LIMIT, read_sampling_params, requested_budget
 from deepwell.serve.schema_coverage import unenforced_keywords
 from deepwell.serve.token_ids import ChatTokenIds, wants_token_ids
@@ -128,6 +138,33 @@ class PreparedRequest:
     token_ids: ChatTokenIds | None = None
     # The ids generated so far (the text's tokens, as the chunks bring them).
     output_token_ids: list[int] = field(default_factory=list)
+    # Chat's `n`: samples of the prompt answered as one response (parallel_samples.py).
+    samples: int = 1
+
+    def new_response(self) -> Any:
+        """The response object this request's events accumulate into."""
+        usage = self.prompt_usage or PromptUsage()
+        return self.route.response_type(
+            self.inference.request_id,
+            self.model,
+            self.created,
+            usage.prompt_tokens,
+            usage.prompt_cache_hit_tokens,
+        )
+
+    def sample_requests(self) -> list[PreparedRequest]:
+        route, converted = self.route, self.converted
+
+        def generator() -> object:
+            return route.request_type.chunk_generator(
+                converted, self.inference.request_id, self.model
+            )
+
+        # Each sample gathers its own output ids (the request's list would be shared).
+        return [
+            replace(sample, output_token_ids=[])
+            for sample in samples_of(self, self.samples, generator)
+        ]
 
 
 def mock_infer(request: InferenceRequest) -> AsyncIterator[InferenceChunk]:
@@ -218,6 +255,9 @@ class Frontend:
                 f"got {cache_class!r}.",
             )
         header_seed = _parse_seed_header(seed_header)
+        samples, body = requested_samples(body) if route is CHAT else (1, body)
+        if samples > 1 and b"return_token_ids" in body and wants_token_ids(json.loads(body)):
+            raise ApiError(400, "return_token_ids is not supported with n > 1", param="n")
         model_name, converted, parsing_options = self.convert(route, body)
         # The recipe ignores the fields the reference ignores: the extras are read beside it.
         data = json.loads(body)
@@ -262,6 +302,7 @@ class Frontend:
             token_ids=ChatTokenIds(prompt_token_ids)
             if route is CHAT and wants_token_ids(data)
             else None,
+            samples=samples,
         )
 
     def encode(
@@ -345,7 +386,7 @@ class Frontend:
         return requested
 
     def convert(
-        self, route: Route, body: bytes | str
+        self, route: Route, body: bytes | str | dict
     ) -> tuple[str, ConversationRequest, ParsingOptions]:
         """Parse and convert a body for the served model: its model name, the converted
         request and the parsing options to read the output with.
@@ -354,8 +395,13 @@ class Frontend:
         `ConversionError` for requests the recipe refuses.
         """
         request = read_request(route.request_type, body)
+        if route is RESPONSES:
+            refuse_builtin_tools(body if isinstance(body, dict) else json.loads(body))
         model_name = request.model
-        converted = request.convert(self.model.conversion_options)
+        try:
+            converted = request.convert(self.model.conversion_options)
+        except ConversionError as error:
+            raise _with_thinking_hint(error, route.dialect) from None
         conversation = converted.conversation
         parsing_options = converted.parsing_options
         if not self.model.supports_tools:
@@ -368,17 +414,15 @@ class Frontend:
         return model_name, converted, parsing_options
 
     def count_tokens(self, body: bytes) -> int:
-        """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`)."""
-        try:
-            data = json.loads(body)
-        except ValueError as error:
-            raise ApiError(400, f"invalid JSON request: {error}") from None
-        if isinstance(data, dict):
-            # Counting needs no output budget, but the Messages schema requires one.
-            data.setdefault("max_tokens", 1)
-        request = read_request(MessagesRequest, data)
-        converted = request.convert(self.model.conversion_options)
-        return len(self.encode(request.model, converted.conversation)[0])
+        """Prompt tokens of a Messages request body (`/v1/messages/count_tokens`): the prompt
+        a `/v1/messages` request with the same body reads, system, tools and images included,
+        and refused where that request would be (tools to a model without them)."""
+        data = json_object(body)
+        # Counting needs no output budget, but the Messages schema requires one.
+        data.setdefault("max_tokens", 1)
+        model_name, converted, _ = self.convert(MESSAGES, data)
+        variables = template_kwargs(body, self.model)
+        return len(self.encode(model_name, converted.conversation, variables)[0])
 
     async def events(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator:
         """The dialect events of one request, ending with the final ones; closing aborts it."""
@@ -411,19 +455,14 @@ class Frontend:
 
     async def complete(self, prepared: PreparedRequest, timer: RequestTimer) -> str:
         """Run a request to its end and return the accumulated response JSON."""
+        if prepared.samples > 1:
+            return await self._complete_samples(prepared, timer)
         response = None
         events = self.events(prepared, timer)
         try:
             async for event in events:
                 if response is None:
-                    usage = prepared.prompt_usage or PromptUsage()
-                    response = prepared.route.response_type(
-                        prepared.inference.request_id,
-                        prepared.model,
-                        prepared.created,
-                        usage.prompt_tokens,
-                        usage.prompt_cache_hit_tokens,
-                    )
+                    response = prepared.new_response()
                 response.accumulate(event)
         finally:
             await events.aclose()
@@ -435,24 +474,101 @@ class Frontend:
     async def sse(self, prepared: PreparedRequest, timer: RequestTimer) -> AsyncIterator[bytes]:
         """Server-sent-event frames of a streamed request, with the dialect's terminal frame."""
         response_type = prepared.route.response_type
-        events = self.events(prepared, timer)
-        try:
-            async for event in events:
-                data = event.to_json()
-                if prepared.token_ids is not None:
-                    data = prepared.token_ids.chunk(data, prepared.output_token_ids)
-                yield sse_frame(response_type.sse_event_name(event), data)
-        finally:
-            await events.aclose()
+        if prepared.samples > 1:
+            indexer = ChunkIndexer(prepared.samples)
+            sample_events = self._sample_events(prepared, timer)
+            try:
+                async for index, event in sample_events:
+                    yield sse_frame(None, indexer.chunk(index, event.to_json()))
+            finally:
+                await sample_events.aclose()
+        else:
+            events = self.events(prepared, timer)
+            try:
+                async for event in events:
+                    data = event.to_json()
+                    if prepared.token_ids is not None:
+                        data = prepared.token_ids.chunk(data, prepared.output_token_ids)
+                    yield sse_frame(response_type.sse_event_name(event), data)
+            finally:
+                await events.aclose()
         done = response_type.sse_done_data()
         if done is not None:
             yield sse_frame(None, done)
+
+    async def _complete_samples(self, prepared: PreparedRequest, timer: RequestTimer) -> str:
+        responses: dict[int, Any] = {}
+        events = self._sample_events(prepared, timer)
+        try:
+            async for index, event in events:
+                if index not in responses:
+                    responses[index] = prepared.new_response()
+                responses[index].accumulate(event)
+        finally:
+            await events.aclose()
+        return merged_response([responses[index].to_json() for index in sorted(responses)])
+
+    def _sample_events(
+        self, prepared: PreparedRequest, timer: RequestTimer
+    ) -> AsyncIterator[tuple[int, Any]]:
+        """(sample index, event) of a request's samples, as they come; the request's prompt
+        usage is its first sample's, which read the prompt."""
+        samples = prepared.sample_requests()
+
+        def stream(sample: PreparedRequest) -> Callable[[], AsyncIterator]:
+            async def events() -> AsyncIterator:
+                async for event in self.events(sample, timer):
+                    if prepared.prompt_usage is None:
+                        prepared.prompt_usage = samples[0].prompt_usage
+                    yield event
+
+            return events
+
+        return interleaved([stream(sample) for sample in samples])
 
 
 # What the recipe's request classes raise for a body they cannot read: bad JSON or a field
 # of the wrong type (ValueError), nesting too deep (RecursionError), an integer outside the
 # JSON range (OverflowError); spec/recipe.md §1.
 _UNREADABLE_BODY = (ValueError, RecursionError, OverflowError)
+
+
+# The recipe's refusal of a forced tool call in thinking mode (DeepSeek's own text), and how
+# each dialect turns thinking off, which the text does not say.
+_THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
+_THINKING_OFF = {
+    "chat": '"thinking": {"type": "disabled"} (or "reasoning_effort": "none")',
+    "responses": '"reasoning": {"effort": "none"}',
+    "messages": '"thinking": {"type": "disabled"}',
+}
+
+
+def _with_thinking_hint(error: ConversionError, dialect: str) -> ConversionError:
+    if error.message != _THINKING_TOOL_CHOICE:
+        return error
+    return ConversionError(
+        f"{error.message}: a required or named tool_choice needs thinking off; send "
+        f"{_THINKING_OFF[dialect]}, or use tool_choice auto.",
+        error.status_code,
+    )
+
+
+def refuse_builtin_tools(data: dict) -> None:
+    """A Responses request that declares one of OpenAI's built-in tools gets a 400 naming it.
+
+    The recipe drops them, as DeepSeek's API does; a server that silently runs without the
+    search the client asked for answers from what the model remembers instead.
+    """
+    tools = data.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in SERVER_TOOLS:
+            raise ApiError(
+                400,
+                f"The built-in tool '{kind}' (tools[{index}]) is not run by this server; "
+                "declare a function tool and run it on your side.",
+                param=f"tools[{index}]",
+            )
 
 
 def read_request(request_type: type, body: bytes | str | dict):

@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         default_seed=args.seed,
         playground=not args.no_playground,
         images=image_settings(args),
+        responses_store=args.responses_store,
+        responses_ttl_s=args.responses_ttl,
+        responses_max=args.responses_max,
     )
     try:
         model = model_path(args)  # two disagreeing models stop here, before anything starts

@@ -37,6 +37,7 @@ class ImageSettings:
     allowed_local_media_path: Path | None = None
     media_fetch_timeout_s: float = 10.0
 
+
 # The multimodal preprocessing pool (serve/images/pool.py), as DeepInfer's switches name it.
 USE_POOL_ENV = environment.register(
     "DEEPWELL_USE_MULTIMODAL_POOL",
@@ -74,6 +75,11 @@ class ServeSettings:
     # Serve the static page at /playground (its API calls still need a key).
     playground: bool = True
     images: ImageSettings = field(default_factory=ImageSettings)
+    # Stored Responses (`store: true`): where (sqlite:///PATH; an app built in-process
+    # keeps them in memory), for how long, and how many at most.
+    responses_store: str = "sqlite:///:memory:"
+    responses_ttl_s: float = 30 * 24 * 3600.0
+    responses_max: int = 100_000
 
 
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
@@ -91,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_prompt_arguments(
         parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
     )
+    _add_responses_arguments(parser.add_argument_group("stored responses (/v1/responses)"))
 
 
 def _add_model_names(parser: argparse.ArgumentParser, model: argparse._ArgumentGroup) -> None:
@@ -267,6 +274,39 @@ def _add_prompt_arguments(prompts: argparse._ArgumentGroup) -> None:
         choices=TOOL_CALL_PARSERS,
         help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, Qwen and "
         "others) or llama3_json; without it, requests with tools are refused",
+    )
+
+
+# Where `deepwell serve` keeps stored responses unless told otherwise.
+DEFAULT_RESPONSES_STORE = "sqlite:///~/.cache/deepwell/responses.sqlite3"
+
+
+def _add_responses_arguments(responses: argparse._ArgumentGroup) -> None:
+    """Where the responses a client stores (`store: true`) are kept, and for how long."""
+    defaults = ServeSettings()
+    responses.add_argument(
+        "--responses-store",
+        default=DEFAULT_RESPONSES_STORE,
+        metavar="URL",
+        help="SQLite database of stored responses, sqlite:///PATH (one file, shared by every "
+        "server process and kept across restarts; sqlite:///:memory: keeps them in this "
+        f"process only) (default: {DEFAULT_RESPONSES_STORE})",
+    )
+    responses.add_argument(
+        "--responses-ttl",
+        type=float,
+        default=defaults.responses_ttl_s,
+        metavar="SECONDS",
+        help="a stored response is forgotten this long after it was created "
+        f"(default: {defaults.responses_ttl_s:.0f}, 30 days)",
+    )
+    responses.add_argument(
+        "--responses-max",
+        type=int,
+        default=defaults.responses_max,
+        metavar="N",
+        help=f"keep at most N stored responses, the oldest go first (default: "
+        f"{defaults.responses_max})",
     )
 
 

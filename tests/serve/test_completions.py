@@ -193,6 +193,15 @@ def test_tokenize_and_detokenize_round_trip(model_server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize", "/detokenize"])
+def test_a_lone_surrogate_escape_is_a_400_not_an_unencodable_answer(model_server, path):
+    # The error for an unknown model quotes it: a lone surrogate there once made a 500.
+    body = b'{"model": "\\ud800x", "prompt": "Hi", "tokens": [1], "max_tokens": 1}'
+    response = httpx.post(f"{model_server.base_url}{path}", content=body)
+    assert response.status_code == 400, response.text
+    assert "hex escape" in response.json()["error"]["message"]
+
+
 def test_version(model_server):
     import deepwell
 

@@ -276,6 +276,23 @@ def test_messages_forced_tool_use_comes_back_as_tool_use_blocks(v41_server, anth
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == uses
 
 
+def test_count_tokens_counts_what_the_model_reads_tools_included(v41_server, anthropic_client):
+    request = {
+        "model": v41_server.model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "system": "Answer briefly.",
+    }
+    tools = [
+        {"name": name, "description": "", "input_schema": parameters}
+        for name, parameters in TOOLS.items()
+    ]
+    bare = anthropic_client.messages.count_tokens(**request).input_tokens
+    counted = anthropic_client.messages.count_tokens(**request, tools=tools).input_tokens
+    usage = anthropic_client.messages.create(**request, tools=tools, max_tokens=1).usage
+    read = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert counted == read > bare
+
+
 # --- bad input ---
 
 

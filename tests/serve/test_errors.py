@@ -173,3 +173,59 @@ def test_a_bug_mid_stream_ends_it_with_an_error_event_carrying_a_request_id(monk
     (request_id,) = logged_ids(caplog)
     assert request_id in frame["error"]["message"]
     check_logged(caplog, request_id)
+
+
+def ask(method: str, path: str, content: bytes | None = None) -> httpx.Response:
+    async def run():
+        transport = httpx.ASGITransport(app=create_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.request(method, path, content=content)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/v1/no-such-route", 404),
+        ("POST", "/v1/chat/completion", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models/" + MODEL, 405),
+        ("POST", "/v1/models/" + MODEL, 405),
+    ],
+)
+def test_an_unrouted_request_on_an_openai_path_answers_openais_shape(method, path, status):
+    response = ask(method, path)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert path in error["message"]
+    assert error["type"] == "invalid_request_error"
+    if status == 405:
+        assert method in error["message"]
+        assert "GET" in response.headers["allow"] or "POST" in response.headers["allow"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/v1/messages", 405), ("POST", "/v1/messages/nothing", 404)],
+)
+def test_an_unrouted_request_on_a_messages_path_answers_anthropics_shape(method, path, status):
+    response = ask(method, path)
+    assert response.status_code == status
+    body = response.json()
+    assert body["type"] == "error"
+    assert body["error"]["type"] == (
+        "not_found_error" if status == 404 else "invalid_request_error"
+    )
+    assert path in body["error"]["message"]
+
+
+def test_an_unknown_route_is_a_not_found_error_through_the_openai_sdk():
+    openai_client, _ = sdk_clients(create_app())
+
+    async def run():
+        with pytest.raises(openai.NotFoundError) as missing:
+            await openai_client.get("/no-such-route", cast_to=object)
+        return missing.value
+
+    assert "/v1/no-such-route" in asyncio.run(run()).body["message"]

@@ -3,6 +3,8 @@ other dialects, the seed reported back in the x-deepwell-seed response header, a
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from servers import MODEL_ARGS, start_server
@@ -113,3 +115,30 @@ def test_deepinfers_seq_seed_replays_a_constrained_reply(invariant_server):
     assert again.json()["choices"] == first.json()["choices"]
     text = first.json()["choices"][0]["message"]["content"]
     assert 3 <= len(text) <= 6 and text.isalpha() and text.islower()
+
+
+def test_seeded_parallel_samples_repeat_streamed_or_not(invariant_server):
+    # Cached first, so that every sample below reads the prompt from the prefix cache.
+    prompt = "Name a colour, then say why you like it. " * 30
+    sample(invariant_server, seed=1, messages=[{"role": "user", "content": prompt}])
+    extra = {"seed": 42, "n": 3, "messages": [{"role": "user", "content": prompt}]}
+    first = sample(invariant_server, **extra).json()
+    again = sample(invariant_server, **extra).json()
+    texts = [choice["message"]["content"] for choice in first["choices"]]
+    assert [choice["index"] for choice in first["choices"]] == [0, 1, 2]
+    assert [choice["message"]["content"] for choice in again["choices"]] == texts
+    assert len(set(texts)) > 1  # each sample draws with its own seed
+
+    streamed = {index: "" for index in range(3)}
+    body = {"model": invariant_server.model, "max_tokens": 12, "temperature": 1.0, **extra}
+    with httpx.stream(
+        "POST",
+        f"{invariant_server.base_url}/v1/chat/completions",
+        json={**body, "stream": True},
+        timeout=300,
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    streamed[choice["index"]] += choice["delta"].get("content") or ""
+    assert [streamed[index] for index in range(3)] == texts

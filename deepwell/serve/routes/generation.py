@@ -3,7 +3,7 @@ Messages' token counter."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -36,7 +36,14 @@ from deepwell.serve.routes.access import (
 )
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
 from deepwell.serve.routes.dialect_route import dialect_route
-from deepwell.serve.routes.parts import FrontendDep, GatewayDep, MetricsDep
+from deepwell.serve.routes.parts import FrontendDep, GatewayDep, MetricsDep, ResponsesDep
+from deepwell.serve.stored_responses import (
+    ResponsesState,
+    ResponsesTurn,
+    TurnRecorder,
+    event_response,
+    read_turn,
+)
 
 openai_router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 anthropic_router = APIRouter(route_class=dialect_route(ErrorShape.ANTHROPIC))
@@ -68,9 +75,19 @@ async def chat_completions(
 
 @openai_router.post(RESPONSES.path)
 async def responses(
-    request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep
+    request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep, state: ResponsesDep
 ) -> Response:
-    return await _generate(RESPONSES, request, admitted, generator)
+    """A Responses turn: continued from a stored one, stored, or run in the background
+    when the body asks (stored_responses.py)."""
+    try:
+        turn = read_turn(admitted.body, state.store)
+    except BaseException:
+        admitted.leave()
+        raise
+    admitted.body = turn.body
+    if not turn.stateful:
+        return await _generate(RESPONSES, request, admitted, generator)
+    return await _generate(RESPONSES, request, admitted, generator, (turn, state))
 
 
 @anthropic_router.post(MESSAGES.path)
@@ -87,9 +104,15 @@ async def count_tokens(frontend: FrontendDep, _key: AnthropicKey, body: Body) ->
 
 
 async def _generate(
-    route: Route, request: Request, admitted: Admitted, generator: _Generator
+    route: Route,
+    request: Request,
+    admitted: Admitted,
+    generator: _Generator,
+    stateful: tuple[ResponsesTurn, ResponsesState] | None = None,
 ) -> Response:
-    """Prepare the request off the loop and answer it; the slot goes back when it has ended."""
+    """Prepare the request off the loop and answer it; the slot goes back when it has ended.
+
+    `stateful`: a Responses turn that continues, stores or backgrounds, and where to."""
     frontend = generator.frontend
     try:
         prepared = await run_in_threadpool(
@@ -112,10 +135,40 @@ async def _generate(
     delivery = Delivery(
         route.path, route.shape, admitted, timer, _response_headers(prepared), charge
     )
+    recorder = None
+    if stateful is not None:
+        turn, state = stateful
+        recorder = TurnRecorder(turn, state.store, prepared.inference.request_id)
+        if turn.background:
+            return await _background(delivery, frontend.sse(prepared, timer), recorder, state)
     if prepared.converted.stream:
-        return await _stream(delivery, frontend.sse(prepared, timer), prepared)
+        sse = frontend.sse(prepared, timer)
+        return await _stream(delivery, recorder.frames(sse) if recorder else sse, prepared)
     body = frontend.complete(prepared, timer)
-    return await complete(delivery, body, request)
+    return await complete(delivery, _recorded(body, recorder) if recorder else body, request)
+
+
+async def _recorded(body: Awaitable[str], recorder: TurnRecorder) -> str:
+    return recorder.body(await body)
+
+
+async def _background(
+    delivery: Delivery, sse: AsyncIterator[bytes], recorder: TurnRecorder, state: ResponsesState
+) -> Response:
+    """Answer with the response as it starts and run the rest in a task that stores it."""
+    try:
+        first = recorder.turn.stamp((await anext(sse)).decode())
+    except InferenceError as error:
+        await sse.aclose()
+        delivery.end("failed")
+        return error_response(delivery.shape, ApiError(error.status_code, str(error)))
+    except BaseException:
+        await sse.aclose()
+        delivery.end("failed")
+        raise
+    started = event_response(first.encode())
+    state.background.start(recorder, started, sse, delivery.end)
+    return Response(started, media_type="application/json", headers=delivery.headers)
 
 
 async def _stream(

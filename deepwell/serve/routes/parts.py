@@ -22,6 +22,7 @@ from deepwell.serve.gateway import Gateway
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel
 from deepwell.serve.settings import ServeSettings
+from deepwell.serve.stored_responses import ResponsesState
 
 
 class Admission:
@@ -62,6 +63,7 @@ class ServeParts:
     admission: Admission
     cluster: Cluster | None
     completions: Completions | None
+    responses: ResponsesState
     # When the app started: the `created` time of every model entry.
     created: int
 
@@ -110,6 +112,10 @@ def _router(request: Request) -> RequestRouter:
     return cluster.router
 
 
+def _responses(request: Request) -> ResponsesState:
+    return _parts(request).responses
+
+
 def _created(request: Request) -> int:
     return _parts(request).created
 
@@ -124,3 +130,4 @@ CompletionsDep = Annotated[Completions | None, Depends(_completions)]
 PoolDep = Annotated[WorkerPool | None, Depends(_pool)]
 RouterDep = Annotated[RequestRouter, Depends(_router)]
 CreatedDep = Annotated[int, Depends(_created)]
+ResponsesDep = Annotated[ResponsesState, Depends(_responses)]

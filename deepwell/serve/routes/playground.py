@@ -15,11 +15,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from deepwell.serve.errors import CLIENT_ERRORS, ApiError, ErrorShape, client_error_response
+from deepwell.serve.frontend import RESPONSES
 from deepwell.serve.json_body import json_object
 from deepwell.serve.playground import ROUTES, STATIC_DIR, dialect_of, render, replay
 from deepwell.serve.routes.access import Body, EitherKey, presented_key
 from deepwell.serve.routes.dialect_route import dialect_route
-from deepwell.serve.routes.parts import FrontendDep, SettingsDep
+from deepwell.serve.routes.parts import FrontendDep, ResponsesDep, SettingsDep
+from deepwell.serve.stored_responses import read_turn
 
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
@@ -39,13 +41,18 @@ async def render_prompt(
     request: Request,
     frontend: FrontendDep,
     settings: SettingsDep,
+    state: ResponsesDep,
     body: Body,
     dialect: str | None = None,
 ) -> Response:
+    """The prompt a request renders to; a Responses turn continued from a stored one
+    renders with its history, as it runs."""
     dialect = dialect_of(body, dialect)
     shape = ROUTES[dialect].shape
     try:
         presented_key(request, settings.api_keys, shape)
+        if ROUTES[dialect] is RESPONSES:
+            body = read_turn(body, state.store).body
         rendered = await run_in_threadpool(render, frontend, dialect, body)
     except CLIENT_ERRORS as error:
         return client_error_response(shape, error)
