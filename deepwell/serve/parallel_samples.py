@@ -67,7 +67,7 @@ def samples_of(prepared: Any, n: int, new_generator: Callable[[], object]) -> li
             inference=replace(
                 inference,
                 request_id=f"{inference.request_id}-{index}",
-                sampling=replace(inference.sampling, seed=seeds[index]),
+                sampling=replace(inference.sampling, seed=seeds[index], seq_seed=seeds[index]),
             ),
         )
         for index in range(n)
