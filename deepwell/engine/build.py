@@ -35,9 +35,13 @@ from deepwell.engine.layers.sink_attention import TorchSinkAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.layers.triton import log_kernel_set
 from deepwell.engine.models.contract import CausalLM
-from deepwell.engine.models.deepseek_v41.dummy import dummy_checkpoint
 from deepwell.engine.models.loader import Checkpoint, load_checkpoint, routed_expert_count
-from deepwell.engine.models.registry import ModelOptions, build_model, model_entry
+from deepwell.engine.models.registry import (
+    ModelOptions,
+    build_model,
+    dummy_checkpoint,
+    model_entry,
+)
 from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
 from deepwell.engine.parallel.placement import balanced_placement, check_divisible

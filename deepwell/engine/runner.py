@@ -141,7 +141,8 @@ class ModelRunner:
             r for row, c in verifying for r in range(row - len(c.draft), row + 1)
         ]
         prompt_rows = []
-        for last_row, c in zip(rows.last_rows, ordered, strict=True):
+        # The padding rows (decode graphs) come after the real ones and score no prompt.
+        for last_row, c in zip(rows.last_rows[: len(ordered)], ordered, strict=True):
             if c.request.params.wants_prompt_logprobs:
                 # Positions whose next token is still a prompt token.
                 end = min(c.start + c.num_tokens, c.request.num_prompt_tokens - 1)

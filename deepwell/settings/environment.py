@@ -132,6 +132,8 @@ for _name, _owner in {
     "TORCH_EXTENSIONS_DIR": "torch: where the C++ kernels are built and cached",
     "PATH": "the shell: ninja is looked for on it (C++ kernel builds)",
     "CXX": "the C++ compiler the kernels build with",
+    "MAX_JOBS": "torch's C++ extension builds: compiler processes per build (set to 1 by "
+    "deepwell build-kernels, which runs builds side by side instead)",
     "TRITON_INTERPRET": "Triton: run the Triton kernels on the CPU",
 }.items():
     register_foreign(_name, _owner)

@@ -72,7 +72,8 @@ def test_a_continued_turn_reads_the_whole_history_across_a_restart(tmp_path):
         while polled.status in ("queued", "in_progress") and time.monotonic() < deadline:
             time.sleep(0.2)
             polled = client.responses.retrieve(started.id)
-        assert polled.status == "completed" and polled.output_text
+        # Its 12-token budget may end it before the count does (incomplete): either way, done.
+        assert polled.status in ("completed", "incomplete") and polled.output_text
         long = client.responses.create(
             model=server.model,
             input="Write a long story.",

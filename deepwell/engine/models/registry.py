@@ -19,6 +19,7 @@ from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSin
 from deepwell.engine.models.architectures import Architecture, architecture_named
 from deepwell.engine.models.contract import CausalLM
 from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
+from deepwell.engine.models.deepseek_v41.dummy import dummy_checkpoint as v41_dummy_checkpoint
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.deepseek_v41.schema import DRAFT_STAGE_PREFIX
 from deepwell.engine.models.llama import LlamaForCausalLM
@@ -85,6 +86,13 @@ MODELS: dict[str, ModelEntry] = {
         ),
     )
 }
+
+
+def dummy_checkpoint(path: str, seed: int) -> Checkpoint:
+    """`load_format="dummy"`: random weights in a checkpoint's shapes and stored encodings,
+    from its config.json alone; DeepSeek-V4.1's only (DeepInfer's one model), any other
+    config is refused by name."""
+    return v41_dummy_checkpoint(path, seed)
 
 
 def model_entry(architecture: str) -> ModelEntry:

@@ -56,9 +56,6 @@ def qdq_mxfp4(x: torch.Tensor) -> torch.Tensor:
     return _ungrouped(values * scale, channels, x.dtype)
 
 
-
-
-
 def pack_fp8(x: torch.Tensor) -> torch.Tensor:
     """x [..., C] → uint8 [..., fp8_row_bytes(C)]."""
     codes, scale, channels = _fp8_parts(x)

@@ -197,7 +197,10 @@ def test_32_greedy_tokens_after_two_images_in_chunked_prefill_match_the_referenc
     checkpoint, oracle
 ):
     # 7-token steps: both prompts' image spans are cut by chunk boundaries.
-    llm = LLM(**vars(engine_args(checkpoint, max_num_batched_tokens=7, max_num_seqs=2)))
+    llm = LLM(
+        **vars(engine_args(checkpoint, max_num_batched_tokens=7, max_num_seqs=2)),
+        decode_sequence=False,
+    )
     prompts = two_image_prompts(checkpoint)
     for (ids, images), completion in zip(prompts, greedy(llm, prompts, 32), strict=True):
         assert len(completion.token_ids) == 32
@@ -206,7 +209,7 @@ def test_32_greedy_tokens_after_two_images_in_chunked_prefill_match_the_referenc
 
 @pytest.mark.slow
 def test_32_greedy_tokens_with_whole_prefill_and_a_repeated_image(checkpoint, oracle):
-    llm = LLM(**vars(engine_args(checkpoint)))
+    llm = LLM(**vars(engine_args(checkpoint)), decode_sequence=False)
     token = image_token_id(checkpoint)
     prompts = two_image_prompts(checkpoint) + [
         image_prompt(token, [TALL, TALL], [9, 1, 4], seed=3),
@@ -273,7 +276,7 @@ def test_the_parity_check_sees_each_vision_detail(mistake, checkpoint, oracle, m
 
 
 def test_a_repeated_image_is_encoded_once(checkpoint):
-    llm = LLM(**vars(engine_args(checkpoint)))
+    llm = LLM(**vars(engine_args(checkpoint)), decode_sequence=False)
     token = image_token_id(checkpoint)
     first = image_prompt(token, [WIDE], [5, 6], seed=6)
     # The same image at another place of another prompt.
@@ -286,7 +289,7 @@ def test_a_repeated_image_is_encoded_once(checkpoint):
 
 
 def test_prompts_differing_only_in_their_image_share_no_blocks(checkpoint):
-    llm = LLM(**vars(engine_args(checkpoint, enable_prefix_caching=True)))
+    llm = LLM(**vars(engine_args(checkpoint, enable_prefix_caching=True)), decode_sequence=False)
     token = image_token_id(checkpoint)
     # 67 tokens, the image at [20, 37): a hit is the 4 full blocks, where the first
     # prompt's ring snapshot is (V4.1 resumes only at a snapshot).
@@ -310,7 +313,7 @@ def test_prompts_differing_only_in_their_image_share_no_blocks(checkpoint):
 
 def test_an_image_to_a_checkpoint_without_a_vision_tower_is_refused_by_name(tmp_path):
     text_only = write_tiny_checkpoint(tmp_path, keep_weights=False)
-    llm = LLM(**vars(engine_args(text_only)))
+    llm = LLM(**vars(engine_args(text_only)), decode_sequence=False)
     ids, images = image_prompt(text_only.config["image_token_id"], [WIDE], [3, 3])
     with pytest.raises(InvalidRequestError, match="image 0.*no vision tower"):
         greedy(llm, [(ids, images)], 1)
@@ -328,7 +331,7 @@ def test_batch_invariant_mode_with_images_gives_the_reference_tokens(checkpoint,
     args = engine_args(checkpoint, batch_invariant=True, max_num_batched_tokens=64)
     prompts = two_image_prompts(checkpoint)
     for (ids, images), completion in zip(
-        prompts, greedy(LLM(**vars(args)), prompts, 8), strict=True
+        prompts, greedy(LLM(**vars(args), decode_sequence=False), prompts, 8), strict=True
     ):
         check_greedy(oracle, ids, images, completion)
 
