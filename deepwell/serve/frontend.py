@@ -396,7 +396,7 @@ class Frontend:
         """
         request = read_request(route.request_type, body)
         if route is RESPONSES:
-            refuse_builtin_tools(body if isinstance(body, dict) else json.loads(body))
+            refuse_builtin_tools(body)
         model_name = request.model
         try:
             converted = request.convert(self.model.conversion_options)
@@ -553,13 +553,19 @@ def _with_thinking_hint(error: ConversionError, dialect: str) -> ConversionError
     )
 
 
-def refuse_builtin_tools(data: dict) -> None:
+def refuse_builtin_tools(body: bytes | str | dict) -> None:
     """A Responses request that declares one of OpenAI's built-in tools gets a 400 naming it.
 
     The recipe drops them, as DeepSeek's API does; a server that silently runs without the
-    search the client asked for answers from what the model remembers instead.
+    search the client asked for answers from what the model remembers instead. A body that
+    declares no tools is not parsed again.
     """
-    tools = data.get("tools")
+    if isinstance(body, bytes | str):
+        if (b'"tools"' if isinstance(body, bytes) else '"tools"') not in body:
+            return
+        body = json.loads(body)
+    # The positional (array) form of a body carries only the reference's fields.
+    tools = body.get("tools") if isinstance(body, dict) else None
     for index, tool in enumerate(tools if isinstance(tools, list) else []):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind in SERVER_TOOLS:

@@ -23,6 +23,14 @@ from deepwell.serve.responses_store import ResponseStore, StoredResponse
 
 # The lifecycle events whose `response` is the object a stored response keeps.
 _FINAL_EVENTS = (b"event: response.completed\n", b"event: response.incomplete\n")
+# The body fields this module reads; a body without any of them is an ordinary turn.
+_STATE_FIELDS = (
+    b'"store"',
+    b'"background"',
+    b'"previous_response_id"',
+    b'"conversation"',
+    b'"truncation"',
+)
 # The statuses a response can still change from.
 RUNNING = ("queued", "in_progress")
 
@@ -66,6 +74,9 @@ def read_turn(body: bytes, store: ResponseStore) -> ResponsesTurn:
 
     A body that is not a JSON object is left to the recipe, which refuses it in its words.
     """
+    # Most turns are stateless: the recipe parses their body anyway, so no parse here.
+    if not any(field in body for field in _STATE_FIELDS):
+        return ResponsesTurn(body)
     try:
         data = parse_json_text(body)
     except ValueError:
