@@ -131,19 +131,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> coefficients(
   return {pre, post, comb};
 }
 
+// One row's S streams summed with their weights `p`, in stream order (the torch ops' order).
+inline void weighted_streams(const float* x, const float* p, int64_t s, int64_t hidden,
+                             float* sum) {
+  for (int64_t h = 0; h < hidden; ++h) sum[h] = p[0] * x[h];
+  for (int64_t k = 1; k < s; ++k) {
+    const float* stream = x + k * hidden;
+    for (int64_t h = 0; h < hidden; ++h) sum[h] += p[k] * stream[h];
+  }
+}
+
 template <typename O>
 void collapse_rows(const float* streams, const float* pre, O* out, int64_t rows, int64_t s,
                    int64_t hidden) {
   at::parallel_for(0, rows, grain_rows(s * hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> sum(hidden);
     for (int64_t r = begin; r < end; ++r) {
-      const float* x = streams + r * s * hidden;
-      const float* p = pre + r * s;
-      for (int64_t h = 0; h < hidden; ++h) sum[h] = p[0] * x[h];
-      for (int64_t k = 1; k < s; ++k) {
-        const float* stream = x + k * hidden;
-        for (int64_t h = 0; h < hidden; ++h) sum[h] += p[k] * stream[h];
-      }
+      weighted_streams(streams + r * s * hidden, pre + r * s, s, hidden, sum.data());
       O* target = out + r * hidden;
       for (int64_t h = 0; h < hidden; ++h) target[h] = static_cast<O>(sum[h]);
     }
@@ -177,13 +181,7 @@ void collapse_norm_rows(const float* streams, const float* pre, const float* wei
   at::parallel_for(0, rows, grain_rows(s * hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> sum(hidden);
     for (int64_t r = begin; r < end; ++r) {
-      const float* x = streams + r * s * hidden;
-      const float* p = pre + r * s;
-      for (int64_t h = 0; h < hidden; ++h) sum[h] = p[0] * x[h];
-      for (int64_t k = 1; k < s; ++k) {
-        const float* stream = x + k * hidden;
-        for (int64_t h = 0; h < hidden; ++h) sum[h] += p[k] * stream[h];
-      }
+      weighted_streams(streams + r * s * hidden, pre + r * s, s, hidden, sum.data());
       // The sublayer's input is the collapse in the compute dtype: normed from those values.
       for (int64_t h = 0; h < hidden; ++h) sum[h] = static_cast<float>(static_cast<O>(sum[h]));
       const float inv = inverse_rms(sum.data(), hidden, eps);
