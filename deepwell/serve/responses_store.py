@@ -4,13 +4,15 @@ One row a response: the response object as last answered, and the input items of
 conversation up to it (a `previous_response_id` chain flattened, instructions excluded, as
 OpenAI does not carry them over). One file in WAL mode, so several HTTP processes and
 restarts share it; rows older than the TTL read as absent and are deleted, and beyond the
-size bound the oldest go first.
+size bound the oldest go first. Each row names the process that wrote it: a background turn
+whose process died reads as failed, not as running forever.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -21,6 +23,10 @@ from typing import Any
 SCHEME = "sqlite:///"
 IN_MEMORY = SCHEME + ":memory:"
 DEFAULT_URL = SCHEME + "~/.cache/deepwell/responses.sqlite3"
+# The statuses a response can still change from, while the process running it lives.
+RUNNING = ("queued", "in_progress")
+# This process, as rows name their writer.
+_OWNER = f"{socket.gethostname()}:{os.getpid()}"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -28,7 +34,8 @@ CREATE TABLE IF NOT EXISTS responses (
     created REAL NOT NULL,
     status TEXT NOT NULL,
     response TEXT NOT NULL,
-    input_items TEXT NOT NULL
+    input_items TEXT NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created);
 """
@@ -69,6 +76,9 @@ class ResponseStore:
         if path != ":memory:":
             self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(responses)")]
+        if "owner" not in columns:  # a file written before rows named their process
+            self._db.execute("ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
 
     def put(self, stored: StoredResponse) -> None:
         row = (
@@ -77,9 +87,10 @@ class ResponseStore:
             stored.status,
             stored.response,
             json.dumps(stored.input_items, ensure_ascii=False),
+            _OWNER,
         )
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)", row)
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", row)
             self._evict()
 
     def update(self, response_id: str, status: str, response: str) -> None:
@@ -92,7 +103,8 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT id, created, status, response, input_items FROM responses WHERE id = ?",
+                "SELECT id, created, status, response, input_items, owner FROM responses "
+                "WHERE id = ?",
                 (response_id,),
             ).fetchone()
         if row is None:
@@ -100,7 +112,22 @@ class ResponseStore:
         if row[1] < time.time() - self.ttl_seconds:
             self.delete(response_id)
             return None
-        return StoredResponse(row[0], row[1], row[2], row[3], json.loads(row[4]))
+        stored = StoredResponse(row[0], row[1], row[2], row[3], json.loads(row[4]))
+        if stored.status in RUNNING and _died(row[5]):
+            stored = self._failed(stored)
+        return stored
+
+    def _failed(self, stored: StoredResponse) -> StoredResponse:
+        """A running turn whose process is gone: failed, with the reason in its error."""
+        response = json.loads(stored.response)
+        response["status"] = "failed"
+        response["error"] = {
+            "code": "server_error",
+            "message": "the server process running this background response stopped",
+        }
+        text = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
+        self.update(stored.id, "failed", text)
+        return StoredResponse(stored.id, stored.created, "failed", text, stored.input_items)
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
@@ -124,3 +151,17 @@ class ResponseStore:
             "LIMIT -1 OFFSET ?)",
             (self.max_responses,),
         )
+
+
+def _died(owner: str) -> bool:
+    """Whether the process that wrote a row is gone; one on another host is taken as alive."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

@@ -19,7 +19,7 @@ from typing import Any
 
 from deepwell.recipe.dialects.json_text import parse_json_text
 from deepwell.serve.errors import ApiError
-from deepwell.serve.responses_store import ResponseStore, StoredResponse
+from deepwell.serve.responses_store import RUNNING, ResponseStore, StoredResponse
 
 # The lifecycle events whose `response` is the object a stored response keeps.
 _FINAL_EVENTS = (b"event: response.completed\n", b"event: response.incomplete\n")
@@ -31,8 +31,6 @@ _STATE_FIELDS = (
     b'"conversation"',
     b'"truncation"',
 )
-# The statuses a response can still change from.
-RUNNING = ("queued", "in_progress")
 
 
 @dataclass

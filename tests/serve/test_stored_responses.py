@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -19,6 +23,7 @@ from deepwell.serve.settings import ServeSettings
 from tests.serve.test_errors import MODEL, sdk_clients
 
 GREEDY = {"temperature": 0, "max_output_tokens": 12}
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sdk(server) -> openai.OpenAI:
@@ -198,3 +203,42 @@ def test_the_store_forgets_after_its_ttl_and_keeps_at_most_its_bound(tmp_path):
     assert other.get("r4") is not None
     store.close()
     other.close()
+
+
+def test_a_background_turn_whose_process_died_reads_as_failed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    # Another server process stores a running background turn, then is gone (killed, say).
+    writer = (
+        "import sys, time\n"
+        "from deepwell.serve.responses_store import ResponseStore, StoredResponse\n"
+        "store = ResponseStore(sys.argv[1], 60, 10)\n"
+        "store.put(StoredResponse('bg', time.time(), 'in_progress',"
+        ' \'{"status":"in_progress","output":[]}\', []))\n'
+    )
+    subprocess.run([sys.executable, "-c", writer, url], check=True, cwd=REPO)
+    store = ResponseStore(url, ttl_seconds=60, max_responses=10)
+    mine = StoredResponse("mine", time.time(), "in_progress", '{"status":"in_progress"}', [])
+    store.put(mine)
+    gone = store.get("bg")
+    assert gone.status == "failed"
+    assert json.loads(gone.response)["error"]["code"] == "server_error"
+    assert store.get("bg").status == "failed"  # kept so
+    assert store.get("mine").status == "in_progress"  # this process still runs it
+    store.close()
+
+
+def test_a_file_from_before_rows_named_their_process_still_opens(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
+            "status TEXT NOT NULL, response TEXT NOT NULL, input_items TEXT NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO responses VALUES ('old', ?, 'completed', '{}', '[]')", (time.time(),)
+        )
+    store = ResponseStore(f"sqlite:///{path}", ttl_seconds=60, max_responses=10)
+    assert store.get("old").status == "completed"
+    store.put(StoredResponse("new", time.time(), "completed", "{}", []))
+    assert len(store) == 2
+    store.close()

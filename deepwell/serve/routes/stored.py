@@ -12,10 +12,11 @@ from fastapi import APIRouter, Query
 from starlette.responses import JSONResponse, Response
 
 from deepwell.serve.errors import ApiError, ErrorShape
+from deepwell.serve.responses_store import RUNNING
 from deepwell.serve.routes.access import OpenAIKey
 from deepwell.serve.routes.dialect_route import dialect_route
 from deepwell.serve.routes.parts import ResponsesDep
-from deepwell.serve.stored_responses import RUNNING, stored_or_404
+from deepwell.serve.stored_responses import stored_or_404
 
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
