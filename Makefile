@@ -26,8 +26,9 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 
 # Serves the embedded model on 127.0.0.1:8000 and prints a ready-to-paste curl line;
 # pass options through ARGS, e.g. `make run ARGS="--mock --port 9000"`.
+# The server compiles only the kernels its model uses, on first use (`deepwell build-kernels`
+# would build every model's first: minutes before the embedded model could serve).
 run: $(VENV)/.run-deps
-	$(if $(findstring --mock,$(ARGS)),,$(VENV)/bin/deepwell build-kernels)
 	$(VENV)/bin/deepwell serve $(ARGS)
 
 # The browser tests drive Debian's chromium (Playwright never downloads a browser): install
