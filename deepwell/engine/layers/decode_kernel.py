@@ -98,17 +98,16 @@ def _build_key(sources: tuple[Path, ...], flags: list[str]) -> str:
     """A digest of the sources and their header, the flags, torch's version and the CPU's
     model and features: a build made with -march=native for one CPU must not load on another
     sharing the same home directory, and a changed source is a new build (announced as one).
-    The sources' folder is in it too: torch's ninja file names them by absolute path, so two
-    installs sharing one folder would each rebuild it for the other, waiting on its lock."""
+    The sources' folder is not: the build compiles copies kept in its own folder
+    (`_staged_sources`), so every checkout and install of the same sources shares one build."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         lines = [platform.processor()]
     wanted = ("model name", "flags", "Features", "CPU part")
     described = sorted({line for line in lines if line.startswith(wanted)})
-    texts = [path.read_text() for path in (*sources, HEADER)]
-    folders = sorted({str(path.resolve().parent) for path in (*sources, HEADER)})
-    parts = [*texts, *folders, *flags, torch.__version__, platform.machine(), *described]
+    texts = [f"{path.name}\n{path.read_text()}" for path in (*sources, HEADER)]
+    parts = [*texts, *flags, torch.__version__, platform.machine(), *described]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -119,6 +118,21 @@ def _build_directory(name: str) -> Path:
     path = Path(root) / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _staged_sources(sources: tuple[Path, ...], directory: Path) -> list[str]:
+    """Copies of the sources and their header in the build folder, written once (the build
+    key covers their text): torch's ninja file names each source by its path and rebuilds when
+    one changes, so the build must not name a checkout's own files."""
+    staged = directory / "sources"
+    staged.mkdir(exist_ok=True)
+    for path in (*sources, HEADER):
+        copy = staged / path.name
+        if not copy.is_file() or copy.read_bytes() != path.read_bytes():
+            partial = copy.with_suffix(copy.suffix + ".partial")
+            shutil.copyfile(path, partial)
+            partial.replace(copy)
+    return [str(staged / path.name) for path in sources]
 
 
 def _put_installed_ninja_on_path() -> None:
@@ -220,7 +234,7 @@ def _load(sources: tuple[Path, ...], what: str, extra_flags: list[str]) -> Decod
         ):
             module = load(
                 name,
-                [str(source) for source in sources],
+                _staged_sources(sources, directory),
                 extra_cflags=flags,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(directory),

@@ -1,4 +1,4 @@
-"""The build's key: each checkout of the same sources builds in its own folder; the forced
+"""The build's key: every checkout of the same sources shares one build; the forced
 paths the tests check are built lighter than the native one. (The build's lock:
 test_kernel_build_lock.py.)"""
 
@@ -7,20 +7,34 @@ import shutil
 from deepwell.engine.layers.decode_kernel import (
     BLOCKSCALED_PATH_FLAGS,
     FORCED_PATH_OPTIMISATION,
+    HEADER,
     KERNEL_BUILDS,
     QUANT_PATH_FLAGS,
     SOURCE,
     _build_key,
+    _staged_sources,
 )
 
 
-def test_two_checkouts_of_the_same_sources_build_in_two_folders(tmp_path):
-    # torch's build file names each source by its path: a shared folder would be rebuilt
-    # whenever the other checkout had used it last.
+def test_two_checkouts_of_the_same_sources_share_one_build(tmp_path):
     copy = tmp_path / SOURCE.name
     shutil.copy(SOURCE, copy)
-    assert _build_key((SOURCE,), ["-O3"]) == _build_key((SOURCE,), ["-O3"])
+    assert _build_key((copy,), ["-O3"]) == _build_key((SOURCE,), ["-O3"])
+    copy.write_text(SOURCE.read_text() + "\n// changed\n")
     assert _build_key((copy,), ["-O3"]) != _build_key((SOURCE,), ["-O3"])
+    assert _build_key((SOURCE,), ["-O1"]) != _build_key((SOURCE,), ["-O3"])
+
+
+def test_the_build_compiles_copies_kept_in_its_own_folder(tmp_path):
+    # torch's build file names each source by its path: naming the checkout's own files
+    # would rebuild whenever another checkout had used the folder last.
+    staged = _staged_sources((SOURCE,), tmp_path)
+    assert staged == [str(tmp_path / "sources" / SOURCE.name)]
+    assert (tmp_path / "sources" / SOURCE.name).read_bytes() == SOURCE.read_bytes()
+    assert (tmp_path / "sources" / HEADER.name).read_bytes() == HEADER.read_bytes()
+    written = (tmp_path / "sources" / SOURCE.name).stat().st_mtime_ns
+    _staged_sources((SOURCE,), tmp_path)
+    assert (tmp_path / "sources" / SOURCE.name).stat().st_mtime_ns == written
 
 
 def test_only_the_forced_paths_are_built_at_a_lower_optimisation():
