@@ -36,9 +36,12 @@
 // with FMA and F16C, else scalar C++. DEEPWELL_BLOCKSCALED_AVX2 / DEEPWELL_BLOCKSCALED_SCALAR
 // force the lower paths (the tests build each).
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -502,7 +505,7 @@ void pair_output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, i
 }
 #endif
 
-torch::Tensor float_rows(const torch::Tensor& x, int64_t columns, const char* what) {
+at::Tensor float_rows(const at::Tensor& x, int64_t columns, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == columns, what, ": x must be [rows, ", columns, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, what,
               ": x must be float32 or bfloat16, got ", x.scalar_type());
@@ -510,13 +513,13 @@ torch::Tensor float_rows(const torch::Tensor& x, int64_t columns, const char* wh
   return x.to(at::kFloat).contiguous();
 }
 
-void check_weight(const torch::Tensor& w, at::ScalarType dtype, const char* what) {
+void check_weight(const at::Tensor& w, at::ScalarType dtype, const char* what) {
   TORCH_CHECK(w.scalar_type() == dtype, what, ": the weight must be ", dtype, ", got ", w.scalar_type());
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), what,
               ": the weight must be a contiguous [out, in] CPU matrix");
 }
 
-torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& weight, const torch::Tensor& scale) {
+at::Tensor fp8_block_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale) {
   check_weight(weight, at::kFloat8_e4m3fn, "fp8_block_linear");
   const int64_t out_features = weight.size(0), columns = weight.size(1);
   const int64_t row_blocks = (out_features + kBlock - 1) / kBlock, column_blocks = (columns + kBlock - 1) / kBlock;
@@ -524,9 +527,9 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
                   scale.size(0) == row_blocks && scale.size(1) == column_blocks,
               "fp8_block_linear: the scale must be a contiguous float8_e8m0fnu [", row_blocks, ", ",
               column_blocks, "], got ", scale.scalar_type(), " ", scale.sizes());
-  const torch::Tensor x = float_rows(x_in, columns, "fp8_block_linear");
+  const at::Tensor x = float_rows(x_in, columns, "fp8_block_linear");
   const int64_t rows = x.size(0);
-  auto out = torch::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return out;
   const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
   const auto* scales = static_cast<const uint8_t*>(scale.data_ptr());
@@ -538,7 +541,7 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
     // The rows' bf16 bits in pair_lane order, zero-padded to whole steps: one copy for all.
     const int64_t pair_stride = (columns + kPairStep - 1) / kPairStep * kPairStep;
     std::vector<uint16_t> pairs(rows * pair_stride, 0);
-    const torch::Tensor bits = x_in.contiguous();
+    const at::Tensor bits = x_in.contiguous();
     const auto* src = static_cast<const uint16_t*>(bits.data_ptr());
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < columns; ++c) {
@@ -593,19 +596,19 @@ torch::Tensor fp8_block_linear(const torch::Tensor& x_in, const torch::Tensor& w
   return out;
 }
 
-torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& weight) {
+at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& weight) {
   check_weight(weight, at::kBFloat16, "bf16_linear");
   const int64_t out_features = weight.size(0), columns = weight.size(1);
-  const torch::Tensor x = float_rows(x_in, columns, "bf16_linear");
+  const at::Tensor x = float_rows(x_in, columns, "bf16_linear");
   const int64_t rows = x.size(0);
-  auto out = torch::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return out;
 #if defined(BLOCKSCALED_DOT_BF16)
   if (x_in.scalar_type() == at::kBFloat16) {
     // bf16 rows against bf16 weights: vdpbf16ps on the stored pairs, rows zero-padded to whole
     // steps of 64.
     const int64_t pair_stride = (columns + kPairStep - 1) / kPairStep * kPairStep;
-    const torch::Tensor xp = at::constant_pad_nd(x_in.contiguous(), {0, pair_stride - columns}, 0);
+    const at::Tensor xp = at::constant_pad_nd(x_in.contiguous(), {0, pair_stride - columns}, 0);
     const auto* xs = static_cast<const uint16_t*>(xp.data_ptr());
     const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
     float* o = out.data_ptr<float>();
@@ -624,7 +627,7 @@ torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& weight
 #endif
   const int64_t stride = padded(columns);
   // Zero-padded to whole blocks (a copy only where the width is not one already).
-  const torch::Tensor xp = stride == columns ? x : at::constant_pad_nd(x, {0, stride - columns}, 0);
+  const at::Tensor xp = stride == columns ? x : at::constant_pad_nd(x, {0, stride - columns}, 0);
   const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
   const float* xs = xp.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -656,7 +659,7 @@ struct ExpertMatrices {
   }
 };
 
-const int64_t* table_of(const torch::Tensor& t, int64_t experts, const char* name) {
+const int64_t* table_of(const at::Tensor& t, int64_t experts, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.size(0) == experts && t.is_contiguous(),
               "mxfp4_experts: ", name, " must be an int64 table of ", experts, " addresses");
   return t.data_ptr<int64_t>();
@@ -692,13 +695,13 @@ void pair_groups(const std::vector<int64_t>& ordered, const std::vector<int64_t>
 // Row p of the result: weights[p] · expert_{slots[p]}(x[p]), with expert(x) = W2(silu(min(W1 x,
 // limit)) · clamp(W3 x, ±limit)). Two passes over the active experts, each split into row tasks
 // across threads: W1 and W3 into the pairs' activations, then W2.
-torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slots, const torch::Tensor& weights,
-                            const torch::Tensor& w1, const torch::Tensor& w1_scale, const torch::Tensor& w3,
-                            const torch::Tensor& w3_scale, const torch::Tensor& w2, const torch::Tensor& w2_scale,
+at::Tensor mxfp4_experts(const at::Tensor& x_in, const at::Tensor& slots, const at::Tensor& weights,
+                            const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w3,
+                            const at::Tensor& w3_scale, const at::Tensor& w2, const at::Tensor& w2_scale,
                             int64_t hidden, int64_t inter, double limit) {
   TORCH_CHECK(hidden % 2 == 0 && inter % 2 == 0 && hidden > 0 && inter > 0,
               "mxfp4_experts: hidden and intermediate sizes must be even and positive");
-  const torch::Tensor x = float_rows(x_in, hidden, "mxfp4_experts");
+  const at::Tensor x = float_rows(x_in, hidden, "mxfp4_experts");
   const int64_t pairs = x.size(0), experts = w1.size(0);
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == pairs,
               "mxfp4_experts: slots must be int64 [", pairs, "]");
@@ -707,10 +710,10 @@ torch::Tensor mxfp4_experts(const torch::Tensor& x_in, const torch::Tensor& slot
   const ExpertMatrices gate{table_of(w1, experts, "w1"), table_of(w1_scale, experts, "w1_scale"), hidden};
   const ExpertMatrices up{table_of(w3, experts, "w3"), table_of(w3_scale, experts, "w3_scale"), hidden};
   const ExpertMatrices down{table_of(w2, experts, "w2"), table_of(w2_scale, experts, "w2_scale"), inter};
-  auto out = torch::empty({pairs, hidden}, x.options());
+  auto out = at::empty({pairs, hidden}, x.options());
   if (pairs == 0) return out;
-  const torch::Tensor slot_values = slots.contiguous();
-  const torch::Tensor weight_values = weights.contiguous();
+  const at::Tensor slot_values = slots.contiguous();
+  const at::Tensor weight_values = weights.contiguous();
   const int64_t* slot = slot_values.data_ptr<int64_t>();
   const float* routing = weight_values.data_ptr<float>();
 

@@ -43,6 +43,8 @@ HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
 CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
+# The one file a build of several sources compiles: it includes them all (`_staged_sources`).
+UNITY_SOURCE = "unity.cpp"
 # A cold build on a 2-core machine (gcc 12, torch 2.13 headers): what the log line quotes.
 BUILD_SECONDS = 60
 # How long a start waits for another live process's build of the same kernel before it
@@ -123,16 +125,23 @@ def _build_directory(name: str) -> Path:
 def _staged_sources(sources: tuple[Path, ...], directory: Path) -> list[str]:
     """Copies of the sources and their header in the build folder, written once (the build
     key covers their text): torch's ninja file names each source by its path and rebuilds when
-    one changes, so the build must not name a checkout's own files."""
+    one changes, so the build must not name a checkout's own files.
+
+    Several sources compile as one translation unit that includes them all: most of a
+    compile is torch's headers, which one unit parses once."""
     staged = directory / "sources"
     staged.mkdir(exist_ok=True)
-    for path in (*sources, HEADER):
-        copy = staged / path.name
-        if not copy.is_file() or copy.read_bytes() != path.read_bytes():
+    files = {path.name: path.read_bytes() for path in (*sources, HEADER)}
+    if len(sources) > 1:
+        files[UNITY_SOURCE] = "".join(f'#include "{path.name}"\n' for path in sources).encode()
+    for name, text in files.items():
+        copy = staged / name
+        if not copy.is_file() or copy.read_bytes() != text:
             partial = copy.with_suffix(copy.suffix + ".partial")
-            shutil.copyfile(path, partial)
+            partial.write_bytes(text)
             partial.replace(copy)
-    return [str(staged / path.name) for path in sources]
+    compiled = [UNITY_SOURCE] if len(sources) > 1 else [path.name for path in sources]
+    return [str(staged / name) for name in compiled]
 
 
 def _put_installed_ninja_on_path() -> None:
@@ -187,14 +196,14 @@ def load_blockscaled_kernel(path: str = "native") -> DecodeKernel:
 def load_hyper_connection_kernel() -> DecodeKernel:
     """V4.1's mHC ops (hyper_connection.cpp, registered as torch.ops.deepwell_mhc), built on
     the first call in a process if the cache lacks it."""
-    return _load((HYPER_CONNECTION_SOURCE,), "mHC kernel", [])
+    return _load((HYPER_CONNECTION_SOURCE,), "mHC kernel", [], ops="deepwell_mhc")
 
 
 @functools.cache
 def load_cache_rows_kernel() -> DecodeKernel:
     """V4.1's cache row codecs (v41_cache_rows.cpp, registered as
     torch.ops.deepwell_v41_cache), built on the first call in a process if the cache lacks it."""
-    return _load((CACHE_ROWS_SOURCE,), "V4.1 cache rows kernel", [])
+    return _load((CACHE_ROWS_SOURCE,), "V4.1 cache rows kernel", [], ops="deepwell_v41_cache")
 
 
 @functools.cache
@@ -205,7 +214,12 @@ def load_llama_kernel() -> DecodeKernel:
     return _load(LLAMA_SOURCES, "native decode step", ["-DDEEPWELL_ONE_EXTENSION"])
 
 
-def _load(sources: tuple[Path, ...], what: str, extra_flags: list[str]) -> DecodeKernel:
+def _load(
+    sources: tuple[Path, ...], what: str, extra_flags: list[str], ops: str | None = None
+) -> DecodeKernel:
+    """Builds (or finds) and loads one extension. One with `ops`, the torch.ops namespace its
+    sources register, has no Python module to import (pybind11's headers cost its compile a
+    third more): the library is loaded for its ops and the module is that namespace."""
     missing = _missing_tool()
     if missing is not None:
         return DecodeKernel(None, missing)
@@ -238,7 +252,10 @@ def _load(sources: tuple[Path, ...], what: str, extra_flags: list[str]) -> Decod
                 extra_cflags=flags,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(directory),
+                is_python_module=ops is None,
             )
+        if ops is not None:
+            module = getattr(torch.ops, ops)
     except KernelBuildWaitTimeout as error:
         return DecodeKernel(None, str(error), directory)
     except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as error:

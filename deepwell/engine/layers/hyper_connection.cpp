@@ -17,9 +17,11 @@
 // The loops are plain C++: the compiler vectorises the per-channel ones (-O3 -march=native);
 // the per-row 4x4 work is a few hundred flops.
 
-#include <torch/extension.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cmath>
@@ -275,9 +277,6 @@ TORCH_LIBRARY(deepwell_mhc, m) {
       "-> Tensor");
   m.def("expand(Tensor output, Tensor streams, Tensor post, Tensor comb) -> Tensor");
 }
-
-// The ops register as the module loads; the module itself only carries them.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "torch.ops.deepwell_mhc: mHC per row"; }
 
 TORCH_LIBRARY_IMPL(deepwell_mhc, CPU, m) {
   m.impl("coefficients", &coefficients);

@@ -3,7 +3,7 @@
 // inline routines several sources share.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -60,8 +60,12 @@ struct BlockLinear {
   int64_t blocks;
 };
 
+// Rows per block_linear call, which its kernels are instantiated for (register-held
+// accumulators per row); the whole-step decoder runs steps of more rows on the torch path.
+constexpr int64_t kMaxRows = 8;
+
 // quant_gemv.cpp. out [rows, out_features] = x [rows, in_features] times the weight,
-// activations quantised per 32-block as the linears do; 1 to 8 rows.
+// activations quantised per 32-block as the linears do; 1 to kMaxRows rows.
 void block_linear(
     const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out);
 

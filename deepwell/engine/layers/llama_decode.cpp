@@ -8,8 +8,10 @@
 // previous linear just wrote. The caches keep the engine's dtype (float32 or bfloat16): K, V
 // and q are rounded to it for the attention kernel, as the torch path stores them.
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
+#include <ATen/ops/empty.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -25,8 +27,7 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-// block_linear's row limit: steps of more rows run the model's torch path.
-constexpr int64_t kMaxRows = 8;
+using deepwell::kMaxRows;
 using Weight = std::pair<std::string, at::Tensor>;
 
 struct Linear {

@@ -6,9 +6,11 @@
 // Each row is computed alone, in float32, in a fixed order: a row's result does not depend on
 // how many rows share the step (batch invariant), only on this build's vector width.
 
-#include <torch/extension.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 

@@ -6,11 +6,13 @@
 // task for all the GQA group's query heads. Scores, softmax and the output accumulate in
 // float32 whatever the cache dtype.
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "kernel_parts.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 

@@ -24,11 +24,14 @@
 // summed in fours into 16 int32 lanes), else AVX2 (vpmaddubsw + vpmaddwd), else scalar C++.
 // DEEPWELL_QUANT_AVX2 / DEEPWELL_QUANT_SCALAR force the lower paths (tests build each).
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "kernel_parts.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,8 +73,7 @@ inline int32_t load_int32(const void* bytes) {
   return value;
 }
 
-// Rows per call the kernels are instantiated for (register-held accumulators per row).
-constexpr int64_t kMaxRows = 8;
+using deepwell::kMaxRows;
 
 struct Activations {
   int64_t blocks = 0;
@@ -336,7 +338,7 @@ void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t 
 
 #endif
 
-Activations quantize_input(const torch::Tensor& x, int64_t blocks) {
+Activations quantize_input(const at::Tensor& x, int64_t blocks) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in] matrix");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxRows, "x must have 1 to ", kMaxRows, " rows");
   TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of ", kBlock);
@@ -380,7 +382,7 @@ void run_tiles(const Activations& a, int64_t rows, const deepwell::BlockLinear& 
 
 // x [rows, in] @ W.T for `weights` uint8 [tiles, blocks * tile block bytes] in the layout
 // above, of `out_features` real outputs.
-torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features, bool q4_1) {
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weights, int64_t out_features, bool q4_1) {
   const int64_t tile_block = q4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
               "weights must be a contiguous uint8 [tiles, bytes] matrix");
@@ -389,17 +391,17 @@ torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& weights,
   TORCH_CHECK(weights.size(1) % tile_block == 0, "a tile must hold whole blocks");
   const int64_t blocks = weights.size(1) / tile_block;
   const Activations a = quantize_input(x, blocks);
-  auto out = torch::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
+  auto out = at::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
   run_tiles(a, x.size(0), deepwell::BlockLinear{q4_1, weights.data_ptr<uint8_t>(), out_features, blocks},
             out.data_ptr<float>());
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features) {
+at::Tensor q4_1_linear(const at::Tensor& x, const at::Tensor& weights, int64_t out_features) {
   return block_linear(x, weights, out_features, true);
 }
 
-torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& weights, int64_t out_features) {
+at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& weights, int64_t out_features) {
   return block_linear(x, weights, out_features, false);
 }
 
@@ -416,12 +418,12 @@ namespace {
 
 // The activation quantisation the linears apply, for the tests: (q int8 [rows, B * 32],
 // d float [rows, B], s float [rows, B]).
-std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x) {
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
   const Activations a = quantize_input(x, x.size(1) / kBlock);
   const int64_t rows = x.size(0), blocks = a.blocks;
-  auto q = torch::from_blob(const_cast<int8_t*>(a.q.data()), {rows, blocks * kBlock}, at::kChar).clone();
-  auto d = torch::from_blob(const_cast<float*>(a.d.data()), {rows, blocks}, at::kFloat).clone();
-  auto s = torch::from_blob(const_cast<float*>(a.s.data()), {rows, blocks}, at::kFloat).clone();
+  auto q = at::from_blob(const_cast<int8_t*>(a.q.data()), {rows, blocks * kBlock}, at::kChar).clone();
+  auto d = at::from_blob(const_cast<float*>(a.d.data()), {rows, blocks}, at::kFloat).clone();
+  auto s = at::from_blob(const_cast<float*>(a.s.data()), {rows, blocks}, at::kFloat).clone();
   return {q, d, s};
 }
 
