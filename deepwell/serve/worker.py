@@ -21,6 +21,7 @@ import zmq
 from deepwell.engine import EngineCore, RequestOutput
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.images.grid import VisionSpec
+from deepwell.serve.log_format import configure_logging
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
     AbortRequest,
@@ -189,6 +190,7 @@ def main(config: WorkerConfig) -> None:
     # The parent owns shutdown: it finishes or aborts in-flight requests, then sends
     # `Shutdown`. A Ctrl-C reaching the whole process group must not kill us first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(config.log_level, config.log_format)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.bind(config.inbox_address)

@@ -20,7 +20,7 @@ def test_sigint_stops_a_mock_server(tmp_path):
 def test_sigterm_lets_an_in_flight_stream_finish(tmp_path):
     # A grace far above the stream's length: on a loaded box eight tokens can take over
     # the default 10 s, and this test is about finishing, not about the grace's length.
-    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-grace", "120")
+    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-timeout", "120")
     body = {
         "model": server.model,
         "messages": [{"role": "user", "content": "Count to ten."}],
