@@ -359,9 +359,12 @@ async def _announce(
     )
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     playground = "" if args.no_playground else f"\nOr open http://{host}:{args.port}/playground"
-    print(
+    banner = (
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"
-        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}",
-        flush=True,
+        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}"
     )
+    if args.log_format == "json":  # every line of the output stays one JSON object
+        logger.info("%s", banner)
+    else:
+        print(banner, flush=True)
