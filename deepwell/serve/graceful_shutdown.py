@@ -16,8 +16,11 @@ from deepwell.serve.routes.parts import ServeParts
 
 logger = logging.getLogger("deepwell.serve")
 
-# How long ended requests may take to send their error event, and aborts to free blocks.
+# How long ended requests may take to send their error event, and the workers to report
+# their blocks free (an abort lands between engine steps, and a step of a loaded CPU
+# worker can take seconds).
 _SETTLE_S = 5.0
+_BLOCKS_BACK_S = 15.0
 _POLL_S = 0.05
 
 
@@ -83,7 +86,7 @@ class GracefulShutdown:
         held = "no workers"
         if cluster is not None:
             pool = cluster.pool
-            await self._until(lambda: pool.stats().kv_blocks_used == 0, _SETTLE_S)
+            await self._until(lambda: pool.stats().kv_blocks_used == 0, _BLOCKS_BACK_S)
             held = str(pool.stats().kv_blocks_used)
         logger.info(
             "shutting down: %d of %d requests finished in time; KV blocks held: %s",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -40,6 +41,7 @@ from deepwell.serve.messages import (
 
 # While idle the worker wakes this often to notice a dead parent.
 IDLE_POLL_MS = 200
+logger = logging.getLogger("deepwell.worker")
 
 
 class StepEngine(Protocol):
@@ -210,6 +212,15 @@ def main(config: WorkerConfig) -> None:
             address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
             parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
             stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
+            # The front end's aborts came before its Shutdown, so every request it ended
+            # has given its blocks back by now.
+            stats = engine.stats()
+            logger.info(
+                "engine worker %d stopped: %d requests unfinished, KV blocks held: %d",
+                config.worker_id,
+                stats.running + stats.waiting,
+                stats.kv_blocks_used,
+            )
         finally:
             engine.close()
         if stop is not None and stop.refusal:

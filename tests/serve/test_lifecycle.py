@@ -164,9 +164,11 @@ def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "service_unavailable"
     assert int(refused.headers["retry-after"]) >= 1
-    assert server.process.wait(60) == 0
-    # The drain's length, the error events' settling and the workers' exit.
-    assert time.monotonic() - signalled < timeout + 25
+    assert server.process.wait(90) == 0
+    # The drain, then bounded waits: error events sent (5 s), blocks reported free (15 s),
+    # the worker's exit (10 s). A loaded 2-core machine can need them all: one engine step
+    # of 16 prompts there has taken over 10 s, and an abort lands between steps.
+    assert time.monotonic() - signalled < timeout + 40
     time.sleep(1)
     assert not [pid for pid in workers if is_running(pid)]
     for path, lines, _, reader in streams:
@@ -177,7 +179,8 @@ def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
             assert last in ("message_stop", "error"), lines[-6:]
         else:
             assert last == "[DONE]" or '"error"' in last, lines[-6:]
-    assert "KV blocks held: 0" in server.output()
+    # The worker handles the front end's aborts before its Shutdown: this is its own count.
+    assert "engine worker 0 stopped: 0 requests unfinished, KV blocks held: 0" in server.output()
 
 
 def test_sigint_ends_a_messages_stream_with_its_final_event_and_no_traceback(tmp_path):
