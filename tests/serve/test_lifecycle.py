@@ -164,6 +164,7 @@ def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "service_unavailable"
     assert int(refused.headers["retry-after"]) >= 1
+    assert httpx.get(f"{server.base_url}/ready", timeout=30).status_code == 503
     assert server.process.wait(90) == 0
     # The drain, then bounded waits: error events sent (5 s), blocks reported free (15 s),
     # the worker's exit (10 s). A loaded 2-core machine can need them all: one engine step
