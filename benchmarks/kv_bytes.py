@@ -60,6 +60,10 @@ class Driver:
     def __init__(self, model: DeepseekV41ForCausalLM, blocks: int) -> None:
         layout = model.kv_layout()
         self.cache = KVCache.allocate(layout, 2 * blocks, BLOCK, 2, model.dtype)
+        # It hands out every block and slot itself, so clears them as the manager would.
+        self.cache.clear_blocks(list(range(2 * blocks)))
+        for slot in range(2):
+            self.cache.clear_slot(slot)
         self.runner = ModelRunner(model, self.cache, BLOCK, False, layout)
         self.blocks = blocks
 

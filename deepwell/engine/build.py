@@ -46,6 +46,7 @@ from deepwell.engine.parallel.expert import ExpertSharding
 from deepwell.engine.parallel.group import DistributedGroup
 from deepwell.engine.parallel.placement import balanced_placement, check_divisible
 from deepwell.engine.plan import refuse_unfit
+from deepwell.engine.start_log import phase
 
 logger = logging.getLogger(__name__)
 
@@ -110,21 +111,24 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             compute_dtype=args.dtype_choice.dtype,
         )
     log_kernel_set(args.kernels, device.type)
-    checkpoint = _checkpoint(args, experts)
+    with phase(f"reading the checkpoint {args.model or 'embedded SmolLM2-135M-Instruct'}"):
+        checkpoint = _checkpoint(args, experts)
     method = _speculative_method(args, checkpoint)
-    model = build_model(checkpoint, _model_options(args, method, experts, device))
-    model.load_weights(checkpoint.tensors)
+    with phase("building the model and binding its weights"):
+        model = build_model(checkpoint, _model_options(args, method, experts, device))
+        model.load_weights(checkpoint.tensors)
     if device != HOST:
         # Before the CPU-only packing and quantisation below, which leave device weights alone.
         model.to(device)
-    pack_linears(model)
-    hooks = model.hooks()
-    # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
-    # directly, and GGUF files keep it above 4 bits too.
-    if args.quantization == "int4" and not quantize_linears(
-        model, hooks.output_head, checkpoint.blocks
-    ):
-        raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
+    with phase("packing the linears (and quantising them, with --quantization int4)"):
+        pack_linears(model)
+        hooks = model.hooks()
+        # The output head takes 8 bits (Q8_0), the layers 4 (Q4_1): the head sets the logits
+        # directly, and GGUF files keep it above 4 bits too.
+        if args.quantization == "int4" and not quantize_linears(
+            model, hooks.output_head, checkpoint.blocks
+        ):
+            raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
     elif hooks.native_decode is not None:
@@ -191,7 +195,8 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
         TruncationMode(args.yoco_prefill_truncation_mode), args.yoco_prefill_keep_tokens
     )
     replay.check(layout)
-    kv = _kv_cache_manager(args, loaded, layout, replay, max_model_len, device)
+    with phase("planning and allocating the KV pool"):
+        kv = _kv_cache_manager(args, loaded, layout, replay, max_model_len, device)
     logger.info(
         "loaded %s (%s, %s) in %.1fs; %d KV blocks of %d tokens",
         checkpoint.path.name,

@@ -18,6 +18,7 @@ from deepwell.serve.cluster import admin
 from deepwell.serve.cluster.assembly import Cluster
 from deepwell.serve.cluster.metrics import ClusterCollector
 from deepwell.serve.completions import Completions
+from deepwell.serve.cross_origin import CrossOrigin
 from deepwell.serve.frontend import Frontend, Infer, engine_infer, mock_infer
 from deepwell.serve.gateway import Gateway, GatewayCollector
 from deepwell.serve.images.intake import ImageIntake
@@ -25,6 +26,7 @@ from deepwell.serve.images.pool import PoolConfig
 from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
+from deepwell.serve.request_log import RequestLog
 from deepwell.serve.responses_store import ResponseStore
 from deepwell.serve.routes import (
     completions,
@@ -90,6 +92,10 @@ def create_app(
         playground.mount_page(app)
     if cluster is not None:
         app.include_router(admin.router)
+    if parts.settings.allowed_origins:
+        app.add_middleware(CrossOrigin, allowed=parts.settings.allowed_origins)
+    # Outermost: every answer, CORS preflights included, gets an id and a log line.
+    app.add_middleware(RequestLog)
     return app
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import uuid
 
 from starlette.responses import Response
 
 from deepwell.recipe import ConversionError
 from deepwell.recipe.json_value import utf8_encodable
+from deepwell.serve.request_log import current_request_id, new_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +122,6 @@ def client_error_response(shape: ErrorShape, error: ApiError | ConversionError) 
     return error_response(shape, error)
 
 
-def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
-
-
 def internal_error_message(request_id: str) -> str:
     return f"Internal server error (request id {request_id}); the server log has the details."
 
@@ -137,7 +133,7 @@ def log_internal_error(where: str, error: BaseException, request_id: str) -> Non
 def internal_error_response(shape: ErrorShape, where: str, error: Exception) -> Response:
     """A bug while answering `where`: log its traceback under a fresh request id and answer
     500 with that id; the exception's own text may hold internals, so it stays in the log."""
-    request_id = new_request_id()
+    request_id = current_request_id() or new_request_id()
     log_internal_error(where, error, request_id)
     headers = dict.fromkeys(REQUEST_ID_HEADERS, request_id)
     return error_response(shape, ApiError(500, internal_error_message(request_id), headers))

@@ -438,7 +438,7 @@ class Frontend:
                         prompt_tokens=len(prepared.inference.prompt_token_ids)
                     )
                     prepared.prompt_usage = usage
-                    timer.prompt(usage.prompt_tokens)
+                    timer.prompt(usage.prompt_tokens, usage.prompt_cache_hit_tokens)
                 elif kind == "tokens":
                     timer.output(len(chunk.token_ids))
                     prepared.output_token_ids.extend(chunk.token_ids)

@@ -1,7 +1,8 @@
-"""`deepwell serve`: start the engine workers, wait for their model, serve HTTP, stop it all cleanly.
+"""`deepwell serve`: listen at once, start the engine workers, serve their model once it is
+up, stop it all cleanly.
 
-SIGINT / SIGTERM stop accepting connections, let in-flight requests finish for a grace
-period (then abort them), tell the workers to exit and wait for them: no orphan processes.
+SIGINT / SIGTERM drain (serve/graceful_shutdown.py), tell the workers to exit and wait for
+them: no orphan processes.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from deepwell.cpu_dtype import select_dtype
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
@@ -29,6 +32,8 @@ from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.options import worker_roles
 from deepwell.serve.cluster.routing import POLICIES
 from deepwell.serve.cluster.worker_pool import WorkerPool, WorkerRole
+from deepwell.serve.graceful_shutdown import GracefulShutdown
+from deepwell.serve.log_format import configure_logging
 from deepwell.serve.messages import WorkerConfig, encode_message
 from deepwell.serve.model import (
     ServedModel,
@@ -44,6 +49,7 @@ from deepwell.serve.settings import (
     image_settings,
     model_path,
 )
+from deepwell.serve.start_gate import StartGate
 from deepwell.settings.flags import engine_args_from, given
 from deepwell.settings.parallel import ParallelConfig
 
@@ -52,13 +58,15 @@ logger = logging.getLogger("deepwell.serve")
 # Loading a model from a cold disk and building its KV cache can take a while on CPU.
 WORKER_READY_TIMEOUT_S = 600.0
 WORKER_EXIT_TIMEOUT_S = 10.0
+# After the drain, how long uvicorn waits for open connections before closing them.
+HTTP_CLOSE_TIMEOUT_S = 5.0
 # A killed worker is noticed within this (its heartbeats would take a second).
 WORKER_WATCH_INTERVAL_S = 0.1
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the process exit code."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     settings = ServeSettings(
         api_keys=api_keys(args.api_key, os.environ),
         max_body_bytes=args.max_body_bytes,
@@ -72,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         responses_store=args.responses_store,
         responses_ttl_s=args.responses_ttl,
         responses_max=args.responses_max,
+        allowed_origins=tuple(args.allowed_origins),
+        log_prompts=args.log_prompts,
     )
     try:
         model = model_path(args)  # two disagreeing models stop here, before anything starts
@@ -116,7 +126,11 @@ async def _serve_mock(args: argparse.Namespace, settings: ServeSettings) -> None
     model = mock_model()
     if args.served_model_name:
         model = renamed(model, args.served_model_name)
-    await _serve_http(create_app(model=model, settings=settings), model, settings, args)
+
+    async def start() -> tuple[FastAPI, ServedModel]:
+        return create_app(model=model, settings=settings), model
+
+    await _serve_http(start, settings, args)
 
 
 def _read_chat_template(path: str | None) -> str | None:
@@ -155,14 +169,18 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             heartbeat_timeout=args.heartbeat_timeout,
             join_address=args.worker_address,
         )
+        started = time.monotonic()
         workers = [_start_worker(config) for config in configs]
+        logger.info("starting %d engine worker(s): loading %s", len(workers), _model_name(args))
         serving = asyncio.Event()
         watcher = asyncio.create_task(_watch_workers(cluster.pool, configs, workers, serving))
-        try:
+
+        async def start() -> tuple[FastAPI, ServedModel]:
             info = await cluster.pool.start(WORKER_READY_TIMEOUT_S)
             serving.set()
             logger.info(
-                "computing in %s (--dtype %s: %s)",
+                "engine worker(s) ready in %.1f s; computing in %s (--dtype %s: %s)",
+                time.monotonic() - started,
                 info.dtype,
                 info.requested_dtype,
                 info.dtype_reason,
@@ -171,12 +189,20 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             if args.served_model_name:
                 model = renamed(model, args.served_model_name)
             app = create_app(model=model, settings=settings, cluster=cluster, model_info=info)
-            await _serve_http(app, model, settings, args)
+            return app, model
+
+        try:
+            await _serve_http(start, settings, args)
         finally:
             watcher.cancel()
             await cluster.pool.close()
             for worker in workers:
                 await asyncio.to_thread(_stop_process, worker)
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    model = model_path(args)
+    return model if model is not None else "the embedded SmolLM2-135M-Instruct"
 
 
 def worker_config(
@@ -197,6 +223,8 @@ def worker_config(
         inbox_address=inbox_address,
         outbox_address=outbox_address,
         engine=engine_args_from(args, model=model_path(args), parallel=parallel),
+        log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
@@ -245,40 +273,76 @@ def _stop_process(worker: subprocess.Popen) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, minus re-raising the stop signal after shutdown.
+    """uvicorn's server, whose stop signals start a graceful shutdown (`on_signal`) instead
+    of closing the listener at once (and re-raising the signal once stopped, which would
+    kill this process before it stops its workers)."""
 
-    uvicorn re-raises SIGTERM once it has stopped, which would kill this process before it
-    stops its workers; here the signal only starts the graceful shutdown.
-    """
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        previous = {sig: signal.signal(sig, self._signalled) for sig in handled}
         try:
             yield
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _signalled(self, _sig: int, _frame: object) -> None:
+        self._on_signal()
+
 
 async def _serve_http(
-    app, model: ServedModel, settings: ServeSettings, args: argparse.Namespace
+    start: Callable[[], Awaitable[tuple[FastAPI, ServedModel]]],
+    settings: ServeSettings,
+    args: argparse.Namespace,
 ) -> None:
+    """Listen at once through the start gate; `start` builds the app, which then serves
+    until a stop signal has drained it. A signal before `start` ends stops the start."""
+    gate = StartGate()
     config = uvicorn.Config(
-        app,
+        gate,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        # Our handler formats uvicorn's lines too (--log-format); the request log replaces
+        # uvicorn's access log.
+        log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=args.shutdown_grace,
+        timeout_graceful_shutdown=HTTP_CLOSE_TIMEOUT_S,
     )
-    server = _Server(config)
-    announcer = asyncio.create_task(_announce(server, model, bool(settings.api_keys), args))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    shutdown = GracefulShutdown(
+        args.shutdown_timeout, lambda: gate.app.state.parts if gate.app else None, stop
+    )
+    server = _Server(config, shutdown.signal)
+    serving = asyncio.create_task(server.serve())
+    stopper = asyncio.create_task(shutdown.run())
+    starting = asyncio.create_task(start())
+    announcer = None
     try:
-        await server.serve()
+        await asyncio.wait({starting, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped (a signal) before the model was up
+            return
+        try:
+            app, model = starting.result()
+        except BaseException:
+            stop()
+            raise
+        await gate.open(app)
+        announcer = asyncio.create_task(_announce(server, model, bool(settings.api_keys), args))
+        await serving
     finally:
-        announcer.cancel()
+        for task in (starting, stopper, announcer):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(serving, starting, stopper, return_exceptions=True)
 
 
 async def _announce(
@@ -295,9 +359,12 @@ async def _announce(
     )
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
     playground = "" if args.no_playground else f"\nOr open http://{host}:{args.port}/playground"
-    print(
+    banner = (
         f"deepwell is serving {', '.join(model.names)} on http://{host}:{args.port}\n"
         f"Try:\n  curl http://{host}:{args.port}/v1/chat/completions"
-        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}",
-        flush=True,
+        f" -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}{playground}"
     )
+    if args.log_format == "json":  # every line of the output stays one JSON object
+        logger.info("%s", banner)
+    else:
+        print(banner, flush=True)

@@ -34,6 +34,9 @@ class WorkerConfig:
     outbox_address: str
     # Model, budget, KV cache, kernels and this worker's rank of a parallel group.
     engine: EngineArgs
+    # serve --log-level and --log-format, for the worker's own log lines.
+    log_level: str = "info"
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)

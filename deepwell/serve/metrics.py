@@ -176,9 +176,13 @@ class RequestTimer:
         self._first: float | None = None
         self._last = self._arrival
         self._tokens = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
-    def prompt(self, tokens: int) -> None:
+    def prompt(self, tokens: int, cached: int = 0) -> None:
         self._metrics.prompt_tokens.inc(tokens)
+        self.prompt_tokens += tokens
+        self.cached_tokens += cached
 
     def output(self, tokens: int) -> None:
         if tokens <= 0:
@@ -194,6 +198,10 @@ class RequestTimer:
     @property
     def output_tokens(self) -> int:
         return self._tokens
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self._first is None else self._first - self._arrival
 
     def finish(self, route: str, outcome: str) -> None:
         self._metrics.requests.labels(route, outcome).inc()

@@ -80,6 +80,10 @@ class ServeSettings:
     responses_store: str = "sqlite:///:memory:"
     responses_ttl_s: float = 30 * 24 * 3600.0
     responses_max: int = 100_000
+    # Operations (issue 34): browser origins allowed by CORS (empty: CORS off), and whether
+    # the request log carries the prompt.
+    allowed_origins: tuple[str, ...] = ()
+    log_prompts: bool = False
 
 
 # deepwell.recipe.stream.json_calls' formats, named here to keep the parser's imports light.
@@ -98,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument_group("chat templates and tool calls (non-DeepSeek models)")
     )
     _add_responses_arguments(parser.add_argument_group("stored responses (/v1/responses)"))
+    _add_operations_arguments(parser.add_argument_group("operations: shutdown, logs, CORS"))
 
 
 def _add_model_names(parser: argparse.ArgumentParser, model: argparse._ArgumentGroup) -> None:
@@ -158,13 +163,6 @@ def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
         default=defaults.max_pending_requests,
         help="requests admitted at once; more get 429 with Retry-After "
         f"(default: {defaults.max_pending_requests})",
-    )
-    http.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=10.0,
-        help="seconds in-flight requests may take to finish on shutdown before being aborted "
-        "(default: 10)",
     )
     http.add_argument(
         "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
@@ -308,6 +306,42 @@ def _add_responses_arguments(responses: argparse._ArgumentGroup) -> None:
         help=f"keep at most N stored responses, the oldest go first (default: "
         f"{defaults.responses_max})",
     )
+
+
+def _add_operations_arguments(operations: argparse._ArgumentGroup) -> None:
+    """How the server stops, what it logs per request, and which browser origins it serves."""
+    operations.add_argument(
+        "--shutdown-timeout",
+        "--shutdown-grace",  # the earlier spelling
+        dest="shutdown_timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT new requests get 503 and running ones get this long to "
+        "finish; the rest then end with the dialect's error event (default: 10)",
+    )
+    operations.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="log lines as readable text or as one JSON object each (default: text)",
+    )
+    operations.add_argument(
+        "--log-prompts",
+        action="store_true",
+        help="add each request's prompt to its request log line (default: never logged)",
+    )
+    operations.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=[],
+        metavar="ORIGIN",
+        help="browser origins (https://app.example.com, or *) allowed to call the API across "
+        "origins (CORS); without it, no CORS headers are sent",
+    )
+
+
+LOG_FORMATS = ("text", "json")
 
 
 def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:

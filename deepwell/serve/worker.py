@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ import zmq
 from deepwell.engine import EngineCore, RequestOutput
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.images.grid import VisionSpec
+from deepwell.serve.log_format import configure_logging
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
     AbortRequest,
@@ -39,6 +41,7 @@ from deepwell.serve.messages import (
 
 # While idle the worker wakes this often to notice a dead parent.
 IDLE_POLL_MS = 200
+logger = logging.getLogger("deepwell.worker")
 
 
 class StepEngine(Protocol):
@@ -189,6 +192,7 @@ def main(config: WorkerConfig) -> None:
     # The parent owns shutdown: it finishes or aborts in-flight requests, then sends
     # `Shutdown`. A Ctrl-C reaching the whole process group must not kill us first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(config.log_level, config.log_format)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.bind(config.inbox_address)
@@ -208,6 +212,15 @@ def main(config: WorkerConfig) -> None:
             address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
             parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
             stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
+            # The front end's aborts came before its Shutdown, so every request it ended
+            # has given its blocks back by now.
+            stats = engine.stats()
+            logger.info(
+                "engine worker %d stopped: %d requests unfinished, KV blocks held: %d",
+                config.worker_id,
+                stats.running + stats.waiting,
+                stats.kv_blocks_used,
+            )
         finally:
             engine.close()
         if stop is not None and stop.refusal:

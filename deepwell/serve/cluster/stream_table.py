@@ -45,6 +45,9 @@ class StreamTable:
         self._streams[request.request_id] = stream
         return stream
 
+    def open_streams(self) -> list[Stream]:
+        return list(self._streams.values())
+
     def __getitem__(self, request_id: str) -> Stream:
         return self._streams[request_id]
 

@@ -9,10 +9,11 @@ from starlette.responses import Response
 from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.frontend import SEED_HEADER
 from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.request_log import note, prompt_of
 from deepwell.serve.routes.access import OpenAIAdmitted
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
 from deepwell.serve.routes.dialect_route import dialect_route
-from deepwell.serve.routes.parts import CompletionsDep, GatewayDep, MetricsDep
+from deepwell.serve.routes.parts import CompletionsDep, GatewayDep, MetricsDep, SettingsDep
 
 PATH = "/v1/completions"
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
@@ -25,6 +26,7 @@ async def text_completions(
     completions: CompletionsDep,
     metrics: MetricsDep,
     gateway: GatewayDep,
+    settings: SettingsDep,
 ) -> Response:
     try:
         if completions is None:
@@ -33,6 +35,9 @@ async def text_completions(
     except BaseException:
         admitted.leave()
         raise
+    note(model=prepared.model)
+    if settings.log_prompts:
+        note(prompt=prompt_of(admitted.body))
     timer = RequestTimer(metrics)
     prompt_tokens = sum(len(prompt) for prompt in prepared.prompts)
 

@@ -28,6 +28,7 @@ from deepwell.serve.errors import (
 )
 from deepwell.serve.frontend import sse_frame
 from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.request_log import current_request_id, note
 from deepwell.serve.routes.access import Admitted
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ class Delivery:
         self.admitted.leave()
         self.timer.finish(self.path, outcome)
         self.charge()
+        timer = self.timer
+        note(
+            outcome=outcome,
+            prompt_tokens=timer.prompt_tokens,
+            cached_tokens=timer.cached_tokens,
+            output_tokens=timer.output_tokens,
+            ttft_s=timer.time_to_first_token,
+        )
 
 
 class _EventStream(StreamingResponse):
@@ -88,22 +97,31 @@ def event_stream(
     """Stream `first` then `sse`; a failure after the response has started ends the stream
     with an error event in the dialect's shape."""
 
+    ended_by_error = False
+
     async def frames() -> AsyncIterator[bytes]:
+        nonlocal ended_by_error
         try:
             for frame in first:
                 yield frame
             async for frame in sse:
                 yield frame
         except InferenceError as error:
+            ended_by_error = True
             yield _error_frame(delivery.shape, error.status_code, str(error))
         except Exception as error:  # a bug: logged under an id the client gets
-            request_id = new_request_id()
+            ended_by_error = True
+            request_id = current_request_id() or new_request_id()
             log_internal_error(delivery.path, error, request_id)
             yield _error_frame(delivery.shape, 500, internal_error_message(request_id))
         finally:
             await sse.aclose()
 
-    return _EventStream(frames(), delivery.end, delivery.headers)
+    def on_close(outcome: str) -> None:
+        # A stream that ended with its error event was sent whole, but the request failed.
+        delivery.end("failed" if ended_by_error and outcome == "completed" else outcome)
+
+    return _EventStream(frames(), on_close, delivery.headers)
 
 
 async def complete(delivery: Delivery, body: Awaitable[str], request: Request) -> Response:

@@ -27,6 +27,7 @@ from deepwell.serve.frontend import (
 from deepwell.serve.gateway import Gateway
 from deepwell.serve.images.intake import IMAGES_NOT_SEEN_HEADER
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
+from deepwell.serve.request_log import note, prompt_of
 from deepwell.serve.routes.access import (
     Admitted,
     AnthropicAdmitted,
@@ -36,7 +37,13 @@ from deepwell.serve.routes.access import (
 )
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
 from deepwell.serve.routes.dialect_route import dialect_route
-from deepwell.serve.routes.parts import FrontendDep, GatewayDep, MetricsDep, ResponsesDep
+from deepwell.serve.routes.parts import (
+    FrontendDep,
+    GatewayDep,
+    MetricsDep,
+    ResponsesDep,
+    SettingsDep,
+)
 from deepwell.serve.stored_responses import (
     ResponsesState,
     ResponsesTurn,
@@ -57,10 +64,14 @@ class _Generator:
     frontend: Frontend
     metrics: ServeMetrics
     gateway: Gateway
+    # serve --log-prompts: the request log line carries the prompt.
+    log_prompts: bool
 
 
-def _generator(frontend: FrontendDep, metrics: MetricsDep, gateway: GatewayDep) -> _Generator:
-    return _Generator(frontend, metrics, gateway)
+def _generator(
+    frontend: FrontendDep, metrics: MetricsDep, gateway: GatewayDep, settings: SettingsDep
+) -> _Generator:
+    return _Generator(frontend, metrics, gateway, settings.log_prompts)
 
 
 GeneratorDep = Annotated[_Generator, Depends(_generator)]
@@ -125,6 +136,9 @@ async def _generate(
     except BaseException:
         admitted.leave()
         raise
+    note(model=prepared.model)
+    if generator.log_prompts:
+        note(prompt=prompt_of(admitted.body))
     timer = RequestTimer(generator.metrics)
 
     def charge() -> None:

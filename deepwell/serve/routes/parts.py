@@ -26,14 +26,25 @@ from deepwell.serve.stored_responses import ResponsesState
 
 
 class Admission:
-    """Counts admitted requests against the pending limit."""
+    """Counts admitted requests against the pending limit; once closed (shutting down) it
+    refuses every new one."""
 
     def __init__(self, limit: int, retry_after: int) -> None:
         self.limit = limit
         self.retry_after = retry_after
         self.pending = 0
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def enter(self) -> None:
+        if self.closed:
+            raise ApiError(
+                503,
+                "The server is shutting down and takes no new requests; retry on another instance.",
+                {"Retry-After": str(self.retry_after)},
+            )
         if self.pending >= self.limit:
             raise ApiError(
                 429,
