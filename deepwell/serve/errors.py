@@ -33,6 +33,7 @@ _ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
 }
@@ -44,6 +45,7 @@ _OPENAI_TYPES = {
     405: ("invalid_request_error", "method_not_allowed"),
     409: ("invalid_request_error", "conflict"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
     503: ("service_unavailable", "service_unavailable"),
 }
