@@ -127,7 +127,7 @@ class Completions:
         model = self._served_model_name(data)
         _refuse_unsupported(data)
         prompts = self._prompts(data.get("prompt"))
-        max_tokens = _get(data, "max_tokens", int, DEFAULT_MAX_TOKENS)
+        max_tokens = _get(data, "max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             raise _invalid("max_tokens", ">= 1", max_tokens)
         limit = self.model.context_limit
@@ -140,16 +140,16 @@ class Completions:
                     f"{max_tokens} in the completion). Please reduce the prompt or max_tokens.",
                     param="max_tokens",
                 )
-        temperature = _get(data, "temperature", float, 1.0)
+        temperature = _get(data, "temperature", 1.0)
         if not 0 <= temperature <= 2:
             raise _invalid("temperature", "in [0, 2]", temperature)
-        top_p = _get(data, "top_p", float, 1.0)
+        top_p = _get(data, "top_p", 1.0)
         if not 0 < top_p <= 1:
             raise _invalid("top_p", "in (0, 1]", top_p)
         logprobs = data.get("logprobs")
         if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS):
             raise _invalid("logprobs", f"an integer in [0, {MAX_LOGPROBS}]", logprobs)
-        echo = _get(data, "echo", bool, False)
+        echo = _get(data, "echo", False)
         if echo and logprobs is not None:
             raise ApiError(
                 400,
@@ -158,7 +158,7 @@ class Completions:
                 param="echo",
                 code="unsupported_parameter",
             )
-        stream = _get(data, "stream", bool, False)
+        stream = _get(data, "stream", False)
         n, best_of = _samples(data, stream)
         options = data.get("stream_options")
         if options is not None and not (isinstance(options, dict) and stream):
@@ -413,10 +413,10 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
 def _samples(data: dict[str, Any], stream: bool) -> tuple[int, int]:
     """(n, best_of): choices per prompt, and candidates to choose them from (OpenAI's rules:
     best_of >= n, and no streaming when candidates are dropped)."""
-    n = _get(data, "n", int, 1)
+    n = _get(data, "n", 1)
     if not 1 <= n <= MAX_SAMPLES:
         raise _invalid("n", f"an integer in [1, {MAX_SAMPLES}]", n)
-    best_of = _get(data, "best_of", int, n)
+    best_of = _get(data, "best_of", n)
     if not n <= best_of <= MAX_SAMPLES:
         raise _invalid("best_of", f"an integer in [n, {MAX_SAMPLES}] (n = {n})", best_of)
     if stream and best_of > n:
@@ -491,7 +491,52 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _get(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+# The body's scalar fields and their types, as `_get` reads them; their ranges are checked
+# where they are read.
+_SCALARS: dict[str, type] = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "echo": bool,
+    "stream": bool,
+    "n": int,
+    "best_of": int,
+}
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean"}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_TEXT_OR_IDS = {"anyOf": [{"type": "string"}, _TOKEN_IDS]}
+
+
+def request_schema() -> dict[str, Any]:
+    """The JSON Schema of the bodies `Completions.prepare` reads (the API's description)."""
+    properties: dict[str, Any] = {
+        "model": {"type": "string"},
+        "prompt": {"anyOf": [_TEXT_OR_IDS, {"type": "array", "items": _TEXT_OR_IDS}]},
+        **{name: {"type": _JSON_TYPES[kind]} for name, kind in _SCALARS.items()},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS},
+        "stop": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}},
+            ]
+        },
+        "stream_options": {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
+    }
+    properties["n"] |= {"minimum": 1, "maximum": MAX_SAMPLES}
+    properties["best_of"] |= {"minimum": 1, "maximum": MAX_SAMPLES}
+    return {
+        "title": "CompletionRequest",
+        "type": "object",
+        "properties": properties,
+        "required": ["model", "prompt"],
+    }
+
+
+def _get(data: dict[str, Any], name: str, default: Any) -> Any:
+    kind = _SCALARS[name]
     value = data.get(name)
     if value is None:
         return default

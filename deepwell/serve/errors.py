@@ -58,6 +58,42 @@ class ErrorShape(enum.Enum):
     ANTHROPIC = "anthropic"
 
 
+_MESSAGE = {"type": "string"}
+# The JSON Schema of what `error_object` writes, per shape (the API's OpenAPI description).
+ERROR_SCHEMAS = {
+    ErrorShape.OPENAI: {
+        "title": "OpenAIError",
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "message": _MESSAGE,
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+                "required": ["message", "type", "param", "code"],
+            }
+        },
+        "required": ["error"],
+    },
+    ErrorShape.ANTHROPIC: {
+        "title": "AnthropicError",
+        "type": "object",
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "properties": {"type": {"type": "string"}, "message": _MESSAGE},
+                "required": ["type", "message"],
+            },
+        },
+        "required": ["type", "error"],
+    },
+}
+
+
 class ApiError(Exception):
     """A request the service refuses, with the HTTP status and extra headers to send."""
 
