@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 import unicodedata
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,8 +22,9 @@ Schema = dict[str, Any]
 _R = TypeVar("_R", bound=Reader)
 
 # What each function reader accepts, built on demand: a hand-written reader may name readers
-# defined after it. Struct and Tagged describe themselves.
-_SCHEMAS: dict[Reader, Callable[[], Schema]] = {}
+# defined after it. Struct and Tagged describe themselves. Weak keys: some readers are made
+# while a body is read (`optional(string)(value)`), and must not outlive it here.
+_SCHEMAS: weakref.WeakKeyDictionary[Reader, Callable[[], Schema]] = weakref.WeakKeyDictionary()
 
 
 def accepts(schema: Callable[[], Schema]) -> Callable[[_R], _R]:

@@ -3,6 +3,8 @@ request bodies) against what they read: recorded requests fit, refused shapes do
 
 from __future__ import annotations
 
+import gc
+
 import jsonschema
 import pytest
 
@@ -42,6 +44,17 @@ def test_combinators_describe_what_they_read():
     tagged = b.json_schema(b.Tagged("T", "kind", {"s": struct}))
     (variant,) = tagged["anyOf"]
     assert variant["properties"]["kind"] == {"const": "s"} and variant["required"] == ["kind", "x"]
+
+
+def test_reading_bodies_leaves_no_schemas_behind():
+    body = {"model": MODEL, "messages": [], "tools": [{"type": "web_search", "name": "s"}]}
+    MessagesRequest(body)
+    gc.collect()
+    declared = len(b._SCHEMAS)
+    for _ in range(50):
+        MessagesRequest(body)  # reads each typed tool's name with a reader made on the spot
+    gc.collect()
+    assert len(b._SCHEMAS) == declared
 
 
 def test_every_recorded_request_the_readers_accept_fits_their_schema():
