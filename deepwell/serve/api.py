@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
+from deepwell import __version__
 from deepwell.serve.cluster import admin
 from deepwell.serve.cluster.assembly import Cluster
 from deepwell.serve.cluster.metrics import ClusterCollector
@@ -26,6 +27,7 @@ from deepwell.serve.images.pool import PoolConfig
 from deepwell.serve.messages import ModelInfo
 from deepwell.serve.metrics import ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
+from deepwell.serve.openapi import OPENAPI_PATH, serve_docs_page
 from deepwell.serve.request_log import RequestLog
 from deepwell.serve.responses_store import ResponseStore
 from deepwell.serve.routes import (
@@ -81,8 +83,14 @@ def create_app(
         # The multimodal pool's processes end with the server.
         parts.frontend.images.close()
 
+    # FastAPI's own /docs page loads its scripts from a CDN; ours is served locally.
     app = FastAPI(
-        title="deepwell", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+        title="deepwell",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=OPENAPI_PATH if parts.settings.docs else None,
+        lifespan=lifespan,
     )
     app.state.parts = parts
     app.add_exception_handler(HTTPException, unrouted_response)
@@ -90,6 +98,8 @@ def create_app(
         app.include_router(router)
     if parts.settings.playground:
         playground.mount_page(app)
+    if parts.settings.docs:
+        serve_docs_page(app)
     if cluster is not None:
         app.include_router(admin.router)
     if parts.settings.allowed_origins:

@@ -3,17 +3,17 @@
 No chat encoding and no conversion: prompts are text or token ids, completed as they are.
 Text and stop strings come from the same decoder and matcher as the dialects' streams
 (`PlainTextStream`); what is this endpoint's own is the `text_completion` shape, echo and
-its logprobs format.
+its logprobs format. `n` samples per prompt (`best_of` candidates, of which the n with the
+highest cumulative logprob are kept) run as Chat's `n` does (parallel_samples.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
@@ -27,6 +27,7 @@ from deepwell.serve.json_body import json_object
 from deepwell.serve.messages import GenerateRequest
 from deepwell.serve.metrics import RequestTimer
 from deepwell.serve.model import ServedModel
+from deepwell.serve.parallel_samples import MAX_SAMPLES, interleaved, sample_samplings
 from deepwell.serve.sampling_fields import COMPLETIONS, read_sampling_params
 from deepwell.serve.token_ids import wants_token_ids
 
@@ -53,6 +54,9 @@ class CompletionRequest:
     sampling: SamplingParams
     # vLLM's `return_token_ids`: each choice carries its prompt's ids and its generated ids.
     return_token_ids: bool = False
+    # Choices per prompt, and candidates sampled per prompt to choose them from.
+    n: int = 1
+    best_of: int = 1
 
 
 @dataclass
@@ -61,6 +65,9 @@ class _Choice:
 
     index: int
     output: PlainTextStream
+    # Which prompt this completes, and which of its candidates (best_of) it is.
+    prompt_index: int = 0
+    candidate: int = 0
     # The prompt's text when the request echoes it, which the output text follows.
     echo: str = ""
     # Characters of `text` already streamed.
@@ -84,6 +91,10 @@ class _Choice:
     @property
     def text(self) -> str:
         return self.echo + self.output.text
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(self.token_logprobs)
 
     @property
     def releasable(self) -> int:
@@ -116,7 +127,7 @@ class Completions:
         model = self._served_model_name(data)
         _refuse_unsupported(data)
         prompts = self._prompts(data.get("prompt"))
-        max_tokens = _get(data, "max_tokens", int, DEFAULT_MAX_TOKENS)
+        max_tokens = _get(data, "max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             raise _invalid("max_tokens", ">= 1", max_tokens)
         limit = self.model.context_limit
@@ -129,16 +140,16 @@ class Completions:
                     f"{max_tokens} in the completion). Please reduce the prompt or max_tokens.",
                     param="max_tokens",
                 )
-        temperature = _get(data, "temperature", float, 1.0)
+        temperature = _get(data, "temperature", 1.0)
         if not 0 <= temperature <= 2:
             raise _invalid("temperature", "in [0, 2]", temperature)
-        top_p = _get(data, "top_p", float, 1.0)
+        top_p = _get(data, "top_p", 1.0)
         if not 0 < top_p <= 1:
             raise _invalid("top_p", "in (0, 1]", top_p)
         logprobs = data.get("logprobs")
         if logprobs is not None and not (_is_int(logprobs) and 0 <= logprobs <= MAX_LOGPROBS):
             raise _invalid("logprobs", f"an integer in [0, {MAX_LOGPROBS}]", logprobs)
-        echo = _get(data, "echo", bool, False)
+        echo = _get(data, "echo", False)
         if echo and logprobs is not None:
             raise ApiError(
                 400,
@@ -147,7 +158,8 @@ class Completions:
                 param="echo",
                 code="unsupported_parameter",
             )
-        stream = _get(data, "stream", bool, False)
+        stream = _get(data, "stream", False)
+        n, best_of = _samples(data, stream)
         options = data.get("stream_options")
         if options is not None and not (isinstance(options, dict) and stream):
             raise _invalid("stream_options", "an object, with stream = true", options)
@@ -165,6 +177,10 @@ class Completions:
             fallback_seed=self._seed_of(None),
             model_stop_token_ids=self.model.stop_token_ids,
         )
+        if best_of > n and not sampling.logprobs:
+            # Choosing among candidates needs each token's logprob; the answer shows them
+            # only when the body asked (`logprobs`).
+            sampling = replace(sampling, logprobs=True, top_logprobs=0)
         return CompletionRequest(
             model=model,
             prompts=prompts,
@@ -175,6 +191,8 @@ class Completions:
             stop=_stop(data.get("stop")),
             sampling=sampling,
             return_token_ids=wants_token_ids(data),
+            n=n,
+            best_of=best_of,
         )
 
     def _served_model_name(self, data: dict[str, Any]) -> str:
@@ -224,7 +242,7 @@ class Completions:
                 choice, choice.text, self._logprobs(request, choice, 0), choice.prompt_logprobs
             )
             | self._token_ids(request, choice)
-            for choice in choices
+            for choice in _best(choices, request.n, request.best_of)
         ]
         body["usage"] = _usage(choices)
         return json.dumps(body, ensure_ascii=False)
@@ -262,14 +280,19 @@ class Completions:
         yield sse_frame(None, "[DONE]")
 
     def _choices(self, request: CompletionRequest) -> list[_Choice]:
+        """`best_of` candidates per prompt, a prompt's consecutive; indexed as OpenAI indexes
+        choices (prompt * n + sample) when every candidate is a choice."""
         return [
             _Choice(
-                index,
+                prompt_index * request.best_of + candidate,
                 PlainTextStream(self.tokenizer, request.stop),
+                prompt_index=prompt_index,
+                candidate=candidate,
                 echo=self.tokenizer.decode(prompt) if request.echo else "",
                 prompt_tokens=len(prompt),
             )
-            for index, prompt in enumerate(request.prompts)
+            for prompt_index, prompt in enumerate(request.prompts)
+            for candidate in range(request.best_of)
         ]
 
     async def _run(
@@ -279,51 +302,43 @@ class Completions:
         completion_id: str,
         timer: RequestTimer,
     ) -> AsyncIterator[_Choice]:
-        """Every prompt on the engine at once; yields a choice each time it gains output."""
-        queue: asyncio.Queue[tuple[_Choice, RequestOutput] | Exception | None] = asyncio.Queue()
+        """Every prompt on the engine at once, its first candidate first: the others start
+        once it has read the prompt, and find the prompt's blocks in the prefix cache.
+        Yields a choice each time it gains output."""
+        samplings = sample_samplings(request.sampling, request.best_of)
 
-        async def pump(choice: _Choice) -> None:
-            outputs = self._engine.generate(self._generate_request(request, choice, completion_id))
-            try:
-                async for output in outputs:
-                    queue.put_nowait((choice, output))
-                    if choice.finish_reason is not None:
-                        break
-            except Exception as error:
-                queue.put_nowait(error)
-            finally:
-                await outputs.aclose()
-                queue.put_nowait(None)
+        def stream(choice: _Choice) -> Callable[[], AsyncIterator[RequestOutput]]:
+            async def outputs() -> AsyncIterator[RequestOutput]:
+                generate = GenerateRequest(
+                    f"{completion_id}-{choice.index}",
+                    request.prompts[choice.prompt_index],
+                    samplings[choice.candidate],
+                )
+                engine_outputs = self._engine.generate(generate)
+                try:
+                    async for output in engine_outputs:
+                        yield output
+                        if choice.finish_reason is not None:
+                            break
+                finally:
+                    await engine_outputs.aclose()
+
+            return outputs
 
         for choice in choices:
-            timer.prompt(choice.prompt_tokens)
-        pumps = [asyncio.ensure_future(pump(choice)) for choice in choices]
+            if choice.candidate == 0:
+                timer.prompt(choice.prompt_tokens)
+        outputs = interleaved([stream(choice) for choice in choices], request.best_of)
         try:
-            running = len(pumps)
-            while running:
-                item = await queue.get()
-                if item is None:
-                    running -= 1
-                    continue
-                if isinstance(item, Exception):
-                    raise item
-                choice, output = item
+            async for position, output in outputs:
+                choice = choices[position]
                 if choice.finish_reason is not None:
                     continue
                 timer.output(len(output.new_token_ids))
                 self._absorb(choice, output)
                 yield choice
         finally:
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-
-    def _generate_request(
-        self, request: CompletionRequest, choice: _Choice, completion_id: str
-    ) -> GenerateRequest:
-        return GenerateRequest(
-            f"{completion_id}-{choice.index}", request.prompts[choice.index], request.sampling
-        )
+            await outputs.aclose()
 
     def _absorb(self, choice: _Choice, output: RequestOutput) -> None:
         """Add an engine output to a choice: text, logprobs, and whether it ended.
@@ -386,19 +401,48 @@ class Completions:
 
 
 def _refuse_unsupported(data: dict[str, Any]) -> None:
-    for name, why in (
-        ("suffix", "insertion (fill-in-the-middle) is not supported"),
-        ("best_of", "only best_of = 1 is supported"),
-        ("n", "only n = 1 is supported; send the request several times"),
-    ):
-        value = data.get(name)
-        if value is not None and not (name != "suffix" and value == 1):
-            raise ApiError(
-                400,
-                f"Unsupported parameter '{name}': {why}.",
-                param=name,
-                code="unsupported_parameter",
-            )
+    if data.get("suffix") is not None:
+        raise ApiError(
+            400,
+            "Unsupported parameter 'suffix': insertion (fill-in-the-middle) is not supported.",
+            param="suffix",
+            code="unsupported_parameter",
+        )
+
+
+def _samples(data: dict[str, Any], stream: bool) -> tuple[int, int]:
+    """(n, best_of): choices per prompt, and candidates to choose them from (OpenAI's rules:
+    best_of >= n, and no streaming when candidates are dropped)."""
+    n = _get(data, "n", 1)
+    if not 1 <= n <= MAX_SAMPLES:
+        raise _invalid("n", f"an integer in [1, {MAX_SAMPLES}]", n)
+    best_of = _get(data, "best_of", n)
+    if not n <= best_of <= MAX_SAMPLES:
+        raise _invalid("best_of", f"an integer in [n, {MAX_SAMPLES}] (n = {n})", best_of)
+    if stream and best_of > n:
+        raise ApiError(
+            400,
+            "Unsupported parameter 'best_of': best_of > n cannot be streamed (the best are "
+            "known only at the end).",
+            param="best_of",
+            code="unsupported_parameter",
+        )
+    return n, best_of
+
+
+def _best(choices: list[_Choice], n: int, best_of: int) -> list[_Choice]:
+    """Each prompt's n candidates with the highest cumulative logprob, best first, indexed
+    prompt * n + rank (all of them, as they are, when every candidate is a choice)."""
+    if best_of == n:
+        return choices
+    best = []
+    for start in range(0, len(choices), best_of):
+        candidates = choices[start : start + best_of]
+        ranked = sorted(candidates, key=lambda c: c.cumulative_logprob, reverse=True)[:n]
+        for rank, choice in enumerate(ranked):
+            choice.index = choice.prompt_index * n + rank
+            best.append(choice)
+    return best
 
 
 def _envelope(completion_id: str, created: int, model: str) -> dict[str, Any]:
@@ -420,7 +464,8 @@ def _choice_json(
 
 
 def _usage(choices: list[_Choice]) -> dict[str, int]:
-    prompt = sum(c.prompt_tokens for c in choices)
+    """Each prompt counted once, however many samples read it; every candidate's tokens."""
+    prompt = sum(c.prompt_tokens for c in choices if c.candidate == 0)
     completion = sum(c.completion_tokens for c in choices)
     return {
         "prompt_tokens": prompt,
@@ -446,7 +491,52 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _get(data: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+# The body's scalar fields and their types, as `_get` reads them; their ranges are checked
+# where they are read.
+_SCALARS: dict[str, type] = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "echo": bool,
+    "stream": bool,
+    "n": int,
+    "best_of": int,
+}
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean"}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_TEXT_OR_IDS = {"anyOf": [{"type": "string"}, _TOKEN_IDS]}
+
+
+def request_schema() -> dict[str, Any]:
+    """The JSON Schema of the bodies `Completions.prepare` reads (the API's description)."""
+    properties: dict[str, Any] = {
+        "model": {"type": "string"},
+        "prompt": {"anyOf": [_TEXT_OR_IDS, {"type": "array", "items": _TEXT_OR_IDS}]},
+        **{name: {"type": _JSON_TYPES[kind]} for name, kind in _SCALARS.items()},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS},
+        "stop": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}},
+            ]
+        },
+        "stream_options": {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
+    }
+    properties["n"] |= {"minimum": 1, "maximum": MAX_SAMPLES}
+    properties["best_of"] |= {"minimum": 1, "maximum": MAX_SAMPLES}
+    return {
+        "title": "CompletionRequest",
+        "type": "object",
+        "properties": properties,
+        "required": ["model", "prompt"],
+    }
+
+
+def _get(data: dict[str, Any], name: str, default: Any) -> Any:
+    kind = _SCALARS[name]
     value = data.get(name)
     if value is None:
         return default

@@ -33,6 +33,7 @@ _ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
 }
@@ -44,6 +45,7 @@ _OPENAI_TYPES = {
     405: ("invalid_request_error", "method_not_allowed"),
     409: ("invalid_request_error", "conflict"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
     503: ("service_unavailable", "service_unavailable"),
 }
@@ -54,6 +56,42 @@ class ErrorShape(enum.Enum):
 
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+
+
+_MESSAGE = {"type": "string"}
+# The JSON Schema of what `error_object` writes, per shape (the API's OpenAPI description).
+ERROR_SCHEMAS = {
+    ErrorShape.OPENAI: {
+        "title": "OpenAIError",
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "message": _MESSAGE,
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+                "required": ["message", "type", "param", "code"],
+            }
+        },
+        "required": ["error"],
+    },
+    ErrorShape.ANTHROPIC: {
+        "title": "AnthropicError",
+        "type": "object",
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "properties": {"type": {"type": "string"}, "message": _MESSAGE},
+                "required": ["type", "message"],
+            },
+        },
+        "required": ["type", "error"],
+    },
+}
 
 
 class ApiError(Exception):

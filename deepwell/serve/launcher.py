@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         key_tokens_per_minute=args.key_tokens_per_minute,
         default_seed=args.seed,
         playground=not args.no_playground,
+        docs=not args.disable_docs,
         images=image_settings(args),
         responses_store=args.responses_store,
         responses_ttl_s=args.responses_ttl,

@@ -1,4 +1,5 @@
-"""Chat Completions with `n` > 1: n samples of one prompt as one response.
+"""Parallel samples of one prompt: Chat Completions' `n` > 1 as one response, and the seeds
+and start order `/v1/completions` shares for its `n` and `best_of` (completions.py).
 
 Each sample is its own engine request with its own seed (the request's seed + its index, so
 seeded samples repeat and differ from each other). The first sample starts alone; the others
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
+from deepwell.engine.sampling_params import SamplingParams
 from deepwell.recipe.dialects.json_text import parse_json_text
 from deepwell.serve.errors import ApiError
 from deepwell.serve.sampling_fields import SEED_LIMIT
@@ -55,11 +57,16 @@ def sample_seeds(seed: int, n: int) -> list[int]:
     return [(seed + index) % SEED_LIMIT for index in range(n)]
 
 
+def sample_samplings(sampling: SamplingParams, n: int) -> list[SamplingParams]:
+    """Each of n samples' sampling: the request's, with the sample's own seed."""
+    return [replace(sampling, seed=seed, seq_seed=seed) for seed in sample_seeds(sampling.seed, n)]
+
+
 def samples_of(prepared: Any, n: int, new_generator: Callable[[], object]) -> list[Any]:
     """The n samples of a prepared request: the same prompt and response id, each with its
     own engine request id, seed and chunk generator."""
     inference = prepared.inference
-    seeds = sample_seeds(inference.sampling.seed, n)
+    samplings = sample_samplings(inference.sampling, n)
     return [
         replace(
             prepared,
@@ -67,7 +74,7 @@ def samples_of(prepared: Any, n: int, new_generator: Callable[[], object]) -> li
             inference=replace(
                 inference,
                 request_id=f"{inference.request_id}-{index}",
-                sampling=replace(inference.sampling, seed=seeds[index], seq_seed=seeds[index]),
+                sampling=samplings[index],
             ),
         )
         for index in range(n)
@@ -75,15 +82,21 @@ def samples_of(prepared: Any, n: int, new_generator: Callable[[], object]) -> li
 
 
 async def interleaved(
-    streams: list[Callable[[], AsyncIterator[Any]]],
+    streams: list[Callable[[], AsyncIterator[Any]]], group: int | None = None
 ) -> AsyncIterator[tuple[int, Any]]:
     """(sample index, item) of every sample's stream as they come; sample 0 starts alone and
-    the rest once it has produced its first item. Closing this closes them all."""
+    the rest once it has produced its first item. Closing this closes them all.
+
+    `group`: the streams are the samples of several prompts, `group` consecutive ones each;
+    each prompt's first sample starts at once, its others once it has produced an item.
+    """
     queue: asyncio.Queue = asyncio.Queue()
-    first_item = asyncio.Event()
+    size = group or len(streams)
+    first_items = [asyncio.Event() for _ in range(0, len(streams), size)]
 
     async def pump(index: int) -> None:
-        if index > 0:
+        first_item = first_items[index // size]
+        if index % size:
             await first_item.wait()
         items = streams[index]()
         try:

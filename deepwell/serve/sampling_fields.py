@@ -25,7 +25,8 @@ SEED_LIMIT = 2**63
 CHAT, RESPONSES, MESSAGES, COMPLETIONS = "chat", "responses", "messages", "completions"
 
 # Fields a dialect has no use for, refused by name rather than silently dropped, with what
-# to send instead. Chat's `n` and logprobs are the recipe's (it refuses n != 1 itself).
+# to send instead. Chat's `n` and logprobs are the recipe's (it refuses n != 1 itself);
+# /v1/completions reads its own `n` (completions.py).
 _REFUSED: dict[str, dict[str, str]] = {
     CHAT: {},
     RESPONSES: {
@@ -104,7 +105,7 @@ def _extra_fields(dialect: str, body: dict[str, Any]) -> dict[str, Any]:
     for name, hint in _REFUSED[dialect].items():
         if body.get(name) is not None:
             raise _refused(name, f"it is not a field of this API; {hint}")
-    if dialect != CHAT:
+    if dialect in (RESPONSES, MESSAGES):
         n = body.get("n")
         if n is not None and n != 1:
             raise _refused("n", "only n = 1 is supported; send the request several times")

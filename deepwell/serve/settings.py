@@ -74,6 +74,8 @@ class ServeSettings:
     default_seed: int | None = None
     # Serve the static page at /playground (its API calls still need a key).
     playground: bool = True
+    # Serve the API's description at /openapi.json and its page at /docs (--disable-docs).
+    docs: bool = True
     images: ImageSettings = field(default_factory=ImageSettings)
     # Stored Responses (`store: true`): where (sqlite:///PATH; an app built in-process
     # keeps them in memory), for how long, and how many at most.
@@ -143,6 +145,11 @@ def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
         "--no-playground",
         action="store_true",
         help="do not serve the browser playground at /playground",
+    )
+    http.add_argument(
+        "--disable-docs",
+        action="store_true",
+        help="do not serve the API's OpenAPI description (/openapi.json) and its page (/docs)",
     )
     http.add_argument(
         "--key-tokens-per-minute",

@@ -3,9 +3,14 @@ real server on the embedded model, through the openai SDK where it has the call.
 
 from __future__ import annotations
 
+import time
+import uuid
+
 import httpx
 import openai
 import pytest
+
+from tests.serve.test_parallel_samples import BLOCK_SIZE, HITS, metric
 
 PROMPT = "The capital of France is"
 
@@ -152,7 +157,15 @@ def test_prompt_logprobs_score_every_prompt_token_after_the_first(client, model_
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("suffix", "!"), ("n", 2), ("best_of", 3), ("echo", True), ("prompt", []), ("stop", "")],
+    [
+        ("suffix", "!"),
+        ("n", 0),
+        ("n", 129),
+        ("best_of", 0),
+        ("echo", True),
+        ("prompt", []),
+        ("stop", ""),
+    ],
 )
 def test_unsupported_or_bad_fields_get_a_400_naming_them(client, model_server, field, value):
     fields = {"prompt": PROMPT, "max_tokens": 2, field: value}
@@ -161,6 +174,80 @@ def test_unsupported_or_bad_fields_get_a_400_naming_them(client, model_server, f
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model=model_server.model, **fields)
     assert field in error.value.body["message"] and error.value.body["param"] == field
+
+
+SAMPLED = {"max_tokens": 12, "temperature": 1.0, "seed": 11}
+
+
+def test_n_samples_per_prompt_are_indexed_seeded_and_count_each_prompt_once(client, model_server):
+    prompts = [PROMPT, "One, two, three,"]
+    first = client.completions.create(model=model_server.model, prompt=prompts, n=3, **SAMPLED)
+    again = client.completions.create(model=model_server.model, prompt=prompts, n=3, **SAMPLED)
+    assert [c.index for c in first.choices] == list(range(6))
+    texts = [c.text for c in first.choices]
+    # Seeded samples repeat; each sample its own seed, so they differ from each other.
+    assert texts == [c.text for c in again.choices]
+    assert len(set(texts[:3])) > 1 and len(set(texts[3:])) > 1
+    prompt_tokens = sum(len(tokenize(model_server, p)) for p in prompts)
+    assert first.usage.prompt_tokens == prompt_tokens
+    assert 6 <= first.usage.completion_tokens <= 6 * SAMPLED["max_tokens"]
+
+    stream = client.completions.create(
+        model=model_server.model,
+        prompt=prompts,
+        n=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        **SAMPLED,
+    )
+    streamed, usage = [""] * 6, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+        usage = chunk.usage or usage
+    assert streamed == texts
+    assert usage.prompt_tokens == prompt_tokens
+
+
+def test_samples_of_a_prompt_share_its_kv_blocks(client, model_server):
+    # A prompt no earlier test sent, long enough for full KV blocks.
+    prompt = f"A short fact about the number {uuid.uuid4().int % 10**12}. " * 40
+    hits_before = metric(model_server.base_url, HITS)
+    completion = client.completions.create(
+        model=model_server.model, prompt=prompt, n=3, max_tokens=2, seed=3
+    )
+    # Samples 1 and 2 read the prompt's full blocks from the cache (counted as they arrive
+    # with the workers' heartbeats).
+    full_blocks = completion.usage.prompt_tokens // BLOCK_SIZE * BLOCK_SIZE
+    deadline = time.monotonic() + 10
+    gained = 0.0
+    while gained < 2 * full_blocks and time.monotonic() < deadline:
+        time.sleep(0.2)
+        gained = metric(model_server.base_url, HITS) - hits_before
+    assert gained == 2 * full_blocks > 0
+
+
+def test_best_of_keeps_the_n_candidates_with_the_highest_cumulative_logprob(client, model_server):
+    fields = {**SAMPLED, "prompt": PROMPT, "logprobs": 0}
+    candidates = client.completions.create(model=model_server.model, n=4, **fields)
+    best = client.completions.create(model=model_server.model, n=2, best_of=4, **fields)
+    scored = sorted(
+        ((sum(c.logprobs.token_logprobs), c.text) for c in candidates.choices), reverse=True
+    )
+    assert [c.index for c in best.choices] == [0, 1]
+    assert [c.text for c in best.choices] == [text for _, text in scored[:2]]
+    # Every candidate was generated: their tokens are the usage, the prompt once.
+    assert best.usage.completion_tokens == candidates.usage.completion_tokens
+    assert best.usage.prompt_tokens == candidates.usage.prompt_tokens
+    # Without logprobs asked, the choice is the same and no logprobs are shown.
+    quiet = client.completions.create(
+        model=model_server.model, n=2, best_of=4, **{**SAMPLED, "prompt": PROMPT}
+    )
+    assert [c.text for c in quiet.choices] == [c.text for c in best.choices]
+    assert all(c.logprobs is None for c in quiet.choices)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model_server.model, n=1, best_of=2, stream=True, **fields)
+    assert refused.value.body["param"] == "best_of"
 
 
 def test_an_unknown_model_is_a_404_in_openai_shape(client, model_server):

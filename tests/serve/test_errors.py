@@ -15,6 +15,7 @@ import pytest
 
 from deepwell.serve.api import create_app
 from deepwell.serve.frontend import Frontend
+from deepwell.serve.settings import ServeSettings
 
 MODEL = "DeepSeek-V4.1-Flash"
 # What the injected bug says: internals a client must never see.
@@ -175,11 +176,17 @@ def test_a_bug_mid_stream_ends_it_with_an_error_event_carrying_a_request_id(monk
     check_logged(caplog, request_id)
 
 
-def ask(method: str, path: str, content: bytes | None = None) -> httpx.Response:
+def ask(
+    method: str,
+    path: str,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    app=None,
+) -> httpx.Response:
     async def run():
-        transport = httpx.ASGITransport(app=create_app())
+        transport = httpx.ASGITransport(app=app or create_app())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.request(method, path, content=content)
+            return await client.request(method, path, content=content, headers=headers)
 
     return asyncio.run(run())
 
@@ -229,3 +236,47 @@ def test_an_unknown_route_is_a_not_found_error_through_the_openai_sdk():
         return missing.value
 
     assert "/v1/no-such-route" in asyncio.run(run()).body["message"]
+
+
+# Every route that reads a JSON body, with a body it would accept.
+JSON_ROUTES = {
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/responses": {"model": MODEL, "input": "Hi"},
+    "/v1/messages": {
+        "model": MODEL,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/completions": {"model": MODEL, "prompt": "Hi"},
+    "/tokenize": {"model": MODEL, "prompt": "Hi"},
+    "/detokenize": {"model": MODEL, "tokens": [1]},
+    "/v1/render": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+}
+NOT_JSON = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+
+
+def check_dialect_error(response: httpx.Response, path: str, status: int) -> str:
+    assert response.status_code == status, (path, response.text)
+    body = response.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error"
+        return body["error"]["message"]
+    assert body["error"]["type"] == "invalid_request_error"
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", JSON_ROUTES)
+def test_every_json_route_refuses_other_media_types_and_oversized_bodies_in_its_shape(path):
+    body = json.dumps(JSON_ROUTES[path]).encode()
+    for media_type in NOT_JSON:
+        response = ask("POST", path, body, {"content-type": media_type})
+        message = check_dialect_error(response, path, 415)
+        assert media_type in message and "application/json" in message
+    # A JSON type with parameters, or a +json type, is JSON; the refusal is not about it.
+    for media_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = ask("POST", path, body, {"content-type": media_type})
+        assert response.status_code != 415, (path, media_type)
+    small = create_app(settings=ServeSettings(max_body_bytes=len(body) - 1))
+    response = ask("POST", path, body, {"content-type": "application/json"}, small)
+    assert "bytes" in check_dialect_error(response, path, 413)

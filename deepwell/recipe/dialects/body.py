@@ -1,6 +1,8 @@
 """Typed reading of request bodies: JSON values → dialect fields, with serde's error texts.
 
 A `BodyError` message is what the reference writes after `invalid request body: ` (spec §1).
+Every reader also says what it accepts as JSON Schema (`json_schema`), which the server's
+OpenAPI description is made of, so the description cannot drift from what is read.
 """
 
 from __future__ import annotations
@@ -8,13 +10,45 @@ from __future__ import annotations
 import math
 import struct
 import unicodedata
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from deepwell.recipe.dialects.json_text import parse_json_text
 from deepwell.recipe.json_value import MAX_NESTING, JsonValue, format_f64
 
 Reader = Callable[[JsonValue], Any]
+Schema = dict[str, Any]
+_R = TypeVar("_R", bound=Reader)
+
+# What each function reader accepts, built on demand: a hand-written reader may name readers
+# defined after it. Struct and Tagged describe themselves. Weak keys: some readers are made
+# while a body is read (`optional(string)(value)`), and must not outlive it here.
+_SCHEMAS: weakref.WeakKeyDictionary[Reader, Callable[[], Schema]] = weakref.WeakKeyDictionary()
+
+
+def accepts(schema: Callable[[], Schema]) -> Callable[[_R], _R]:
+    """Declares the JSON Schema of what a reader accepts (`json_schema` reads it back)."""
+
+    def declare(reader: _R) -> _R:
+        _SCHEMAS[reader] = schema
+        return reader
+
+    return declare
+
+
+def json_schema(reader: Reader) -> Schema:
+    """What `reader` accepts, as JSON Schema (2020-12, as OpenAPI 3.1 reads it); `{}` (any
+    value) for a reader that declares nothing."""
+    if isinstance(reader, (Struct, Tagged)):
+        return reader.json_schema()
+    schema = _SCHEMAS.get(reader)
+    return {} if schema is None else schema()
+
+
+def any_of(*readers: Reader) -> Schema:
+    """The schema of a value that one of `readers` reads (a hand-written reader's branches)."""
+    return {"anyOf": [json_schema(reader) for reader in readers]}
 
 
 class BodyError(ValueError):
@@ -127,18 +161,21 @@ def unknown_variant(name: str, variants: tuple[str, ...]) -> BodyError:
 
 
 # -- scalar readers
+@accepts(lambda: {"type": "string"})
 def string(value: JsonValue) -> str:
     if not isinstance(value, str):
         raise invalid_type(value, "a string")
     return value
 
 
+@accepts(lambda: {"type": "boolean"})
 def boolean(value: JsonValue) -> bool:
     if not isinstance(value, bool):
         raise invalid_type(value, "a boolean")
     return value
 
 
+@accepts(dict)
 def any_value(value: JsonValue) -> JsonValue:
     return value
 
@@ -154,7 +191,7 @@ def _unsigned(bits: int) -> Reader:
             raise BodyError(f"invalid value: integer `{value}`, expected {name}")
         return value
 
-    return read
+    return accepts(lambda: {"type": "integer", "minimum": 0, "maximum": limit - 1})(read)
 
 
 u8 = _unsigned(8)
@@ -170,6 +207,7 @@ def to_f32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+@accepts(lambda: {"type": "number"})
 def f32(value: JsonValue) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise invalid_type(value, "f32")
@@ -185,14 +223,18 @@ def in_field(key: str, reader: Reader) -> Reader:
         except BodyError as error:
             raise BodyError(f"field `{key}`: {error}") from None
 
-    return read
+    return accepts(lambda: json_schema(reader))(read)
 
 
 def optional(reader: Reader) -> Reader:
     def read(value: JsonValue) -> Any:
         return None if value is None else reader(value)
 
-    return read
+    return accepts(lambda: _nullable(json_schema(reader)))(read)
+
+
+def _nullable(schema: Schema) -> Schema:
+    return schema if not schema else {"anyOf": [schema, {"type": "null"}]}
 
 
 def sequence(reader: Reader) -> Reader:
@@ -201,7 +243,7 @@ def sequence(reader: Reader) -> Reader:
             raise invalid_type(value, "a sequence")
         return [reader(item) for item in value]
 
-    return read
+    return accepts(lambda: {"type": "array", "items": json_schema(reader)})(read)
 
 
 def variants(*names: str) -> Reader:
@@ -218,7 +260,7 @@ def variants(*names: str) -> Reader:
             raise unknown_variant(value, names)
         return value
 
-    return read
+    return accepts(lambda: {"type": "string", "enum": list(names)})(read)
 
 
 class Struct:
@@ -258,6 +300,18 @@ class Struct:
             if key not in value:
                 raise BodyError(f"missing field `{key}`")
         return out
+
+    def json_schema(self) -> Schema:
+        """The object form (the positional one is serde's quirk, not an API to describe)."""
+        readers = {**self.fields, **self.extensions}
+        schema: Schema = {
+            "title": self.name,
+            "type": "object",
+            "properties": {key: json_schema(reader) for key, reader in readers.items()},
+        }
+        if self.required:
+            schema["required"] = list(self.required)
+        return schema
 
     def _from_sequence(self, items: list, variant: str | None = None) -> dict[str, Any]:
         """serde fills struct fields positionally from a sequence; `variant` names the enum
@@ -323,6 +377,23 @@ class Tagged:
         self.other = other
         self.indexed = indexed
         self.newtypes = newtypes
+
+    def json_schema(self) -> Schema:
+        """One object schema per variant, its tag a constant; `other` adds any other tag."""
+        variants = [self._variant_schema(tag, reader) for tag, reader in self.readers.items()]
+        if self.other is not None:
+            variants.append(self._variant_schema(None, self.other))
+        return {"title": self.name, "anyOf": variants}
+
+    def _variant_schema(self, tag: str | None, reader: Reader) -> Schema:
+        tag_schema = {"type": "string"} if tag is None else {"const": tag}
+        schema = json_schema(reader)
+        if schema.get("type") == "object":
+            properties = {self.tag: tag_schema, **schema.get("properties", {})}
+            required = [self.tag, *schema.get("required", [])]
+            return {**schema, "properties": properties, "required": required}
+        tagged = {"type": "object", "properties": {self.tag: tag_schema}, "required": [self.tag]}
+        return {"allOf": [tagged, schema]} if schema else tagged
 
     def __call__(self, value: JsonValue) -> tuple[str, Any]:
         if isinstance(value, list):

@@ -72,6 +72,7 @@ _BLOCK = Tagged(
 )
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_BLOCK)))
 def _content(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -80,6 +81,7 @@ def _content(value: JsonValue) -> str | list:
     raise BodyError("content should be a string or a list")
 
 
+@b.accepts(lambda: b.json_schema(b.optional(_content)))
 def _optional_content(value: JsonValue) -> str | list | None:
     return None if value is None else _content(value)
 
@@ -167,6 +169,16 @@ _CHOICE_FUNCTION = b.in_field(
 )
 
 
+@b.accepts(
+    lambda: b.any_of(
+        b.variants("none", "auto", "required"),
+        Struct(
+            "ChatCompletionNamedToolChoice",
+            {"type": _CHOICE_TYPE, "function": _CHOICE_FUNCTION},
+            ("type", "function"),
+        ),
+    )
+)
 def _tool_choice(value: JsonValue) -> str | tuple[str, str]:
     if value in ("none", "auto", "required"):
         return value
@@ -176,6 +188,7 @@ def _tool_choice(value: JsonValue) -> str | tuple[str, str]:
     raise BodyError("expected one of `none`, `auto`, `required` or a tool")
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(b.string)))
 def _stop(value: JsonValue) -> str | list[str]:
     if isinstance(value, str):
         return value

@@ -81,6 +81,7 @@ _RESULT_BLOCK = Tagged(
 )
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_RESULT_BLOCK)))
 def _result_content(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -146,6 +147,7 @@ _BLOCK = Tagged(
 )
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_BLOCK)))
 def _content(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -157,6 +159,11 @@ def _content(value: JsonValue) -> str | list:
 _ROLE = b.variants("user", "assistant", "system")
 
 
+@b.accepts(
+    lambda: b.json_schema(
+        Struct("MessagesMessage", {"role": _ROLE, "content": _content}, ("role", "content"))
+    )
+)
 def _message(value: JsonValue) -> tuple[str, str | list]:
     # Adjacently tagged: `role` names the variant, `content` carries it.
     if isinstance(value, list):
@@ -185,6 +192,7 @@ def _message(value: JsonValue) -> tuple[str, str | list]:
 _SYSTEM_BLOCK = Tagged("MessagesSystemBlock", "type", {"text": _TEXT})
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_SYSTEM_BLOCK)))
 def _system(value: JsonValue) -> str:
     if isinstance(value, str):
         return value
@@ -200,6 +208,12 @@ _TOOL_FIELDS = {
 }
 
 
+@b.accepts(
+    lambda: b.any_of(
+        Struct("MessagesTool", {**_TOOL_FIELDS, "input_schema": b.any_value}, ("name",)),
+        Struct("MessagesServerTool", {"type": b.string, "name": b.optional(b.string)}, ("type",)),
+    )
+)
 def _tool(value: JsonValue) -> dict:
     """A tool entry; `type` marks server tools, `strict` is not read (spec §14)."""
     if isinstance(value, dict) and "type" in value:

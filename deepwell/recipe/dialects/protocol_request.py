@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepwell.recipe.dialects.body import BodyError, Struct, load_body
+from deepwell.recipe.dialects.body import BodyError, Schema, Struct, json_schema, load_body
 from deepwell.recipe.json_value import JsonValue
 
 
@@ -23,6 +23,11 @@ class ProtocolRequest:
         except BodyError as error:
             raise ValueError(f"invalid request body: {error}") from None
         self._consumed = False
+
+    @classmethod
+    def json_schema(cls) -> Schema:
+        """The JSON Schema of the bodies this dialect reads (its fields, as the reader has them)."""
+        return json_schema(cls._shape)
 
     @property
     def model(self) -> str:

@@ -82,6 +82,7 @@ _BLOCK = Tagged(
 )
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_BLOCK)))
 def _content(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -98,6 +99,7 @@ _OUTPUT_BLOCK = Tagged(
 )
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_OUTPUT_BLOCK)))
 def _output(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -153,6 +155,17 @@ _ITEMS = {
 _IGNORED_ITEMS = ("item_reference", "web_search_call")
 
 
+@b.accepts(
+    lambda: b.any_of(
+        Tagged(
+            "ResponsesInputItem",
+            "type",
+            {**_ITEMS, **dict.fromkeys(_IGNORED_ITEMS, Struct("ResponsesIgnoredItem", {}))},
+            other=Struct("ResponsesUnknownItem", {}),
+        ),
+        _MESSAGE,
+    )
+)
 def _item(value: JsonValue) -> tuple[str, dict] | None:
     """One input item, or None for an unknown kind (skipped without a trace)."""
     if isinstance(value, dict):
@@ -170,6 +183,7 @@ def _item(value: JsonValue) -> tuple[str, dict] | None:
     raise BodyError("invalid input item")
 
 
+@b.accepts(lambda: b.any_of(b.string, b.sequence(_item)))
 def _input(value: JsonValue) -> str | list:
     if isinstance(value, str):
         return value
@@ -245,6 +259,17 @@ _CHOICE_MESSAGE = "expected one of `none`, `auto`, `required` or a tool choice o
 _NAMED_CHOICE = Struct("ResponsesNamedToolChoice", {"name": b.string}, ("name",))
 
 
+@b.accepts(
+    lambda: b.any_of(
+        b.variants("none", "auto", "required"),
+        Struct(
+            "ResponsesNamedToolChoice",
+            {"type": b.variants("function", "custom"), "name": b.string},
+            ("type", "name"),
+        ),
+        Struct("ResponsesWebSearchChoice", {"type": b.variants(*WEB_SEARCH_TOOLS)}, ("type",)),
+    )
+)
 def _tool_choice(value: JsonValue) -> JsonValue:
     if value in ("none", "auto", "required"):
         return value

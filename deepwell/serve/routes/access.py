@@ -36,7 +36,25 @@ def presented_key(request: Request, keys: tuple[str, ...], shape: ErrorShape | N
     raise ApiError(401, f"Invalid or missing API key; pass it in the {header} header.")
 
 
+def check_media_type(request: Request) -> None:
+    """Every body the API reads is JSON: a body declared as anything else (a form, plain
+    text) is refused with 415 naming its type, rather than read as JSON it was not meant to
+    be. No Content-Type at all reads as JSON, as FastAPI does."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    media_type = declared.split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return
+    raise ApiError(
+        415,
+        f"Unsupported Content-Type {declared!r}: the request body must be JSON; "
+        "send it with Content-Type: application/json.",
+    )
+
+
 async def read_body(request: Request, limit: int) -> bytes:
+    check_media_type(request)
     too_large = ApiError(413, f"The request body exceeds the limit of {limit} bytes.")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:

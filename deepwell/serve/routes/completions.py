@@ -6,9 +6,11 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from deepwell.serve.completions import request_schema
 from deepwell.serve.errors import ApiError, ErrorShape
 from deepwell.serve.frontend import SEED_HEADER
 from deepwell.serve.metrics import RequestTimer
+from deepwell.serve.openapi import answers, json_body
 from deepwell.serve.request_log import note, prompt_of
 from deepwell.serve.routes.access import OpenAIAdmitted
 from deepwell.serve.routes.delivery import Delivery, complete, event_stream
@@ -19,7 +21,11 @@ PATH = "/v1/completions"
 router = APIRouter(route_class=dialect_route(ErrorShape.OPENAI))
 
 
-@router.post(PATH)
+@router.post(
+    PATH,
+    openapi_extra=json_body(request_schema(), summary="Completions of raw prompts"),
+    responses=answers(ErrorShape.OPENAI, streams=True),
+)
 async def text_completions(
     request: Request,
     admitted: OpenAIAdmitted,

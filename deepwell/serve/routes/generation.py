@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from deepwell.recipe import ChatCompletionRequest, MessagesRequest, ResponsesRequest
 from deepwell.serve.cluster.inference_errors import InferenceError
 from deepwell.serve.errors import ApiError, ErrorShape, error_response
 from deepwell.serve.frontend import (
@@ -27,6 +28,7 @@ from deepwell.serve.frontend import (
 from deepwell.serve.gateway import Gateway
 from deepwell.serve.images.intake import IMAGES_NOT_SEEN_HEADER
 from deepwell.serve.metrics import RequestTimer, ServeMetrics
+from deepwell.serve.openapi import answers, json_body
 from deepwell.serve.request_log import note, prompt_of
 from deepwell.serve.routes.access import (
     Admitted,
@@ -77,14 +79,25 @@ def _generator(
 GeneratorDep = Annotated[_Generator, Depends(_generator)]
 
 
-@openai_router.post(CHAT.path)
+@openai_router.post(
+    CHAT.path,
+    openapi_extra=json_body(ChatCompletionRequest.json_schema(), summary="Chat Completions"),
+    responses=answers(ErrorShape.OPENAI, streams=True),
+)
 async def chat_completions(
     request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep
 ) -> Response:
     return await _generate(CHAT, request, admitted, generator)
 
 
-@openai_router.post(RESPONSES.path)
+@openai_router.post(
+    RESPONSES.path,
+    openapi_extra=json_body(
+        ResponsesRequest.json_schema(),
+        summary="Responses (store, previous_response_id, background)",
+    ),
+    responses=answers(ErrorShape.OPENAI, streams=True),
+)
 async def responses(
     request: Request, admitted: OpenAIAdmitted, generator: GeneratorDep, state: ResponsesDep
 ) -> Response:
@@ -101,14 +114,24 @@ async def responses(
     return await _generate(RESPONSES, request, admitted, generator, (turn, state))
 
 
-@anthropic_router.post(MESSAGES.path)
+@anthropic_router.post(
+    MESSAGES.path,
+    openapi_extra=json_body(MessagesRequest.json_schema(), summary="Anthropic Messages"),
+    responses=answers(ErrorShape.ANTHROPIC, streams=True),
+)
 async def messages(
     request: Request, admitted: AnthropicAdmitted, generator: GeneratorDep
 ) -> Response:
     return await _generate(MESSAGES, request, admitted, generator)
 
 
-@anthropic_router.post("/v1/messages/count_tokens")
+@anthropic_router.post(
+    "/v1/messages/count_tokens",
+    openapi_extra=json_body(
+        MessagesRequest.json_schema(), summary="Count a Messages request's prompt tokens"
+    ),
+    responses=answers(ErrorShape.ANTHROPIC, streams=False),
+)
 async def count_tokens(frontend: FrontendDep, _key: AnthropicKey, body: Body) -> Response:
     count = await run_in_threadpool(frontend.count_tokens, body)
     return JSONResponse({"input_tokens": count})

@@ -32,7 +32,7 @@ async def _playground_root() -> Response:
 
 def mount_page(app: FastAPI) -> None:
     """The page itself, on a server started with the playground on."""
-    app.add_api_route("/playground", _playground_root, methods=["GET"])
+    app.add_api_route("/playground", _playground_root, methods=["GET"], include_in_schema=False)
     app.mount("/playground", StaticFiles(directory=STATIC_DIR, html=True), "playground")
 
 
