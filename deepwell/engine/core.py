@@ -298,6 +298,7 @@ def _model_runner(
         logit_filter=LogitFilter.of(
             args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
         ),
+        sum_smaller_probs=args.compute_sum_smaller_probs,
     )
 
 

@@ -28,10 +28,27 @@ from deepwell.engine.layers.step_metadata import (
 from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler, first_argmax, token_logprobs
+from deepwell.engine.sampling import (
+    Sampler,
+    first_argmax,
+    sum_smaller_probs,
+    token_distribution,
+    token_logprobs,
+)
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
 from deepwell.engine.step_rows import PagedRows, StepRows
+
+
+@dataclass
+class SampledChunks:
+    """What a step gave each completing chunk, in chunk order: its new tokens, the logprobs
+    of a lone sampled token (None otherwise), and with sum_smaller_probs one sum per new
+    token (else empty)."""
+
+    tokens: list[list[int]]
+    logprobs: list[TokenLogprobs | None]
+    sum_smaller_probs: list[list[float]]
 
 
 @dataclass
@@ -82,13 +99,15 @@ class ModelRunner:
         encoder_cache: EncoderCache | None = None,
         decode_graphs: DecodeGraphs | None = None,
         logit_filter: LogitFilter | None = None,
+        sum_smaller_probs: bool = False,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
         Steps are built on the host and placed on `device` (the model's and the cache's).
         `encoder_cache` encodes the images of a model with a vision tower (intake lets an
         image in only then). With `decode_graphs`, steps of single-token decodes run padded
-        through their graphs."""
+        through their graphs. With `sum_smaller_probs`, every new token also carries the sum
+        of the probabilities at most its own (DEEPWELL_COMPUTE_SUM_SMALLER_PROBS)."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -105,6 +124,7 @@ class ModelRunner:
         self.encoder_cache = encoder_cache
         self.decode_graphs = decode_graphs
         self.logit_filter = logit_filter
+        self.sum_smaller_probs = sum_smaller_probs
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         graph_size = None if self.decode_graphs is None else self.decode_graphs.size_for(chunks)
@@ -209,18 +229,16 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def sample(
-        self, step: PreparedStep, logits: torch.Tensor | None
-    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
+    def sample(self, step: PreparedStep, logits: torch.Tensor | None) -> SampledChunks:
         """The new tokens (and logprobs of a lone sampled token) per completing chunk, in
         chunk order. A chunk with a draft verifies it: its tokens are the accepted draft
         tokens and one more (speculative/verify.py)."""
         if logits is None:
-            return [], []
+            return SampledChunks([], [], [])
         if self.logit_filter is not None:
             logits = self.logit_filter.apply(logits)
-        by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {
-            id(c.request): ([], None) for c in step.chunks if c.completes
+        by_request: dict[int, tuple[list[int], TokenLogprobs | None, list[float]]] = {
+            id(c.request): ([], None, []) for c in step.chunks if c.completes
         }
         # A request that ended while the step computed (asynchronous scheduling) samples
         # nothing: its grammar may be done, and nobody wants the token.
@@ -230,9 +248,16 @@ class ModelRunner:
             rows = logits[: len(step.sampling)]
             if len(live) < len(step.sampling):
                 rows = rows[torch.tensor(live, device=rows.device)]
-            tokens, logprobs = self.sampler(rows, requests)
-            for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
-                by_request[id(request)] = ([token], token_logprobs)
+            sampled = self.sampler.sample(rows, requests, self.sum_smaller_probs)
+            sums = sampled.sum_smaller_probs or [None] * len(requests)
+            for request, token, token_logprobs, token_sum in zip(
+                requests, sampled.token_ids, sampled.logprobs, sums, strict=True
+            ):
+                by_request[id(request)] = (
+                    [token],
+                    token_logprobs,
+                    [] if token_sum is None else [token_sum],
+                )
         offset = len(step.sampling)
         targets = None
         if any(takes_batched_argmax(c.request) for c in step.verifying):
@@ -246,13 +271,21 @@ class ModelRunner:
             if targets is not None:
                 start = offset - len(step.sampling)
                 own = targets[start : start + num_rows]
-            by_request[id(request)] = (verify(block, chunk.draft, request, probs, own), None)
+            tokens = verify(block, chunk.draft, request, probs, own)
+            sums = []
+            if self.sum_smaller_probs:
+                # Row i of the block is the distribution the i-th new token was chosen from.
+                rows = block[: len(tokens)]
+                sums = sum_smaller_probs(token_distribution(rows, [request] * len(tokens)), tokens)
+            by_request[id(request)] = (tokens, None, sums)
             offset += num_rows
         for request, first, count in step.prompt_rows:
             score_prompt(logits[offset : offset + count], request, first)
             offset += count
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
-        return [t for t, _ in results], [lp for _, lp in results]
+        return SampledChunks(
+            [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
+        )
 
     def _forward_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
