@@ -17,6 +17,7 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
 from deepwell.engine.kv.snapshots import RingSnapshots
+from deepwell.engine.layers.attention import FixedDecodeMetadata
 from deepwell.engine.layers.step_metadata import (
     CompactPlan,
     StepMetadata,
@@ -37,7 +38,7 @@ from deepwell.engine.sampling import (
 )
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
-from deepwell.engine.step_rows import PagedRows, StepRows
+from deepwell.engine.step_rows import PagedRows, StepRows, fixed_decode_metadata
 
 
 @dataclass
@@ -119,6 +120,17 @@ class ModelRunner:
         self.full_attention = any(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
         # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
         self.batch_invariant = batch_invariant
+        # Whether a decode-graph step's metadata has a fixed-size form: paged full attention
+        # alone, no per-row token history, no query tiles (decode_graphs.py).
+        self.fixed_decode = (
+            all(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
+            and self.full_attention
+            and not layout.rings
+            and not self.token_history
+            and not batch_invariant
+        )
+        # The graph key's model part.
+        self.model_kind = type(model).__name__
         self.device = device
         self.sampler = sampler or Sampler()
         self.encoder_cache = encoder_cache
@@ -141,8 +153,9 @@ class ModelRunner:
         num_decode_chunks += len(padding)
         # Built from Python lists on the host (explicitly: whatever the default device is),
         # then placed on the engine's device in one pass below.
+        fixed = graph_size is not None and self.fixed_decode
         with HOST:
-            rows, meta = self._prepare(ordered + padding, num_decode_chunks)
+            rows, meta = self._prepare(ordered + padding, num_decode_chunks, fixed)
         snapshot_points = []
         if self.snapshots is not None:
             bs = self.block_size
@@ -206,7 +219,10 @@ class ModelRunner:
         if step.graph_size is None:
             hidden = self._forward_model(*inputs)
         else:
-            hidden = self.decode_graphs.run(step.graph_size, inputs, self._forward_model)
+            fixed = isinstance(step.meta.paged, FixedDecodeMetadata)
+            hidden = self.decode_graphs.run(
+                step.graph_size, self.model_kind, inputs, self._forward_model, fixed
+            )
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
             tensors = self.snapshots.capture(self.kv_cache, slot, boundary)
@@ -293,11 +309,18 @@ class ModelRunner:
         return self.model(input_ids, positions, meta, self.kv_cache)
 
     def _prepare(
-        self, chunks: list[ScheduledChunk], num_decode_chunks: int
+        self, chunks: list[ScheduledChunk], num_decode_chunks: int, fixed: bool = False
     ) -> tuple[StepRows, StepMetadata]:
         """The rows and metadata of a step whose first `num_decode_chunks` chunks are
-        decode-shaped."""
+        decode-shaped; `fixed`: a decode-graph step of single-token decodes, whose metadata
+        is the fixed-size form (no sequence spans: the models it applies to read none)."""
         rows = StepRows(self.block_size, self.token_history)
+        if fixed:
+            for chunk in chunks:
+                rows.add(chunk)
+            width = self.decode_graphs.max_blocks_per_seq
+            paged = fixed_decode_metadata(chunks, self.block_size, width)
+            return rows, StepMetadata([], paged=paged)
         # The rest describes paged full attention (AttentionMetadata).
         paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
         for index, chunk in enumerate(chunks):
