@@ -168,6 +168,10 @@ def run_script_process(path: Path, model: str, eos_id: int) -> dict:
     DEEPWELL_* switch set, so neither batch-invariant mode nor anything else this process
     may have turned on."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEEPWELL_")}
+    # One torch thread, as this suite runs (conftest.py): two spinning threads on the shared
+    # test machine's two cores ran the pair of runs 20x slower. Threads are the machine's,
+    # not the engine configuration under test.
+    environ["OMP_NUM_THREADS"] = "1"
     # The deepwell under test, wherever pytest runs from.
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
     out = subprocess.run(
