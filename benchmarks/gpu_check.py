@@ -179,6 +179,7 @@ def run_graphs(args) -> dict:
         EagerReplay,
         capture_sizes,
     )
+    from deepwell.engine.layers.attention import FixedDecodeMetadata
 
     prompts = [[17 + (i * 7 + j) % 200 for j in range(24)] for i in range(args.batch)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
@@ -190,15 +191,21 @@ def run_graphs(args) -> dict:
     core.step()  # the prefills; the next step decodes every sequence
     replay = CudaGraphReplay() if args.device.startswith("cuda") else EagerReplay()
     # Sizes past the batch: the step is padded, as most engine steps are.
-    runner.decode_graphs = DecodeGraphs(capture_sizes(args.batch + 3), replay)
+    width = -(-settings["max_model_len"] // runner.block_size)
+    runner.decode_graphs = DecodeGraphs(capture_sizes(args.batch + 3), replay, width)
     step = runner.prepare(core.scheduler.schedule().chunks)
     inputs = (step.input_ids, step.positions, step.meta)
+    # Fixed-size decode metadata where the model has it (its key is batch size and model).
+    fixed = isinstance(step.meta.paged, FixedDecodeMetadata)
+
+    def run_graph() -> torch.Tensor:
+        return runner.decode_graphs.run(
+            step.graph_size, runner.model_kind, inputs, runner._forward_model, fixed
+        )
+
     with torch.inference_mode():
         eager = runner._forward_model(*inputs).clone()
-        graphed = [
-            runner.decode_graphs.run(step.graph_size, inputs, runner._forward_model).clone()
-            for _ in range(3)
-        ]
+        graphed = [run_graph().clone() for _ in range(3)]
 
         def timed(run) -> float:
             _sync(args.device)
@@ -209,9 +216,7 @@ def run_graphs(args) -> dict:
             return (time.perf_counter() - start) / args.tokens * 1e3
 
         eager_ms = timed(lambda: runner._forward_model(*inputs))
-        graph_ms = timed(
-            lambda: runner.decode_graphs.run(step.graph_size, inputs, runner._forward_model)
-        )
+        graph_ms = timed(run_graph)
     differences = [(g.float() - eager.float()).abs().max().item() for g in graphed]
     greedy = {}
     for enforce_eager in (True, False):
@@ -224,6 +229,7 @@ def run_graphs(args) -> dict:
     return {
         "batch": args.batch,
         "graph_size": step.graph_size,
+        "fixed_size_metadata": fixed,
         "max_abs_diff_seen_captured_replayed": differences,
         "eager_step_ms": eager_ms,
         "graph_step_ms": graph_ms,

@@ -29,6 +29,7 @@ from deepwell.engine.layers.batch_invariant import (
     tile_linears,
 )
 from deepwell.engine.layers.cpp_paged import paged_backend_class
+from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
 from deepwell.engine.layers.sink_attention import TorchSinkAttention
@@ -169,7 +170,15 @@ def _model_options(
         batch_invariant=args.batch_invariant,
         experts=experts,
         kernels=args.kernels,
+        forced_routing=forced_routing(args),
     )
+
+
+def forced_routing(args: EngineArgs) -> ForcedRouting | None:
+    """The MoE routing override the DEEPWELL_FORCE_* switches ask for, if any."""
+    if args.force_imbalance_ratio:
+        return ForcedRouting(args.force_imbalance_ratio)
+    return ForcedRouting() if args.force_load_balance else None
 
 
 def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> BuiltEngine:

@@ -293,11 +293,16 @@ def _model_runner(
         sampler=sampler_for(args.kernels),
         encoder_cache=_encoder_cache(built),
         decode_graphs=decode_graphs_for(
-            built.device, args.enforce_eager, args.max_num_seqs, expert_parallel
+            built.device,
+            args.enforce_eager,
+            args.max_num_seqs,
+            expert_parallel,
+            -(-built.max_model_len // args.block_size),
         ),
         logit_filter=LogitFilter.of(
             args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
         ),
+        sum_smaller_probs=args.compute_sum_smaller_probs,
     )
 
 

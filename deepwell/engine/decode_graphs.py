@@ -4,9 +4,16 @@ graph replayed. CUDA records a torch.cuda.CUDAGraph per graph key (`CudaGraphRep
 other device runs the same buffers eagerly (`EagerReplay`), so the CPU tests this path.
 
 A graph replays kernels on fixed addresses with fixed launch shapes, and the host-side
-values the forward branches on are baked in: the graph key is the padded batch size plus
-the signature of everything the step hands the model (each tensor's shape and dtype, each
-plain value), and a step replays a graph only when its key matches exactly.
+values the forward branches on are baked in. So a decode step of a model whose caches are
+paged full attention (Llama, Qwen, the embedded SmolLM2) hands the model fixed-size
+metadata (`FixedDecodeMetadata`: block tables padded to max_blocks_per_seq, context
+lengths and cache slots as tensors, no host values), and its graph key is only the padded
+batch size and the model: every step of that size replays the same graph, whatever its
+contexts. A model whose per-step plans have no fixed-size form yet (DeepSeek-V4.1's rings
+and compressed entries, batch-invariant query tiles) keys its graphs by the signature of
+everything the step hands it too (each tensor's shape and dtype, each plain value), and
+replays only when that repeats. Either way a graph's buffers are reused only for a step of
+the same signature: a mismatch is an error, not a replay of the wrong shapes.
 """
 
 from __future__ import annotations
@@ -112,11 +119,25 @@ def copy_into(static: Any, value: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class GraphKey:
-    """Which graph a decode step replays: its padded batch size and the signature of its
-    inputs (shapes, dtypes and the plain values the forward reads on the host)."""
+    """Which graph a decode step replays: its padded batch size and the model's kind, and,
+    for a step without fixed-size metadata, the signature of its inputs."""
 
     batch_size: int
-    inputs: tuple
+    model: str
+    inputs: tuple = ()
+
+
+class GraphShapeError(RuntimeError):
+    """A step's inputs do not have the shapes of its key's graph (an engine bug: replaying
+    would read and write the wrong rows)."""
+
+
+def _check_same(key: GraphKey, captured: tuple, step: tuple) -> None:
+    if captured != step:
+        raise GraphShapeError(
+            f"decode graph {key.model} x {key.batch_size}: the step's inputs differ from the "
+            f"captured graph's ({step} against {captured})"
+        )
 
 
 class GraphReplay(Protocol):
@@ -130,17 +151,24 @@ class EagerReplay:
     inputs go into its key's static buffers and the forward runs on those, eagerly."""
 
     def __init__(self, max_graphs: int = MAX_GRAPHS) -> None:
-        self.buffers: OrderedDict[GraphKey, StepInputs] = OrderedDict()
+        self.buffers: OrderedDict[GraphKey, tuple[StepInputs, tuple]] = OrderedDict()
         self.max_graphs = max_graphs
+        # Steps run on a key's buffers after its first: what a CUDA graph would replay.
+        self.replays = 0
 
     def run(self, key: GraphKey, inputs: StepInputs, forward: Forward) -> torch.Tensor:
-        static = self.buffers.get(key)
-        if static is None:
-            static = self.buffers[key] = static_copy(inputs)
+        held = self.buffers.get(key)
+        step_signature = signature(inputs)
+        if held is None:
+            static = static_copy(inputs)
+            self.buffers[key] = (static, step_signature)
             _evict(self.buffers, self.max_graphs)
         else:
+            static, captured = held
+            _check_same(key, captured, step_signature)
             self.buffers.move_to_end(key)
             copy_into(static, inputs)
+            self.replays += 1
         return forward(*static)
 
 
@@ -149,6 +177,7 @@ class _CapturedGraph:
     graph: Any  # torch.cuda.CUDAGraph
     inputs: StepInputs
     hidden: torch.Tensor
+    signature: tuple
 
 
 class CudaGraphReplay:
@@ -172,6 +201,7 @@ class CudaGraphReplay:
     def run(self, key: GraphKey, inputs: StepInputs, forward: Forward) -> torch.Tensor:
         captured = self.graphs.get(key)
         if captured is not None:
+            _check_same(key, captured.signature, signature(inputs))
             self.graphs.move_to_end(key)
             copy_into(captured.inputs, inputs)
             captured.graph.replay()
@@ -193,7 +223,7 @@ class CudaGraphReplay:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden = forward(*static)
-        self.graphs[key] = _CapturedGraph(graph, static, hidden)
+        self.graphs[key] = _CapturedGraph(graph, static, hidden, signature(inputs))
         _evict(self.graphs, self.max_graphs)
         self.captures += 1
         graph.replay()
@@ -209,9 +239,12 @@ def _evict(table: OrderedDict, limit: int) -> None:
 class DecodeGraphs:
     """Which decode steps take the graph path, their padding, and their replay."""
 
-    def __init__(self, sizes: list[int], replay: GraphReplay) -> None:
+    def __init__(self, sizes: list[int], replay: GraphReplay, max_blocks_per_seq: int) -> None:
+        """`max_blocks_per_seq`: the width of a fixed-size step's block tables, enough for
+        the longest sequence (max_model_len)."""
         self.sizes = sizes
         self.replay = replay
+        self.max_blocks_per_seq = max_blocks_per_seq
 
     def size_for(self, chunks: list[ScheduledChunk]) -> int | None:
         """The padded batch size of a step of `chunks`; None when it is not a step of
@@ -220,13 +253,22 @@ class DecodeGraphs:
             return None
         return padded_size(len(chunks), self.sizes)
 
-    def run(self, batch_size: int, inputs: StepInputs, forward: Forward) -> torch.Tensor:
-        """The padded step's hidden states [batch_size, hidden] through its graph."""
-        return self.replay.run(GraphKey(batch_size, signature(inputs)), inputs, forward)
+    def run(
+        self, batch_size: int, model: str, inputs: StepInputs, forward: Forward, fixed: bool
+    ) -> torch.Tensor:
+        """The padded step's hidden states [batch_size, hidden] through its graph; `fixed`:
+        the step's metadata is fixed-size (FixedDecodeMetadata), so its key needs no
+        signature."""
+        key = GraphKey(batch_size, model, () if fixed else signature(inputs))
+        return self.replay.run(key, inputs, forward)
 
 
 def decode_graphs_for(
-    device: torch.device, enforce_eager: bool, max_num_seqs: int, expert_parallel: bool
+    device: torch.device,
+    enforce_eager: bool,
+    max_num_seqs: int,
+    expert_parallel: bool,
+    max_blocks_per_seq: int,
 ) -> DecodeGraphs | None:
     """The engine's decode graphs: CUDA graphs on a CUDA device unless `enforce_eager`, or
     expert parallelism, whose all-to-alls take their sizes on the host mid-step (no capture
@@ -242,4 +284,4 @@ def decode_graphs_for(
         return None
     sizes = capture_sizes(max_num_seqs)
     logger.info("decode graphs: CUDA graphs at batch sizes %s", sizes)
-    return DecodeGraphs(sizes, CudaGraphReplay())
+    return DecodeGraphs(sizes, CudaGraphReplay(), max_blocks_per_seq)

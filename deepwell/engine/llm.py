@@ -158,6 +158,7 @@ class LLM:
         text_tokens: dict[str, list[int]] = {i: [] for i in order}
         logprobs: dict[str, list] = {i: [] for i in order}
         prompt_logprobs: dict[str, list] = {i: [] for i in order}
+        sums: dict[str, list[float]] = {i: [] for i in order}
         finished = {}
         seeds: dict[str, int] = {}
         lockstep = self.core.lockstep
@@ -174,6 +175,7 @@ class LLM:
                     text_tokens[output.request_id] += output.text_token_ids
                     logprobs[output.request_id] += output.new_logprobs
                     prompt_logprobs[output.request_id] += output.prompt_logprobs
+                    sums[output.request_id] += output.new_sum_smaller_probs
                     seeds[output.request_id] = output.seed
                     if output.finished:
                         finished[output.request_id] = output.finish_reason
@@ -188,6 +190,7 @@ class LLM:
                 logprobs=logprobs[i],
                 seed=seeds[i],
                 prompt_logprobs=prompt_logprobs[i],
+                sum_smaller_probs=sums[i],
             )
             for i, ids in zip(order, prompt_token_ids, strict=True)
         ]

@@ -51,6 +51,10 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs, once, in the request's first output: one entry
     # per prompt token after the first (the first has no context to be predicted from).
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # With DEEPWELL_COMPUTE_SUM_SMALLER_PROBS (DeepInfer's COMPUTE_SUM_SMALLER_PROBS), one
+    # per new token: the sum of the probabilities at most the token's own, itself included,
+    # under the distribution it was chosen from (engine/sampling.py, token_distribution).
+    new_sum_smaller_probs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # msgpack carries the reason as its string value (serve/messages.py).
@@ -89,6 +93,8 @@ class Completion:
     seed: int = 0
     # With SamplingParams.prompt_logprobs: one entry per prompt token after the first.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # With DEEPWELL_COMPUTE_SUM_SMALLER_PROBS: one per token of `token_ids` (RequestOutput).
+    sum_smaller_probs: list[float] = field(default_factory=list)
 
     @property
     def token_id(self) -> list[int]:

@@ -17,7 +17,7 @@ from deepwell.engine.compute_thread import start_compute_thread
 from deepwell.engine.kv.manager import KVCacheManager
 from deepwell.engine.outputs import RequestOutput
 from deepwell.engine.request import Request, RequestStatus
-from deepwell.engine.runner import ModelRunner, PreparedStep
+from deepwell.engine.runner import ModelRunner, PreparedStep, SampledChunks
 from deepwell.engine.scheduler import Scheduler, SchedulerOutput
 from deepwell.engine.speculative import Speculator
 
@@ -133,7 +133,7 @@ class StepPipeline:
         prepared: PreparedStep,
         stats: StepStats,
         previous: LaunchedStep | None,
-        sampled: tuple[list[list[int]], list] | None,
+        sampled: SampledChunks | None,
     ) -> LaunchedStep:
         """Start the step's forward, its pending inputs taken from the step just sampled."""
         pending = {}
@@ -141,7 +141,7 @@ class StepPipeline:
             completed = [c.request.request_id for c in previous.prepared.chunks if c.completes]
             pending = {
                 request_id: tokens[-1]
-                for request_id, tokens in zip(completed, sampled[0], strict=True)
+                for request_id, tokens in zip(completed, sampled.tokens, strict=True)
                 if tokens
             }
         self.num_steps += 1
@@ -160,7 +160,7 @@ class StepPipeline:
         logits = self.runner.forward(prepared, pending)
         return logits, time.perf_counter() - started
 
-    def _collect(self, launched: LaunchedStep) -> tuple[list[list[int]], list]:
+    def _collect(self, launched: LaunchedStep) -> SampledChunks:
         """Wait for a launched step's forward and sample it. Sampling stays on this thread:
         it reads the requests' grammar state, penalties and positions, which are current
         only once the step before's tokens are appended."""
@@ -183,19 +183,19 @@ class StepPipeline:
         for request in launched.release:
             self.kv.free(request)
 
-    def _commit(
-        self, launched: LaunchedStep, sampled: tuple[list[list[int]], list]
-    ) -> list[RequestOutput]:
+    def _commit(self, launched: LaunchedStep, sampled: SampledChunks) -> list[RequestOutput]:
         """Append a finished step's tokens, check stops, and make its KV findable."""
         outputs = []
-        samples = iter(zip(*sampled, strict=True))
+        samples = iter(
+            zip(sampled.tokens, sampled.logprobs, sampled.sum_smaller_probs, strict=True)
+        )
         snapshots = launched.prepared.snapshots
         for chunk in launched.prepared.chunks:
             request = chunk.request
             snapshot = snapshots.get(request.request_id) if snapshots else None
             # Tokens whose KV the step wrote; a request preempted meanwhile holds no blocks.
             computed = min(chunk.start + chunk.num_tokens, request.num_tokens)
-            new_tokens, token_logprobs = next(samples) if chunk.completes else ([], None)
+            new_tokens, token_logprobs, sums = next(samples) if chunk.completes else ([], None, [])
             # A prefill chunk, or a request aborted or ended while the step computed.
             if not chunk.completes or request.status is RequestStatus.FINISHED:
                 if request.block_ids:
@@ -221,7 +221,7 @@ class StepPipeline:
             request.logprobs += new_logprobs
             if request.finish_reason is not None:
                 self.finish(request)
-            outputs.append(request.step_output(appended, new_logprobs))
+            outputs.append(request.step_output(appended, new_logprobs, sums[: len(appended)]))
         return outputs
 
 

@@ -128,7 +128,10 @@ class Request:
             self.finish_reason = FinishReason.LENGTH
 
     def step_output(
-        self, new_token_ids: list[int], new_logprobs: list[TokenLogprobs]
+        self,
+        new_token_ids: list[int],
+        new_logprobs: list[TokenLogprobs],
+        new_sum_smaller_probs: list[float] | None = None,
     ) -> RequestOutput:
         """What the request gained in a step, and whether it has ended (and on which stop id)."""
         stopped_by_token = (
@@ -151,4 +154,5 @@ class Request:
             seed=self.seed,
             stop_token_id=new_token_ids[-1] if stopped_by_token else None,
             prompt_logprobs=prompt_logprobs,
+            new_sum_smaller_probs=new_sum_smaller_probs or [],
         )

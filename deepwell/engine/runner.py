@@ -17,6 +17,7 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
 from deepwell.engine.kv.snapshots import RingSnapshots
+from deepwell.engine.layers.attention import FixedDecodeMetadata
 from deepwell.engine.layers.step_metadata import (
     CompactPlan,
     StepMetadata,
@@ -28,10 +29,27 @@ from deepwell.engine.layers.step_metadata import (
 from deepwell.engine.logit_filter import LogitFilter
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler, first_argmax, token_logprobs
+from deepwell.engine.sampling import (
+    Sampler,
+    first_argmax,
+    sum_smaller_probs,
+    token_distribution,
+    token_logprobs,
+)
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
-from deepwell.engine.step_rows import PagedRows, StepRows
+from deepwell.engine.step_rows import PagedRows, StepRows, fixed_decode_metadata
+
+
+@dataclass
+class SampledChunks:
+    """What a step gave each completing chunk, in chunk order: its new tokens, the logprobs
+    of a lone sampled token (None otherwise), and with sum_smaller_probs one sum per new
+    token (else empty)."""
+
+    tokens: list[list[int]]
+    logprobs: list[TokenLogprobs | None]
+    sum_smaller_probs: list[list[float]]
 
 
 @dataclass
@@ -82,13 +100,15 @@ class ModelRunner:
         encoder_cache: EncoderCache | None = None,
         decode_graphs: DecodeGraphs | None = None,
         logit_filter: LogitFilter | None = None,
+        sum_smaller_probs: bool = False,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
         Steps are built on the host and placed on `device` (the model's and the cache's).
         `encoder_cache` encodes the images of a model with a vision tower (intake lets an
         image in only then). With `decode_graphs`, steps of single-token decodes run padded
-        through their graphs."""
+        through their graphs. With `sum_smaller_probs`, every new token also carries the sum
+        of the probabilities at most its own (DEEPWELL_COMPUTE_SUM_SMALLER_PROBS)."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -100,11 +120,23 @@ class ModelRunner:
         self.full_attention = any(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
         # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
         self.batch_invariant = batch_invariant
+        # Whether a decode-graph step's metadata has a fixed-size form: paged full attention
+        # alone, no per-row token history, no query tiles (decode_graphs.py).
+        self.fixed_decode = (
+            all(s.role is CacheRole.FULL_ATTENTION for s in layout.paged)
+            and self.full_attention
+            and not layout.rings
+            and not self.token_history
+            and not batch_invariant
+        )
+        # The graph key's model part.
+        self.model_kind = type(model).__name__
         self.device = device
         self.sampler = sampler or Sampler()
         self.encoder_cache = encoder_cache
         self.decode_graphs = decode_graphs
         self.logit_filter = logit_filter
+        self.sum_smaller_probs = sum_smaller_probs
 
     def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
         graph_size = None if self.decode_graphs is None else self.decode_graphs.size_for(chunks)
@@ -121,8 +153,9 @@ class ModelRunner:
         num_decode_chunks += len(padding)
         # Built from Python lists on the host (explicitly: whatever the default device is),
         # then placed on the engine's device in one pass below.
+        fixed = graph_size is not None and self.fixed_decode
         with HOST:
-            rows, meta = self._prepare(ordered + padding, num_decode_chunks)
+            rows, meta = self._prepare(ordered + padding, num_decode_chunks, fixed)
         snapshot_points = []
         if self.snapshots is not None:
             bs = self.block_size
@@ -186,7 +219,10 @@ class ModelRunner:
         if step.graph_size is None:
             hidden = self._forward_model(*inputs)
         else:
-            hidden = self.decode_graphs.run(step.graph_size, inputs, self._forward_model)
+            fixed = isinstance(step.meta.paged, FixedDecodeMetadata)
+            hidden = self.decode_graphs.run(
+                step.graph_size, self.model_kind, inputs, self._forward_model, fixed
+            )
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
             tensors = self.snapshots.capture(self.kv_cache, slot, boundary)
@@ -209,18 +245,16 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def sample(
-        self, step: PreparedStep, logits: torch.Tensor | None
-    ) -> tuple[list[list[int]], list[TokenLogprobs | None]]:
+    def sample(self, step: PreparedStep, logits: torch.Tensor | None) -> SampledChunks:
         """The new tokens (and logprobs of a lone sampled token) per completing chunk, in
         chunk order. A chunk with a draft verifies it: its tokens are the accepted draft
         tokens and one more (speculative/verify.py)."""
         if logits is None:
-            return [], []
+            return SampledChunks([], [], [])
         if self.logit_filter is not None:
             logits = self.logit_filter.apply(logits)
-        by_request: dict[int, tuple[list[int], TokenLogprobs | None]] = {
-            id(c.request): ([], None) for c in step.chunks if c.completes
+        by_request: dict[int, tuple[list[int], TokenLogprobs | None, list[float]]] = {
+            id(c.request): ([], None, []) for c in step.chunks if c.completes
         }
         # A request that ended while the step computed (asynchronous scheduling) samples
         # nothing: its grammar may be done, and nobody wants the token.
@@ -230,9 +264,16 @@ class ModelRunner:
             rows = logits[: len(step.sampling)]
             if len(live) < len(step.sampling):
                 rows = rows[torch.tensor(live, device=rows.device)]
-            tokens, logprobs = self.sampler(rows, requests)
-            for request, token, token_logprobs in zip(requests, tokens, logprobs, strict=True):
-                by_request[id(request)] = ([token], token_logprobs)
+            sampled = self.sampler.sample(rows, requests, self.sum_smaller_probs)
+            sums = sampled.sum_smaller_probs or [None] * len(requests)
+            for request, token, token_logprobs, token_sum in zip(
+                requests, sampled.token_ids, sampled.logprobs, sums, strict=True
+            ):
+                by_request[id(request)] = (
+                    [token],
+                    token_logprobs,
+                    [] if token_sum is None else [token_sum],
+                )
         offset = len(step.sampling)
         targets = None
         if any(takes_batched_argmax(c.request) for c in step.verifying):
@@ -246,13 +287,21 @@ class ModelRunner:
             if targets is not None:
                 start = offset - len(step.sampling)
                 own = targets[start : start + num_rows]
-            by_request[id(request)] = (verify(block, chunk.draft, request, probs, own), None)
+            tokens = verify(block, chunk.draft, request, probs, own)
+            sums = []
+            if self.sum_smaller_probs:
+                # Row i of the block is the distribution the i-th new token was chosen from.
+                rows = block[: len(tokens)]
+                sums = sum_smaller_probs(token_distribution(rows, [request] * len(tokens)), tokens)
+            by_request[id(request)] = (tokens, None, sums)
             offset += num_rows
         for request, first, count in step.prompt_rows:
             score_prompt(logits[offset : offset + count], request, first)
             offset += count
         results = [by_request[id(c.request)] for c in step.chunks if c.completes]
-        return [t for t, _ in results], [lp for _, lp in results]
+        return SampledChunks(
+            [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
+        )
 
     def _forward_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
@@ -260,11 +309,18 @@ class ModelRunner:
         return self.model(input_ids, positions, meta, self.kv_cache)
 
     def _prepare(
-        self, chunks: list[ScheduledChunk], num_decode_chunks: int
+        self, chunks: list[ScheduledChunk], num_decode_chunks: int, fixed: bool = False
     ) -> tuple[StepRows, StepMetadata]:
         """The rows and metadata of a step whose first `num_decode_chunks` chunks are
-        decode-shaped."""
+        decode-shaped; `fixed`: a decode-graph step of single-token decodes, whose metadata
+        is the fixed-size form (no sequence spans: the models it applies to read none)."""
         rows = StepRows(self.block_size, self.token_history)
+        if fixed:
+            for chunk in chunks:
+                rows.add(chunk)
+            width = self.decode_graphs.max_blocks_per_seq
+            paged = fixed_decode_metadata(chunks, self.block_size, width)
+            return rows, StepMetadata([], paged=paged)
         # The rest describes paged full attention (AttentionMetadata).
         paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
         for index, chunk in enumerate(chunks):

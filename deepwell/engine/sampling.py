@@ -1,8 +1,11 @@
-"""Sampler: grammar masks, penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
+"""Sampler: grammar masks, penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs
+and (DEEPWELL_COMPUTE_SUM_SMALLER_PROBS) each token's sum of smaller probabilities.
 
 Draws are counter-based (spec/deepinfer.md §1.6): a row's uniform comes from its request's
 seed and the sampled position alone, so a sample never depends on the rest of the batch.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,11 +19,30 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 
 
+@dataclass
+class SampledTokens:
+    """One token per row, with its logprobs where the row's request asked for them and,
+    where the sampler was asked, the sum of the probabilities <= its own (per row)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    sum_smaller_probs: list[float] | None = None
+
+
 class Sampler:
     def __call__(
         self, logits: torch.Tensor, requests: list[Request]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [rows, vocab] float32, one row per request → token ids and logprobs."""
+        sampled = self.sample(logits, requests)
+        return sampled.token_ids, sampled.logprobs
+
+    def sample(
+        self, logits: torch.Tensor, requests: list[Request], sum_smaller: bool = False
+    ) -> SampledTokens:
+        """As calling the sampler; `sum_smaller` also gives each token's sum of smaller
+        probabilities (DeepInfer's COMPUTE_SUM_SMALLER_PROBS) under the distribution it was
+        chosen from (`token_distribution`)."""
         wants_logprobs = any(r.params.logprobs for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         # Only constrained rows pay for a mask; logprobs stay those of the raw model.
@@ -56,7 +78,10 @@ class Sampler:
             else None
             for row, r in enumerate(requests)
         ]
-        return token_ids, logprobs
+        sums = None
+        if sum_smaller:
+            sums = sum_smaller_probs(token_distribution(logits, requests), token_ids)
+        return SampledTokens(token_ids, logprobs, sums)
 
     def draw(self, logits: torch.Tensor, requests: list[Request], uniforms: list[float]):
         """Tokens of the sampled rows: temperature, top-k / top-p / min-p, then each row's
@@ -197,6 +222,28 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
         floor = floor * probs.amax(-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs
+
+
+def token_distribution(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Per row, the probabilities its token is chosen from, summing to 1: a sampled
+    request's after temperature, top-k, top-p and min-p; a greedy one's (no temperature to
+    sharpen by) the softmax of its logits. `logits` already carry masks and penalties."""
+    probs = logits.softmax(dim=-1)
+    sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
+    if sampled_rows:
+        filtered = filtered_probs(logits[sampled_rows], [requests[i] for i in sampled_rows])
+        # min-p zeroes tokens without renormalising (inverse_cdf scales by the total).
+        probs[sampled_rows] = filtered / filtered.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sum_smaller_probs(probs: torch.Tensor, token_ids: list[int]) -> list[float]:
+    """Per row, the sum of the probabilities at most the chosen token's, itself included
+    (float64 sums of float32 probabilities)."""
+    probs = probs.double()
+    ids = torch.tensor(token_ids, dtype=torch.long, device=probs.device).unsqueeze(1)
+    chosen = probs.gather(1, ids)
+    return probs.masked_fill(probs > chosen, 0.0).sum(dim=-1).tolist()
 
 
 def token_logprobs(row: torch.Tensor, token_id: int, top: int) -> TokenLogprobs:

@@ -1,13 +1,19 @@
 """A scheduled step's rows as model inputs, gathered chunk by chunk (runner.py): token ids,
 positions, sequence spans and token history (`StepRows`), and what paged full attention
-needs of the same rows (`PagedRows` → `AttentionMetadata`).
+needs of the same rows (`PagedRows` → `AttentionMetadata`; for a decode-graph step,
+`fixed_decode_metadata` → `FixedDecodeMetadata`).
 """
 
 from dataclasses import dataclass, field
 
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
+from deepwell.engine.layers.attention import (
+    AttentionMetadata,
+    FixedDecodeMetadata,
+    PrefillSpan,
+    stack_decode_blocks,
+)
 from deepwell.engine.layers.batch_invariant import tile_queries
 from deepwell.engine.layers.step_metadata import ImagePiece, SequenceSpan, StepImages
 from deepwell.engine.request import Request
@@ -175,3 +181,29 @@ class PagedRows:
             query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
             decode_sequence_rows=self.decode_sequence_rows,
         )
+
+
+def fixed_decode_metadata(
+    chunks: list[ScheduledChunk], block_size: int, max_blocks: int
+) -> FixedDecodeMetadata:
+    """Paged attention's view of a step of single-token decodes (padding rows included) in
+    shapes set by the row count: block tables [rows, max_blocks], padded with block 0."""
+    tables, slots, lengths = [], [], []
+    for chunk in chunks:
+        blocks, position = chunk.request.block_ids, chunk.start
+        used = position // block_size + 1
+        if used > max_blocks:
+            raise ValueError(
+                f"request {chunk.request.request_id}: position {position} needs {used} blocks, "
+                f"past the decode graphs' {max_blocks} per sequence"
+            )
+        tables.append(blocks[:used] + [0] * (max_blocks - used))
+        slots.append(blocks[position // block_size] * block_size + position % block_size)
+        lengths.append(position + 1)
+    slot_tensor = torch.tensor(slots, dtype=torch.long)
+    return FixedDecodeMetadata(
+        slot_blocks=slot_tensor // block_size,
+        slot_offsets=slot_tensor % block_size,
+        block_tables=torch.tensor(tables, dtype=torch.long),
+        context_lens=torch.tensor(lengths, dtype=torch.long),
+    )

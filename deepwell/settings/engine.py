@@ -384,6 +384,29 @@ class EngineArgs:
         env="DEEPWELL_LOGGING_INTERVAL_STEP",
         env_parse=env.parse_int,
     )
+    compute_sum_smaller_probs: bool = setting(
+        False,
+        "every new token also carries the sum of the probabilities at most its own, under the "
+        "distribution it was chosen from (RequestOutput.new_sum_smaller_probs)",
+        env="DEEPWELL_COMPUTE_SUM_SMALLER_PROBS",
+        env_parse=env.parse_flag,
+    )
+    # Test overrides of DeepSeek-V4.1's MoE routing, for EPLB (layers/forced_routing.py).
+    force_load_balance: bool = setting(
+        False,
+        "testing: every MoE layer routes a step's rows to the experts in turn, each expert "
+        "an equal share, whatever the router scores",
+        env="DEEPWELL_FORCE_LOAD_BALANCE",
+        env_parse=env.parse_flag,
+    )
+    force_imbalance_ratio: float = setting(
+        0.0,
+        "testing: every MoE layer gives its last expert this many times the mean expert's "
+        "share of a step's rows, the others the rest evenly; 0 is off, else at least 1.0",
+        bound="non-negative",
+        env="DEEPWELL_FORCE_IMBALANCE_RATIO",
+        env_parse=env.parse_float,
+    )
     # DeepInfer's offline EngineArgs (spec/deepinfer.md §1.3) that mean something here; the
     # rest of its keywords are mapped by engine/deepinfer_args.py.
     load_format: str = setting(
@@ -456,7 +479,20 @@ class EngineArgs:
                     "compact bounded replay can skip a step's last layers, which expert-parallel "
                     "ranks must all run; use yoco_prefill_truncation_mode 'mask'"
                 )
+        self._check_forced_routing()
         self._check_context_parallel()
+
+    def _check_forced_routing(self) -> None:
+        if 0 < self.force_imbalance_ratio < 1:
+            raise ValueError(
+                "force_imbalance_ratio (DEEPWELL_FORCE_IMBALANCE_RATIO) is 0 (off) or at least "
+                f"1.0, got {self.force_imbalance_ratio}"
+            )
+        if self.force_imbalance_ratio and self.force_load_balance:
+            raise ValueError(
+                "DEEPWELL_FORCE_LOAD_BALANCE and DEEPWELL_FORCE_IMBALANCE_RATIO force opposite "
+                "routings; set one"
+            )
 
     def _check_context_parallel(self) -> None:
         if self.context_parallel_size < 1:

@@ -12,9 +12,7 @@ PREFIX = "DEEPINFER_"
 # same type, default and reading; else why deepwell has none.
 DEEPINFER_SWITCHES: dict[str, str | None] = {
     "DEEPINFER_ACCELERATOR": "one code path for every device; `--device` picks cpu or cuda",
-    "DEEPINFER_COMPUTE_SUM_SMALLER_PROBS": (
-        "not yet: a per-token output field the engine's RequestOutput does not carry"
-    ),
+    "DEEPINFER_COMPUTE_SUM_SMALLER_PROBS": None,
     "DEEPINFER_JIT_CACHE_DIR": (
         "no TileLang / DeepGEMM / DeepEP JIT; the C++ kernels cache under torch's "
         "TORCH_EXTENSIONS_DIR"
@@ -31,9 +29,12 @@ DEEPINFER_SWITCHES: dict[str, str | None] = {
     "DEEPINFER_REARRANGE_AFTER_PREFILL_IN_NORMAL_ENGINE": (
         "one engine kind: EPLB re-places at any step boundary of the lock step"
     ),
-    "DEEPINFER_MOE_LB_STAT_INTERVAL": "no moe_lb statistic yet (EPLB logs its own imbalance)",
-    "DEEPINFER_FORCE_IMBALANCE_RATIO": "not yet: a routing override for EPLB tests",
-    "DEEPINFER_FORCE_LOAD_BALANCE": "not yet: a routing override for EPLB tests",
+    "DEEPINFER_MOE_LB_STAT_INTERVAL": (
+        "no moe_lb column in the stats line: expert loads are counted only under EPLB, which "
+        "logs each re-placement's max/mean rank load before and after (parallel/eplb.py)"
+    ),
+    "DEEPINFER_FORCE_IMBALANCE_RATIO": None,
+    "DEEPINFER_FORCE_LOAD_BALANCE": None,
     "DEEPINFER_SHOW_EPLB_DETAIL": "EPLB logs every re-placement at INFO already",
     "DEEPINFER_PREFILL_MAX_SUM_SEQLEN_K": None,
     "DEEPINFER_INDEX_ATTN_MEMORY_LIMIT": (

@@ -1,6 +1,8 @@
 """Decode graphs: the capture sizes, padding, graph keys and static buffers, on the CPU through
 the eager replay (the path CUDA graphs take, without the capture): padded static-buffer decode
-gives the eager path's tokens on the embedded SmolLM2, the tiny Llama and a tiny V4.1."""
+gives the eager path's tokens on the embedded SmolLM2, the tiny Llama and a tiny V4.1; with
+fixed-size decode metadata (paged full attention) a step's key is its padded batch size and
+model alone, so every later step of that size replays."""
 
 import dataclasses
 import logging
@@ -13,6 +15,7 @@ from deepwell.engine.decode_graphs import (
     DecodeGraphs,
     EagerReplay,
     GraphKey,
+    GraphShapeError,
     capture_sizes,
     decode_graphs_for,
     padded_size,
@@ -59,26 +62,37 @@ def test_eager_replay_reuses_a_keys_static_buffers_with_the_new_steps_values():
         seen.append((ids.data_ptr(), ids.tolist(), meta["lens"].tolist()))
         return ids.float()
 
-    graphs = DecodeGraphs([4], replay)
-    graphs.run(4, (torch.arange(4), torch.arange(4), {"lens": torch.tensor([1])}), forward)
-    graphs.run(4, (torch.arange(4) + 10, torch.arange(4), {"lens": torch.tensor([9])}), forward)
+    graphs = DecodeGraphs([4], replay, max_blocks_per_seq=8)
+    graphs.run(
+        4, "m", (torch.arange(4), torch.arange(4), {"lens": torch.tensor([1])}), forward, True
+    )
+    step = (torch.arange(4) + 10, torch.arange(4), {"lens": torch.tensor([9])})
+    graphs.run(4, "m", step, forward, True)
     assert seen[0][0] == seen[1][0]
     assert seen[1][1:] == ([10, 11, 12, 13], [9])
-    assert [key.batch_size for key in replay.buffers] == [4]
+    assert list(replay.buffers) == [GraphKey(4, "m")] and replay.replays == 1
+
+
+def test_a_step_whose_shapes_differ_from_its_keys_buffers_is_refused():
+    graphs = DecodeGraphs([4], EagerReplay(), max_blocks_per_seq=8)
+    graphs.run(4, "m", (torch.arange(4), torch.arange(4), torch.zeros(4, 8)), lambda *a: a[0], True)
+    wider = (torch.arange(4), torch.arange(4), torch.zeros(4, 9))
+    with pytest.raises(GraphShapeError, match="m x 4"):
+        graphs.run(4, "m", wider, lambda *a: a[0], True)
 
 
 def test_eager_replay_keeps_at_most_its_limit_of_graphs():
     replay = EagerReplay(max_graphs=2)
     for n in (1, 2, 3):
-        replay.run(GraphKey(n, (n,)), (torch.zeros(n), torch.zeros(n), None), lambda *a: a[0])
+        replay.run(GraphKey(n, "m"), (torch.zeros(n), torch.zeros(n), None), lambda *a: a[0])
     assert [key.batch_size for key in replay.buffers] == [2, 3]
 
 
 def test_graphs_are_off_on_the_cpu_and_with_enforce_eager_and_say_so(caplog):
     with caplog.at_level(logging.INFO, logger="deepwell.engine.decode_graphs"):
-        assert decode_graphs_for(torch.device("cpu"), False, 64, False) is None
-        assert decode_graphs_for(torch.device("cuda"), True, 64, False) is None
-        assert decode_graphs_for(torch.device("cuda"), False, 64, True) is None
+        assert decode_graphs_for(torch.device("cpu"), False, 64, False, 8) is None
+        assert decode_graphs_for(torch.device("cuda"), True, 64, False, 8) is None
+        assert decode_graphs_for(torch.device("cuda"), False, 64, True, 8) is None
     assert ["cpu" in caplog.messages[0], "--enforce-eager" in caplog.messages[1]] == [True, True]
     assert "expert-parallel" in caplog.messages[2]
 
@@ -89,40 +103,73 @@ def test_enforce_eager_is_a_setting_with_deepinfers_environment_switch():
     assert environment.read("DEEPWELL_ENFORCE_EAGER", {"DEEPWELL_ENFORCE_EAGER": "0"}) is False
 
 
-def _requests(core: EngineCore, num_requests: int, run: str) -> None:
-    for index in range(num_requests):
+def _requests(core: EngineCore, lengths: list[int], run: str) -> None:
+    for index, max_tokens in enumerate(lengths):
         prompt = [(7 * index + 3 * k) % 90 + 5 for k in range(3 + 2 * index)]
         # Different lengths: the batch shrinks through several capture sizes.
-        params = SamplingParams(max_tokens=4 + 2 * index, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         core.add_request(f"{run}{index}", prompt, params)
 
 
-def _eager_and_graphed(core: EngineCore, num_requests: int = 5) -> tuple[list, list, set[int]]:
+@dataclasses.dataclass
+class GraphedRun:
+    eager: list
+    graphed: list
+    keys: list[GraphKey]
+    replays: int
+
+
+def _eager_and_graphed(core: EngineCore, num_requests: int = 5, longest: int = 0) -> GraphedRun:
     """The same requests run eagerly, then padded through the eager replay, on one engine
-    (no prefix cache: the second run computes what the first did)."""
-    _requests(core, num_requests, "eager")
+    (no prefix cache: the second run computes what the first did). Outputs of 4, 6, 8, ...
+    tokens, or with `longest` 4 apart up to it."""
+    lengths = [
+        longest - 4 * (num_requests - 1 - index) if longest else 4 + 2 * index
+        for index in range(num_requests)
+    ]
+    _requests(core, lengths, "eager")
     eager = run_to_completion(core)
     replay = EagerReplay(max_graphs=1000)
-    core.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay)
-    _requests(core, num_requests, "graphed")
+    core.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay, max_blocks_per_seq=16)
+    _requests(core, lengths, "graphed")
     graphed = run_to_completion(core)
-    return list(eager.values()), list(graphed.values()), {k.batch_size for k in replay.buffers}
+    return GraphedRun(
+        list(eager.values()), list(graphed.values()), list(replay.buffers), replay.replays
+    )
 
 
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_tiny_llama(make_core):
     core = make_core(num_speculative_tokens=0, enable_prefix_caching=False)
-    eager, graphed, sizes = _eager_and_graphed(core)
-    assert graphed == eager
+    run = _eager_and_graphed(core)
+    assert run.graphed == run.eager
     # 5 decodes pad to 8, then the batch shrinks through 4, 2 and 1 as requests finish.
+    assert {key.batch_size for key in run.keys} == {8, 4, 2, 1}
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", pytest.param("embedded", marks=pytest.mark.slow)])
+def test_32_decode_steps_replay_one_graph_per_capture_size(model, tiny_llama):
+    """Fixed-size decode metadata: over 32 decode steps (outputs of 12 to 32 tokens) whose
+    contexts grow across block boundaries and whose batch shrinks, the keys are the capture sizes used and nothing
+    more, every later step of a size replays its buffers, and the tokens are eager's."""
+    args = dict(dtype="float32", max_model_len=256, block_size=16, memory_gib=1.0)
+    args |= dict(num_speculative_tokens=0, enable_prefix_caching=False)
+    if model == "tiny_llama":
+        args["model"] = str(tiny_llama)
+    run = _eager_and_graphed(EngineCore(EngineArgs(**args)), num_requests=6, longest=32)
+    assert run.graphed == run.eager
+    sizes = {key.batch_size for key in run.keys}
     assert sizes == {8, 4, 2, 1}
+    assert len(run.keys) == len(sizes) and all(key.inputs == () for key in run.keys)
+    # 32 decode steps (the longest request's), one first run per key, the rest replays.
+    assert run.replays == 32 - 1 - len(sizes)
 
 
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_embedded_smollm2():
     args = dict(batch_invariant=True, memory_gib=1.0, max_model_len=128, block_size=16)
     args |= dict(num_speculative_tokens=0, enable_prefix_caching=False)
-    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)), 3)
-    assert graphed == eager
-    assert 4 in sizes
+    run = _eager_and_graphed(EngineCore(EngineArgs(**args)), 3)
+    assert run.graphed == run.eager
+    assert 4 in {key.batch_size for key in run.keys}
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +180,6 @@ def v41_checkpoint(tmp_path_factory):
 def test_padded_static_buffer_decode_gives_the_eager_tokens_on_a_tiny_v41(v41_checkpoint):
     args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=256, block_size=16)
     args |= dict(num_speculative_tokens=0, memory_gib=0.5, enable_prefix_caching=False)
-    eager, graphed, sizes = _eager_and_graphed(EngineCore(EngineArgs(**args)))
-    assert graphed == eager
-    assert 8 in sizes
+    run = _eager_and_graphed(EngineCore(EngineArgs(**args)))
+    assert run.graphed == run.eager
+    assert 8 in {key.batch_size for key in run.keys}

@@ -1,5 +1,6 @@
 """A script written against DeepInfer 0.1.0's documented offline API (spec/deepinfer.md §1.3,
-§1.5) runs on deepwell after changing only its import, and its seeded outputs repeat.
+§1.5) runs on deepwell after changing only its import, and its seeded outputs repeat: in
+batch-invariant mode, and in the default configuration from one run of the script to the next.
 
 The script below is DeepInfer's API only: its constructor arguments, `generate` with strings
 and with token ids, every SamplingParams field (seq_seed, so_args json/regex/ebnf,
@@ -8,8 +9,10 @@ temperature below 1e-5, max_tokens=0), decode_sequence both ways, and close().
 """
 
 import json
+import os
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from deepwell.engine.models.loader import embedded_model_path
 DEEPINFER_IMPORT = "from deepinfer import LLM, SamplingParams"
 DEEPWELL_IMPORT = "from deepwell.engine import LLM, SamplingParams"
 GOLDEN = [40, 41, 42]
+REPO = Path(__file__).resolve().parents[2]
 
 DEEPINFER_SCRIPT = f"""
 import json
@@ -116,8 +120,8 @@ print(json.dumps(results))
 """
 
 
-def run_script(tmp_path: Path, model: str, eos_id: int, capsys, monkeypatch) -> dict:
-    """DeepInfer's script with its import changed, and nothing else, run as __main__."""
+def write_script(tmp_path: Path) -> Path:
+    """DeepInfer's script with its import changed, and nothing else."""
     script = DEEPINFER_SCRIPT.replace(DEEPINFER_IMPORT, DEEPWELL_IMPORT)
     assert script.count("\n") == DEEPINFER_SCRIPT.count("\n")
     changed = [
@@ -126,6 +130,12 @@ def run_script(tmp_path: Path, model: str, eos_id: int, capsys, monkeypatch) -> 
     assert changed == [DEEPWELL_IMPORT]
     path = tmp_path / "offline_inference.py"
     path.write_text(script)
+    return path
+
+
+def run_script(tmp_path: Path, model: str, eos_id: int, capsys, monkeypatch) -> dict:
+    """The changed script, run as __main__ in this process, batch-invariant."""
+    path = write_script(tmp_path)
     # DeepInfer's recipe for repeatable seeded samples (spec/deepinfer.md §1.1): batch-invariant
     # kernels and verify lengths that do not follow the load; deepwell's batch-invariant mode
     # gives both (DSpark's verify lengths otherwise follow measured step times).
@@ -153,6 +163,36 @@ def check_results(results: dict, vocab_size: int) -> None:
     assert len(one["token_id"]) == 1  # max_tokens=0 is 1
 
 
+def run_script_process(path: Path, model: str, eos_id: int) -> dict:
+    """The changed script run as a program of its own, in the default configuration: no
+    DEEPWELL_* switch set, so neither batch-invariant mode nor anything else this process
+    may have turned on."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEEPWELL_")}
+    # One torch thread, as this suite runs (conftest.py): two spinning threads on the shared
+    # test machine's two cores ran the pair of runs 20x slower. Threads are the machine's,
+    # not the engine configuration under test.
+    environ["OMP_NUM_THREADS"] = "1"
+    # The deepwell under test, wherever pytest runs from.
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(path), model, str(eos_id)],
+        env=environ,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def check_default_configuration_repeats(tmp_path: Path, model: str, eos_id: int) -> dict:
+    """Two runs of the script, each its own process (fresh engine, threads, caches and
+    hash seeds): every seeded output, string or token, the same."""
+    path = write_script(tmp_path)
+    first = run_script_process(path, model, eos_id)
+    assert run_script_process(path, model, eos_id) == first
+    return first
+
+
 @pytest.fixture(scope="module")
 def tiny_v41(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=3, draw_stored=True)
@@ -171,4 +211,22 @@ def test_the_deepinfer_script_runs_on_a_tiny_v41_checkpoint(
 @pytest.mark.slow
 def test_the_deepinfer_script_runs_on_the_embedded_model(tmp_path, capsys, monkeypatch):
     results = run_script(tmp_path, str(embedded_model_path()), 2, capsys, monkeypatch)
+    check_results(results, 49152)
+
+
+def test_the_deepinfer_script_repeats_in_the_default_configuration_on_a_tiny_v41(
+    tiny_v41, tmp_path
+):
+    config = json.loads((tiny_v41.path / "config.json").read_text())
+    results = check_default_configuration_repeats(
+        tmp_path, str(tiny_v41.path), config["eos_token_id"]
+    )
+    check_results(results, config["text_config"]["vocab_size"])
+
+
+@pytest.mark.slow
+def test_the_deepinfer_script_repeats_in_the_default_configuration_on_the_embedded_model(
+    tmp_path,
+):
+    results = check_default_configuration_repeats(tmp_path, str(embedded_model_path()), 2)
     check_results(results, 49152)

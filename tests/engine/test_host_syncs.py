@@ -6,6 +6,7 @@ expanded experts' per-expert loop is the known exception, and the counter sees i
 import pytest
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.decode_graphs import DecodeGraphs, EagerReplay, capture_sizes
 from deepwell.engine.models.deepseek_v41.moe import MoE
 from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 
@@ -50,6 +51,15 @@ def test_a_v41_decode_forward_reads_nothing_on_the_host(v41_checkpoint):
 def test_a_llama_decode_forward_reads_nothing_on_the_host(make_core):
     core = make_core(attention_backend="torch", num_speculative_tokens=0, async_scheduling=False)
     assert dict(decode_reads(core).reads) == {}
+
+
+def test_a_llama_decode_graph_step_reads_nothing_on_the_host(make_core):
+    """The fixed-size decode metadata of a graph step (what a CUDA graph would replay)."""
+    core = make_core(num_speculative_tokens=0, async_scheduling=False)
+    core.runner.decode_graphs = DecodeGraphs(capture_sizes(4), EagerReplay(), 16)
+    reads = decode_reads(core)
+    assert core.runner.decode_graphs.replay.replays > 0
+    assert dict(reads.reads) == {}
 
 
 def test_the_expanded_experts_loop_is_seen_reading_its_counts(v41_checkpoint):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from deepwell.engine import SamplingParams
+from deepwell.engine import LLM, SamplingParams
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler, first_argmax
@@ -227,3 +227,111 @@ def test_min_tokens_outlasts_eos_and_bias_outside_the_vocabulary_is_refused(make
     assert len(held) == 7 and held[-1] == eos and eos not in held[:-1]
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
         core.add_request("bad", [5, 6], SamplingParams(logit_bias={10**9: 1.0}))
+
+
+def direct_sum_smaller(probs: list[float], token: int) -> float:
+    """DeepInfer's COMPUTE_SUM_SMALLER_PROBS, computed plainly: the mass of every token no
+    more likely than the chosen one."""
+    return math.fsum(p for p in probs if p <= probs[token])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0),
+        dict(temperature=1.0, seed=3),
+        dict(temperature=0.7, top_k=5, seed=4),
+        dict(temperature=1.3, top_p=0.8, seed=5),
+        dict(temperature=1.0, min_p=0.2, seed=6),
+    ],
+)
+def test_sum_smaller_probs_matches_a_direct_computation_on_recorded_logits(params):
+    recorded = torch.randn(3, 40, generator=torch.Generator().manual_seed(7)) * 3
+    requests = [request(**params) for _ in range(3)]
+    sampled = Sampler().sample(recorded.clone(), requests, sum_smaller=True)
+    assert sampled.token_ids == Sampler()(recorded.clone(), requests)[0]
+    sums = sampled.sum_smaller_probs
+    for row, token, total in zip(recorded, sampled.token_ids, sums, strict=True):
+        # The distribution the token was chosen from, by hand: temperature (1 for greedy),
+        # then top-k, top-p over the sorted tokens, min-p, renormalised.
+        scaled = (row.double() / (params["temperature"] or 1.0)).tolist()
+        order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+        keep = set(order[: params.get("top_k") or len(order)])
+        peak = max(scaled)
+        weights = {i: math.exp(scaled[i] - peak) for i in keep}
+        if "top_p" in params:
+            norm, mass, kept = sum(weights.values()), 0.0, set()
+            for i in order:
+                if i in keep and mass < params["top_p"]:
+                    kept.add(i)
+                    mass += weights[i] / norm
+            keep = kept
+        probs = [weights[i] if i in keep else 0.0 for i in range(len(scaled))]
+        if "min_p" in params:
+            probs = [p if p >= params["min_p"] * max(probs) else 0.0 for p in probs]
+        probs = [p / sum(probs) for p in probs]
+        assert probs[token] > 0
+        assert total == pytest.approx(direct_sum_smaller(probs, token), abs=1e-6)
+
+
+def test_sum_smaller_probs_is_off_unless_asked():
+    assert (
+        Sampler().sample(logits([0, 1, 5, 2]), [request(temperature=0)]).sum_smaller_probs is None
+    )
+
+
+@pytest.mark.parametrize("speculative", [0, 3])
+def test_every_new_token_carries_its_sum_of_smaller_probs_with_the_switch(
+    make_core, monkeypatch, speculative
+):
+    """End to end: with DEEPWELL_COMPUTE_SUM_SMALLER_PROBS each token gets a sum. Without
+    drafts every token is drawn at temperature 1 from the raw distribution, whose full
+    logprobs the request records, so the sum is computed again from them; with n-gram
+    drafts (greedy, so that they get accepted) each verified token gets its own."""
+    monkeypatch.setenv("DEEPWELL_COMPUTE_SUM_SMALLER_PROBS", "1")
+    core = make_core(num_speculative_tokens=speculative, speculative_method="ngram")
+    # A repeating prompt: n-gram drafts are proposed and verified.
+    prompt = [5, 6, 7, 8] * 4
+    if speculative:
+        params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    else:
+        params = SamplingParams(
+            max_tokens=12, temperature=1.0, seed=11, logprobs=True, top_logprobs=320
+        )
+    core.add_request("r", prompt, params)
+    tokens, logprobs, sums, per_step = [], [], [], []
+    while core.has_unfinished():
+        for output in core.step():
+            tokens += output.new_token_ids
+            logprobs += output.new_logprobs
+            sums += output.new_sum_smaller_probs
+            per_step.append(len(output.new_token_ids))
+    assert len(sums) == len(tokens) == params.max_tokens
+    assert all(0 < s <= 1 + 1e-6 for s in sums)
+    if speculative:
+        assert max(per_step) > 1  # an accepted draft
+    else:
+        for step, total in zip(logprobs, sums, strict=True):
+            probs = [0.0] * 320
+            for token, logprob in step.top:
+                probs[token] = math.exp(logprob)
+            assert total == pytest.approx(direct_sum_smaller(probs, step.token_id), abs=1e-5)
+    core.close()
+    monkeypatch.delenv("DEEPWELL_COMPUTE_SUM_SMALLER_PROBS")
+    core = make_core(num_speculative_tokens=speculative, speculative_method="ngram")
+    core.add_request("r", prompt, params)
+    while core.has_unfinished():
+        assert all(not o.new_sum_smaller_probs for o in core.step())
+    core.close()
+
+
+def test_the_offline_api_carries_the_sums_on_its_completions(tiny_llama, monkeypatch):
+    monkeypatch.setenv("DEEPWELL_COMPUTE_SUM_SMALLER_PROBS", "1")
+    with LLM(str(tiny_llama), dtype="float32", memory_gib=0.25, decode_sequence=False) as llm:
+        (completion,) = llm.generate(
+            prompt_token_ids=[[5, 6, 7]],
+            sampling_params=SamplingParams(max_tokens=6, seq_seed=1, ignore_eos=True),
+            use_tqdm=False,
+        )
+    assert len(completion.sum_smaller_probs) == len(completion.token_ids) == 6
+    assert all(0 < s <= 1 + 1e-6 for s in completion.sum_smaller_probs)

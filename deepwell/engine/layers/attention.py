@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -107,6 +108,22 @@ class AttentionMetadata:
         return torch.cat((counts.new_zeros(1), counts.cumsum(0)))
 
 
+@dataclass
+class FixedDecodeMetadata:
+    """A step of single-token decodes in shapes set by its row count alone (decode graphs,
+    engine/decode_graphs.py): every per-row value is a tensor and nothing the forward reads
+    is a host value, so one captured graph serves every such step of that many rows."""
+
+    # [rows]: the block and offset of the cache slot each row's key and value go to.
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    # [rows, max_blocks_per_seq]: each row's blocks, padded past its context with block 0
+    # (any block: the keys there are masked out).
+    block_tables: torch.Tensor
+    # [rows]: keys each row attends, its position + 1.
+    context_lens: torch.Tensor
+
+
 def stack_decode_blocks(block_ids: list[int]) -> tuple[torch.Tensor, int, int]:
     """AttentionMetadata's decode_block_ranks, decode_stack_depth and decode_block_span."""
     seen: dict[int, int] = {}
@@ -142,3 +159,30 @@ class AttentionBackend(ABC):
         q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim];
         caches: [num_blocks, kv_heads, block_size, head_dim]. Returns q's shape.
         """
+
+    def decode_fixed(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: FixedDecodeMetadata,
+    ) -> torch.Tensor:
+        """`forward` for a decode-graph step: store, then attend every row over its padded
+        block table with the keys past its context masked, in shapes fixed by the row count
+        (the work grows with max_blocks_per_seq, not the contexts: the price of a graph).
+        Shared by every backend; a device's backend may override it with its own kernel."""
+        key_cache[meta.slot_blocks, :, meta.slot_offsets] = k
+        value_cache[meta.slot_blocks, :, meta.slot_offsets] = v
+        rows, max_blocks = meta.block_tables.shape
+        block_size = key_cache.shape[2]
+        # [rows, max_blocks, kv_heads, block_size, dim] → [rows, kv_heads, keys, dim]
+        keys = key_cache[meta.block_tables].transpose(1, 2).flatten(2, 3)
+        values = value_cache[meta.block_tables].transpose(1, 2).flatten(2, 3)
+        positions = torch.arange(max_blocks * block_size, device=q.device)
+        visible = positions.unsqueeze(0) < meta.context_lens.unsqueeze(1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=visible[:, None, None, :], enable_gqa=True
+        )
+        return out.view(rows, self.num_heads, self.head_dim)

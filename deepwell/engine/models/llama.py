@@ -18,7 +18,7 @@ from torch import nn
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout, PagedSpec
-from deepwell.engine.layers.attention import AttentionBackend
+from deepwell.engine.layers.attention import AttentionBackend, FixedDecodeMetadata
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
@@ -102,7 +102,10 @@ class LlamaAttention(nn.Module):
         qk = apply_rotary(qk, *rope)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, *kv_cache, meta)
+        if isinstance(meta, FixedDecodeMetadata):
+            out = self.backend.decode_fixed(q, k, v, *kv_cache, meta)
+        else:
+            out = self.backend.forward(q, k, v, *kv_cache, meta)
         return self.o_proj.forward(out.flatten(1))
 
 

@@ -44,8 +44,9 @@ class NativeDecode:
     def takes(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
         paged = meta.paged
         rows = input_ids.shape[0]
+        # A decode-graph step (FixedDecodeMetadata) runs the layers: its shapes are the graph's.
         return (
-            paged is not None
+            isinstance(paged, AttentionMetadata)
             and not paged.prefills
             and paged.num_decodes == rows
             and 0 < rows <= self.max_rows

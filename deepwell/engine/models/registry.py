@@ -15,6 +15,7 @@ import torch
 
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.attention import AttentionBackend
+from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.models.architectures import Architecture, architecture_named
 from deepwell.engine.models.contract import CausalLM
@@ -50,6 +51,9 @@ class ModelOptions:
     experts: ExpertSharding | None = None
     # The kernel set ("auto" or "triton", settings/engine.py KERNEL_SETS).
     kernels: str = "auto"
+    # DeepSeek-V4.1: a test override of its MoE routing (DEEPWELL_FORCE_LOAD_BALANCE,
+    # DEEPWELL_FORCE_IMBALANCE_RATIO); None routes by the router's scores.
+    forced_routing: ForcedRouting | None = None
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,22 @@ def test_expert_parallel_on_a_model_without_experts_is_refused(tiny_llama, batch
 def test_expert_parallel_needs_more_than_one_rank():
     with pytest.raises(ValueError, match="data_parallel_size > 1"):
         ParallelConfig(expert_parallel=True)
+
+
+def test_eplb_re_places_experts_under_a_forced_imbalance_and_not_under_forced_balance(
+    checkpoint, batch, monkeypatch
+):
+    """DeepInfer's EPLB test switches (spec/deepinfer.md §1.4): one expert four times as hot
+    as the mean loads the rank holding it, and EPLB replicates and moves experts to even the
+    ranks; with every expert forced equally hot there is nothing to gain and nothing moves."""
+    eplb = dict(data_parallel_size=2, enable_eplb=True, eplb_window_steps=2)
+    monkeypatch.setenv("DEEPWELL_FORCE_IMBALANCE_RATIO", "4")
+    rebalances = run_ranks(checkpoint, batch, eplb_redundant_experts=2, **eplb).stats[0].rebalances
+    assert sum(r.moved_experts for r in rebalances) > 0
+    first = rebalances[0]
+    assert first.imbalance_before > 1.2 and first.imbalance_after < first.imbalance_before
+    monkeypatch.delenv("DEEPWELL_FORCE_IMBALANCE_RATIO")
+    monkeypatch.setenv("DEEPWELL_FORCE_LOAD_BALANCE", "1")
+    rebalances = run_ranks(checkpoint, batch, eplb_redundant_experts=0, **eplb).stats[0].rebalances
+    assert rebalances and sum(r.moved_experts for r in rebalances) == 0
+    assert all(r.imbalance_before < 1.1 for r in rebalances)

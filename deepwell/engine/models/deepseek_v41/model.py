@@ -53,6 +53,7 @@ from deepwell.engine.models.deepseek_v41.kernel_set import (
     use_triton_kernels,
 )
 from deepwell.engine.models.deepseek_v41.mhc import collapse
+from deepwell.engine.models.deepseek_v41.moe import MoE
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 from deepwell.engine.models.deepseek_v41.schema import (
     TensorSpec,
@@ -186,6 +187,9 @@ class DeepseekV41ForCausalLM(nn.Module):
         model.tensor_schema = tensor_schema(text_config)
         model.expand_weights = options.expand_weights
         model.kernels = options.kernels
+        for module in model.modules():
+            if isinstance(module, MoE):
+                module.forced_routing = options.forced_routing
         return model
 
     def kv_layout(self) -> KVLayout:

@@ -7,6 +7,7 @@ from torch import nn
 
 from deepwell.engine.layers.batch_invariant import tiled_rows
 from deepwell.engine.layers.blockscaled import MxFp4Experts, mxfp4_experts
+from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.parallel.expert import ExpertParallel
 
 # A packed bank's tensors, in MxFp4Experts' field order.
@@ -76,6 +77,8 @@ class MoE(nn.Module):
         # an idle expert-parallel rank joins the exchange with zero rows of it.
         self.input_dtype = torch.float32
         self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
+        # A test override of the experts the router picks (DEEPWELL_FORCE_*), set by the model.
+        self.forced_routing: ForcedRouting | None = None
 
     def forward(
         self,
@@ -91,7 +94,12 @@ class MoE(nn.Module):
         bias = self.gate_bias
         if image_rows is not None:
             bias = torch.where(image_rows.unsqueeze(1), self.gate_bias_vl, self.gate_bias)
-        chosen = (scores + bias).topk(self.top_k, dim=-1).indices
+        if self.forced_routing is None:
+            chosen = (scores + bias).topk(self.top_k, dim=-1).indices
+        else:
+            chosen = self.forced_routing.choose(
+                x.shape[0], self.num_experts, self.top_k, scores.device
+            )
         weights = scores.gather(1, chosen)
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
