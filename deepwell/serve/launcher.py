@@ -141,9 +141,9 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         outbox = f"ipc://{sockets}/outputs"
         configs = [
             worker_config(
-                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid()
+                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid(), role
             )
-            for worker_id in range(len(roles))
+            for worker_id, role in enumerate(roles)
         ]
         cluster = assemble_cluster(
             configs[0].outbox_address,
@@ -185,6 +185,7 @@ def worker_config(
     inbox_address: str,
     outbox_address: str,
     parent_pid: int,
+    role: str = "mixed",
 ) -> WorkerConfig:
     """A worker's configuration from `deepwell serve`'s options (`deepwell worker` shares them)."""
     parallel = ParallelConfig(**given(args, ParallelConfig))
@@ -197,6 +198,7 @@ def worker_config(
         inbox_address=inbox_address,
         outbox_address=outbox_address,
         engine=engine_args_from(args, model=model_path(args), parallel=parallel),
+        role=role,
     )
 
 

@@ -20,6 +20,7 @@ import zmq
 
 from deepwell.engine import EngineCore, RequestOutput
 from deepwell.engine.stats import EngineStats
+from deepwell.serve.encoder_worker import ImageEncoderWorker, serve_encoder
 from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
@@ -114,6 +115,7 @@ class EngineCoreAdapter:
         self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:
+        self._core.provide_image_embeddings(request.image_embeddings)
         self._core.add_request(
             request.request_id,
             request.prompt_token_ids,
@@ -202,12 +204,15 @@ def main(config: WorkerConfig) -> None:
         daemon=True,
     )
     try:
-        engine = EngineCoreAdapter(config)
+        if config.role == "encoder":
+            engine, loop = ImageEncoderWorker(config), serve_encoder
+        else:
+            engine, loop = EngineCoreAdapter(config), serve_engine
         heartbeats.start()
         try:
             address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
             parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
-            stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
+            stop = loop(engine, config.worker_id, inbox, outbox, parent, address)
         finally:
             engine.close()
         if stop is not None and stop.refusal:

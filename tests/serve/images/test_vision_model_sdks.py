@@ -24,7 +24,6 @@ from PIL import Image
 from servers import V41_ARGS, start_server, write_v41_checkpoint
 
 from deepwell.engine import LLM, SamplingParams
-from deepwell.engine.models.deepseek_v41.writer import TINY_VISION_CONFIG
 from deepwell.engine.multimodal import ImageInput, image_span_length
 from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.images.pixels import PixelLimits, prepare_image
@@ -33,9 +32,7 @@ from deepwell.serve.images.pixels import PixelLimits, prepare_image
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 8
-# The tiny tower with a smaller image budget: a 40x30 image becomes 4x6 = 24 image tokens
-# (the released minimum of 295936 pixels would make ~1000), so a request takes a moment.
-VISION_CONFIG = dict(TINY_VISION_CONFIG, max_image_tokens=64, min_pixels=48 * 48)
+
 QUESTION = "What is this?"
 
 
@@ -53,7 +50,7 @@ OTHER_IMAGE = picture(40, 30, seed=2)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return write_v41_checkpoint(tmp_path_factory.mktemp("v41-vision"), VISION_CONFIG)
+    return write_v41_checkpoint(tmp_path_factory.mktemp("v41-vision"), vision=True)
 
 
 @pytest.fixture(scope="module")
