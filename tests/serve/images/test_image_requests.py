@@ -278,3 +278,11 @@ def test_bad_image_is_refused_in_the_responses_shape(openai_client):
     assert "--max-image-pixels" in refused.value.body["message"]
     assert refused.value.body["param"], refused.value.body
     assert describe(data_url(png())).output_text == "Hello world!"
+
+
+def test_tokenize_refuses_an_image_the_model_cannot_see(model_server):
+    part = {"type": "image_url", "image_url": {"url": data_url(png())}}
+    body = {"messages": [{"role": "user", "content": [part]}]}
+    refused = httpx.post(f"{model_server.base_url}/tokenize", json=body, timeout=60)
+    assert refused.status_code == 400
+    assert "does not take images" in refused.json()["error"]["message"]

@@ -17,6 +17,7 @@ import io
 import json
 
 import anthropic
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -192,3 +193,22 @@ def test_messages_image_block_answers_as_chat_does(vision_server):
     )
     assert "".join(block.text for block in message.content) == expected
     assert message.usage.output_tokens == MAX_TOKENS
+
+
+def test_tokenize_expands_the_image_as_the_chat_request_does(vision_server):
+    reply = chat_with_ids(vision_server, IMAGE)
+    body = {
+        "model": vision_server.model,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": QUESTION},
+                    {"type": "image_url", "image_url": {"url": data_url(IMAGE)}},
+                ],
+            }
+        ],
+        "thinking": {"type": "disabled"},
+    }
+    tokenized = httpx.post(f"{vision_server.base_url}/tokenize", json=body, timeout=60).json()
+    assert tokenized["tokens"] == reply.model_extra["prompt_token_ids"]
