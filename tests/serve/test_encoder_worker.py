@@ -16,6 +16,7 @@ from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import RequestRejected
 from deepwell.serve.cluster.worker_pool import WorkerRole
 from deepwell.serve.encoder_worker import serve_encoder
+from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.messages import GenerateRequest, ImagesEncoded, ModelInfo
 from deepwell.serve.worker import serve_engine
 
@@ -67,7 +68,8 @@ class RecordingEngine:
         return EngineStats(len(self.pending), 0, 0, 8)
 
     def model_info(self):
-        return ModelInfo("recording", "none", 4096, "{}", None, [0])
+        vision = VisionSpec(IMAGE_TOKEN, patch_size=2, downsample_ratio=1)
+        return ModelInfo("recording", "none", 4096, "{}", None, [0], vision=vision)
 
 
 @pytest.fixture
@@ -100,11 +102,12 @@ def image_request(request_id: str, content_hash: str) -> GenerateRequest:
     return GenerateRequest(request_id, prompt, SamplingParams(max_tokens=1), images=(image,))
 
 
-def run(workers, *requests):
+def run(workers, *requests, views=None):
     engine, encoder, outbox, inboxes = workers
 
     async def main():
-        cluster = assemble_cluster(outbox, inboxes, roles=[WorkerRole.MIXED, WorkerRole.ENCODER])
+        roles = [WorkerRole.MIXED, WorkerRole.ENCODER]
+        cluster = assemble_cluster(outbox, inboxes, roles=roles, block_size=2)
         model = await cluster.pool.start(timeout=10)
         results = []
         for request in requests:
@@ -112,6 +115,8 @@ def run(workers, *requests):
                 results.append([o.new_token_ids async for o in cluster.router.generate(request)])
             except RequestRejected as error:
                 results.append(str(error))
+        if views is not None:
+            views.extend(cluster.router.views())
         await cluster.pool.close()
         return model, results
 
@@ -137,3 +142,13 @@ def test_an_image_the_encoder_cannot_encode_fails_its_request_alone(workers):
     _, results = run(workers, image_request("b", "bad"), image_request("g", "good"))
     assert results == ["image encoder: bad pixels", [[100]]]
     assert [r.request_id for r in engine.received] == ["g"]
+
+
+def test_the_routers_prefix_keys_tell_prompts_apart_by_their_image(workers):
+    # Three 2-token blocks, each reaching into the image's span: a hit only for the same image.
+    views = []
+    requests = (image_request("1", "cat"), image_request("2", "dog"), image_request("3", "cat"))
+    run(workers, *requests, views=views)
+    engine_worker = next(view for view in views if view.worker_id == 0)
+    assert engine_worker.routed_requests == 3
+    assert engine_worker.routed_hit_tokens == 6
