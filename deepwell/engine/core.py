@@ -19,10 +19,11 @@ from deepwell.engine.args import EngineArgs
 from deepwell.engine.build import BuiltEngine, build_engine, check_expert_parallel
 from deepwell.engine.decode_graphs import decode_graphs_for
 from deepwell.engine.device import resolve_device
-from deepwell.engine.encoder_cache import EncoderCache
+from deepwell.engine.encoder_cache import EncoderCache, from_image_embedding
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.intake import RequestIntake
 from deepwell.engine.logit_filter import LogitFilter
-from deepwell.engine.multimodal import ImageInput
+from deepwell.engine.multimodal import ImageEmbedding, ImageInput
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.parallel.context import launch_context_parallel
 from deepwell.engine.parallel.eplb import EplbState
@@ -158,6 +159,17 @@ class EngineCore:
         `images` fill their spans of the prompt (multimodal.py), on a model with a vision
         tower."""
         self.intake.add(request_id, prompt_token_ids, params, cache_class, images)
+
+    def provide_image_embeddings(self, embeddings: Sequence[ImageEmbedding]) -> None:
+        """Embeddings an encoder worker computed, held in the encoder cache by content hash,
+        so the requests whose images they are read them instead of running the tower."""
+        cache = self.runner.encoder_cache
+        if embeddings and cache is None:
+            raise InvalidRequestError(
+                "image embeddings were sent to an engine without a vision tower", "images"
+            )
+        for embedding in embeddings:
+            cache.put(embedding.content_hash, from_image_embedding(embedding, self.runner.device))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is not in flight."""

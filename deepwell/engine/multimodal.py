@@ -51,6 +51,20 @@ class ImageInput:
         return image_span_length(self.grid, downsample_ratio)
 
 
+@dataclass(frozen=True, eq=False)
+class ImageEmbedding:
+    """One image's span embeddings computed elsewhere (an encoder worker), for the engine's
+    encoder cache under the image's `content_hash`.
+
+    `values`: [span, hidden] as the encoder computed them, in torch's `dtype` (its name,
+    e.g. "bfloat16"); bfloat16, which numpy lacks, is carried as its uint16 bit patterns.
+    """
+
+    content_hash: str
+    dtype: str
+    values: np.ndarray
+
+
 def merged_grid(grid: tuple[int, int], downsample_ratio: int) -> tuple[int, int]:
     """(rows, cols) of text-width embeddings after the aligner merges ratio² patches (the
     grid padded up to whole cells)."""

@@ -156,9 +156,9 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         outbox = f"ipc://{sockets}/outputs"
         configs = [
             worker_config(
-                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid()
+                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid(), role
             )
-            for worker_id in range(len(roles))
+            for worker_id, role in enumerate(roles)
         ]
         cluster = assemble_cluster(
             configs[0].outbox_address,
@@ -212,6 +212,7 @@ def worker_config(
     inbox_address: str,
     outbox_address: str,
     parent_pid: int,
+    role: str = "mixed",
 ) -> WorkerConfig:
     """A worker's configuration from `deepwell serve`'s options (`deepwell worker` shares them)."""
     parallel = ParallelConfig(**given(args, ParallelConfig))
@@ -226,6 +227,7 @@ def worker_config(
         engine=engine_args_from(args, model=model_path(args), parallel=parallel),
         log_level=args.log_level,
         log_format=args.log_format,
+        role=role,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from deepwell.engine.multimodal import ImageInput
+from deepwell.engine.multimodal import ImageEmbedding, ImageInput
 from deepwell.engine.outputs import RequestOutput, TokenLogprobs
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats, SpecStats
@@ -37,6 +37,9 @@ class WorkerConfig:
     # serve --log-level and --log-format, for the worker's own log lines.
     log_level: str = "info"
     log_format: str = "text"
+    # "encoder": the worker runs only the model's vision tower (serve --encoder-workers);
+    # any other role runs the whole engine (prefill and decode differ only in routing).
+    role: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,14 @@ class GenerateRequest:
     cache_class: str = "chat"
     # The prompt's images, in prompt order, each filling its span of prompt_token_ids.
     images: tuple[ImageInput, ...] = ()
+    # Their span embeddings, when an encoder worker computed them: the engine reads these
+    # instead of running its own vision tower.
+    image_embeddings: tuple[ImageEmbedding, ...] = ()
 
     def __post_init__(self) -> None:
         # msgpack gives lists back.
         object.__setattr__(self, "images", tuple(self.images))
+        object.__setattr__(self, "image_embeddings", tuple(self.image_embeddings))
 
     def continuation(self, produced: list[int], max_tokens: int) -> GenerateRequest:
         """This request resumed after the tokens it `produced`, for at most `max_tokens`
@@ -73,6 +80,25 @@ class GenerateRequest:
         min_tokens = min(max(sampling.min_tokens - done, 0), max_tokens)
         sampling = replace(sampling, max_tokens=max_tokens, min_tokens=min_tokens)
         return replace(self, prompt_token_ids=self.prompt_token_ids + produced, sampling=sampling)
+
+
+@dataclass(frozen=True)
+class EncodeImages:
+    """Frontend → encoder worker: compute the span embeddings of a request's images."""
+
+    request_id: str
+    images: list[ImageInput]
+
+
+@dataclass(frozen=True)
+class ImagesEncoded:
+    """Encoder worker → frontend: a request's image embeddings, in the order asked, or why
+    they could not be computed (`error`, then no embeddings)."""
+
+    worker_id: int
+    request_id: str
+    embeddings: list[ImageEmbedding]
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,6 +217,9 @@ MESSAGE_TYPES: tuple[type, ...] = (
     SpecStats,
     VisionSpec,
     ImageInput,
+    ImageEmbedding,
+    EncodeImages,
+    ImagesEncoded,
 )
 _CODE_OF = {cls: code for code, cls in enumerate(MESSAGE_TYPES)}
 # An image's pixels: [shape, dtype, bytes], after the message codes.

@@ -11,13 +11,20 @@ from typing import Any
 
 from deepwell.recipe import ChatCompletionRequest
 from deepwell.serve.errors import ApiError
-from deepwell.serve.frontend import read_request, template_kwargs
+from deepwell.serve.frontend import Frontend, read_request, template_kwargs
 from deepwell.serve.json_body import json_object
 from deepwell.serve.model import ServedModel
 
+# The chat request's fields that shape its prompt; `thinking` and `reasoning_effort` pick a
+# DeepSeek model's thinking or non-thinking rendering.
+CHAT_FIELDS = ("messages", "tools", "tool_choice", "thinking", "reasoning_effort")
 
-def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
-    """`{"prompt": str}` or `{"messages": [...], "tools": [...]}` → vLLM's TokenizeResponse."""
+
+def tokenize(frontend: Frontend, body: bytes) -> dict[str, Any]:
+    """`{"prompt": str}` or `{"messages": [...], "tools": [...]}` → vLLM's TokenizeResponse;
+    a message's images are read and each placeholder expanded into its span, as a chat
+    request's prompt is (so the ids are what the model would read)."""
+    model = frontend.model
     data = json_object(body)
     tokenizer = _tokenizer(model)
     name = _model_name(model, data)
@@ -31,11 +38,11 @@ def tokenize(model: ServedModel, body: bytes) -> dict[str, Any]:
                 "with the assistant's turn opening.",
                 param="add_generation_prompt",
             )
-        chat = {key: data[key] for key in ("messages", "tools", "tool_choice") if key in data}
+        chat = {key: data[key] for key in CHAT_FIELDS if key in data}
         converted = read_request(ChatCompletionRequest, {**chat, "model": name}).convert(
             model.conversion_options
         )
-        ids = model.encode(converted.conversation, template_kwargs(body, model))
+        ids, _ = frontend.encode(name, converted.conversation, template_kwargs(body, model))
     else:
         prompt = data.get("prompt")
         if not isinstance(prompt, str):

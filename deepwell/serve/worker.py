@@ -21,6 +21,7 @@ import zmq
 
 from deepwell.engine import EngineCore, RequestOutput
 from deepwell.engine.stats import EngineStats
+from deepwell.serve.encoder_worker import ImageEncoderWorker, serve_encoder
 from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.log_format import configure_logging
 from deepwell.serve.messages import (
@@ -117,6 +118,7 @@ class EngineCoreAdapter:
         self._core = EngineCore(self._args)
 
     def add_request(self, request: GenerateRequest) -> None:
+        self._core.provide_image_embeddings(request.image_embeddings)
         self._core.add_request(
             request.request_id,
             request.prompt_token_ids,
@@ -206,21 +208,25 @@ def main(config: WorkerConfig) -> None:
         daemon=True,
     )
     try:
-        engine = EngineCoreAdapter(config)
+        if config.role == "encoder":
+            engine, loop = ImageEncoderWorker(config), serve_encoder
+        else:
+            engine, loop = EngineCoreAdapter(config), serve_engine
         heartbeats.start()
         try:
             address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
             parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
-            stop = serve_engine(engine, config.worker_id, inbox, outbox, parent, address)
-            # The front end's aborts came before its Shutdown, so every request it ended
-            # has given its blocks back by now.
-            stats = engine.stats()
-            logger.info(
-                "engine worker %d stopped: %d requests unfinished, KV blocks held: %d",
-                config.worker_id,
-                stats.running + stats.waiting,
-                stats.kv_blocks_used,
-            )
+            stop = loop(engine, config.worker_id, inbox, outbox, parent, address)
+            if isinstance(engine, EngineCoreAdapter):
+                # The front end's aborts came before its Shutdown, so every request it
+                # ended has given its blocks back by now.
+                stats = engine.stats()
+                logger.info(
+                    "engine worker %d stopped: %d requests unfinished, KV blocks held: %d",
+                    config.worker_id,
+                    stats.running + stats.waiting,
+                    stats.kv_blocks_used,
+                )
         finally:
             engine.close()
         if stop is not None and stop.refusal:

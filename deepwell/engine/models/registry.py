@@ -17,14 +17,19 @@ from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.attention import AttentionBackend
 from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
-from deepwell.engine.models.architectures import Architecture, architecture_named
-from deepwell.engine.models.contract import CausalLM
+from deepwell.engine.models.architectures import (
+    Architecture,
+    architecture_named,
+    architecture_of,
+)
+from deepwell.engine.models.contract import CausalLM, ImageEncoder
 from deepwell.engine.models.deepseek_v41.checkpoint import load_v41_checkpoint
 from deepwell.engine.models.deepseek_v41.dummy import dummy_checkpoint as v41_dummy_checkpoint
 from deepwell.engine.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepwell.engine.models.deepseek_v41.schema import DRAFT_STAGE_PREFIX
+from deepwell.engine.models.deepseek_v41.vision import load_image_encoder as load_v41_encoder
 from deepwell.engine.models.llama import LlamaForCausalLM
-from deepwell.engine.models.loader import Checkpoint, read_safetensors_dir
+from deepwell.engine.models.loader import Checkpoint, _read_config, read_safetensors_dir
 from deepwell.engine.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from deepwell.engine.parallel.expert import ExpertSharding
 
@@ -65,6 +70,9 @@ class ModelEntry:
     load_checkpoint: DirectoryLoader = read_safetensors_dir
     # Where its draft stages sit among the checkpoint's tensors (DSpark); None: it has none.
     draft_stage_prefix: str | None = None
+    # Its vision tower alone from a checkpoint directory (an encoder worker's model); None:
+    # the architecture takes no images.
+    load_image_encoder: Callable[[Path, torch.dtype], ImageEncoder] | None = None
 
     @property
     def architecture(self) -> Architecture:
@@ -87,6 +95,7 @@ MODELS: dict[str, ModelEntry] = {
             DeepseekV41ForCausalLM,
             load_v41_checkpoint,
             draft_stage_prefix=DRAFT_STAGE_PREFIX,
+            load_image_encoder=load_v41_encoder,
         ),
     )
 }
@@ -110,6 +119,21 @@ def model_entry(architecture: str) -> ModelEntry:
             f"tokenize); the engine does not run it. Supported: {sorted(MODELS)}"
         )
     raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: {sorted(MODELS)}")
+
+
+def build_image_encoder(path: str, dtype: torch.dtype) -> ImageEncoder:
+    """The vision tower of the checkpoint directory at `path`, without its language model;
+    ModelLoadError when its architecture or the checkpoint has none."""
+    config = _read_config(Path(path))
+    architecture = architecture_of(config)
+    if architecture is None:
+        raise ModelLoadError(f"{str(Path(path) / 'config.json')!r} names no architecture")
+    load = model_entry(architecture.name).load_image_encoder
+    if load is None:
+        raise ModelLoadError(
+            f"{architecture.name} has no vision tower: an encoder worker cannot serve {path!r}"
+        )
+    return load(Path(path), dtype)
 
 
 def build_model(checkpoint: Checkpoint, options: ModelOptions) -> CausalLM:

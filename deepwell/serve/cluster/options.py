@@ -24,6 +24,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="PD disaggregation: workers that load a prompt's KV from --kv-store and decode",
     )
     parser.add_argument(
+        "--encoder-workers",
+        type=int,
+        default=0,
+        help="EPD: workers that load only the vision tower and encode requests' images, "
+        "handing the embeddings to the prefill (or mixed) worker with the request",
+    )
+    parser.add_argument(
         "--worker-address",
         metavar="tcp://HOST:PORT",
         help="also accept workers started elsewhere with `deepwell worker --connect` here",
@@ -57,10 +64,19 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def worker_roles(args: argparse.Namespace) -> list[str]:
-    """One role per worker to start: all "mixed", or prefill ones then decode ones.
+    """One role per worker to start: all "mixed", or prefill ones then decode ones; then
+    the encoder workers.
 
     Raises `ValueError` for combinations that cannot run.
     """
+    if args.encoder_workers < 0:
+        raise ValueError("worker counts must be positive")
+    if args.encoder_workers and args.data_parallel_size > 1:
+        raise ValueError("--encoder-workers does not combine with --data-parallel-size")
+    return _engine_roles(args) + ["encoder"] * args.encoder_workers
+
+
+def _engine_roles(args: argparse.Namespace) -> list[str]:
     prefill, decode = args.prefill_workers, args.decode_workers
     if prefill < 0 or decode < 0 or args.workers < 1:
         raise ValueError("worker counts must be positive")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from deepwell.engine.kv.prefix_hash import prompt_block_keys
+from deepwell.engine.multimodal import image_spans
 from deepwell.engine.outputs import RequestOutput
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.inference_errors import (
@@ -28,7 +29,9 @@ from deepwell.serve.cluster.stream_table import Stream, StreamTable
 from deepwell.serve.cluster.worker_pool import WATCH_INTERVAL_S, Worker, WorkerPool, WorkerRole
 from deepwell.serve.messages import (
     AbortRequest,
+    EncodeImages,
     GenerateRequest,
+    ImagesEncoded,
     Shutdown,
     StepOutputs,
     encode_message,
@@ -126,9 +129,15 @@ class RequestRouter:
         if produced and original.sampling.structured_output is not None:
             # The grammar's state lives in the lost worker; a new one would restart it.
             raise EngineUnavailable("a constrained request cannot continue on another worker")
-        prefill = [w for w in self._pool.workers.values() if w.live and not w.draining]
-        decode = [w for w in prefill if w.role is not WorkerRole.PREFILL]
-        prefill = [w for w in prefill if w.role is WorkerRole.PREFILL]
+        live = [w for w in self._pool.workers.values() if w.live and not w.draining]
+        encoders = [w for w in live if w.role is WorkerRole.ENCODER]
+        if original.images and not original.image_embeddings and encoders:
+            # E before P: while no encoder worker is live, the engine encodes its own.
+            self._encode(stream, encoders)
+            return
+        engines = [w for w in live if w.role is not WorkerRole.ENCODER]
+        decode = [w for w in engines if w.role is not WorkerRole.PREFILL]
+        prefill = [w for w in engines if w.role is WorkerRole.PREFILL]
         # A prompt goes to a prefill worker first when there is one and decoding follows.
         stream.prefilling = bool(
             prefill
@@ -140,7 +149,7 @@ class RequestRouter:
         if not candidates:
             raise EngineUnavailable("no engine worker is available")
         prompt = original.prompt_token_ids + produced
-        worker = self._choose(candidates, prompt)
+        worker = self._choose(candidates, prompt, self._image_spans(original))
         max_tokens = 1 if stream.prefilling else original.sampling.max_tokens - len(produced)
         message = original.continuation(produced, max_tokens)
         stream.worker = worker
@@ -151,9 +160,49 @@ class RequestRouter:
         worker.in_flight.add(original.request_id)
         worker.socket.send(encode_message(message))
 
-    def _choose(self, candidates: list[Worker], prompt: list[int]) -> Worker:
+    def _encode(self, stream: Stream, encoders: list[Worker]) -> None:
+        """Send the request's images to the encoder worker with the fewest requests; the
+        request goes on to an engine worker with their embeddings (`images_encoded`)."""
+        request = stream.request
+        worker = min(encoders, key=lambda w: (len(w.in_flight), w.worker_id))
+        worker.routed_requests += 1
+        stream.worker = worker
+        stream.prefilling = False
+        stream.dispatched_at = time.perf_counter()
+        stream.last_output_at = None
+        worker.in_flight.add(request.request_id)
+        worker.socket.send(encode_message(EncodeImages(request.request_id, list(request.images))))
+
+    def images_encoded(self, worker: Worker, message: ImagesEncoded) -> None:
+        stream = self._streams.on(worker, message.request_id)
+        if stream is None:
+            return
+        worker.in_flight.discard(message.request_id)
+        if message.error:
+            self._streams.fail(stream, RequestRejected(message.error))
+            return
+        stream.request = replace(stream.request, image_embeddings=tuple(message.embeddings))
+        try:
+            self.dispatch(stream)
+        except EngineUnavailable as error:
+            self._streams.fail(stream, error)
+
+    def _image_spans(self, request: GenerateRequest) -> tuple[tuple[int, int, str], ...]:
+        """The request's image spans as the engine keys its blocks by them (kv/prefix_hash.py):
+        two prompts that differ only in an image share no block."""
+        vision = self._pool.model.vision if self._pool.model is not None else None
+        if not request.images or vision is None:
+            return ()
+        return image_spans(request.images, vision.downsample_ratio)
+
+    def _choose(
+        self,
+        candidates: list[Worker],
+        prompt: list[int],
+        spans: tuple[tuple[int, int, str], ...] = (),
+    ) -> Worker:
         """The policy's pick given each candidate's load and prefix hit; records the route."""
-        keys = prompt_block_keys(self._root_key(), prompt, self._block_size)
+        keys = prompt_block_keys(self._root_key(), prompt, self._block_size, spans)
         store_hit = self._store.hit_blocks(keys) * self._block_size if self._store else 0
         loads = [
             WorkerLoad(

@@ -21,6 +21,7 @@ from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.prefix_index import WorkerPrefixes
 from deepwell.serve.messages import (
     Heartbeat,
+    ImagesEncoded,
     ModelInfo,
     Shutdown,
     StepOutputs,
@@ -43,6 +44,8 @@ class WorkerRole(Enum):
     MIXED = "mixed"
     PREFILL = "prefill"
     DECODE = "decode"
+    # Only the vision tower: images in, embeddings out (serve --encoder-workers).
+    ENCODER = "encoder"
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Worker:
 class PoolListener(Protocol):
     def step_outputs(self, worker: Worker, message: StepOutputs) -> None:
         """A live worker's engine step: its outputs and the requests it refused."""
+
+    def images_encoded(self, worker: Worker, message: ImagesEncoded) -> None:
+        """A live encoder worker's embeddings of one request's images."""
 
     def worker_removed(self, worker: Worker, reason: str, failed: bool) -> None:
         """`worker` is out of service; its `in_flight` requests need another."""
@@ -187,7 +193,11 @@ class WorkerPool:
         self._async_context.term()
 
     def _ready(self, worker: Worker, message: WorkerReady) -> None:
-        if self.model is not None and message.model != self.model:
+        if worker.role is WorkerRole.ENCODER:
+            # It runs the vision tower only; the engine workers say what the model is.
+            worker.ready = True
+            worker.failure = None
+        elif self.model is not None and message.model != self.model:
             worker.failure = (
                 f"refused: it serves {message.model.name} (fingerprint "
                 f"{message.model.fingerprint or 'none'}), the cluster serves {self.model.name} "
@@ -241,7 +251,9 @@ class WorkerPool:
             elif isinstance(message, StepOutputs) and worker.live:
                 worker.stats = message.stats
                 self._listener.step_outputs(worker, message)
-            elif not isinstance(message, (Heartbeat, StepOutputs)):
+            elif isinstance(message, ImagesEncoded) and worker.live:
+                self._listener.images_encoded(worker, message)
+            elif not isinstance(message, (Heartbeat, StepOutputs, ImagesEncoded)):
                 raise TypeError(f"frontend cannot handle {type(message).__name__}")
 
     async def _watch_heartbeats(self) -> None:

@@ -55,3 +55,14 @@ def test_data_parallel_ranks_are_the_workers_of_this_machine():
     assert worker_roles(parse("--data-parallel-size", "4", "--nnodes", "2")) == ["mixed"] * 2
     with pytest.raises(ValueError, match="does not combine with --workers"):
         worker_roles(parse("--data-parallel-size", "2", "--workers", "2"))
+
+
+def test_encoder_workers_follow_the_engine_workers():
+    assert worker_roles(parse("--encoder-workers", "2")) == ["mixed", "encoder", "encoder"]
+    pd = ("--prefill-workers", "1", "--decode-workers", "1", "--kv-store", "/tmp/kv")
+    args = parse("--encoder-workers", "1", *pd)
+    assert worker_roles(args) == ["prefill", "decode", "encoder"]
+    with pytest.raises(ValueError, match="does not combine with --data-parallel-size"):
+        worker_roles(parse("--encoder-workers", "1", "--data-parallel-size", "2"))
+    with pytest.raises(ValueError, match="must be positive"):
+        worker_roles(parse("--encoder-workers", "-1"))

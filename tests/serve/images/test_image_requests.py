@@ -263,3 +263,26 @@ def test_v41_checkpoint_without_vision_weights_refuses_an_image(v41_server):
         model=v41_server.model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
     )
     assert reply.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_bad_image_is_refused_in_the_responses_shape(openai_client):
+    def describe(url: str):
+        return openai_client.responses.create(
+            model="DeepSeek-V4.1-Flash",
+            input=[{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
+            max_output_tokens=8,
+        )
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        describe(data_url(png_header(10_000, 5_000)))
+    assert "--max-image-pixels" in refused.value.body["message"]
+    assert refused.value.body["param"], refused.value.body
+    assert describe(data_url(png())).output_text == "Hello world!"
+
+
+def test_tokenize_refuses_an_image_the_model_cannot_see(model_server):
+    part = {"type": "image_url", "image_url": {"url": data_url(png())}}
+    body = {"messages": [{"role": "user", "content": [part]}]}
+    refused = httpx.post(f"{model_server.base_url}/tokenize", json=body, timeout=60)
+    assert refused.status_code == 400
+    assert "does not take images" in refused.json()["error"]["message"]

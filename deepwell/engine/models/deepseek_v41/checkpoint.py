@@ -90,6 +90,34 @@ def load_v41_checkpoint(
     )
 
 
+def map_vision_tensors(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """config.json and the vision tower's tensors alone, as released (an encoder worker's
+    whole model); ModelLoadError when the config has no vision tower or a tensor is amiss."""
+    path = Path(path)
+    config = _read_json(path / "config.json")
+    text_config = config.get("text_config")
+    if not isinstance(text_config, dict) or "hidden_size" not in text_config:
+        raise ModelLoadError(f"{str(path / 'config.json')!r} has no text_config.hidden_size")
+    schema = vision_schema(config.get("vision_config") or {}, text_config["hidden_size"])
+    if not schema:
+        raise ModelLoadError(
+            f"{str(path)!r} has no vision tower (its vision_config has no layers): "
+            "nothing for an encoder worker to run"
+        )
+    weight_map = _weight_map(path / INDEX_FILE)
+    stored = _stored_names(schema)
+    missing = [name for name in stored if name not in weight_map]
+    if missing:
+        raise ModelLoadError(f"tensor {missing[0]!r} is missing from {str(path / INDEX_FILE)!r}")
+    by_shard: dict[str, list[str]] = {}
+    for name in stored:
+        by_shard.setdefault(weight_map[name], []).append(name)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in sorted(by_shard.items()):
+        tensors |= _map_shard(path / file, names, stored)
+    return config, tensors
+
+
 def _wanted(name: str, holds_expert: Callable[[int], bool] | None) -> bool:
     if holds_expert is None:
         return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.errors import ModelLoadError
+from deepwell.engine.models.deepseek_v41.checkpoint import map_vision_tensors
 from deepwell.engine.models.deepseek_v41.schema import IMAGE_MARKERS, TensorSpec, vision_schema
 from deepwell.engine.multimodal import ImageInput, ImageToken, image_token_kinds
 
@@ -256,3 +258,14 @@ class ImageEncoder(nn.Module):
         span[kinds == ImageToken.NEWLINE] = self.image_newline.to(self.dtype)
         span[kinds == ImageToken.END] = self.image_end.to(self.dtype)
         return span
+
+
+def load_image_encoder(path: Path, dtype: torch.dtype) -> ImageEncoder:
+    """The vision tower, aligner and delimiters of a released V4.1 directory and nothing
+    else: what an encoder worker (`serve --encoder-workers`) runs."""
+    config, tensors = map_vision_tensors(path)
+    vision = VisionConfig.from_hf(config.get("vision_config"))
+    width = config["text_config"]["hidden_size"]
+    encoder = ImageEncoder(vision, width, config.get("image_token_id", -1), dtype)
+    encoder.load(tensors)
+    return encoder.eval()

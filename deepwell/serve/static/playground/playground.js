@@ -190,8 +190,18 @@ async function sendChat() {
   const text = $("#chat-input").value;
   if (!text.trim() || controller) return;
   $("#chat-input").value = "";
-  history.push({ role: "user", content: text });
-  appendTurn("user").content.textContent = text;
+  const image = await attachedImage();
+  // With an image the message is a list of parts: the text, then an image_url data URL.
+  const content = image ? [{ type: "text", text }, { type: "image_url", image_url: { url: image } }] : text;
+  history.push({ role: "user", content });
+  const asked = appendTurn("user");
+  asked.content.textContent = text;
+  if (image) {
+    const thumbnail = element("img", "attached");
+    thumbnail.src = image;
+    thumbnail.alt = "attached image";
+    asked.content.append(thumbnail);
+  }
   const turn = appendTurn("assistant");
   const request = {
     model: $("#model").value,
@@ -215,7 +225,7 @@ async function sendChat() {
   $("#chat-send").disabled = true;
   $("#chat-stop").disabled = false;
   const calls = [];
-  let content = "";
+  let reply = "";
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -241,8 +251,8 @@ async function sendChat() {
         const delta = choice.delta || {};
         if (delta.reasoning_content) turn.reasoning.textContent += delta.reasoning_content;
         if (delta.content) {
-          content += delta.content;
-          turn.content.textContent = content;
+          reply += delta.content;
+          turn.content.textContent = reply;
         }
         for (const call of delta.tool_calls || []) mergeToolCall(calls, call);
         if (delta.tool_calls) turn.toolCalls.textContent = calls.map(formatCall).join("\n");
@@ -250,7 +260,7 @@ async function sendChat() {
       }
       if (chunk.usage) turn.finish.textContent += `  (${chunk.usage.prompt_tokens} prompt, ${chunk.usage.completion_tokens} output tokens)`;
     }
-    const message = { role: "assistant", content };
+    const message = { role: "assistant", content: reply };
     if (calls.length) message.tool_calls = calls;
     history.push(message);
   } catch (error) {
@@ -262,6 +272,21 @@ async function sendChat() {
     $("#chat-send").disabled = false;
     $("#chat-stop").disabled = true;
   }
+}
+
+// The image chosen with the attach button as a data URL (read here, sent inline: the page
+// uploads nothing elsewhere), or null; the choice is cleared once taken.
+async function attachedImage() {
+  const input = $("#chat-image");
+  const file = input.files && input.files[0];
+  if (!file) return null;
+  input.value = "";
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
 }
 
 // The `data:` payloads of an event stream, as they arrive.
