@@ -4,8 +4,11 @@ Each configuration loads in its own process, so its peak resident memory is its 
 time, peak RSS (VmHWM / ru_maxrss) against the checkpoint's bytes on disk, and greedy
 decode throughput at batch 1 and 16 (decode = the time of N output tokens less that of one,
 so prefill is left out), and the process's CPU seconds a decoded token (all threads: on a
-shared machine it moves less with the other load than wall time does). Prints one table and
-the packed/expanded ratios:
+shared machine it moves less with the other load than wall time does). On a VM even CPU time
+is not steady (the host's other tenants slow the vCPU itself: a fixed pure-Python loop took
+from 137 to 272 ms within minutes), so each timing is bracketed by that loop (the host
+probe) and the CPU time a token is also given in probe units, comparable across runs.
+Prints one table and the packed/expanded ratios:
 
     .venv/bin/python benchmarks/v41_scale.py [--model DIR | --preset medium]
         [--batch-sizes 1 16] [--output-len 32] [--prompt-len 32] [--threads 2]
@@ -29,6 +32,8 @@ CONFIGS = {"packed": False, "expanded": True}  # name → expand_weights
 # Enough for the longest sequence of a run: the KV budget beside the weights stays small.
 MAX_MODEL_LEN = 256
 FIRST_TEXT_ID = 17
+# The host probe's work: a pure-Python loop (no memory traffic, no torch) of this many steps.
+PROBE_STEPS = 1_000_000
 
 
 def main() -> int:
@@ -103,6 +108,7 @@ def measure(args: argparse.Namespace, expand: bool) -> dict:
     prompt = [FIRST_TEXT_ID + i % (vocab - FIRST_TEXT_ID - 16) for i in range(args.prompt_len)]
     decode = {}
     decode_cpu_ms = {}
+    probe_ms = {}
     tokens = {}
     for batch in args.batch_sizes:
         prompts = [
@@ -115,21 +121,25 @@ def measure(args: argparse.Namespace, expand: bool) -> dict:
         llm.generate(prompt_token_ids=prompts, sampling_params=warmup, use_tqdm=False)
         timings = {}
         cpu = {}
+        probes = [host_probe_ms()]
         for output_len in (1, args.output_len):
             params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
             started, cpu_started = time.monotonic(), time.process_time()
             outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
             timings[output_len] = time.monotonic() - started
             cpu[output_len] = time.process_time() - cpu_started
+            probes.append(host_probe_ms())
         decoded = batch * (args.output_len - 1)
         decode[batch] = decoded / (timings[args.output_len] - timings[1])
         decode_cpu_ms[batch] = 1000 * (cpu[args.output_len] - cpu[1]) / decoded
+        probe_ms[batch] = sum(probes) / len(probes)
         tokens[batch] = [output.token_ids for output in outputs]
     return {
         "load_s": load_s,
         "peak_rss_bytes": peak_rss_bytes(),
         "decode_tok_s": decode,
         "decode_cpu_ms": decode_cpu_ms,
+        "probe_ms": probe_ms,
         "tokens": tokens,
     }
 
@@ -140,6 +150,15 @@ def memory_gib(model: str, expand: bool) -> float:
     # Expanded: MXFP4 (~0.53 bytes a weight) to bf16, and a oneDNN-packed copy beside it.
     held = disk * (8 if expand else 1)
     return held / 2**30 + 0.25
+
+
+def host_probe_ms() -> float:
+    """CPU ms of PROBE_STEPS steps of a pure-Python loop: how fast the vCPU runs just now."""
+    started = time.process_time()
+    total = 0
+    for step in range(PROBE_STEPS):
+        total += step
+    return 1000 * (time.process_time() - started)
 
 
 def peak_rss_bytes() -> int:
@@ -155,12 +174,14 @@ def report(results: dict, disk: int, batch_sizes: list[int]) -> None:
     header = f"{'config':<10}{'load s':>9}{'peak RSS GiB':>14}{'RSS/disk':>10}"
     header += "".join(f"{f'decode b{b} tok/s':>19}" for b in batch_sizes)
     header += "".join(f"{f'b{b} CPU ms/tok':>16}" for b in batch_sizes)
+    header += "".join(f"{f'b{b} probe ms':>14}" for b in batch_sizes)
     print(header)
     for name, r in results.items():
         line = f"{name:<10}{r['load_s']:>9.1f}{r['peak_rss_bytes'] / gib:>14.3f}"
         line += f"{r['peak_rss_bytes'] / disk:>10.2f}"
         line += "".join(f"{r['decode_tok_s'][str(b)]:>19.2f}" for b in batch_sizes)
         line += "".join(f"{r['decode_cpu_ms'][str(b)]:>16.2f}" for b in batch_sizes)
+        line += "".join(f"{r['probe_ms'][str(b)]:>14.1f}" for b in batch_sizes)
         print(line)
     if {"packed", "expanded"} <= results.keys():
         packed, expanded = results["packed"], results["expanded"]
@@ -176,10 +197,11 @@ def report(results: dict, disk: int, batch_sizes: list[int]) -> None:
         for b in batch_sizes:
             ratio = packed["decode_tok_s"][str(b)] / expanded["decode_tok_s"][str(b)]
             cpu_ratio = expanded["decode_cpu_ms"][str(b)] / packed["decode_cpu_ms"][str(b)]
+            probe_ratio = cpu_ratio * packed["probe_ms"][str(b)] / expanded["probe_ms"][str(b)]
             same = packed["tokens"][str(b)] == expanded["tokens"][str(b)]
             print(
                 f"decode batch {b}: packed / expanded {ratio:.2f}x (CPU time a token: "
-                f"{cpu_ratio:.2f}x); same tokens: {same}"
+                f"{cpu_ratio:.2f}x; in host-probe units: {probe_ratio:.2f}x); same tokens: {same}"
             )
 
 

@@ -1,8 +1,9 @@
 """Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention, with
 llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
-into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16 weights;
-hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows):
+into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
+weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
+v41_rotary.cpp: V4.1's rotary embedding):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -41,6 +42,7 @@ LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOU
 BLOCKSCALED_SOURCE = Path(__file__).with_name("blockscaled.cpp")
 HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
 CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
+ROTARY_SOURCE = Path(__file__).with_name("v41_rotary.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -208,6 +210,17 @@ def load_cache_rows_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_rotary_kernel() -> DecodeKernel:
+    """V4.1's rotary embedding (v41_rotary.cpp, registered as torch.ops.deepwell_v41_rotary),
+    built on the first call in a process if the cache lacks it. No fused multiply-adds, so its
+    products round as torch's complex multiply does: gcc 12's vectoriser fuses the pairs into
+    vfmaddsub even under -ffp-contract=off, so it is off too (a decode step's rows are few)."""
+    return _load(
+        (ROTARY_SOURCE,), "V4.1 rotary kernel", ["-ffp-contract=off", "-fno-tree-vectorize"]
+    )
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -287,6 +300,7 @@ KERNEL_BUILDS = (
     KernelBuild("block-scaled linear", False, 1, load_blockscaled_kernel),
     KernelBuild("mHC", False, 1, load_hyper_connection_kernel),
     KernelBuild("V4.1 cache rows", False, 1, load_cache_rows_kernel),
+    KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from deepwell.engine.layers.blockscaled import bf16_linear, fp8_block_linear
+from deepwell.engine.layers.blockscaled import bf16_linear, check_fp8_weight, fp8_block_product
 from deepwell.engine.models.deepseek_v41.weight_formats import SCALE_GROUP, dequantize_fp8_rows
 
 
@@ -21,8 +21,9 @@ class Fp8BlockLinear(nn.Module):
     stack their outputs in order (a fused gate/up projection whose halves were released
     apart, their row counts not always whole scale blocks)."""
 
-    # The product over the stored bytes; the kernel set swaps in its own (kernel_set.py).
-    product = staticmethod(fp8_block_linear)
+    # The product over the stored bytes (checked once, here); the kernel set swaps in its
+    # own (kernel_set.py).
+    product = staticmethod(fp8_block_product)
 
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
@@ -30,9 +31,11 @@ class Fp8BlockLinear(nn.Module):
         # __getattr__ and the names' formatting cost more than a small product at batch 1.
         self.part_names = [(f"weight{index}", f"scale{index}") for index in range(len(parts))]
         for (weight_name, scale_name), (weight, scale) in zip(self.part_names, parts, strict=True):
+            check_fp8_weight(weight, scale)
             self.register_buffer(weight_name, weight, persistent=False)
             self.register_buffer(scale_name, scale, persistent=False)
         self.num_parts = len(parts)
+        self._band_views: dict[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]] = {}
         self.in_features = parts[0][0].shape[1]
         self.out_features = sum(weight.shape[0] for weight, _ in parts)
 
@@ -42,29 +45,51 @@ class Fp8BlockLinear(nn.Module):
         return [(buffers[weight], buffers[scale]) for weight, scale in self.part_names]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous()
+        # A decode step's inputs are [rows, in] already: no reshape either way then.
+        flat = x.dim() == 2
+        rows = (x if flat else x.reshape(-1, self.in_features)).contiguous()
         if self.num_parts == 1:
             ((weight, scale),) = self.parts
             out = self.product(rows, weight, scale)
         else:
             out = torch.cat([self.product(rows, weight, scale) for weight, scale in self.parts], 1)
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        out = out.to(x.dtype)
+        return out if flat else out.reshape(*x.shape[:-1], self.out_features)
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, groups, in] → [rows, groups, out / groups]: group g through its own
         band of output rows (attention's grouped output projection)."""
-        ((weight, scale),) = self.parts
-        groups = x.shape[1]
-        band = self.out_features // groups
         outputs = []
-        for group in range(groups):
-            # The 32-row scale blocks the band touches, whole; then the band's own rows.
-            first, last = group * band // SCALE_GROUP, -(-(group + 1) * band // SCALE_GROUP)
-            rows = slice(first * SCALE_GROUP, last * SCALE_GROUP)
-            product = self.product(x[:, group].contiguous(), weight[rows], scale[first:last])
-            offset = group * band - first * SCALE_GROUP
-            outputs.append(product[:, offset : offset + band])
+        for group, (weight, scale, offset, band) in enumerate(self._bands(x.shape[1])):
+            product = self.product(x[:, group].contiguous(), weight, scale)
+            outputs.append(
+                product
+                if offset == 0 and product.shape[1] == band
+                else product[:, offset : offset + band]
+            )
         return torch.stack(outputs, dim=1).to(x.dtype)
+
+    def _bands(self, groups: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+        """Per group: the whole 32-row scale blocks its band touches (weight rows, scales),
+        the band's first row within them and its row count. Views, made on the first call
+        for a group count and again after the buffers move (`_apply`)."""
+        bands = self._band_views.get(groups)
+        if bands is None:
+            ((weight, scale),) = self.parts
+            band = self.out_features // groups
+            bands = []
+            for group in range(groups):
+                first = group * band // SCALE_GROUP
+                last = -(-(group + 1) * band // SCALE_GROUP)
+                rows = slice(first * SCALE_GROUP, last * SCALE_GROUP)
+                bands.append((weight[rows], scale[first:last], group * band - rows.start, band))
+            self._band_views[groups] = bands
+        return bands
+
+    def _apply(self, fn, recurse=True):
+        # The band views are of the old buffers; moved buffers get new ones.
+        self._band_views.clear()
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 blocks"

@@ -2,13 +2,32 @@
 
 Window-only layers use `rope_theta`; compressed layers use `compress_rope_theta` with the
 frequency-only YaRN ramp (no attention scaling) for every rotation in the layer
-(spec/deepseek_v41.md §3.1).
+(spec/deepseek_v41.md §3.1). On the CPU a rotation is one native call (layers/v41_rotary.cpp,
+the same bits as the torch ops here, which other devices and a missing kernel run).
 """
 
+import functools
+import logging
 import math
 from typing import Any
 
 import torch
+
+from deepwell.engine.layers.decode_kernel import load_rotary_kernel
+
+logger = logging.getLogger(__name__)
+
+# The dtypes the native rotation takes.
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def native_rotation() -> bool:
+    """Whether torch.ops.deepwell_v41_rotary is registered (the kernel built); logs once if not."""
+    loaded = load_rotary_kernel()
+    if loaded.module is None:
+        logger.warning("V4.1 rotary runs as torch ops (slower): %s", loaded.reason)
+    return loaded.module is not None
 
 
 class PairRotary:
@@ -43,6 +62,13 @@ class PairRotary:
     def apply(self, values: torch.Tensor, rotation: torch.Tensor, inverse: bool = False):
         """Rotate the last `rotary_dim` channels of values [rows, ..., dim]; `rotation` is
         [rows, pairs] and broadcasts over the middle axes."""
+        native = values.is_cpu and values.dtype in _NATIVE_DTYPES and values.dim() >= 2
+        if native and native_rotation():
+            return torch.ops.deepwell_v41_rotary.rotate(values, rotation, self.rotary_dim, inverse)
+        return self.apply_torch(values, rotation, inverse)
+
+    def apply_torch(self, values: torch.Tensor, rotation: torch.Tensor, inverse: bool = False):
+        """`apply` as torch ops (any device and float dtype)."""
         dim = self.rotary_dim
         pairs = torch.view_as_complex(
             values[..., -dim:].float().unflatten(-1, (-1, 2)).contiguous()
