@@ -7,7 +7,7 @@ own torch-free types (SamplingParams, EngineStats) travel inside them the same w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import msgpack
@@ -107,6 +107,9 @@ class StepOutputs:
     outputs: list[RequestOutput]
     rejected: list[RequestRejected]
     stats: EngineStats
+    # Prefix keys of the cached blocks the step evicted (handed out again), oldest first:
+    # the router's prefix index forgets them (serve/cluster/prefix_index.py).
+    evicted_keys: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ class StepEngine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def evicted_keys(self) -> list[bytes]:
+        """Prefix keys of the cached blocks evicted since the last call."""
+        ...
+
     def model_info(self) -> ModelInfo: ...
 
 
@@ -101,8 +105,11 @@ def serve_engine(
             return None
         outputs = engine.step() if engine.has_unfinished() else []
         stats = engine.stats()
-        if outputs or rejected or stats != last_stats:
-            outbox.send(encode_message(StepOutputs(worker_id, outputs, rejected, stats)))
+        # A step's evictions go out with its outputs, one frame per step.
+        evicted = engine.evicted_keys()
+        if outputs or rejected or evicted or stats != last_stats:
+            message = StepOutputs(worker_id, outputs, rejected, stats, evicted)
+            outbox.send(encode_message(message))
             last_stats = stats
 
 
@@ -112,6 +119,7 @@ class EngineCoreAdapter:
     def __init__(self, config: WorkerConfig) -> None:
         self._args = config.engine
         self._core = EngineCore(self._args)
+        self._core.kv.watch_evictions()
 
     def add_request(self, request: GenerateRequest) -> None:
         self._core.add_request(
@@ -136,6 +144,9 @@ class EngineCoreAdapter:
 
     def stats(self) -> EngineStats:
         return self._core.stats()
+
+    def evicted_keys(self) -> list[bytes]:
+        return self._core.kv.take_evicted()
 
     def close(self) -> None:
         """Write out queued KV store blocks; the next worker may want them."""

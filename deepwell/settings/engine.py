@@ -271,7 +271,13 @@ class EngineArgs:
     )
     # Fixes the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
     num_kv_blocks: int | None = setting(
-        None, "KV blocks to allocate", group="KV cache", bound="positive"
+        None,
+        "KV blocks to allocate, instead of as many as the memory budget leaves (tests, "
+        "tuning, memory-pressure benchmarks)",
+        group="KV cache",
+        flags="--num-kv-blocks",
+        bound="positive",
+        default_text="from --memory-gib",
     )
     enable_prefix_caching: bool = setting(
         True,

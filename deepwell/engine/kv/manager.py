@@ -75,9 +75,32 @@ class KVCacheManager:
         self.snapshots = snapshots
         # Prompt chunks end at the replay start's block boundary (`snapshot_cut`).
         self.cuts_chunks = snapshots is not None and replay.bounded
-        self.block_pool = BlockPool(num_blocks, None if snapshots is None else snapshots.discard)
+        self.block_pool = BlockPool(num_blocks, self._evicted)
         self.slot_pool = SlotPool(num_slots) if layout.needs_slots else None
         self.counters = PrefixCounters()
+        # Keys of cached blocks handed out again since the last `take_evicted`; None until
+        # `watch_evictions`, so that an engine nobody asks keeps nothing.
+        self._evicted_keys: list[bytes] | None = None
+
+    def watch_evictions(self) -> None:
+        """Keep the keys of evicted blocks for `take_evicted` (a serve worker reports them,
+        so the router's prefix index forgets what this engine no longer holds)."""
+        if self._evicted_keys is None:
+            self._evicted_keys = []
+
+    def take_evicted(self) -> list[bytes]:
+        """The keys evicted since the last call, oldest first; [] unless watched."""
+        keys = self._evicted_keys or []
+        if keys:
+            self._evicted_keys = []
+        return keys
+
+    def _evicted(self, key: bytes) -> None:
+        # Ring snapshots leave with their block.
+        if self.snapshots is not None:
+            self.snapshots.discard(key)
+        if self._evicted_keys is not None:
+            self._evicted_keys.append(key)
 
     def keys(self, request: Request, num_blocks: int) -> list[bytes]:
         """Keys of the request's first `num_blocks` blocks (they must be full of tokens)."""

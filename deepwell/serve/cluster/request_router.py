@@ -70,6 +70,8 @@ class RequestRouter:
     """Sends requests to the pool's workers and moves them when a worker leaves.
 
     `shared_store`: workers share a KV store, so a prefix computed anywhere is a hit.
+    `eviction_reports`: the prefix index forgets the blocks workers report evicted (off:
+    it knows only what was sent where, capped at each pool's size).
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class RequestRouter:
         block_size: int,
         shared_store: bool,
         latency: RoleLatency,
+        eviction_reports: bool = True,
     ) -> None:
         self._pool = pool
+        self._eviction_reports = eviction_reports
         self._streams = streams
         self._policy = policy
         self._block_size = block_size
@@ -173,6 +177,8 @@ class RequestRouter:
         return worker
 
     def step_outputs(self, worker: Worker, message: StepOutputs) -> None:
+        if self._eviction_reports:
+            worker.prefixes.forget(message.evicted_keys)
         for output in message.outputs:
             self._deliver(worker, output)
         for rejected in message.rejected:
