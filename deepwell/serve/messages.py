@@ -107,8 +107,9 @@ class StepOutputs:
     outputs: list[RequestOutput]
     rejected: list[RequestRejected]
     stats: EngineStats
-    # Prefix keys of the cached blocks the step evicted (handed out again), oldest first:
-    # the router's prefix index forgets them (serve/cluster/prefix_index.py).
+    # Prefix keys of the blocks the step made findable and of those it evicted (handed out
+    # again), disjoint: the router's prefix index follows them (cluster/prefix_index.py).
+    cached_keys: list[bytes] = field(default_factory=list)
     evicted_keys: list[bytes] = field(default_factory=list)
 
 

@@ -70,8 +70,8 @@ class RequestRouter:
     """Sends requests to the pool's workers and moves them when a worker leaves.
 
     `shared_store`: workers share a KV store, so a prefix computed anywhere is a hit.
-    `eviction_reports`: the prefix index forgets the blocks workers report evicted (off:
-    it knows only what was sent where, capped at each pool's size).
+    `eviction_reports`: the prefix index follows the blocks workers report cached and
+    evicted (off: it knows only what was sent where, capped at each pool's size).
     """
 
     def __init__(
@@ -178,7 +178,10 @@ class RequestRouter:
 
     def step_outputs(self, worker: Worker, message: StepOutputs) -> None:
         if self._eviction_reports:
+            # Disjoint, so the order does not matter; a key sent here and evicted from an
+            # older copy comes back with the report that the worker cached it again.
             worker.prefixes.forget(message.evicted_keys)
+            worker.prefixes.record(message.cached_keys, worker.stats.kv_blocks_total)
         for output in message.outputs:
             self._deliver(worker, output)
         for rejected in message.rejected:

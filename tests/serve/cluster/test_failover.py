@@ -65,8 +65,8 @@ class PositionalEngine:
         n = len(self.requests)
         return EngineStats(n, 0, n, 64)
 
-    def evicted_keys(self):
-        return []
+    def key_changes(self):
+        return [], []
 
     def model_info(self):
         return self.model
