@@ -40,8 +40,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         dest="eviction_reports",
         action="store_false",
         help="route by what was sent to each worker alone, ignoring the prefix blocks the "
-        "workers report evicted (the router before the reports; benchmarks/serve_cluster.py "
-        "compares the two)",
+        "workers report cached and evicted (the router before the reports; "
+        "benchmarks/serve_cluster.py --pressure compares the two)",
     )
     parser.add_argument(
         "--drain-max-utilisation",
