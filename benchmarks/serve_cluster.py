@@ -8,6 +8,12 @@ p50/p99 as the streaming client sees it, and the prefix-cache hit rate the worke
     .venv/bin/python benchmarks/serve_cluster.py                  # every configuration, short
     .venv/bin/python benchmarks/serve_cluster.py --configs 1,2:least-outstanding,pd \\
         --requests 64 --concurrency 16
+    .venv/bin/python benchmarks/serve_cluster.py --pressure       # eviction reports on vs off
+
+A configuration is WORKERS[:POLICY][:no-reports] (the router ignores the prefix blocks the
+workers report evicted), or pd. `--pressure` gives every worker a KV pool of `--kv-blocks`
+blocks, fewer than the groups' prefixes need, and compares the router with and without
+eviction reports on the same workload, each server its own process.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = "1,2:least-outstanding,2:cache-aware,2:round-robin,pd"
+PRESSURE_CONFIGS = "2:cache-aware,2:cache-aware:no-reports"
+NO_REPORTS = "no-reports"
 TOPICS = ["astronomy", "cooking", "chess", "gardening", "sailing", "music"]
 
 
@@ -72,9 +80,17 @@ def percentile(values: list[float], q: float) -> float:
 def server_args(config: str, store: str) -> list[str]:
     if config == "pd":
         return ["--prefill-workers", "1", "--decode-workers", "1", "--kv-store", store]
-    workers, _, policy = config.partition(":")
+    workers, *rest = config.split(":")
     args = ["--workers", workers]
-    return args + (["--routing-policy", policy] if policy else [])
+    if NO_REPORTS in rest:
+        rest.remove(NO_REPORTS)
+        args.append("--no-eviction-reports")
+    return args + (["--routing-policy", rest[0]] if rest else [])
+
+
+def pressure_args(kv_blocks: int) -> list[str]:
+    """A pool of `kv_blocks` 128-token blocks per worker, and a context it can hold."""
+    return ["--num-kv-blocks", str(kv_blocks), "--max-model-len", str(kv_blocks * 128)]
 
 
 def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -141,7 +157,10 @@ async def load(base_url: str, model: str, args: argparse.Namespace) -> tuple[flo
 
 def run_config(config: str, args: argparse.Namespace) -> Result:
     with tempfile.TemporaryDirectory(prefix="deepwell-kv-") as store:
-        server, base_url = start_server(args, server_args(config, store))
+        extra = server_args(config, store)
+        if args.pressure:
+            extra += pressure_args(args.kv_blocks)
+        server, base_url = start_server(args, extra)
         try:
             model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
             seconds, ttfts, totals = asyncio.run(load(base_url, model, args))
@@ -164,13 +183,27 @@ def run_config(config: str, args: argparse.Namespace) -> Result:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=CONFIGS, help=f"comma-separated (default {CONFIGS})")
+    parser.add_argument(
+        "--configs",
+        help=f"comma-separated (default {CONFIGS}; with --pressure {PRESSURE_CONFIGS})",
+    )
+    parser.add_argument(
+        "--pressure",
+        action="store_true",
+        help="memory pressure: --kv-blocks per worker; eviction reports on, then off",
+    )
+    parser.add_argument(
+        "--kv-blocks", type=int, default=12, help="--pressure: KV blocks per worker (default 12)"
+    )
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--groups", type=int, default=4, help="distinct shared prefixes")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--memory-gib", type=float, default=1.0)
     args = parser.parse_args()
+    args.configs = args.configs or (PRESSURE_CONFIGS if args.pressure else CONFIGS)
+    if args.pressure:
+        print(f"memory pressure: {args.kv_blocks} KV blocks of 128 tokens per worker")
     print(
         f"{args.requests} requests, {args.concurrency} at a time, {args.groups} shared "
         f"prefixes, {args.max_tokens} output tokens each"

@@ -23,6 +23,7 @@ from deepwell.settings.flags import (
     engine_args_from,
     given,
 )
+from deepwell.settings.model_source import CONFIG_FILES, model_argument
 from deepwell.settings.parallel import ParallelConfig
 
 
@@ -604,8 +605,10 @@ def _configure_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
         metavar="MODEL_DIR",
-        help="a checkpoint directory (or its config.json): DeepSeek-V4.1, Llama, Qwen2/3; "
-        "only config.json is read, no weights or tokenizer",
+        type=model_argument(CONFIG_FILES),
+        help="a checkpoint directory (or its config.json), or a Hugging Face repo id ORG/NAME "
+        "(only its config.json is fetched): DeepSeek-V4.1, Llama, Qwen2/3; only config.json "
+        "is read, no weights or tokenizer",
     )
     parser.add_argument(
         "--memory",

@@ -169,6 +169,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             shared_store=configs[0].engine.kv_store_path is not None,
             heartbeat_timeout=args.heartbeat_timeout,
             join_address=args.worker_address,
+            eviction_reports=args.eviction_reports,
         )
         started = time.monotonic()
         workers = [_start_worker(config) for config in configs]

@@ -7,7 +7,7 @@ own torch-free types (SamplingParams, EngineStats) travel inside them the same w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import msgpack
@@ -136,6 +136,10 @@ class StepOutputs:
     outputs: list[RequestOutput]
     rejected: list[RequestRejected]
     stats: EngineStats
+    # Prefix keys of the blocks the step made findable and of those it evicted (handed out
+    # again), disjoint: the router's prefix index follows them (cluster/prefix_index.py).
+    cached_keys: list[bytes] = field(default_factory=list)
+    evicted_keys: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from deepwell.serve.cluster.options import add_cluster_arguments
 from deepwell.settings import environment
 from deepwell.settings.flags import add_engine_arguments, add_parallel_arguments
+from deepwell.settings.model_source import model_argument
 
 # The environment variable that also sets an API key (as vLLM's VLLM_API_KEY does).
 API_KEY_ENV = environment.register(
@@ -114,7 +115,9 @@ def _add_model_names(parser: argparse.ArgumentParser, model: argparse._ArgumentG
         "model_tag",
         nargs="?",
         metavar="MODEL",
-        help="a .gguf file or a model directory (the same as --model)",
+        type=model_argument(),
+        help="a .gguf file, a model directory or a Hugging Face repo id ORG/NAME (the same "
+        "as --model)",
     )
     model.add_argument(
         "--served-model-name",

@@ -61,6 +61,10 @@ class StepEngine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def key_changes(self) -> tuple[list[bytes], list[bytes]]:
+        """Prefix keys of the blocks cached and of those evicted since the last call."""
+        ...
+
     def model_info(self) -> ModelInfo: ...
 
 
@@ -105,8 +109,11 @@ def serve_engine(
             return None
         outputs = engine.step() if engine.has_unfinished() else []
         stats = engine.stats()
-        if outputs or rejected or stats != last_stats:
-            outbox.send(encode_message(StepOutputs(worker_id, outputs, rejected, stats)))
+        # What a step cached and evicted goes out with its outputs, one frame per step.
+        cached, evicted = engine.key_changes()
+        if outputs or rejected or cached or evicted or stats != last_stats:
+            message = StepOutputs(worker_id, outputs, rejected, stats, cached, evicted)
+            outbox.send(encode_message(message))
             last_stats = stats
 
 
@@ -116,6 +123,7 @@ class EngineCoreAdapter:
     def __init__(self, config: WorkerConfig) -> None:
         self._args = config.engine
         self._core = EngineCore(self._args)
+        self._core.kv.watch_keys()
 
     def add_request(self, request: GenerateRequest) -> None:
         self._core.provide_image_embeddings(request.image_embeddings)
@@ -141,6 +149,9 @@ class EngineCoreAdapter:
 
     def stats(self) -> EngineStats:
         return self._core.stats()
+
+    def key_changes(self) -> tuple[list[bytes], list[bytes]]:
+        return self._core.kv.take_key_changes()
 
     def close(self) -> None:
         """Write out queued KV store blocks; the next worker may want them."""

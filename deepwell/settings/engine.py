@@ -16,6 +16,7 @@ from deepwell.cpu_dtype import AUTO, DtypeChoice, select_dtype
 from deepwell.settings import environment as env
 from deepwell.settings.declare import check_settings, setting
 from deepwell.settings.durations import in_days, parse_duration
+from deepwell.settings.model_source import model_argument
 from deepwell.settings.parallel import ParallelConfig
 
 if TYPE_CHECKING:
@@ -43,10 +44,13 @@ class EngineArgs:
     # They follow DeepInfer where it has one (128-token blocks, spec/deepinfer.md §1.3).
     model: str | None = setting(
         None,
-        "a .gguf file or a directory with config.json + safetensors",
+        "a .gguf file, a directory with config.json + safetensors, or a Hugging Face repo id "
+        "ORG/NAME, fetched into the hub cache (HF_HUB_CACHE; none with HF_HUB_OFFLINE=1); a "
+        "local path of that name wins",
         group="model",
         flags="--model",
-        metavar="PATH",
+        metavar="PATH|ORG/NAME",
+        parse=model_argument(),
         default_text="the embedded SmolLM2-135M-Instruct",
     )
     # fp16 matmuls are unusably slow on CPUs: not offered.
@@ -267,7 +271,13 @@ class EngineArgs:
     )
     # Fixes the number of KV blocks instead of deriving it from memory_gib (tests, tuning).
     num_kv_blocks: int | None = setting(
-        None, "KV blocks to allocate", group="KV cache", bound="positive"
+        None,
+        "KV blocks to allocate, instead of as many as the memory budget leaves (tests, "
+        "tuning, memory-pressure benchmarks)",
+        group="KV cache",
+        flags="--num-kv-blocks",
+        bound="positive",
+        default_text="from --memory-gib",
     )
     enable_prefix_caching: bool = setting(
         True,

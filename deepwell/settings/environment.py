@@ -135,5 +135,10 @@ for _name, _owner in {
     "MAX_JOBS": "torch's C++ extension builds: compiler processes per build (set to 1 by "
     "deepwell build-kernels, which runs builds side by side instead)",
     "TRITON_INTERPRET": "Triton: run the Triton kernels on the CPU",
+    # Models by name (settings/model_source.py), read as huggingface_hub reads them.
+    "HF_HUB_OFFLINE": "huggingface_hub: never download; a model by name comes from the cache",
+    "HF_HUB_CACHE": "huggingface_hub: the cache models by name are fetched into",
+    "HF_HOME": "huggingface_hub: its home; the cache is HF_HOME/hub unless HF_HUB_CACHE is set",
+    "HF_ENDPOINT": "huggingface_hub: the hub's address (a mirror)",
 }.items():
     register_foreign(_name, _owner)

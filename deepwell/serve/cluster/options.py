@@ -43,6 +43,14 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "longest prefix hit)",
     )
     parser.add_argument(
+        "--no-eviction-reports",
+        dest="eviction_reports",
+        action="store_false",
+        help="route by what was sent to each worker alone, ignoring the prefix blocks the "
+        "workers report cached and evicted (the router before the reports; "
+        "benchmarks/serve_cluster.py --pressure compares the two)",
+    )
+    parser.add_argument(
         "--drain-max-utilisation",
         type=float,
         default=0.8,

@@ -14,7 +14,8 @@ class WorkerPrefixes:
 
     The worker caches a prompt's blocks when it computes them and evicts the least
     recently used when its pool runs short; capping the record at the worker's pool size
-    with the same order keeps it close to what the worker holds.
+    with the same order bounds it, and the keys the worker reports evicted (`forget`)
+    keep it close to what the worker holds.
     """
 
     def __init__(self) -> None:
@@ -35,6 +36,12 @@ class WorkerPrefixes:
             self._keys.move_to_end(key)
         while len(self._keys) > max(capacity, 0):
             self._keys.popitem(last=False)
+
+    def forget(self, keys: list[bytes]) -> None:
+        """Drop keys the worker reports evicted: under memory pressure it holds fewer
+        blocks than its pool, so the capacity alone overstates its hits."""
+        for key in keys:
+            self._keys.pop(key, None)
 
     def clear(self) -> None:
         self._keys.clear()

@@ -74,6 +74,8 @@ class RequestRouter:
     """Sends requests to the pool's workers and moves them when a worker leaves.
 
     `shared_store`: workers share a KV store, so a prefix computed anywhere is a hit.
+    `eviction_reports`: the prefix index follows the blocks workers report cached and
+    evicted (off: it knows only what was sent where, capped at each pool's size).
     """
 
     def __init__(
@@ -84,8 +86,10 @@ class RequestRouter:
         block_size: int,
         shared_store: bool,
         latency: RoleLatency,
+        eviction_reports: bool = True,
     ) -> None:
         self._pool = pool
+        self._eviction_reports = eviction_reports
         self._streams = streams
         self._policy = policy
         self._block_size = block_size
@@ -225,6 +229,11 @@ class RequestRouter:
         return worker
 
     def step_outputs(self, worker: Worker, message: StepOutputs) -> None:
+        if self._eviction_reports:
+            # Disjoint, so the order does not matter; a key sent here and evicted from an
+            # older copy comes back with the report that the worker cached it again.
+            worker.prefixes.forget(message.evicted_keys)
+            worker.prefixes.record(message.cached_keys, worker.stats.kv_blocks_total)
         for output in message.outputs:
             self._deliver(worker, output)
         for rejected in message.rejected:

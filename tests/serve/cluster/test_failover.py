@@ -65,6 +65,9 @@ class PositionalEngine:
         n = len(self.requests)
         return EngineStats(n, 0, n, 64)
 
+    def key_changes(self):
+        return [], []
+
     def model_info(self):
         return self.model
 

@@ -57,6 +57,9 @@ class CountingEngine:
         n = len(self.requests)
         return EngineStats(n, 0, n, 8)
 
+    def key_changes(self):
+        return [], []
+
     def model_info(self):
         return ModelInfo("counting", "none", 4096, "{}", None, [0])
 

@@ -46,3 +46,11 @@ def test_worker_prefixes_count_leading_hits_and_forget_the_oldest():
     assert held.hit_blocks(other) == 0
     held.record(other, capacity=4)
     assert len(held) == 4 and held.hit_blocks(keys) == 0
+
+
+def test_worker_prefixes_forget_the_blocks_a_worker_reports_evicted():
+    keys = prompt_block_keys(b"", list(range(512)), 128)
+    held = WorkerPrefixes()
+    held.record(keys, capacity=8)
+    held.forget([keys[2], b"never recorded"])
+    assert held.hit_blocks(keys) == 2 and len(held) == 3
