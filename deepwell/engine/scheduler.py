@@ -10,6 +10,7 @@ token list adds a pending token: the next step can be planned while this one com
 with the pending token as its input (asynchronous scheduling, core.py).
 """
 
+import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ class Scheduler:
         completes = start + num_tokens == request.num_expected_tokens
         request.num_computed_tokens += num_tokens
         request.num_pending_tokens += completes
+        request.last_scheduled = time.monotonic()
         return ScheduledChunk(request, start, num_tokens, completes, draft)
 
     def _preempt(self, request: Request) -> None:
@@ -193,10 +195,10 @@ class Scheduler:
     def finish(self, request: Request, free_blocks: bool = True) -> None:
         """Take a request out of scheduling (finished or aborted) and free its KV, unless
         a step still computing writes to it: then the caller frees it afterwards."""
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        elif request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
+        # A request the watchdog ends may be on neither list (watchdog.py).
+        queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
+        if request in queue:
+            queue.remove(request)
         if free_blocks:
             self.kv.free(request)
         request.status = RequestStatus.FINISHED

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         api_keys=api_keys(args.api_key, os.environ),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        max_waiting_requests=args.max_waiting_requests,
+        request_timeout_s=args.request_timeout,
         drain_max_utilisation=args.drain_max_utilisation,
         drain_timeout_s=args.drain_timeout,
         key_tokens_per_minute=args.key_tokens_per_minute,
@@ -154,6 +156,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             shared_store=configs[0].engine.kv_store_path is not None,
             heartbeat_timeout=args.heartbeat_timeout,
             join_address=args.worker_address,
+            request_timeout_s=settings.request_timeout_s,
         )
         workers = [_start_worker(config) for config in configs]
         serving = asyncio.Event()

@@ -19,6 +19,7 @@ from typing import Protocol
 import zmq
 
 from deepwell.engine import EngineCore, RequestOutput
+from deepwell.engine.layers.decode_kernel import KERNEL_STATES
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.images.grid import VisionSpec
 from deepwell.serve.messages import (
@@ -179,7 +180,8 @@ def send_heartbeats(
         while not stop.wait(HEARTBEAT_INTERVAL_S):
             # A frontend that is not reading decides on its own what that means.
             with contextlib.suppress(zmq.Again):
-                socket.send(encode_message(Heartbeat(worker_id)), zmq.NOBLOCK)
+                beat = Heartbeat(worker_id, dict(KERNEL_STATES))
+                socket.send(encode_message(beat), zmq.NOBLOCK)
     finally:
         socket.close()
 

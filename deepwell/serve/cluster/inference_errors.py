@@ -23,3 +23,14 @@ class DrainRefused(InferenceError):
     """Removing the worker would overload the others, or there is no such worker."""
 
     status_code = 409
+
+
+class RequestStalled(InferenceError):
+    """The engine's watchdog ended the request: the step loop had stopped advancing it."""
+
+
+class DeadlineExceeded(InferenceError):
+    """The request ran past its deadline (--request-timeout or the body's `timeout`)."""
+
+    status_code = 408
+

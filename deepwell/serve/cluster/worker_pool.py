@@ -63,6 +63,10 @@ class Worker:
     routed_requests: int = 0
     routed_prompt_tokens: int = 0
     routed_hit_tokens: int = 0
+    # Times its process was started again after it was lost (launcher.py).
+    restarts: int = 0
+    # Its native kernels by name and build state, as its latest heartbeat said.
+    kernels: dict[str, str] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -169,6 +173,8 @@ class WorkerPool:
         worker = self.workers[worker_id]
         worker.failure = None
         worker.ready = False
+        worker.restarts += 1
+        worker.kernels = {}
         worker.last_seen = time.monotonic()
 
     async def close(self) -> None:
@@ -234,14 +240,16 @@ class WorkerPool:
             worker.last_seen = time.monotonic()
             if not self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 self._caught_up = worker.last_seen
-            if isinstance(message, WorkerReady):
+            if isinstance(message, Heartbeat):
+                worker.kernels = message.kernels
+            elif isinstance(message, WorkerReady):
                 self._ready(worker, message)
             elif isinstance(message, WorkerFailed):
                 self.remove(message.worker_id, message.message, failed=True)
             elif isinstance(message, StepOutputs) and worker.live:
                 worker.stats = message.stats
                 self._listener.step_outputs(worker, message)
-            elif not isinstance(message, (Heartbeat, StepOutputs)):
+            elif not isinstance(message, StepOutputs):
                 raise TypeError(f"frontend cannot handle {type(message).__name__}")
 
     async def _watch_heartbeats(self) -> None:
