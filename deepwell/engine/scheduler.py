@@ -94,15 +94,20 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
         self._prefill_keys = 0
+        # A running request passed over for the step's budget or key cap counts as scheduled
+        # for the watchdog (watchdog.py): it waits on others' progress, not on nothing.
+        now = time.monotonic()
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             if request.num_output_tokens + request.num_pending_tokens >= request.params.max_tokens:
                 index += 1  # its pending token is its last
                 continue
-            num_tokens = min(request.num_expected_tokens - request.num_computed_tokens, budget)
-            num_tokens = self._fit_keys(request.num_computed_tokens, num_tokens)
+            wanted = min(request.num_expected_tokens - request.num_computed_tokens, budget)
+            num_tokens = self._fit_keys(request.num_computed_tokens, wanted)
             if not num_tokens:
+                if wanted:
+                    request.last_scheduled = now
                 index += 1
                 continue
             if self.kv.cuts_chunks:
@@ -111,6 +116,7 @@ class Scheduler:
             draft = request.draft_token_ids if num_tokens == 1 else []
             if len(draft) > budget - num_tokens:
                 if self.whole_drafts:
+                    request.last_scheduled = now
                     index += 1
                     continue
                 draft = draft[: budget - num_tokens]
@@ -131,6 +137,8 @@ class Scheduler:
             chunks.append(self._take(request, num_tokens, draft))
             budget -= num_tokens + len(draft)
             index += 1
+        for request in self.running[index:]:
+            request.last_scheduled = now  # the budget ran out before its turn
         # Admitting new work right after a preemption would only thrash the cache.
         index = 0
         while not preempted and index < len(self.waiting) and budget > 0:

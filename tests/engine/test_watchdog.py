@@ -71,3 +71,29 @@ def test_watchdog_leaves_progressing_requests_alone(make_core):
     reasons = [o.finish_reason for o in outputs if o.finished]
     assert reasons == [FinishReason.LENGTH] * 4
     assert core.stats().stuck_requests_ended == 0
+
+
+def test_requests_the_budget_runs_out_before_are_not_stuck(make_core):
+    # Four decoding requests and a budget of 4 tokens: the oldest one's draft takes the
+    # whole step, the three behind it wait on that progress and must not be ended.
+    core = make_core(
+        stuck_request_timeout_s=30.0,
+        max_num_batched_tokens=4,
+        async_scheduling=False,
+        num_speculative_tokens=0,
+    )
+    for index in range(4):
+        core.add_request(f"r{index}", [3 + index], SamplingParams(max_tokens=8, temperature=0))
+    core.step()
+    first, *behind = core.scheduler.running
+    first.draft_token_ids = [5, 5, 5]
+    computed = [r.num_computed_tokens for r in behind]
+    before = time.monotonic()
+    core.step()
+    first.draft_token_ids = []
+    # Passed over (nothing computed), yet their clocks read this step.
+    assert [r.num_computed_tokens for r in behind] == computed
+    assert all(r.last_scheduled >= before for r in behind)
+    outputs = _step_until_idle(core)
+    assert [o.finish_reason for o in outputs if o.finished] == [FinishReason.LENGTH] * 4
+    assert core.stats().stuck_requests_ended == 0
