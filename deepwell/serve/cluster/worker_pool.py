@@ -229,6 +229,14 @@ class WorkerPool:
         logger.info("engine worker %d connected from %s", worker.worker_id, worker.address)
         return worker
 
+    def _frames_waiting(self) -> bool:
+        # `get`, never `getsockopt`: reading EVENTS clears the socket's edge-triggered file
+        # descriptor, and only the asyncio socket's own `get` then wakes a pending `recv`
+        # for the frames already queued. `getsockopt` is the plain socket's: after it, the
+        # receive loop slept beside queued outputs for good while the worker idled, its
+        # requests stranded and /metrics frozen at their last stats (issue 32).
+        return bool(self._outbox.get(zmq.EVENTS) & zmq.POLLIN)
+
     async def _receive_loop(self) -> None:
         while True:
             message = decode_message(await self._outbox.recv())
@@ -238,7 +246,7 @@ class WorkerPool:
             if worker is None:
                 continue  # a worker this front end does not know: nothing to route to it
             worker.last_seen = time.monotonic()
-            if not self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not self._frames_waiting():
                 self._caught_up = worker.last_seen
             if isinstance(message, Heartbeat):
                 worker.kernels = message.kernels
@@ -260,7 +268,7 @@ class WorkerPool:
             # sent had been read. (Skipping the check while frames wait starved it: live
             # workers' heartbeats keep the socket busy on a loaded machine.)
             now = time.monotonic()
-            if self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self._frames_waiting():
                 now = self._caught_up
             for worker in self.workers.values():
                 silent = now - worker.last_seen
