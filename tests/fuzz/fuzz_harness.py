@@ -23,7 +23,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_bodies import ANTHROPIC, FuzzCase, fuzz_cases  # noqa: E402
 
-# An answer slower than this is a hang (the cases ask for a few tokens at most).
+# Two workers; a body that leaves its token budget to the server's default (the context)
+# is cut at a deadline, well before an answer counts as a hang.
+FUZZ_SERVER_ARGS = ("--workers", "2", "--threads", "1", "--request-timeout", "30")
 HANG_S = 120.0
 
 
@@ -164,7 +166,7 @@ def main() -> int:
         from servers import MODEL_ARGS, start_server
 
         server = start_server(
-            Path(tempfile.mkdtemp(prefix="fuzz-")), *MODEL_ARGS, "--workers", "2", "--threads", "1"
+            Path(tempfile.mkdtemp(prefix="fuzz-")), *MODEL_ARGS, *FUZZ_SERVER_ARGS
         )
         base_url = server.base_url
     try:

@@ -12,15 +12,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
 from fuzz_bodies import fuzz_cases  # noqa: E402
-from fuzz_harness import run_fuzz  # noqa: E402
+from fuzz_harness import FUZZ_SERVER_ARGS, run_fuzz  # noqa: E402
 from servers import MODEL_ARGS, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def two_worker_server(tmp_path_factory):
-    server = start_server(
-        tmp_path_factory.mktemp("fuzz"), *MODEL_ARGS, "--workers", "2", "--threads", "1"
-    )
+    server = start_server(tmp_path_factory.mktemp("fuzz"), *MODEL_ARGS, *FUZZ_SERVER_ARGS)
     yield server
     assert server.stop() == 0
 

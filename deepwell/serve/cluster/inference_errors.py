@@ -33,4 +33,3 @@ class DeadlineExceeded(InferenceError):
     """The request ran past its deadline (--request-timeout or the body's `timeout`)."""
 
     status_code = 408
-
