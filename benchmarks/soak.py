@@ -156,7 +156,8 @@ def start_server(store: Path, args: argparse.Namespace) -> tuple[subprocess.Pope
     command = [sys.executable, "-m", "deepwell.cli", "serve", "--port", str(port)]
     command += ["--workers", "2", "--threads", "1", "--memory-gib", str(args.memory_gib)]
     command += ["--kv-store", str(store), "--request-timeout", str(REQUEST_TIMEOUT_S)]
-    command += ["--log-level", "warning"]
+    # Workers are lost to the SIGKILLs here, not to a loaded machine's slow heartbeats.
+    command += ["--heartbeat-timeout", "10", "--log-level", "warning"]
     server = subprocess.Popen(
         command, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL
     )
@@ -362,8 +363,9 @@ async def settle(base_url: str, wait_s: float = 120.0) -> tuple[float, str]:
             await asyncio.sleep(0.5)
 
 
-async def soak(server: subprocess.Popen, base_url: str, store: Path, args) -> SoakReport:
-    report = SoakReport(args.minutes)
+async def soak(
+    server: subprocess.Popen, base_url: str, store: Path, args, report: SoakReport
+) -> None:
     async with httpx.AsyncClient(base_url=base_url) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
     until = time.monotonic() + args.minutes * 60
@@ -381,7 +383,6 @@ async def soak(server: subprocess.Popen, base_url: str, store: Path, args) -> So
     disturbed = await seeded_streams(base_url, model, workers[0] if workers else None)
     same = sum(a == b for a, b in zip(calm, disturbed, strict=True))
     report.identity = f"{same} of {len(calm)} seeded streams identical with a worker SIGKILLed"
-    return report
 
 
 async def _wait_for_workers(base_url: str, wait_s: float = 600.0) -> None:
@@ -409,8 +410,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="deepwell-soak-") as scratch:
         store = Path(scratch) / "kv-store"
         server, base_url = start_server(store, args)
+        report = SoakReport(args.minutes)
         try:
-            report = asyncio.run(soak(server, base_url, store, args))
+            asyncio.run(soak(server, base_url, store, args, report))
+        except KeyboardInterrupt:
+            print("interrupted: the figures so far")
         finally:
             server.send_signal(signal.SIGTERM)
             try:
