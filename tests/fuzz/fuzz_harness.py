@@ -120,7 +120,10 @@ def _check_event(case: FuzzCase, line: str, label: str, report: FuzzReport) -> N
             report.server_errors.append(f"stream error event {label}: {line[:160]}")
 
 
-async def run_fuzz(base_url: str, cases: list[FuzzCase], concurrency: int) -> FuzzReport:
+async def run_fuzz(
+    base_url: str, cases: list[FuzzCase], concurrency: int, progress: int = 0
+) -> FuzzReport:
+    """`progress`: print a line every this many bodies (0: none)."""
     report = FuzzReport()
     started = time.monotonic()
     queue: asyncio.Queue[FuzzCase] = asyncio.Queue()
@@ -130,6 +133,9 @@ async def run_fuzz(base_url: str, cases: list[FuzzCase], concurrency: int) -> Fu
     async def worker(http: httpx.AsyncClient) -> None:
         while not queue.empty():
             await _send(http, queue.get_nowait(), report)
+            sent = sum(report.statuses.values()) + len(report.hangs)
+            if progress and sent % progress == 0:
+                print(f"{sent} bodies, {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=HANG_S + 10) as http:
         await asyncio.gather(*(worker(http) for _ in range(concurrency)))
@@ -172,7 +178,7 @@ def main() -> int:
     try:
         model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
         report = asyncio.run(
-            run_fuzz(base_url, fuzz_cases(args.seed, args.count, model), args.concurrency)
+            run_fuzz(base_url, fuzz_cases(args.seed, args.count, model), args.concurrency, 500)
         )
     finally:
         if server is not None:
