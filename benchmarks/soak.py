@@ -163,17 +163,22 @@ def start_server(store: Path, args: argparse.Namespace) -> tuple[subprocess.Pope
     )
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"deepwell serve exited with {server.returncode}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                return server, base_url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    server.kill()
-    raise SystemExit("deepwell serve did not become ready")
+    try:
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise SystemExit(f"deepwell serve exited with {server.returncode}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                    return server, base_url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit("deepwell serve did not become ready")
+    except BaseException:
+        # SIGTERM lets it stop its workers; a server left behind would keep them.
+        server.terminate()
+        server.wait(60)
+        raise
 
 
 def request_mix(rng: random.Random, model: str) -> tuple[str, dict, int | None]:
