@@ -25,7 +25,19 @@ from fuzz_bodies import ANTHROPIC, FuzzCase, fuzz_cases  # noqa: E402
 
 # Two workers; a body that leaves its token budget to the server's default (the context)
 # is cut at a deadline, well before an answer counts as a hang.
-FUZZ_SERVER_ARGS = ("--workers", "2", "--threads", "1", "--request-timeout", "30")
+FUZZ_SERVER_ARGS = (
+    "--workers",
+    "2",
+    "--threads",
+    "1",
+    "--request-timeout",
+    "30",
+    # Liveness is the soak's to test: a loaded machine's slow heartbeats must not empty the pool.
+    "--heartbeat-timeout",
+    "10",
+    "--memory-gib",
+    "1",
+)
 HANG_S = 120.0
 
 
