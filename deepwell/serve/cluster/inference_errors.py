@@ -30,6 +30,6 @@ class RequestStalled(InferenceError):
 
 
 class DeadlineExceeded(InferenceError):
-    """The request ran past its deadline (--request-timeout or the body's `timeout`)."""
+    """The request ran past its deadline (--request-timeout)."""
 
     status_code = 408
