@@ -40,6 +40,7 @@ from deepwell.engine.speculative.cadence import DraftCadence
 from deepwell.engine.speculative.dspark import DSparkDrafter
 from deepwell.engine.speculative.ngram import NgramDrafter
 from deepwell.engine.stats import EngineStats, SpecStats
+from deepwell.engine.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 # An idle step loop whose waiting requests all read the KV store sleeps at most this long.
@@ -101,6 +102,10 @@ class EngineCore:
         self.intake = RequestIntake(args, built, self.scheduler, self.requests)
         self._aborted: list[RequestOutput] = []
         self.num_preemptions = 0
+        self.watchdog = StallWatchdog(
+            args.stuck_request_timeout_s, self.requests, self.scheduler, self.intake.compiling
+        )
+        self.num_stuck_ended = 0
         self.logging_interval_step = args.logging_interval_step
         self._logged_step = 0
         self._logged_at = time.monotonic()
@@ -176,11 +181,19 @@ class EngineCore:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if not self.intake.withdraw(request):
-            self.pipeline.finish(request)
-        request.finish_reason = FinishReason.ABORT
-        self._aborted.append(request.step_output([], []))
+        self._end(request, FinishReason.ABORT)
         return True
+
+    def _end(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """Take a request out wherever it is and hand back its last output at the next step."""
+        if request.request_id in self.requests:
+            if not self.intake.withdraw(request):
+                self.pipeline.finish(request)
+        else:  # astray: held by the scheduler alone (watchdog.py)
+            self.pipeline.release(request)
+        request.finish_reason = reason
+        request.error = error
+        self._aborted.append(request.step_output([], []))
 
     def close(self) -> None:
         """Finish the step in flight, write queued blocks to the KV store, stop threads and
@@ -194,7 +207,14 @@ class EngineCore:
             self.context_parallel.close()
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._aborted) or self.pipeline.in_flight is not None
+        # The scheduler's lists too: a request held there alone must still reach a step,
+        # where the watchdog ends it (the loop must never idle beside held blocks).
+        return (
+            bool(self.requests)
+            or self.scheduler.has_work
+            or bool(self._aborted)
+            or self.pipeline.in_flight is not None
+        )
 
     def stats(self) -> EngineStats:
         pool = self.kv.block_pool
@@ -207,6 +227,7 @@ class EngineCore:
             prefix_queried_tokens=self.kv.counters.queried_tokens,
             prefix_hit_tokens=self.kv.counters.hit_tokens,
             spec=self.speculator.stats() if self.speculator is not None else SpecStats(),
+            stuck_requests_ended=self.num_stuck_ended,
             **self._store_stats(),
         )
 
@@ -226,6 +247,7 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """One round: admit compiled requests, propose drafts, schedule, then launch the plan
         and hand back what the step before it sampled."""
+        self._end_stranded()
         outputs, self._aborted = self._aborted, []
         if self.intake.compiling:
             outputs += self.intake.admit_compiled()
@@ -249,6 +271,13 @@ class EngineCore:
         if self.intake.compiling and not outputs:
             self.intake.wait_for_compile(_COMPILE_POLL_S)
         return outputs
+
+    def _end_stranded(self) -> None:
+        """End, with an error each client sees, the requests the watchdog finds stranded."""
+        for stranded in self.watchdog.check(time.monotonic()):
+            self.num_stuck_ended += 1
+            message = f"the engine stopped making progress on this request: it {stranded.reason}"
+            self._end(stranded.request, FinishReason.STUCK, message)
 
     def _log_stats(self) -> None:
         """A line of statistics every `logging_interval_step` steps (DeepInfer's

@@ -14,6 +14,9 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
     # The request failed on its own (e.g. its grammar did not compile); `error` says why.
     ERROR = "error"
+    # The engine's watchdog ended a request the step loop stopped making progress on
+    # (watchdog.py); `error` says why. Not the request's fault.
+    STUCK = "stuck"
 
 
 @dataclass(frozen=True)

@@ -113,13 +113,17 @@ class StepPipeline:
 
     def finish(self, request: Request) -> None:
         """Take an ended request out; a step in flight may still write its blocks."""
+        self.release(request)
+        del self.requests[request.request_id]
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
+
+    def release(self, request: Request) -> None:
+        """Take a request out of scheduling and free its blocks once no step writes them."""
         in_flight = self.in_flight
         self.scheduler.finish(request, free_blocks=in_flight is None)
         if in_flight is not None:
             in_flight.release.append(request)
-        del self.requests[request.request_id]
-        if self.speculator is not None:
-            self.speculator.forget(request.request_id)
 
     def close(self) -> None:
         """Finish the step in flight and stop the compute thread."""

@@ -39,6 +39,8 @@ class Request:
     # every draw (sampling.uniform).
     seed: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    # When a step last gave it tokens to compute (scheduler.py); the watchdog's clock.
+    last_scheduled: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     # Tokens a scheduled step will sample for this request and has not yet handed back.

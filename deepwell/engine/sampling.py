@@ -209,7 +209,8 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
         sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         vocab = logits.shape[-1]
         ranks = torch.arange(vocab, device=device).unsqueeze(0)
-        k = torch.tensor([k if k > 0 else vocab for k in top_ks], device=device).unsqueeze(1)
+        # A top_k past the vocabulary keeps all of it (and must not overflow the tensor).
+        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=device)[:, None]
         remove = ranks >= k
         sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         # Drop a token when the mass before it already reaches top_p; the first always stays.

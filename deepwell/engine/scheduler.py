@@ -10,6 +10,7 @@ token list adds a pending token: the next step can be planned while this one com
 with the pending token as its input (asynchronous scheduling, core.py).
 """
 
+import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
@@ -93,15 +94,20 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
         self._prefill_keys = 0
+        # A running request passed over for the step's budget or key cap counts as scheduled
+        # for the watchdog (watchdog.py): it waits on others' progress, not on nothing.
+        now = time.monotonic()
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             if request.num_output_tokens + request.num_pending_tokens >= request.params.max_tokens:
                 index += 1  # its pending token is its last
                 continue
-            num_tokens = min(request.num_expected_tokens - request.num_computed_tokens, budget)
-            num_tokens = self._fit_keys(request.num_computed_tokens, num_tokens)
+            wanted = min(request.num_expected_tokens - request.num_computed_tokens, budget)
+            num_tokens = self._fit_keys(request.num_computed_tokens, wanted)
             if not num_tokens:
+                if wanted:
+                    request.last_scheduled = now
                 index += 1
                 continue
             if self.kv.cuts_chunks:
@@ -110,6 +116,7 @@ class Scheduler:
             draft = request.draft_token_ids if num_tokens == 1 else []
             if len(draft) > budget - num_tokens:
                 if self.whole_drafts:
+                    request.last_scheduled = now
                     index += 1
                     continue
                 draft = draft[: budget - num_tokens]
@@ -130,6 +137,8 @@ class Scheduler:
             chunks.append(self._take(request, num_tokens, draft))
             budget -= num_tokens + len(draft)
             index += 1
+        for request in self.running[index:]:
+            request.last_scheduled = now  # the budget ran out before its turn
         # Admitting new work right after a preemption would only thrash the cache.
         index = 0
         while not preempted and index < len(self.waiting) and budget > 0:
@@ -180,6 +189,7 @@ class Scheduler:
         completes = start + num_tokens == request.num_expected_tokens
         request.num_computed_tokens += num_tokens
         request.num_pending_tokens += completes
+        request.last_scheduled = time.monotonic()
         return ScheduledChunk(request, start, num_tokens, completes, draft)
 
     def _preempt(self, request: Request) -> None:
@@ -193,10 +203,10 @@ class Scheduler:
     def finish(self, request: Request, free_blocks: bool = True) -> None:
         """Take a request out of scheduling (finished or aborted) and free its KV, unless
         a step still computing writes to it: then the caller frees it afterwards."""
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        elif request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
+        # A request the watchdog ends may be on neither list (watchdog.py).
+        queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
+        if request in queue:
+            queue.remove(request)
         if free_blocks:
             self.kv.free(request)
         request.status = RequestStatus.FINISHED

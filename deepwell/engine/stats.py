@@ -55,6 +55,8 @@ class EngineStats:
     store_written_bytes: int = 0
     # Unreadable, corrupt, truncated or foreign block files, and dropped writes.
     store_errors: int = 0
+    # Requests the watchdog ended because the step loop had stranded them (watchdog.py).
+    stuck_requests_ended: int = 0
     # Speculative decoding (speculative/): request-steps that decoded, draft positions
     # verified and accepted, per-position acceptance and the confidence error.
     spec: SpecStats = field(default_factory=SpecStats)

@@ -25,7 +25,7 @@ from deepwell.serve.gateway import Gateway, GatewayCollector
 from deepwell.serve.images.intake import ImageIntake
 from deepwell.serve.images.pool import PoolConfig
 from deepwell.serve.messages import ModelInfo
-from deepwell.serve.metrics import ServeMetrics
+from deepwell.serve.metrics import AdmissionCollector, ServeMetrics
 from deepwell.serve.model import ServedModel, mock_model
 from deepwell.serve.openapi import OPENAPI_PATH, serve_docs_page
 from deepwell.serve.request_log import RequestLog
@@ -115,12 +115,21 @@ def serve_parts(
     """The app's parts, each built once from the ones it reads."""
     if infer is None:
         infer = engine_infer(cluster.router) if cluster is not None else mock_infer
-    admission = Admission(settings.max_pending_requests, settings.retry_after_seconds)
+    admission = Admission(
+        settings.max_pending_requests,
+        settings.retry_after_seconds,
+        settings.max_waiting_requests,
+        cluster.router.num_waiting if cluster is not None else lambda: 0,
+    )
     metrics = ServeMetrics(cluster.pool.stats if cluster is not None else admission.load)
     gateway = Gateway(settings.key_tokens_per_minute)
     metrics.registry.register(GatewayCollector(gateway))
+    metrics.registry.register(AdmissionCollector(lambda: dict(admission.rejected)))
     if cluster is not None:
-        metrics.registry.register(ClusterCollector(cluster.router.views, cluster.latency))
+        router = cluster.router
+        metrics.registry.register(
+            ClusterCollector(router.views, cluster.latency, lambda: router.deadline_expiries)
+        )
     images = ImageIntake(model.vision, settings.images, PoolConfig.from_environment())
     frontend = Frontend(model, infer, images, settings.default_seed)
     # Raw-prompt completions run on the workers directly: no chat encoding, no Infer seam.

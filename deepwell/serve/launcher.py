@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         api_keys=api_keys(args.api_key, os.environ),
         max_body_bytes=args.max_body_bytes,
         max_pending_requests=args.max_pending_requests,
+        max_waiting_requests=args.max_waiting_requests,
+        request_timeout_s=args.request_timeout,
         drain_max_utilisation=args.drain_max_utilisation,
         drain_timeout_s=args.drain_timeout,
         key_tokens_per_minute=args.key_tokens_per_minute,
@@ -170,6 +172,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             heartbeat_timeout=args.heartbeat_timeout,
             join_address=args.worker_address,
             eviction_reports=args.eviction_reports,
+            request_timeout_s=settings.request_timeout_s,
         )
         started = time.monotonic()
         workers = [_start_worker(config) for config in configs]

@@ -192,9 +192,12 @@ class WorkerFailed:
 @dataclass(frozen=True)
 class Heartbeat:
     """Worker → frontend, every `HEARTBEAT_INTERVAL_S` from a thread of its own: still alive,
-    even while a long engine step runs."""
+    even while a long engine step runs (a kernel build among them)."""
 
     worker_id: int
+    # The native kernels this process has asked for, by name: "building", "loaded" or
+    # "unavailable" (engine/layers/decode_kernel.py), for /metrics.
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 HEARTBEAT_INTERVAL_S = 0.1

@@ -43,6 +43,30 @@ class _LoadCollector(Collector):
         )
         yield from _kv_reuse_metrics(stats)
         yield from _speculative_metrics(stats)
+        yield CounterMetricFamily(
+            "deepwell_stuck_requests_ended",
+            "Requests the engine's watchdog ended because the step loop had stopped advancing "
+            "them, since each live worker started.",
+            stats.stuck_requests_ended,
+        )
+
+
+class AdmissionCollector(Collector):
+    """Requests refused at the door, by the limit that refused them: `pending` (429, over
+    --max-pending-requests) or `waiting` (503, over --max-waiting-requests)."""
+
+    def __init__(self, rejected: Callable[[], dict[str, int]]) -> None:
+        self._rejected = rejected
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "deepwell_queue_rejections",
+            "Requests refused because a queue limit was reached, by limit.",
+            labels=["limit"],
+        )
+        for limit, count in self._rejected().items():
+            family.add_metric([limit], count)
+        yield family
 
 
 def _kv_reuse_metrics(stats: EngineStats) -> Iterator[Metric]:

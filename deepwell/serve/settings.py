@@ -14,6 +14,7 @@ from pathlib import Path
 
 from deepwell.serve.cluster.options import add_cluster_arguments
 from deepwell.settings import environment
+from deepwell.settings.durations import parse_duration
 from deepwell.settings.flags import add_engine_arguments, add_parallel_arguments
 from deepwell.settings.model_source import model_argument
 
@@ -65,6 +66,12 @@ class ServeSettings:
     # beyond it a request gets 429 with Retry-After instead of an unbounded wait.
     max_pending_requests: int = 1024
     retry_after_seconds: int = 1
+    # Requests that may wait for their first token at once; beyond it a request gets 503
+    # with Retry-After (None: no bound but the pending limit).
+    max_waiting_requests: int | None = None
+    # Seconds a generation request may run before it is aborted in the engine, its KV
+    # blocks freed and the client answered 408 (None: no deadline).
+    request_timeout_s: float | None = None
     # Quota guard (spec/deepinfer.md §5): a worker may leave only while the others would
     # stay at or below this KV utilisation; its requests get drain_timeout_s to finish.
     drain_max_utilisation: float = 0.8
@@ -173,6 +180,24 @@ def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
         default=defaults.max_pending_requests,
         help="requests admitted at once; more get 429 with Retry-After "
         f"(default: {defaults.max_pending_requests})",
+    )
+    http.add_argument(
+        "--max-waiting-requests",
+        type=_positive_int,
+        default=defaults.max_waiting_requests,
+        metavar="N",
+        help="requests that may wait for their first token at once; more get 503 with "
+        "Retry-After in the dialect's error shape (default: no bound beyond "
+        "--max-pending-requests)",
+    )
+    http.add_argument(
+        "--request-timeout",
+        type=parse_duration,
+        default=defaults.request_timeout_s,
+        metavar="SECONDS",
+        help="deadline of one generation request (seconds, or a number with s/m/h): past it "
+        "the request is aborted in the engine, its KV blocks freed however slowly its client "
+        "reads, and it ends with 408 (an error event once streaming) (default: none)",
     )
     http.add_argument(
         "--mock", action="store_true", help="serve the fixed reply 'Hello world!' with no model"
@@ -352,6 +377,16 @@ def _add_operations_arguments(operations: argparse._ArgumentGroup) -> None:
 
 
 LOG_FORMATS = ("text", "json")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:

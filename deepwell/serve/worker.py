@@ -20,6 +20,7 @@ from typing import Protocol
 import zmq
 
 from deepwell.engine import EngineCore, RequestOutput
+from deepwell.engine.layers.decode_kernel import KERNEL_STATES
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.encoder_worker import ImageEncoderWorker, serve_encoder
 from deepwell.serve.images.grid import VisionSpec
@@ -195,7 +196,8 @@ def send_heartbeats(
         while not stop.wait(HEARTBEAT_INTERVAL_S):
             # A frontend that is not reading decides on its own what that means.
             with contextlib.suppress(zmq.Again):
-                socket.send(encode_message(Heartbeat(worker_id)), zmq.NOBLOCK)
+                beat = Heartbeat(worker_id, dict(KERNEL_STATES))
+                socket.send(encode_message(beat), zmq.NOBLOCK)
     finally:
         socket.close()
 

@@ -434,6 +434,17 @@ class EngineArgs:
         flags="--no-chunked-prefill",
         bool_flag="off",
     )
+    # Reliability (issue 32): the step loop's watchdog (engine/watchdog.py).
+    stuck_request_timeout_s: float = setting(
+        300.0,
+        "seconds a running request may go without being scheduled before the watchdog ends "
+        "it with an error (logged; its KV blocks freed); 0: never",
+        flags="--stuck-request-timeout",
+        bound="non-negative",
+        metavar="SECONDS",
+        env="DEEPWELL_STUCK_REQUEST_TIMEOUT",
+        env_parse=env.parse_float,
+    )
     # Attention data parallelism, MoE expert parallelism and EPLB over torch.distributed
     # (parallel/); one rank per EngineCore. Its flags come from its own declaration.
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)

@@ -84,6 +84,13 @@ def test_top_k_keeps_only_the_k_best():
     assert seen == {0, 1}
 
 
+def test_top_k_past_the_vocabulary_keeps_all_of_it_even_beyond_64_bits():
+    row = [1.0, 1.0, 1.0, 1.0, 1.0]
+    for top_k in (6, 2**63, 2**70):
+        seen = {Sampler()(logits(row), [request(seed=s, top_k=top_k)])[0][0] for s in range(80)}
+        assert seen == {0, 1, 2, 3, 4}
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     # probabilities 0.5, 0.3, 0.2 → top_p 0.7 keeps the first two
     row = [math.log(0.5), math.log(0.3), math.log(0.2)]

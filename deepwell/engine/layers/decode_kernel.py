@@ -228,8 +228,23 @@ def load_llama_kernel() -> DecodeKernel:
     return _load(LLAMA_SOURCES, "native decode step", ["-DDEEPWELL_ONE_EXTENSION"])
 
 
+# Every kernel this process has asked for, by what it is: "building" (or loading from the
+# cache), "loaded" or "unavailable" (the torch path runs). A worker's heartbeats carry it to
+# /metrics, so a start busy compiling shows as such.
+KERNEL_STATES: dict[str, str] = {}
+
+
 def _load(
     sources: tuple[Path, ...], what: str, extra_flags: list[str], ops: str | None = None
+) -> DecodeKernel:
+    KERNEL_STATES[what] = "building"
+    kernel = _build(sources, what, extra_flags, ops)
+    KERNEL_STATES[what] = "loaded" if kernel.module is not None else "unavailable"
+    return kernel
+
+
+def _build(
+    sources: tuple[Path, ...], what: str, extra_flags: list[str], ops: str | None
 ) -> DecodeKernel:
     """Builds (or finds) and loads one extension. One with `ops`, the torch.ops namespace its
     sources register, has no Python module to import (pybind11's headers cost its compile a

@@ -36,16 +36,25 @@ def assemble_cluster(
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S,
     join_address: str | None = None,
     eviction_reports: bool = True,
+    request_timeout_s: float | None = None,
 ) -> Cluster:
     """`join_address` (tcp://HOST:PORT): where workers started elsewhere connect;
     `shared_store`: the workers share a KV store, so a prefix computed anywhere is a hit;
-    `eviction_reports`: routing forgets the prefix blocks workers report evicted."""
+    `eviction_reports`: routing forgets the prefix blocks workers report evicted;
+    `request_timeout_s`: every request's deadline (None: none)."""
     latency = RoleLatency()
     roles = roles or [WorkerRole.MIXED] * len(inbox_addresses)
     pool = WorkerPool(outbox_address, inbox_addresses, roles, heartbeat_timeout, join_address)
     streams = StreamTable(latency)
     router = RequestRouter(
-        pool, streams, policy, block_size, shared_store, latency, eviction_reports
+        pool,
+        streams,
+        policy,
+        block_size,
+        shared_store,
+        latency,
+        eviction_reports,
+        request_timeout_s,
     )
     pool.listen(router)
     return Cluster(pool, router, latency)

@@ -23,3 +23,13 @@ class DrainRefused(InferenceError):
     """Removing the worker would overload the others, or there is no such worker."""
 
     status_code = 409
+
+
+class RequestStalled(InferenceError):
+    """The engine's watchdog ended the request: the step loop had stopped advancing it."""
+
+
+class DeadlineExceeded(InferenceError):
+    """The request ran past its deadline (--request-timeout)."""
+
+    status_code = 408

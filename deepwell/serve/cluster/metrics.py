@@ -43,11 +43,18 @@ class RoleLatency:
 
 
 class ClusterCollector(Collector):
-    """`workers` returns the client's `WorkerView`s; `latency` is its `RoleLatency`."""
+    """`workers` returns the client's `WorkerView`s; `latency` is its `RoleLatency`;
+    `deadline_expiries` counts requests stopped at their deadline."""
 
-    def __init__(self, workers: Callable[[], list], latency: RoleLatency) -> None:
+    def __init__(
+        self,
+        workers: Callable[[], list],
+        latency: RoleLatency,
+        deadline_expiries: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._workers = workers
         self._latency = latency
+        self._deadline_expiries = deadline_expiries
 
     def collect(self) -> Iterator[Metric]:
         views = self._workers()
@@ -86,6 +93,12 @@ class ClusterCollector(Collector):
             queried = view.stats.prefix_queried_tokens
             hit_ratio.add_metric(key, view.stats.prefix_hit_tokens / queried if queried else 0.0)
         yield from (up, outstanding, routed, routed_prompt, routed_hit, hit_ratio)
+        yield from _reliability_metrics(views)
+        yield CounterMetricFamily(
+            "deepwell_deadline_expiries",
+            "Requests stopped at their deadline (--request-timeout), their KV blocks freed.",
+            self._deadline_expiries(),
+        )
         yield CounterMetricFamily(
             "deepwell_rerouted_requests",
             "Requests re-admitted on another worker after theirs was lost.",
@@ -98,3 +111,25 @@ class ClusterCollector(Collector):
         )
         yield from self._latency.first_token.collect()
         yield from self._latency.inter_token.collect()
+
+
+def _reliability_metrics(views: list) -> Iterator[Metric]:
+    """Worker restarts, and each worker's native kernel builds (1 for its current state)."""
+    labels = ["worker", "role"]
+    restarts = CounterMetricFamily(
+        "deepwell_worker_restarts",
+        "Times the worker's process was started again after it was lost.",
+        labels=labels,
+    )
+    kernels = GaugeMetricFamily(
+        "deepwell_kernel_build_state",
+        "1 for each native kernel's build state on the worker: building, loaded, or "
+        "unavailable (the torch path runs).",
+        labels=[*labels, "kernel", "state"],
+    )
+    for view in views:
+        key = [str(view.worker_id), view.role]
+        restarts.add_metric(key, view.restarts)
+        for kernel, state in sorted(view.kernels.items()):
+            kernels.add_metric([*key, kernel, state], 1.0)
+    yield from (restarts, kernels)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from deepwell.engine.kv.prefix_hash import prompt_block_keys
 from deepwell.engine.multimodal import image_spans
 from deepwell.engine.outputs import RequestOutput
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.inference_errors import (
+    DeadlineExceeded,
     DrainRefused,
     EngineUnavailable,
     RequestRejected,
@@ -68,6 +69,10 @@ class WorkerView:
     routed_requests: int
     routed_prompt_tokens: int
     routed_hit_tokens: int
+    # Times the worker's process was started again after it was lost.
+    restarts: int = 0
+    # Its native kernels by name: "building", "loaded" or "unavailable" (worker heartbeats).
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 class RequestRouter:
@@ -76,6 +81,8 @@ class RequestRouter:
     `shared_store`: workers share a KV store, so a prefix computed anywhere is a hit.
     `eviction_reports`: the prefix index follows the blocks workers report cached and
     evicted (off: it knows only what was sent where, capped at each pool's size).
+    `request_timeout_s`: each request's deadline, past which it is aborted on its worker
+    and its stream fails, whether or not its reader is keeping up.
     """
 
     def __init__(
@@ -87,9 +94,13 @@ class RequestRouter:
         shared_store: bool,
         latency: RoleLatency,
         eviction_reports: bool = True,
+        request_timeout_s: float | None = None,
     ) -> None:
         self._pool = pool
         self._eviction_reports = eviction_reports
+        self._request_timeout_s = request_timeout_s
+        # Requests aborted at their deadline, for /metrics.
+        self.deadline_expiries = 0
         self._streams = streams
         self._policy = policy
         self._block_size = block_size
@@ -110,21 +121,54 @@ class RequestRouter:
                 w.routed_requests,
                 w.routed_prompt_tokens,
                 w.routed_hit_tokens,
+                w.restarts,
+                dict(w.kernels),
             )
             for w in self._pool.workers.values()
         ]
 
+    def num_waiting(self) -> int:
+        """Requests sent to a worker that have not had an output since (queued there, or in
+        their prefill): what --max-waiting-requests bounds."""
+        return self._streams.num_waiting()
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""
         stream = self._streams.open(request)
+        expiry = None
+        if self._request_timeout_s is not None:
+            expiry = asyncio.get_running_loop().call_later(
+                self._request_timeout_s, self._expire, stream
+            )
         try:
             self.dispatch(stream)
             async for output in self._streams.outputs(stream):
                 yield output
         finally:
-            worker = stream.worker
-            if self._streams.forget(request.request_id) and worker is not None and worker.live:
-                worker.socket.send(encode_message(AbortRequest([request.request_id])))
+            if expiry is not None:
+                expiry.cancel()
+            self._abort(stream)
+
+    def _abort(self, stream: Stream) -> None:
+        """Forget a stream and abort its request on its worker, if it was still running."""
+        worker = stream.worker
+        request_id = stream.request.request_id
+        if self._streams.forget(request_id) and worker is not None and worker.live:
+            worker.socket.send(encode_message(AbortRequest([request_id])))
+
+    def _expire(self, stream: Stream) -> None:
+        """The request's deadline passed: free its blocks now, even if its client is not
+        reading (its generator may sit unresumed behind a slow SSE reader)."""
+        if self._streams.on(stream.worker, stream.request.request_id) is not stream:
+            return
+        self.deadline_expiries += 1
+        self._abort(stream)
+        stream.queue.put_nowait(
+            DeadlineExceeded(
+                f"the request ran past its deadline of {self._request_timeout_s:g} s "
+                "(--request-timeout) and was stopped"
+            )
+        )
 
     def dispatch(self, stream: Stream) -> None:
         """Send the stream's request, or its continuation, to the worker the policy picks."""

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from deepwell.engine.outputs import RequestOutput
-from deepwell.serve.cluster.inference_errors import InferenceError, RequestRejected
+from deepwell.serve.cluster.inference_errors import (
+    InferenceError,
+    RequestRejected,
+    RequestStalled,
+)
 from deepwell.serve.cluster.metrics import RoleLatency
 from deepwell.serve.messages import GenerateRequest
 
@@ -57,6 +61,12 @@ class StreamTable:
         stream = self._streams.get(request_id)
         return stream if stream is not None and stream.worker is worker else None
 
+    def num_waiting(self) -> int:
+        """Streams running somewhere that have had no output since they were sent there."""
+        return sum(
+            1 for s in self._streams.values() if s.worker is not None and s.last_output_at is None
+        )
+
     def forget(self, request_id: str) -> bool:
         """Drop a request; False if it was already gone."""
         stream = self._streams.pop(request_id, None)
@@ -94,6 +104,8 @@ class StreamTable:
             output = await stream.queue.get()
             if isinstance(output, InferenceError):
                 raise output
+            if output.finish_reason == "stuck":
+                raise RequestStalled(output.error or "the engine stopped advancing the request")
             if output.finish_reason == "error":
                 # The request itself failed in the engine (e.g. its grammar did not compile).
                 raise RequestRejected(output.error or "the engine rejected the request")

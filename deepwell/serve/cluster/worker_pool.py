@@ -66,6 +66,10 @@ class Worker:
     routed_requests: int = 0
     routed_prompt_tokens: int = 0
     routed_hit_tokens: int = 0
+    # Times its process was started again after it was lost (launcher.py).
+    restarts: int = 0
+    # Its native kernels by name and build state, as its latest heartbeat said.
+    kernels: dict[str, str] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -175,6 +179,8 @@ class WorkerPool:
         worker = self.workers[worker_id]
         worker.failure = None
         worker.ready = False
+        worker.restarts += 1
+        worker.kernels = {}
         worker.last_seen = time.monotonic()
 
     async def close(self) -> None:
@@ -233,6 +239,14 @@ class WorkerPool:
         logger.info("engine worker %d connected from %s", worker.worker_id, worker.address)
         return worker
 
+    def _frames_waiting(self) -> bool:
+        # `get`, never `getsockopt`: reading EVENTS clears the socket's edge-triggered file
+        # descriptor, and only the asyncio socket's own `get` then wakes a pending `recv`
+        # for the frames already queued. `getsockopt` is the plain socket's: after it, the
+        # receive loop slept beside queued outputs for good while the worker idled, its
+        # requests stranded and /metrics frozen at their last stats (issue 32).
+        return bool(self._outbox.get(zmq.EVENTS) & zmq.POLLIN)
+
     async def _receive_loop(self) -> None:
         while True:
             message = decode_message(await self._outbox.recv())
@@ -242,9 +256,11 @@ class WorkerPool:
             if worker is None:
                 continue  # a worker this front end does not know: nothing to route to it
             worker.last_seen = time.monotonic()
-            if not self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not self._frames_waiting():
                 self._caught_up = worker.last_seen
-            if isinstance(message, WorkerReady):
+            if isinstance(message, Heartbeat):
+                worker.kernels = message.kernels
+            elif isinstance(message, WorkerReady):
                 self._ready(worker, message)
             elif isinstance(message, WorkerFailed):
                 self.remove(message.worker_id, message.message, failed=True)
@@ -253,7 +269,7 @@ class WorkerPool:
                 self._listener.step_outputs(worker, message)
             elif isinstance(message, ImagesEncoded) and worker.live:
                 self._listener.images_encoded(worker, message)
-            elif not isinstance(message, (Heartbeat, StepOutputs, ImagesEncoded)):
+            elif not isinstance(message, (StepOutputs, ImagesEncoded)):
                 raise TypeError(f"frontend cannot handle {type(message).__name__}")
 
     async def _watch_heartbeats(self) -> None:
@@ -264,7 +280,7 @@ class WorkerPool:
             # sent had been read. (Skipping the check while frames wait starved it: live
             # workers' heartbeats keep the socket busy on a loaded machine.)
             now = time.monotonic()
-            if self._outbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self._frames_waiting():
                 now = self._caught_up
             for worker in self.workers.values():
                 silent = now - worker.last_seen

@@ -6,6 +6,7 @@ FastAPI dependency each, so a route names only what it uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -26,30 +27,51 @@ from deepwell.serve.stored_responses import ResponsesState
 
 
 class Admission:
-    """Counts admitted requests against the pending limit; once closed (shutting down) it
-    refuses every new one."""
+    """Counts admitted requests against the pending limit, and refuses a request while too
+    many wait for their first token (`waiting` reads the router's count); once closed
+    (shutting down) it refuses every new one."""
 
-    def __init__(self, limit: int, retry_after: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        retry_after: int,
+        max_waiting: int | None = None,
+        waiting: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.limit = limit
         self.retry_after = retry_after
+        self.max_waiting = max_waiting
+        self._waiting = waiting
         self.pending = 0
         self.closed = False
+        # Refusals by limit, for /metrics.
+        self.rejected = {"pending": 0, "waiting": 0}
 
     def close(self) -> None:
         self.closed = True
 
     def enter(self) -> None:
+        retry = {"Retry-After": str(self.retry_after)}
         if self.closed:
             raise ApiError(
                 503,
                 "The server is shutting down and takes no new requests; retry on another instance.",
-                {"Retry-After": str(self.retry_after)},
+                retry,
             )
         if self.pending >= self.limit:
+            self.rejected["pending"] += 1
             raise ApiError(
                 429,
                 f"The server is at capacity ({self.limit} requests in progress); retry later.",
-                {"Retry-After": str(self.retry_after)},
+                retry,
+            )
+        if self.max_waiting is not None and self._waiting() >= self.max_waiting:
+            self.rejected["waiting"] += 1
+            raise ApiError(
+                503,
+                f"The server's queue is full ({self.max_waiting} requests wait for their "
+                "first token); retry later.",
+                retry,
             )
         self.pending += 1
 

@@ -11,7 +11,11 @@ from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.assembly import assemble_cluster
-from deepwell.serve.cluster.inference_errors import EngineUnavailable, RequestRejected
+from deepwell.serve.cluster.inference_errors import (
+    DeadlineExceeded,
+    EngineUnavailable,
+    RequestRejected,
+)
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
@@ -170,3 +174,68 @@ def test_a_request_the_engine_refuses_fails_alone(worker):
         return outputs
 
     assert [o.new_token_ids for o in asyncio.run(main())] == [[100], [101]]
+
+
+def test_a_deadline_frees_the_blocks_of_a_request_nobody_reads(worker):
+    engine, outbox, inboxes, thread = worker
+
+    async def main():
+        cluster = assemble_cluster(outbox, inboxes, request_timeout_s=0.3)
+        await cluster.pool.start(timeout=5)
+        stream = cluster.router.generate(request("slow", 10_000_000))
+        await anext(stream)
+        # The reader stops; the deadline must still abort the request on its worker.
+        for _ in range(1000):
+            await asyncio.sleep(0.01)
+            if engine.aborted and cluster.pool.stats().kv_blocks_used == 0:
+                break
+        stats = cluster.pool.stats()
+        with pytest.raises(DeadlineExceeded, match="deadline of 0.3 s"):
+            async for _ in stream:
+                pass
+        expiries = cluster.router.deadline_expiries
+        await cluster.pool.close()
+        return stats, expiries
+
+    stats, expiries = asyncio.run(main())
+    assert engine.aborted == ["slow"]
+    assert stats.kv_blocks_used == 0
+    assert expiries == 1
+
+
+def test_a_request_finished_before_its_deadline_is_not_expired(worker):
+    engine, outbox, inboxes, thread = worker
+
+    async def main():
+        cluster = assemble_cluster(outbox, inboxes, request_timeout_s=0.2)
+        await cluster.pool.start(timeout=5)
+        outputs = [o async for o in cluster.router.generate(request("quick", 2))]
+        await asyncio.sleep(0.4)
+        expiries = cluster.router.deadline_expiries
+        await cluster.pool.close()
+        return outputs, expiries
+
+    outputs, expiries = asyncio.run(main())
+    assert outputs[-1].finish_reason == "length"
+    assert expiries == 0
+    assert engine.aborted == []
+
+
+def test_requests_count_as_waiting_until_their_first_output(worker):
+    engine, outbox, inboxes, thread = worker
+
+    async def main():
+        cluster = assemble_cluster(outbox, inboxes)
+        await cluster.pool.start(timeout=5)
+        assert cluster.router.num_waiting() == 0
+        stream = cluster.router.generate(request("w", 10_000_000))
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # dispatched, nothing back yet
+        waiting = cluster.router.num_waiting()
+        await first
+        after = cluster.router.num_waiting()
+        await stream.aclose()
+        await cluster.pool.close()
+        return waiting, after
+
+    assert asyncio.run(main()) == (1, 0)

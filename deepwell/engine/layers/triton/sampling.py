@@ -110,7 +110,7 @@ def draw(
         scaled = logits / temperature[:, None]
         sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
         positions = torch.arange(vocab, device=device).expand(rows, vocab)
-        k = column([k if k > 0 else vocab for k in top_ks], torch.long)[:, None]
+        k = column([k if 0 < k < vocab else vocab for k in top_ks], torch.long)[:, None]
         remove = positions >= k
         sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
