@@ -94,11 +94,12 @@ def test_generate_refuses_a_budget_too_small_before_reading_weights(tmp_path, ca
     assert "shard" not in err
 
 
-def test_serve_refuses_a_budget_too_small_before_starting_workers(tmp_path, caplog) -> None:
+def test_serve_refuses_a_budget_too_small_before_starting_workers(tmp_path, capsys) -> None:
     checkpoint = write_tiny_checkpoint(tmp_path / "tiny").path
     for shard in checkpoint.glob("*.safetensors"):
         shard.write_bytes(b"\x00" * 16)  # a worker that started loading would fail on these
     argv = ["serve", "--model", str(checkpoint), "--memory-gib", "0.001", "--port", "0"]
-    with caplog.at_level("ERROR", logger="deepwell.serve"):
-        assert cli.main(argv) == 1
-    assert "memory budget 0.00 GiB is too small for tiny: the weights alone take" in caplog.text
+    # serve configures the process's logging itself (its own stderr handler, text or JSON).
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "memory budget 0.00 GiB is too small for tiny: the weights alone take" in err

@@ -67,6 +67,9 @@ class RecordingEngine:
     def stats(self):
         return EngineStats(len(self.pending), 0, 0, 8)
 
+    def key_changes(self):
+        return [], []
+
     def model_info(self):
         vision = VisionSpec(IMAGE_TOKEN, patch_size=2, downsample_ratio=1)
         return ModelInfo("recording", "none", 4096, "{}", None, [0], vision=vision)

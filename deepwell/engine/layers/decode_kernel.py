@@ -216,7 +216,10 @@ def load_rotary_kernel() -> DecodeKernel:
     products round as torch's complex multiply does: gcc 12's vectoriser fuses the pairs into
     vfmaddsub even under -ffp-contract=off, so it is off too (a decode step's rows are few)."""
     return _load(
-        (ROTARY_SOURCE,), "V4.1 rotary kernel", ["-ffp-contract=off", "-fno-tree-vectorize"]
+        (ROTARY_SOURCE,),
+        "V4.1 rotary kernel",
+        ["-ffp-contract=off", "-fno-tree-vectorize"],
+        ops="deepwell_v41_rotary",
     )
 
 

@@ -14,9 +14,11 @@
 // rounding is c10's, the one .to(torch.bfloat16) uses
 // (tests/engine/models/deepseek_v41/test_rotary.py).
 
-#include <torch/extension.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -91,6 +93,3 @@ TORCH_LIBRARY(deepwell_v41_rotary, m) {
 }
 
 TORCH_LIBRARY_IMPL(deepwell_v41_rotary, CPU, m) { m.impl("rotate", &rotate); }
-
-// The op registers as the module loads; the module itself only carries it.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "torch.ops.deepwell_v41_rotary"; }
