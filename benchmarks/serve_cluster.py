@@ -108,7 +108,7 @@ def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess
         if server.poll() is not None:
             raise SystemExit(f"deepwell serve exited with {server.returncode}")
         try:
-            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{base_url}/ready", timeout=1).status_code == 200:
                 return server, base_url
         except httpx.TransportError:
             pass

@@ -168,7 +168,7 @@ def start_server(store: Path, args: argparse.Namespace) -> tuple[subprocess.Pope
             if server.poll() is not None:
                 raise SystemExit(f"deepwell serve exited with {server.returncode}")
             try:
-                if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                if httpx.get(f"{base_url}/ready", timeout=5).status_code == 200:
                     return server, base_url
             except httpx.TransportError:
                 pass
