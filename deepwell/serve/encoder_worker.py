@@ -20,6 +20,7 @@ from deepwell.engine.encoder_cache import EncoderCache, to_image_embedding
 from deepwell.engine.models.registry import build_image_encoder
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.images.grid import VisionSpec
+from deepwell.serve.inbox import waiting_messages
 from deepwell.serve.messages import (
     AbortRequest,
     EncodeImages,
@@ -28,7 +29,6 @@ from deepwell.serve.messages import (
     Shutdown,
     WorkerConfig,
     WorkerReady,
-    decode_message,
     encode_message,
 )
 
@@ -99,11 +99,7 @@ def serve_encoder(
         inbox.poll(IDLE_POLL_MS)
         queued: list[EncodeImages] = []
         aborted: set[str] = set()
-        while True:
-            try:
-                message = decode_message(inbox.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                break
+        for message in waiting_messages(inbox):
             if isinstance(message, Shutdown):
                 return message
             if isinstance(message, EncodeImages):

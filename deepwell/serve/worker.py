@@ -24,6 +24,7 @@ from deepwell.engine.layers.decode_kernel import KERNEL_STATES
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.encoder_worker import ImageEncoderWorker, serve_encoder
 from deepwell.serve.images.grid import VisionSpec
+from deepwell.serve.inbox import waiting_messages
 from deepwell.serve.log_format import configure_logging
 from deepwell.serve.messages import (
     HEARTBEAT_INTERVAL_S,
@@ -90,11 +91,7 @@ def serve_engine(
         busy = engine.has_unfinished()
         poller.poll(0 if busy else IDLE_POLL_MS)
         rejected = []
-        while True:
-            try:
-                message = decode_message(inbox.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                break
+        for message in waiting_messages(inbox):
             if isinstance(message, Shutdown):
                 return message
             if isinstance(message, GenerateRequest):
