@@ -47,13 +47,14 @@ browser:
 # builds each on first use.
 # Two pytest workers, whole files each: most tests run torch on one thread (tests/engine's
 # conftest), so a second worker uses the second core (2-core EPYC: 11 min 19 s for 2,815
-# tests on two workers; one worker took 13 min 22 s for 2,657).
+# tests on two workers; one worker took 13 min 22 s for 2,657). Files are dealt costliest
+# first (tests/suite_order.py); xdist's own reorder, by test count, would undo that.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.test-deps browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/deepwell build-kernels --test-paths
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.test-deps
 	$(VENV)/bin/ruff check .
