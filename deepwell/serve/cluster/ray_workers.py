@@ -28,6 +28,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayEr
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.options import ClusterBackend
 from deepwell.serve.cluster.worker_pool import WorkerPool
 from deepwell.serve.messages import WorkerConfig, decode_message, encode_message
@@ -119,11 +120,11 @@ class RayWorkers:
     async def start(self, timeout: float) -> None:
         """Place the workers, start their actors and their worker loops."""
         bundles = [self._bundle(config) for config in self._configs]
-        self._group = placement_group(bundles, strategy=self.strategy, name="deepwell-workers")
+        self._group = placement_group(bundles, strategy=self.strategy)
         try:
             await asyncio.wait_for(self._group.ready(), timeout)
         except asyncio.TimeoutError:
-            raise RuntimeError(
+            raise EngineUnavailable(
                 f"Ray could not place {len(bundles)} worker(s) of {bundles[0]} with "
                 f"{self.strategy} in {timeout:.0f} s; the cluster has "
                 f"{ray.cluster_resources()} (--ray-cpus-per-worker, --ray-placement)"
@@ -228,8 +229,9 @@ class RayWorkers:
         """After the pool's `Shutdown`: let the worker loops end, then free the actors and
         their placement group."""
         running = [run for run in self._runs if run is not None]
-        with contextlib.suppress(RayError, GetTimeoutError):
-            ray.wait(running, num_returns=len(running), timeout=EXIT_TIMEOUT_S)
+        if running:
+            with contextlib.suppress(RayError, GetTimeoutError):
+                ray.wait(running, num_returns=len(running), timeout=EXIT_TIMEOUT_S)
         for actor in self._actors:
             with contextlib.suppress(RayError):
                 ray.kill(actor, no_restart=True)

@@ -164,25 +164,22 @@ def complete(client: openai.OpenAI, model: str, index: int) -> str:
     return reply.choices[0].text
 
 
-@pytest.fixture(scope="module")
-def ray_server(ray_cluster, tmp_path_factory):
-    server = serve_on_ray(tmp_path_factory.mktemp("ray"), ray_cluster, *RAY_ARGS, "--workers", "2")
-    yield server
-    stop(server)
-
-
 @pytest.mark.slow
-def test_a_sigkilled_actor_mid_stream_changes_no_text_and_is_restarted(ray_server):
-    undisturbed = asyncio.run(seeded_streams(ray_server, 8))
-    assert all(undisturbed), undisturbed
-    rerouted = metric(ray_server, "deepwell_rerouted_requests_total")
-    disturbed = asyncio.run(seeded_streams(ray_server, 8, kill_after=2))
-    assert disturbed == undisturbed
-    assert metric(ray_server, "deepwell_rerouted_requests_total") > rerouted
-    # Ray restarts the actor on its node; it loads the model again and rejoins.
-    wait_for_workers(ray_server, 2)
-    assert "restarting engine worker(s)" in ray_server.output()
-    assert on_two_nodes()
+def test_a_sigkilled_actor_mid_stream_changes_no_text_and_is_restarted(ray_cluster, tmp_path):
+    server = serve_on_ray(tmp_path, ray_cluster, *RAY_ARGS, "--workers", "2")
+    try:
+        undisturbed = asyncio.run(seeded_streams(server, 8))
+        assert all(undisturbed), undisturbed
+        rerouted = metric(server, "deepwell_rerouted_requests_total")
+        disturbed = asyncio.run(seeded_streams(server, 8, kill_after=2))
+        assert disturbed == undisturbed
+        assert metric(server, "deepwell_rerouted_requests_total") > rerouted
+        # Ray restarts the actor on its node; it loads the model again and rejoins.
+        wait_for_workers(server, 2)
+        assert "restarting engine worker(s)" in server.output()
+        assert on_two_nodes()
+    finally:
+        stop(server)
 
 
 @pytest.mark.slow
