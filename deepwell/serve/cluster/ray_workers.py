@@ -79,7 +79,15 @@ class EngineWorkerActor:
 
 def connect(backend: ClusterBackend) -> str:
     """Join (or start) the Ray cluster; return this node's address, where workers reach us."""
-    ray.init(address=backend.address, namespace="deepwell", log_to_driver=True)
+    # Ray retries an unreachable head for minutes, with its own warnings: say what we wait on.
+    logger.info("joining the Ray cluster at %s", backend.address or "RAY_ADDRESS, else a new one")
+    try:
+        ray.init(address=backend.address, namespace="deepwell", log_to_driver=True)
+    except (ConnectionError, RuntimeError, TimeoutError) as error:
+        raise EngineUnavailable(
+            f"--cluster ray={backend.address or ''}: cannot join the Ray cluster: {error} "
+            "(is `ray start --head` running there, and its port open from here?)"
+        ) from None
     return ray.util.get_node_ip_address()
 
 

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import os
 import signal
+import subprocess
 import time
 
 import httpx
@@ -17,7 +18,15 @@ import openai
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from servers import MODEL_ARGS, V41_ARGS, is_running, start_server, write_v41_checkpoint
+from servers import (
+    DEEPWELL,
+    MODEL_ARGS,
+    REPO,
+    V41_ARGS,
+    is_running,
+    start_server,
+    write_v41_checkpoint,
+)
 
 from deepwell.engine.models.deepseek_v41.writer import TINY_TEXT_CONFIG, write_tiny_checkpoint
 
@@ -206,3 +215,11 @@ def test_an_expert_parallel_group_of_two_ranks_on_two_nodes(ray_cluster, tmp_pat
             assert metric(server, "deepwell_routed_requests_total", worker=worker) >= 1
     finally:
         stop(server)
+
+
+def test_ranks_over_machines_are_placed_by_ray_not_given_by_node(tmp_path):
+    command = [DEEPWELL, "serve", "--cluster", "ray", "--data-parallel-size", "2", "--nnodes", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "give --data-parallel-size alone, not --nnodes" in done.stderr + done.stdout
