@@ -164,8 +164,9 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
                 "on Ray this serve starts every data-parallel rank and Ray places them: give "
                 "--data-parallel-size alone, not --nnodes"
             )
+        node_address = ray_workers.connect(args.cluster)
         # Ray's actors connect here from their nodes, as `deepwell worker --connect` does.
-        join_address = join_address or f"tcp://{ray_workers.connect(args.cluster)}:*"
+        join_address = join_address or f"tcp://{node_address}:*"
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         outbox = f"ipc://{sockets}/outputs"
         configs = [
