@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -154,33 +155,72 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         roles = worker_roles(args)
     except ValueError as error:
         raise EngineUnavailable(str(error)) from None
+    on_ray = args.cluster.kind == "ray"
+    join_address = args.worker_address
+    if on_ray:
+        ray_workers = _ray_workers_module()
+        if args.nnodes > 1:
+            raise EngineUnavailable(
+                "on Ray this serve starts every data-parallel rank and Ray places them: give "
+                "--data-parallel-size alone, not --nnodes"
+            )
+        node_address = ray_workers.connect(args.cluster)
+        # Ray's actors connect here from their nodes, as `deepwell worker --connect` does.
+        join_address = join_address or f"tcp://{node_address}:*"
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         outbox = f"ipc://{sockets}/outputs"
         configs = [
             worker_config(
-                args, worker_id, f"ipc://{sockets}/worker-{worker_id}", outbox, os.getpid(), role
+                args,
+                worker_id,
+                "" if on_ray else f"ipc://{sockets}/worker-{worker_id}",
+                outbox,
+                0 if on_ray else os.getpid(),
+                role,
             )
             for worker_id, role in enumerate(roles)
         ]
         cluster = assemble_cluster(
-            configs[0].outbox_address,
+            outbox,
             [config.inbox_address for config in configs],
             roles=[WorkerRole(role) for role in roles],
             policy=POLICIES[args.routing_policy](),
             block_size=configs[0].engine.block_size,
             shared_store=configs[0].engine.kv_store_path is not None,
             heartbeat_timeout=args.heartbeat_timeout,
-            join_address=args.worker_address,
+            join_address=join_address,
             eviction_reports=args.eviction_reports,
             request_timeout_s=settings.request_timeout_s,
         )
         started = time.monotonic()
-        workers = [_start_worker(config) for config in configs]
-        logger.info("starting %d engine worker(s): loading %s", len(workers), _model_name(args))
         serving = asyncio.Event()
-        watcher = asyncio.create_task(_watch_workers(cluster.pool, configs, workers, serving))
+        if on_ray:
+            configs = [
+                dataclasses.replace(config, outbox_address=cluster.pool.join_address)
+                for config in configs
+            ]
+            placement = ray_workers.RayPlacement(
+                args.ray_placement, args.ray_cpus_per_worker, args.ray_max_restarts
+            )
+            actors = ray_workers.RayWorkers(configs, placement)
+            logger.info(
+                "starting %d engine worker(s) on Ray (%s placement): loading %s",
+                len(configs),
+                actors.strategy,
+                _model_name(args),
+            )
+            workers = []
+            watcher = None
+        else:
+            workers = [_start_worker(config) for config in configs]
+            logger.info("starting %d engine worker(s): loading %s", len(workers), _model_name(args))
+            watcher = asyncio.create_task(_watch_workers(cluster.pool, configs, workers, serving))
 
         async def start() -> tuple[FastAPI, ServedModel]:
+            nonlocal watcher
+            if on_ray:
+                await actors.start(WORKER_READY_TIMEOUT_S)
+                watcher = asyncio.create_task(actors.supervise(cluster.pool, serving))
             info = await cluster.pool.start(WORKER_READY_TIMEOUT_S)
             serving.set()
             logger.info(
@@ -199,10 +239,25 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         try:
             await _serve_http(start, settings, args)
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             await cluster.pool.close()
             for worker in workers:
                 await asyncio.to_thread(_stop_process, worker)
+            if on_ray:
+                await asyncio.to_thread(actors.stop)
+                ray_workers.disconnect()
+
+
+def _ray_workers_module():
+    """serve/cluster/ray_workers.py, which needs Ray (the `ray` extra)."""
+    try:
+        from deepwell.serve.cluster import ray_workers
+    except ImportError as error:
+        raise EngineUnavailable(
+            f"--cluster ray needs Ray ({error}): pip install 'deepwell[ray]'"
+        ) from None
+    return ray_workers
 
 
 def _model_name(args: argparse.Namespace) -> str:

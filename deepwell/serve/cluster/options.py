@@ -3,8 +3,33 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from deepwell.serve.cluster.routing import POLICIES
+
+# Ray's placement group strategies (`--ray-placement`); "auto" picks one by the layout.
+RAY_PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ClusterBackend:
+    """Who starts and restarts the workers: this process ("local" subprocesses) or Ray
+    (`address` as `ray.init` takes it; None: RAY_ADDRESS, else a new single-node Ray)."""
+
+    kind: str = "local"
+    address: str | None = None
+
+
+def cluster_backend(text: str) -> ClusterBackend:
+    """`--cluster`: local, ray, or ray=ADDRESS (auto, HOST:PORT of the head's GCS, ray://...)."""
+    kind, equals, address = text.partition("=")
+    if kind == "local" and not equals:
+        return ClusterBackend()
+    if kind == "ray" and (address or not equals):
+        return ClusterBackend("ray", address or None)
+    raise argparse.ArgumentTypeError(
+        f"--cluster takes local, ray or ray=ADDRESS (auto, or the head's HOST:PORT), got {text!r}"
+    )
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +93,42 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="seconds without a heartbeat after which a worker is taken for dead",
+    )
+    _add_ray_arguments(parser.add_argument_group("the cluster on Ray (--cluster ray)"))
+
+
+def _add_ray_arguments(ray: argparse._ArgumentGroup) -> None:
+    ray.add_argument(
+        "--cluster",
+        type=cluster_backend,
+        default=ClusterBackend(),
+        metavar="local|ray[=ADDRESS]",
+        help="who starts the engine workers: local subprocesses (default), or Ray actors placed "
+        "on the nodes of a Ray cluster: ray=auto joins the cluster `ray start` runs on this "
+        "machine, ray=HOST:6379 a head elsewhere, plain ray uses RAY_ADDRESS or starts a "
+        "single-node Ray (needs the `ray` extra: pip install 'deepwell[ray]')",
+    )
+    ray.add_argument(
+        "--ray-placement",
+        choices=RAY_PLACEMENTS,
+        default="auto",
+        help="the workers' placement group strategy; auto: STRICT_PACK for an "
+        "expert-parallel group (its all-to-all each MoE layer stays on one node), SPREAD "
+        "otherwise (a lost node takes the fewest workers)",
+    )
+    ray.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs each worker's bundle reserves on its node (default: 1)",
+    )
+    ray.add_argument(
+        "--ray-max-restarts",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="times Ray restarts a dead worker actor (-1: without end; 0: never) (default: -1)",
     )
 
 

@@ -104,8 +104,11 @@ class WorkerPool:
         self._async_context = zmq.asyncio.Context()
         self._outbox = self._async_context.socket(zmq.PULL)
         self._outbox.bind(outbox_address)
+        # Where workers started elsewhere connect, its port resolved when given as `*`.
+        self.join_address = join_address
         if join_address is not None:
             self._outbox.bind(join_address)
+            self.join_address = self._outbox.get(zmq.LAST_ENDPOINT).decode()
         # Local workers are 0..N-1; a worker that joins from elsewhere (`deepwell worker
         # --connect`) names itself with a random id and sends its inbox address.
         self.workers = {
@@ -124,10 +127,13 @@ class WorkerPool:
         self._listener = listener
 
     def _connect(self, address: str) -> zmq.Socket:
+        """A PUSH socket to `address`; "" (a worker that says where in its `WorkerReady`,
+        as Ray's do): not connected until then, and nothing is sent to it before."""
         socket = self._context.socket(zmq.PUSH)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(address)
+        if address:
+            socket.connect(address)
         return socket
 
     async def start(self, timeout: float) -> ModelInfo:
@@ -186,7 +192,7 @@ class WorkerPool:
     async def close(self) -> None:
         """Ask every worker to exit and release the sockets."""
         for worker in self.workers.values():
-            if worker.failure is None:
+            if worker.failure is None and worker.address:
                 worker.socket.send(encode_message(Shutdown()))
         for task in self._tasks:
             task.cancel()
@@ -199,6 +205,11 @@ class WorkerPool:
         self._async_context.term()
 
     def _ready(self, worker: Worker, message: WorkerReady) -> None:
+        if message.inbox_address and message.inbox_address != worker.address:
+            # A worker that binds where it runs (a Ray actor, a restart on another node).
+            worker.socket.close(linger=0)
+            worker.address = message.inbox_address
+            worker.socket = self._connect(worker.address)
         if worker.role is WorkerRole.ENCODER:
             # It runs the vision tower only; the engine workers say what the model is.
             worker.ready = True

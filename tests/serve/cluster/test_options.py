@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from deepwell.serve.cluster.options import worker_roles
+from deepwell.serve.cluster.options import ClusterBackend, cluster_backend, worker_roles
 from deepwell.serve.settings import add_arguments
 
 
@@ -66,3 +66,16 @@ def test_encoder_workers_follow_the_engine_workers():
         worker_roles(parse("--encoder-workers", "1", "--data-parallel-size", "2"))
     with pytest.raises(ValueError, match="must be positive"):
         worker_roles(parse("--encoder-workers", "-1"))
+
+
+def test_cluster_is_local_by_default_and_ray_takes_an_optional_address():
+    assert parse().cluster == ClusterBackend("local", None)
+    assert parse("--cluster", "ray").cluster == ClusterBackend("ray", None)
+    assert parse("--cluster", "ray=10.0.0.1:6379").cluster == ClusterBackend("ray", "10.0.0.1:6379")
+    assert parse("--cluster", "ray=auto").cluster == ClusterBackend("ray", "auto")
+
+
+@pytest.mark.parametrize("text", ["ray=", "kubernetes", "local=x"])
+def test_an_unknown_cluster_is_refused_with_the_forms_it_takes(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="local, ray or ray=ADDRESS"):
+        cluster_backend(text)
