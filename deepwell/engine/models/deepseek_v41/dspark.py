@@ -125,11 +125,15 @@ class DSpark(nn.Module):
             first.main_proj(torch.cat(features, dim=-1).to(input_dtype(first.main_proj)))
         )
         rotation = self.rotary.rotation(positions)
-        plans = meta.windows[DSPARK_RING]
+        fixed = meta.fixed
+        plans = meta.windows[DSPARK_RING] if fixed is None else []
         for stage, ring in zip(self.stages, rings, strict=True):
             rows = stage.attn.storage.window.encode(
                 stage.context_rows(main_x, rotation), ring.dtype
             )
+            if fixed is not None:
+                # A decode-graph step: a row per sequence, written where its plan says.
+                ring[fixed.slots, fixed.windows[DSPARK_RING].write_rows] = rows
             for seq, plan in zip(meta.sequences, plans, strict=True):
                 ring[seq.slot, plan.write_rows] = rows[seq.rows][plan.write_from :]
 
