@@ -166,13 +166,14 @@ class Indexer(nn.Module):
         blocks = F.pad(scores, (0, -width % size), value=float("-inf"))
         blocks = blocks.unflatten(-1, (-1, size)).amax(dim=-1)
         newest = (visible_counts - 1).div(size, rounding_mode="floor").unsqueeze(1)
-        blocks = blocks.masked_fill(torch.arange(blocks.shape[1]) == newest, float("inf"))
+        block_ids = torch.arange(blocks.shape[1], device=blocks.device)
+        blocks = blocks.masked_fill(block_ids == newest, float("inf"))
         count = min(self.pool_blocks, blocks.shape[1])
         if self.top_ids is not None:
             ids = self.top_ids(blocks, count)
             # A −1 marks a spare last column, dropped.
             spare = blocks.shape[1]
-            keep = torch.zeros(blocks.shape[0], spare + 1, dtype=torch.bool)
+            keep = torch.zeros(blocks.shape[0], spare + 1, dtype=torch.bool, device=blocks.device)
             keep = keep.scatter_(-1, torch.where(ids >= 0, ids, spare), True)[:, :spare]
         else:
             values, indices = self._top(blocks, count)
@@ -374,8 +375,9 @@ class CSA2Attention(nn.Module):
         if not windows:
             return []
         sizes = [len(window.ring_rows) for window in windows]
-        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(
-            torch.tensor(sizes), output_size=sum(sizes)
+        slots = torch.tensor([seq.slot for seq in sequences], device=ring.device)
+        slots = slots.repeat_interleave(
+            torch.tensor(sizes, device=ring.device), output_size=sum(sizes)
         )
         rows = torch.cat([window.ring_rows for window in windows])
         return list(self.storage.window.decode(ring[slots, rows], dtype).split(sizes))

@@ -303,7 +303,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         if images is not None:
             embedded[images.rows] = images.embeddings.to(embedded.device).float()
         streams = embedded.unsqueeze(1).expand(-1, hc, -1)
-        pre = torch.zeros(input_ids.shape[0], hc)
+        pre = torch.zeros(input_ids.shape[0], hc, device=input_ids.device)
         pre[:, 0] = 1
         return streams, pre
 
