@@ -17,7 +17,6 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
 from deepwell.engine.kv.snapshots import RingSnapshots
-from deepwell.engine.layers.attention import FixedDecodeMetadata
 from deepwell.engine.layers.step_metadata import (
     CompactPlan,
     StepMetadata,
@@ -232,9 +231,8 @@ class ModelRunner:
         if step.graph_size is None:
             hidden = self._forward_model(*inputs)
         else:
-            fixed = isinstance(step.meta.paged, FixedDecodeMetadata) or step.meta.fixed is not None
             hidden = self.decode_graphs.run(
-                step.graph_size, self.model_kind, inputs, self._forward_model, fixed
+                step.graph_size, self.model_kind, inputs, self._forward_model, step.meta.fixed_size
             )
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.

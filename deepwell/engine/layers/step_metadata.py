@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.layers.attention import AttentionMetadata, FixedDecodeMetadata
 from deepwell.engine.multimodal import ImageInput
 
 
@@ -188,8 +188,8 @@ class StepMetadata:
     # [rows, depth]: token ids of the positions just before each row's (column s-1 holds
     # position p - s), -1 before the sequence starts; None when the layout asks for none.
     token_history: torch.Tensor | None = None
-    # Full-attention paged K/V, when the layout has any.
-    paged: AttentionMetadata | None = None
+    # Full-attention paged K/V, when the layout has any (a decode-graph step's fixed form).
+    paged: AttentionMetadata | FixedDecodeMetadata | None = None
     # ring spec name → one plan per sequence
     windows: dict[str, list[WindowPlan]] = field(default_factory=dict)
     # compress ratio → one plan per sequence
@@ -204,6 +204,11 @@ class StepMetadata:
     # A decode-graph step's ring and compressed plans; then `sequences`, `windows`,
     # `compressed` and `tails` stay empty.
     fixed: FixedDecodePlans | None = None
+
+    @property
+    def fixed_size(self) -> bool:
+        """A decode-graph step in fixed-size form: shapes set by its row count alone."""
+        return isinstance(self.paged, FixedDecodeMetadata) or self.fixed is not None
 
     def consumer_windows(self, ring: str) -> list[WindowPlan]:
         """The window plans of a YOCO consumer layer."""
