@@ -179,7 +179,6 @@ def run_graphs(args) -> dict:
         EagerReplay,
         capture_sizes,
     )
-    from deepwell.engine.layers.attention import FixedDecodeMetadata
 
     prompts = [[17 + (i * 7 + j) % 200 for j in range(24)] for i in range(args.batch)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
@@ -196,7 +195,7 @@ def run_graphs(args) -> dict:
     step = runner.prepare(core.scheduler.schedule().chunks)
     inputs = (step.input_ids, step.positions, step.meta)
     # Fixed-size decode metadata where the model has it (its key is batch size and model).
-    fixed = isinstance(step.meta.paged, FixedDecodeMetadata)
+    fixed = step.meta.fixed_size
 
     def run_graph() -> torch.Tensor:
         return runner.decode_graphs.run(

@@ -344,6 +344,8 @@ def _model_runner(
             args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size
         ),
         sum_smaller_probs=args.compute_sum_smaller_probs,
+        # A context-parallel wrapper steps its own way.
+        fixed_plans=model is built.model and built.model.hooks().fixed_decode_plans,
     )
 
 

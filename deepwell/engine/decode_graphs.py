@@ -4,14 +4,16 @@ graph replayed. CUDA records a torch.cuda.CUDAGraph per graph key (`CudaGraphRep
 other device runs the same buffers eagerly (`EagerReplay`), so the CPU tests this path.
 
 A graph replays kernels on fixed addresses with fixed launch shapes, and the host-side
-values the forward branches on are baked in. So a decode step of a model whose caches are
-paged full attention (Llama, Qwen, the embedded SmolLM2) hands the model fixed-size
-metadata (`FixedDecodeMetadata`: block tables padded to max_blocks_per_seq, context
-lengths and cache slots as tensors, no host values), and its graph key is only the padded
+values the forward branches on are baked in. So a decode step hands the model fixed-size
+metadata: for paged full attention (Llama, Qwen, the embedded SmolLM2) `FixedDecodeMetadata`
+(block tables padded to max_blocks_per_seq, context lengths and cache slots as tensors), for
+DeepSeek-V4.1's rings and compressed caches `FixedDecodePlans` (window rows, the entries a
+padded block table holds with their visible counts, compressor tails and state slots as
+tensors of the batch size and the layout's shapes). Its graph key is then only the padded
 batch size and the model: every step of that size replays the same graph, whatever its
-contexts. A model whose per-step plans have no fixed-size form yet (DeepSeek-V4.1's rings
-and compressed entries, batch-invariant query tiles) keys its graphs by the signature of
-everything the step hands it too (each tensor's shape and dtype, each plain value), and
+contexts. A step whose plans have no fixed-size form (batch-invariant query tiles, a row
+before its replay start in compact bounded replay) keys its graphs by the signature of
+everything it hands the model too (each tensor's shape and dtype, each plain value), and
 replays only when that repeats. Either way a graph's buffers are reused only for a step of
 the same signature: a mismatch is an error, not a replay of the wrong shapes.
 """
@@ -257,8 +259,8 @@ class DecodeGraphs:
         self, batch_size: int, model: str, inputs: StepInputs, forward: Forward, fixed: bool
     ) -> torch.Tensor:
         """The padded step's hidden states [batch_size, hidden] through its graph; `fixed`:
-        the step's metadata is fixed-size (FixedDecodeMetadata), so its key needs no
-        signature."""
+        the step's metadata is fixed-size (FixedDecodeMetadata, FixedDecodePlans), so its
+        key needs no signature."""
         key = GraphKey(batch_size, model, () if fixed else signature(inputs))
         return self.replay.run(key, inputs, forward)
 

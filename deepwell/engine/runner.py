@@ -17,7 +17,6 @@ from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.kv.replay import EXACT, BoundedReplay, TruncationMode
 from deepwell.engine.kv.snapshots import RingSnapshots
-from deepwell.engine.layers.attention import FixedDecodeMetadata
 from deepwell.engine.layers.step_metadata import (
     CompactPlan,
     StepMetadata,
@@ -38,7 +37,12 @@ from deepwell.engine.sampling import (
 )
 from deepwell.engine.scheduler import ScheduledChunk
 from deepwell.engine.speculative.verify import takes_batched_argmax, verify
-from deepwell.engine.step_rows import PagedRows, StepRows, fixed_decode_metadata
+from deepwell.engine.step_rows import (
+    PagedRows,
+    StepRows,
+    fixed_decode_metadata,
+    fixed_decode_plans,
+)
 
 
 @dataclass
@@ -101,6 +105,7 @@ class ModelRunner:
         decode_graphs: DecodeGraphs | None = None,
         logit_filter: LogitFilter | None = None,
         sum_smaller_probs: bool = False,
+        fixed_plans: bool = False,
     ) -> None:
         """`replay` bounds the YOCO consumer layers' window (kv/replay.py); with
         `snapshots`, every chunk that crosses a block boundary snapshots the rings there.
@@ -108,7 +113,9 @@ class ModelRunner:
         `encoder_cache` encodes the images of a model with a vision tower (intake lets an
         image in only then). With `decode_graphs`, steps of single-token decodes run padded
         through their graphs. With `sum_smaller_probs`, every new token also carries the sum
-        of the probabilities at most its own (DEEPWELL_COMPUTE_SUM_SMALLER_PROBS)."""
+        of the probabilities at most its own (DEEPWELL_COMPUTE_SUM_SMALLER_PROBS).
+        `fixed_plans`: the model reads a decode-graph step's ring and compressed plans in
+        their fixed-size form (ModelHooks.fixed_decode_plans)."""
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -129,6 +136,9 @@ class ModelRunner:
             and not self.token_history
             and not batch_invariant
         )
+        # The same for ring and compressed caches (FixedDecodePlans), where the model
+        # reads them; query tiles have no such form.
+        self.fixed_plans = fixed_plans and bool(layout.rings) and not batch_invariant
         # The graph key's model part.
         self.model_kind = type(model).__name__
         self.device = device
@@ -153,7 +163,9 @@ class ModelRunner:
         num_decode_chunks += len(padding)
         # Built from Python lists on the host (explicitly: whatever the default device is),
         # then placed on the engine's device in one pass below.
-        fixed = graph_size is not None and self.fixed_decode
+        fixed = graph_size is not None and (
+            self.fixed_decode or (self.fixed_plans and all(map(_plain_decode, chunks)))
+        )
         with HOST:
             rows, meta = self._prepare(ordered + padding, num_decode_chunks, fixed)
         snapshot_points = []
@@ -219,9 +231,8 @@ class ModelRunner:
         if step.graph_size is None:
             hidden = self._forward_model(*inputs)
         else:
-            fixed = isinstance(step.meta.paged, FixedDecodeMetadata)
             hidden = self.decode_graphs.run(
-                step.graph_size, self.model_kind, inputs, self._forward_model, fixed
+                step.graph_size, self.model_kind, inputs, self._forward_model, step.meta.fixed_size
             )
         for request_id, slot, boundary in step.snapshot_points:
             # Here, on the compute thread: the next step may overwrite these ring rows.
@@ -319,8 +330,16 @@ class ModelRunner:
             for chunk in chunks:
                 rows.add(chunk)
             width = self.decode_graphs.max_blocks_per_seq
-            paged = fixed_decode_metadata(chunks, self.block_size, width)
-            return rows, StepMetadata([], paged=paged)
+            if self.fixed_decode:
+                paged = fixed_decode_metadata(chunks, self.block_size, width)
+                return rows, StepMetadata([], paged=paged)
+            plans = fixed_decode_plans(
+                chunks, self.layout, self.block_size, width, self.replay.bounded
+            )
+            meta = StepMetadata([], fixed=plans)
+            if self.token_history:
+                meta.token_history = rows.token_history()
+            return rows, meta
         # The rest describes paged full attention (AttentionMetadata).
         paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
         for index, chunk in enumerate(chunks):
@@ -375,6 +394,15 @@ class ModelRunner:
                 meta.bounded_windows[ring.name] = plan_windows(
                     sequences, ring.window, ring.rows, bounded=True
                 )
+
+
+def _plain_decode(chunk: ScheduledChunk) -> bool:
+    """A row the fixed-size plans describe: at or past its request's replay start (compact
+    replay drops rows before it) and no image position (those take span embeddings)."""
+    request, position = chunk.request, chunk.start
+    if position < request.replay_start:
+        return False
+    return not any(first <= position < last for first, last, _ in request.image_spans)
 
 
 def score_prompt(logits: torch.Tensor, request: Request, first: int) -> None:

@@ -1,13 +1,15 @@
 """A scheduled step's rows as model inputs, gathered chunk by chunk (runner.py): token ids,
 positions, sequence spans and token history (`StepRows`), and what paged full attention
 needs of the same rows (`PagedRows` → `AttentionMetadata`; for a decode-graph step,
-`fixed_decode_metadata` → `FixedDecodeMetadata`).
+`fixed_decode_metadata` → `FixedDecodeMetadata`, and over rings and compressed caches
+`fixed_decode_plans` → `FixedDecodePlans`).
 """
 
 from dataclasses import dataclass, field
 
 import torch
 
+from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.layers.attention import (
     AttentionMetadata,
     FixedDecodeMetadata,
@@ -15,7 +17,15 @@ from deepwell.engine.layers.attention import (
     stack_decode_blocks,
 )
 from deepwell.engine.layers.batch_invariant import tile_queries
-from deepwell.engine.layers.step_metadata import ImagePiece, SequenceSpan, StepImages
+from deepwell.engine.layers.step_metadata import (
+    FixedCompressedPlan,
+    FixedDecodePlans,
+    FixedTailPlan,
+    FixedWindowPlan,
+    ImagePiece,
+    SequenceSpan,
+    StepImages,
+)
 from deepwell.engine.request import Request
 from deepwell.engine.scheduler import ScheduledChunk
 
@@ -207,3 +217,66 @@ def fixed_decode_metadata(
         block_tables=torch.tensor(tables, dtype=torch.long),
         context_lens=torch.tensor(lengths, dtype=torch.long),
     )
+
+
+def fixed_decode_plans(
+    chunks: list[ScheduledChunk],
+    layout: KVLayout,
+    block_size: int,
+    max_blocks: int,
+    bounded: bool,
+) -> FixedDecodePlans:
+    """The ring and compressed plans of a step of single-token decodes (padding rows
+    included) in shapes set by the row count and the layout; `bounded`: the YOCO consumers'
+    windows stop at each request's replay start (kv/replay.py)."""
+    positions, slots, tables, floors = [], [], [], []
+    for chunk in chunks:
+        request, position = chunk.request, chunk.start
+        used = position // block_size + 1
+        if used > max_blocks:
+            raise ValueError(
+                f"request {request.request_id}: position {position} needs {used} blocks, "
+                f"past the decode graphs' {max_blocks} per sequence"
+            )
+        positions.append(position)
+        slots.append(-1 if request.slot is None else request.slot)
+        tables.append(request.block_ids[:used] + [0] * (max_blocks - used))
+        floors.append(request.replay_start)
+    position = torch.tensor(positions, dtype=torch.long).unsqueeze(1)
+    table = torch.tensor(tables, dtype=torch.long)
+    windows, consumer_windows, tails = {}, {}, {}
+    for ring in layout.rings:
+        if ring.role is CacheRole.WINDOW:
+            windows[ring.name] = _fixed_window(position, ring.window, ring.rows, None)
+            if bounded and ring.consumers_from is not None:
+                floor = torch.tensor(floors, dtype=torch.long).unsqueeze(1)
+                consumer_windows[ring.name] = _fixed_window(position, ring.window, ring.rows, floor)
+        else:
+            ratio = ring.window + 1
+            before = position + torch.arange(1 - ratio, 0)
+            tails[ratio] = FixedTailPlan(before % ring.rows, (position % ring.rows).squeeze(1))
+    compressed = {}
+    for ratio in sorted({s.compress_ratio for s in layout.paged if s.role is CacheRole.COMPRESSED}):
+        per_block = block_size // ratio
+        entry = (position // ratio).squeeze(1)
+        compressed[ratio] = FixedCompressedPlan(
+            blocks=table,
+            visible_counts=(position.squeeze(1) + 1) // ratio,
+            has_new=(position.squeeze(1) + 1) % ratio == 0,
+            new_blocks=table.gather(1, (entry // per_block).unsqueeze(1)).squeeze(1),
+            new_offsets=entry % per_block,
+            new_positions=entry * ratio,
+        )
+    return FixedDecodePlans(
+        torch.tensor(slots, dtype=torch.long), windows, consumer_windows, compressed, tails
+    )
+
+
+def _fixed_window(
+    position: torch.Tensor, window: int, ring_rows: int, floor: torch.Tensor | None
+) -> FixedWindowPlan:
+    """Window keys of the positions `position` [rows, 1]: the `window - 1` before each
+    (those before 0, or before `floor`, masked), then its own."""
+    keys = position + torch.arange(1 - window, 1)
+    visible = keys >= (0 if floor is None else floor.clamp(min=0))
+    return FixedWindowPlan(keys[:, :-1] % ring_rows, visible, (position % ring_rows).squeeze(1))

@@ -1,8 +1,9 @@
 """Decode graphs: the capture sizes, padding, graph keys and static buffers, on the CPU through
 the eager replay (the path CUDA graphs take, without the capture): padded static-buffer decode
 gives the eager path's tokens on the embedded SmolLM2, the tiny Llama and a tiny V4.1; with
-fixed-size decode metadata (paged full attention) a step's key is its padded batch size and
-model alone, so every later step of that size replays."""
+fixed-size decode metadata (paged full attention; V4.1's windows, compressed entries and
+tails) a step's key is its padded batch size and model alone, so every later step of that
+size replays."""
 
 import dataclasses
 import logging
@@ -103,9 +104,9 @@ def test_enforce_eager_is_a_setting_with_deepinfers_environment_switch():
     assert environment.read("DEEPWELL_ENFORCE_EAGER", {"DEEPWELL_ENFORCE_EAGER": "0"}) is False
 
 
-def _requests(core: EngineCore, lengths: list[int], run: str) -> None:
+def _requests(core: EngineCore, lengths: list[int], run: str, prompt_len: int = 3) -> None:
     for index, max_tokens in enumerate(lengths):
-        prompt = [(7 * index + 3 * k) % 90 + 5 for k in range(3 + 2 * index)]
+        prompt = [(7 * index + 3 * k) % 90 + 5 for k in range(prompt_len + 2 * index)]
         # Different lengths: the batch shrinks through several capture sizes.
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         core.add_request(f"{run}{index}", prompt, params)
@@ -119,19 +120,21 @@ class GraphedRun:
     replays: int
 
 
-def _eager_and_graphed(core: EngineCore, num_requests: int = 5, longest: int = 0) -> GraphedRun:
+def _eager_and_graphed(
+    core: EngineCore, num_requests: int = 5, longest: int = 0, prompt_len: int = 3
+) -> GraphedRun:
     """The same requests run eagerly, then padded through the eager replay, on one engine
     (no prefix cache: the second run computes what the first did). Outputs of 4, 6, 8, ...
-    tokens, or with `longest` 4 apart up to it."""
+    tokens, or with `longest` 4 apart up to it; prompts of `prompt_len`, 2 more each."""
     lengths = [
         longest - 4 * (num_requests - 1 - index) if longest else 4 + 2 * index
         for index in range(num_requests)
     ]
-    _requests(core, lengths, "eager")
+    _requests(core, lengths, "eager", prompt_len)
     eager = run_to_completion(core)
     replay = EagerReplay(max_graphs=1000)
     core.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay, max_blocks_per_seq=16)
-    _requests(core, lengths, "graphed")
+    _requests(core, lengths, "graphed", prompt_len)
     graphed = run_to_completion(core)
     return GraphedRun(
         list(eager.values()), list(graphed.values()), list(replay.buffers), replay.replays
@@ -146,15 +149,21 @@ def test_padded_static_buffer_decode_gives_the_eager_tokens_on_the_tiny_llama(ma
     assert {key.batch_size for key in run.keys} == {8, 4, 2, 1}
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", pytest.param("embedded", marks=pytest.mark.slow)])
-def test_32_decode_steps_replay_one_graph_per_capture_size(model, tiny_llama):
+@pytest.mark.parametrize(
+    "model", ["tiny_llama", "tiny_v41", pytest.param("embedded", marks=pytest.mark.slow)]
+)
+def test_32_decode_steps_replay_one_graph_per_capture_size(model, tiny_llama, request):
     """Fixed-size decode metadata: over 32 decode steps (outputs of 12 to 32 tokens) whose
-    contexts grow across block boundaries and whose batch shrinks, the keys are the capture sizes used and nothing
-    more, every later step of a size replays its buffers, and the tokens are eager's."""
+    contexts grow across block boundaries and whose batch shrinks, the keys are the capture
+    sizes used and nothing more, every later step of a size replays its buffers, and the
+    tokens are eager's. The tiny V4.1's contexts (4 to 44 positions) cross its window of
+    8, every ratio-2 group, its indexer's top-4 and its candidate pool's blocks."""
     args = dict(dtype="float32", max_model_len=256, block_size=16, memory_gib=1.0)
     args |= dict(num_speculative_tokens=0, enable_prefix_caching=False)
     if model == "tiny_llama":
         args["model"] = str(tiny_llama)
+    elif model == "tiny_v41":
+        args |= dict(model=str(request.getfixturevalue("v41_checkpoint")), memory_gib=0.5)
     run = _eager_and_graphed(EngineCore(EngineArgs(**args)), num_requests=6, longest=32)
     assert run.graphed == run.eager
     sizes = {key.batch_size for key in run.keys}
@@ -183,3 +192,49 @@ def test_padded_static_buffer_decode_gives_the_eager_tokens_on_a_tiny_v41(v41_ch
     run = _eager_and_graphed(EngineCore(EngineArgs(**args)))
     assert run.graphed == run.eager
     assert 8 in {key.batch_size for key in run.keys}
+
+
+@pytest.mark.parametrize("mode", ["mask", "compact"])
+def test_v41_decode_graphs_under_bounded_replay_give_the_eager_tokens(v41_checkpoint, mode):
+    """Prompts past the keep of 20 tokens: the YOCO consumers' windows start at the replay
+    start, a floor the fixed-size plans carry as data."""
+    args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=256, block_size=16)
+    args |= dict(num_speculative_tokens=0, memory_gib=0.5, enable_prefix_caching=False)
+    args |= dict(yoco_prefill_truncation_mode=mode, yoco_prefill_keep_tokens=20)
+    run = _eager_and_graphed(EngineCore(EngineArgs(**args)), 3, longest=12, prompt_len=36)
+    assert run.graphed == run.eager
+    assert run.replays > 0 and all(key.inputs == () for key in run.keys)
+
+
+def _caches(core: EngineCore) -> dict[str, torch.Tensor]:
+    kv = core.runner.kv_cache
+    tensors = {f"{name}[{i}]": t for name, ts in kv.rings.items() for i, t in enumerate(ts)}
+    return tensors | {f"{name}[{i}]": t for name, ts in kv.paged.items() for i, t in enumerate(ts)}
+
+
+@pytest.mark.parametrize("speculative", ["none", "dspark"])
+def test_a_v41_graphed_run_leaves_the_caches_an_eager_run_leaves(v41_checkpoint, speculative):
+    """Every window ring, compressor tail, compressed entry and index key (and with DSpark
+    the draft stages' context rings, which greedy verification would not show wrong) holds
+    after a run through the graphs what it holds after an eager run, on two engines that
+    give the requests the same slots and blocks."""
+    args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=256, block_size=16)
+    args |= dict(memory_gib=0.5, enable_prefix_caching=False, quantize_kv_cache=False)
+    if speculative == "dspark":
+        args["speculative_method"] = "dspark"
+    else:
+        args["num_speculative_tokens"] = 0
+    eager, graphed = EngineCore(EngineArgs(**args)), EngineCore(EngineArgs(**args))
+    replay = EagerReplay(max_graphs=1000)
+    graphed.runner.decode_graphs = DecodeGraphs(capture_sizes(8), replay, max_blocks_per_seq=16)
+    outputs = []
+    for core in (eager, graphed):
+        for tensor in _caches(core).values():
+            tensor.zero_()
+        _requests(core, [12, 8, 16], "r", prompt_len=5)
+        outputs.append(run_to_completion(core))
+    assert outputs[0] == outputs[1]
+    assert replay.buffers and all(key.inputs == () for key in replay.buffers)
+    eager_caches = _caches(eager)
+    for name, tensor in _caches(graphed).items():
+        torch.testing.assert_close(tensor, eager_caches[name], rtol=1e-5, atol=1e-5, msg=name)

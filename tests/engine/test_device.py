@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from deepwell import cli
-from deepwell.engine import EngineArgs, SamplingParams
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.decode_graphs import DecodeGraphs, EagerReplay, capture_sizes
 from deepwell.engine.device import DeviceError, memory_budget_gib, place, resolve_device
 from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
 
 from .tiny_llama import run_to_completion
 
@@ -57,6 +59,28 @@ def test_steps_create_no_tensor_on_the_default_device(make_core, kernels):
     _requests(core)
     expected = run_to_completion(core)
     core = make_core(**settings)
+    _requests(core)
+    with torch.device("meta"):
+        assert run_to_completion(core) == expected
+
+
+@pytest.fixture(scope="module")
+def v41_checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_v41"), seed=0).path
+
+
+def _v41_core(checkpoint, **settings):
+    args = dict(model=str(checkpoint), dtype="float32", max_model_len=256, block_size=16)
+    args |= dict(memory_gib=0.5, async_scheduling=False)
+    return EngineCore(EngineArgs(**args | settings))
+
+
+def test_v41_steps_with_dspark_drafts_create_no_tensor_on_the_default_device(v41_checkpoint):
+    """The target's layers, its draft stages and the drafter."""
+    core = _v41_core(v41_checkpoint, speculative_method="dspark")
+    _requests(core)
+    expected = run_to_completion(core)
+    core = _v41_core(v41_checkpoint, speculative_method="dspark")
     _requests(core)
     with torch.device("meta"):
         assert run_to_completion(core) == expected
@@ -113,3 +137,19 @@ def test_the_cpu_budget_is_memory_gib_whatever_the_gpu_share():
 def test_a_gpu_share_outside_zero_to_one_is_refused(share):
     with pytest.raises(ValueError, match="gpu_memory_utilization must lie in"):
         EngineArgs(gpu_memory_utilization=share)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_prepared_v41_step_lives_on_the_runners_device(v41_checkpoint, graphs):
+    """Its window, compressed and tail plans, and with decode graphs their fixed-size form."""
+    core = _v41_core(v41_checkpoint, num_speculative_tokens=0)
+    if graphs:
+        core.runner.decode_graphs = DecodeGraphs(capture_sizes(4), EagerReplay(), 16)
+    _requests(core)
+    core.step()  # prefills; the next plan decodes
+    core.runner.device = torch.device("meta")
+    step = core.runner.prepare(core.scheduler.schedule().chunks)
+    assert (step.meta.fixed is not None) == graphs
+    tensors = dict(_tensors(dataclasses.replace(step, chunks=[], pending_rows=[])))
+    assert len(tensors) > 10
+    assert {path for path, t in tensors.items() if t.device.type != "meta"} == set()

@@ -1,7 +1,8 @@
 """No host synchronisation inside the layer loop: a decode step's model forward reads no
 tensor value on the host (tests/engine/host_reads.py counts every such torch call made from
-deepwell code), on the tiny Llama and a tiny V4.1 with its released MXFP4 experts; the
-expanded experts' per-expert loop is the known exception, and the counter sees it."""
+deepwell code), on the tiny Llama and a tiny V4.1 with its released MXFP4 experts, eager and
+as a decode-graph step; the expanded experts' per-expert loop is the known exception, and the
+counter sees it."""
 
 import pytest
 
@@ -56,6 +57,15 @@ def test_a_llama_decode_forward_reads_nothing_on_the_host(make_core):
 def test_a_llama_decode_graph_step_reads_nothing_on_the_host(make_core):
     """The fixed-size decode metadata of a graph step (what a CUDA graph would replay)."""
     core = make_core(num_speculative_tokens=0, async_scheduling=False)
+    core.runner.decode_graphs = DecodeGraphs(capture_sizes(4), EagerReplay(), 16)
+    reads = decode_reads(core)
+    assert core.runner.decode_graphs.replay.replays > 0
+    assert dict(reads.reads) == {}
+
+
+def test_a_v41_decode_graph_step_reads_nothing_on_the_host(v41_checkpoint):
+    """Its fixed-size plans (windows, compressed entries, tails) read as tensors."""
+    core = v41_core(v41_checkpoint)
     core.runner.decode_graphs = DecodeGraphs(capture_sizes(4), EagerReplay(), 16)
     reads = decode_reads(core)
     assert core.runner.decode_graphs.replay.replays > 0

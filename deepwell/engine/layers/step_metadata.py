@@ -7,7 +7,9 @@ per kind of cache the model declared (kv/layout.py), never per layer.
 - compressor tails (rings holding an incomplete group's projections): one `TailPlan` per
   sequence, per ratio;
 - SWA bounded replay (kv/replay.py): window plans floored at each sequence's replay start
-  for the YOCO consumer layers, and in compact mode the `CompactPlan` of the rows they run.
+  for the YOCO consumer layers, and in compact mode the `CompactPlan` of the rows they run;
+- a decode-graph step of ring and compressed caches (engine/decode_graphs.py): the same
+  plans in shapes set by the batch size alone (`FixedDecodePlans`), built in step_rows.py.
 Every plan is built from the step's `SequenceSpan`s, so a new cache kind adds a plan here
 and the scheduler, block manager and runner stay as they are.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.layers.attention import AttentionMetadata, FixedDecodeMetadata
 from deepwell.engine.multimodal import ImageInput
 
 
@@ -123,13 +125,71 @@ class StepImages:
 
 
 @dataclass
+class FixedWindowPlan:
+    """A decode-graph step's window keys, a row per sequence: the ring rows of the
+    `window - 1` positions before the row's (oldest first; those before position 0 or the
+    floor are masked), then the row's own key."""
+
+    ring_rows: torch.Tensor  # [rows, window - 1]
+    visible: torch.Tensor  # [rows, window]
+    write_rows: torch.Tensor  # [rows]: where the row's key goes
+
+
+@dataclass
+class FixedCompressedPlan:
+    """A decode-graph step's compressed entries at ratio r, a row per sequence: every
+    entry its padded block table can hold, the first `visible_counts` of them seen. A row
+    completing a group (`has_new`) writes entry p // r; the others write that entry's bytes
+    back as they are, so every row writes and no shape depends on which."""
+
+    blocks: torch.Tensor  # [rows, max_blocks]: the block table, padded with block 0
+    visible_counts: torch.Tensor  # [rows]
+    has_new: torch.Tensor  # [rows] bool
+    # [rows] entry p // r: its block, its offset in the block, its first position.
+    new_blocks: torch.Tensor
+    new_offsets: torch.Tensor
+    new_positions: torch.Tensor
+
+
+@dataclass
+class FixedTailPlan:
+    """A decode-graph step's compressor tail at ratio r: the ring rows of the r − 1
+    positions before each row's (the rest of its group when the row completes one), and
+    where the row's own projections go."""
+
+    read_rows: torch.Tensor  # [rows, ratio - 1]
+    write_rows: torch.Tensor  # [rows]
+
+
+@dataclass
+class FixedDecodePlans:
+    """A step of single-token decodes over rings and compressed caches in shapes set by
+    its row count and the layout alone (window, ratios, max_blocks_per_seq): the graph key
+    of such a step is its padded batch size and model, and its plans are data."""
+
+    slots: torch.Tensor  # [rows]: each row's state slot
+    # ring spec name → plan; the YOCO consumers' plans floored at the replay start, when
+    # the engine bounds their window (kv/replay.py).
+    windows: dict[str, FixedWindowPlan]
+    consumer_windows: dict[str, FixedWindowPlan]
+    compressed: dict[int, FixedCompressedPlan]
+    tails: dict[int, FixedTailPlan]
+
+    def window(self, ring: str, consumer: bool) -> FixedWindowPlan:
+        """The window plan of a layer of `ring` (`consumer`: a YOCO consumer layer)."""
+        return (
+            self.consumer_windows.get(ring, self.windows[ring]) if consumer else self.windows[ring]
+        )
+
+
+@dataclass
 class StepMetadata:
     sequences: list[SequenceSpan]
     # [rows, depth]: token ids of the positions just before each row's (column s-1 holds
     # position p - s), -1 before the sequence starts; None when the layout asks for none.
     token_history: torch.Tensor | None = None
-    # Full-attention paged K/V, when the layout has any.
-    paged: AttentionMetadata | None = None
+    # Full-attention paged K/V, when the layout has any (a decode-graph step's fixed form).
+    paged: AttentionMetadata | FixedDecodeMetadata | None = None
     # ring spec name → one plan per sequence
     windows: dict[str, list[WindowPlan]] = field(default_factory=dict)
     # compress ratio → one plan per sequence
@@ -141,6 +201,14 @@ class StepMetadata:
     compact: CompactPlan | None = None
     # Image-span rows, when the step has any.
     images: StepImages | None = None
+    # A decode-graph step's ring and compressed plans; then `sequences`, `windows`,
+    # `compressed` and `tails` stay empty.
+    fixed: FixedDecodePlans | None = None
+
+    @property
+    def fixed_size(self) -> bool:
+        """A decode-graph step in fixed-size form: shapes set by its row count alone."""
+        return isinstance(self.paged, FixedDecodeMetadata) or self.fixed is not None
 
     def consumer_windows(self, ring: str) -> list[WindowPlan]:
         """The window plans of a YOCO consumer layer."""

@@ -110,6 +110,9 @@ class ModelHooks:
     native_decode: Callable[[str], None] | None = None
     # Its vision tower, for a checkpoint that has one: images become span embeddings.
     image_encoder: ImageEncoder | None = None
+    # Its layers read a decode-graph step's ring and compressed plans in their fixed-size
+    # form (layers/step_metadata.py, FixedDecodePlans), so its graphs key on batch size alone.
+    fixed_decode_plans: bool = False
 
 
 @runtime_checkable

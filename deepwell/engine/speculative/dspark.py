@@ -10,6 +10,7 @@ target accepts it. Survival is the running product of those confidences.
 
 import torch
 
+from deepwell.engine.device import HOST
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.models.deepseek_v41.dspark import DSPARK_RING
 from deepwell.engine.request import Request
@@ -39,8 +40,9 @@ class DSparkDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], rooms: list[int]) -> list[Draft | None]:
-        anchors = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.long)
-        positions = torch.tensor([r.num_tokens - 1 for r in requests], dtype=torch.long)
+        # From the host's lists; the block moves them to the model's device.
+        anchors = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.long, device=HOST)
+        positions = torch.tensor([r.num_tokens - 1 for r in requests], device=HOST)
         normed, hidden = self.dspark.block(
             self.model.embed,
             anchors,

@@ -7,6 +7,8 @@ them (by default the released bytes); a layer decodes only what it reads: its wi
 rows, the visible index keys, the entries its rows selected. Within a forward, the source's
 entries and the latest selection are handed to the layers that reuse them through
 `SharedSelection`.
+A decode-graph step (FixedDecodePlans) runs its rows together: every read and write goes
+through the plans' tensors, in shapes set by the batch size, with no per-sequence loop.
 In batch-invariant mode every product and elementwise pass over a sequence's rows or its
 entries runs on fixed-shape tiles (layers/batch_invariant.py) and top-k ties go to the
 lower entry, so a row's result does not depend on its chunk or its neighbours.
@@ -23,6 +25,10 @@ from deepwell.engine.layers.batch_invariant import tiled_keys, tiled_rows, top_i
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import (
     CompressedPlan,
+    FixedCompressedPlan,
+    FixedDecodePlans,
+    FixedTailPlan,
+    FixedWindowPlan,
     SequenceSpan,
     StepMetadata,
     TailPlan,
@@ -57,6 +63,7 @@ class SharedSelection:
     """One sequence's compressed state as the latest source left it within this forward;
     entries and index keys as the cache stores them (CacheStorage)."""
 
+    # A decode-graph step keeps its whole batch's state in one, with a leading row axis.
     entries: torch.Tensor  # [entries, stored head_dim]
     index_keys: torch.Tensor  # [entries, stored index_head_dim]
     # [rows, top-k] entry ids, -1 where fewer entries are visible.
@@ -147,7 +154,8 @@ class Indexer(nn.Module):
             )
         else:
             scores = _index_scores(queries, weights, keys)
-        hidden = torch.arange(keys.shape[0]).unsqueeze(0) >= visible_counts.unsqueeze(1)
+        entries = torch.arange(keys.shape[-2], device=scores.device)
+        hidden = entries.unsqueeze(0) >= visible_counts.unsqueeze(1)
         return scores.masked_fill(hidden, float("-inf"))
 
     def candidate_pool(self, scores: torch.Tensor, visible_counts: torch.Tensor) -> torch.Tensor:
@@ -158,13 +166,14 @@ class Indexer(nn.Module):
         blocks = F.pad(scores, (0, -width % size), value=float("-inf"))
         blocks = blocks.unflatten(-1, (-1, size)).amax(dim=-1)
         newest = (visible_counts - 1).div(size, rounding_mode="floor").unsqueeze(1)
-        blocks = blocks.masked_fill(torch.arange(blocks.shape[1]) == newest, float("inf"))
+        block_ids = torch.arange(blocks.shape[1], device=blocks.device)
+        blocks = blocks.masked_fill(block_ids == newest, float("inf"))
         count = min(self.pool_blocks, blocks.shape[1])
         if self.top_ids is not None:
             ids = self.top_ids(blocks, count)
             # A −1 marks a spare last column, dropped.
             spare = blocks.shape[1]
-            keep = torch.zeros(blocks.shape[0], spare + 1, dtype=torch.bool)
+            keep = torch.zeros(blocks.shape[0], spare + 1, dtype=torch.bool, device=blocks.device)
             keep = keep.scatter_(-1, torch.where(ids >= 0, ids, spare), True)[:, :spare]
         else:
             values, indices = self._top(blocks, count)
@@ -188,7 +197,9 @@ class Indexer(nn.Module):
 
 
 def _index_scores(queries, weights, keys) -> torch.Tensor:
-    per_head = torch.einsum("nhd,cd->nhc", queries, keys).relu()
+    """keys [entries, dim], or [rows, entries, dim] each row its own (a decode-graph step)."""
+    per_head = torch.einsum("nhd,cd->nhc" if keys.dim() == 2 else "nhd,ncd->nhc", queries, keys)
+    per_head = per_head.relu()
     return (per_head * weights.unsqueeze(-1)).sum(dim=1)
 
 
@@ -238,9 +249,12 @@ class CSA2Attention(nn.Module):
         shared: dict[int, SharedSelection],
     ) -> torch.Tensor:
         """u [rows, hidden] (compute dtype), rotation [rows, pairs]; `windows` the step's
-        window plans for this layer; `ring` is this layer's window ring [slots, ring_rows,
-        stored dim]; `compressed` the caches of this layer's KV source; `shared` maps a
-        sequence to its compressed state within this forward."""
+        window plans for this layer (a decode-graph step's one FixedWindowPlan); `ring` is
+        this layer's window ring [slots, ring_rows, stored dim]; `compressed` the caches of
+        this layer's KV source; `shared` maps a sequence to its compressed state within
+        this forward."""
+        if meta.fixed is not None:
+            return self.decode_fixed(u, rotation, meta.fixed, windows, ring, compressed, shared)
         qr, q, kv, stored_kv = self.project(u, rotation)
         # Zeros: a batch-invariant step's padding rows belong to no sequence.
         out = torch.zeros_like(q)
@@ -264,6 +278,72 @@ class CSA2Attention(nn.Module):
                 self.select(state, u[rows], qr[rows], rotation[rows], plan.visible_counts)
             out[rows] = self.attend(q[rows], window_keys, window.visible, state)
         return self.output(out, rotation)
+
+    def decode_fixed(
+        self,
+        u: torch.Tensor,
+        rotation: torch.Tensor,
+        plans: FixedDecodePlans,
+        window: FixedWindowPlan,
+        ring: torch.Tensor,
+        compressed: CompressedCaches | None,
+        shared: dict[int, SharedSelection],
+    ) -> torch.Tensor:
+        """A decode-graph step's rows, one per sequence, each against its window and the
+        entries it selects, as `forward` computes them; keys past a row's window or its
+        selection are zeroed as well as masked (the padded reads may hold any bytes)."""
+        qr, q, kv, stored_kv = self.project(u, rotation)
+        slots = plans.slots
+        before = self.storage.window.decode(ring[slots.unsqueeze(1), window.ring_rows], kv.dtype)
+        ring[slots, window.write_rows] = stored_kv
+        keys = torch.cat((before, kv.unsqueeze(1)), dim=1)
+        valid = window.visible
+        if compressed is not None:
+            ratio = self.plan.compress_ratio
+            plan = plans.compressed[ratio]
+            if self.compressor is not None:
+                self._write_entries_fixed(u, slots, plan, plans.tails.get(ratio), compressed)
+                shared[0] = SharedSelection(
+                    entries=compressed.entries[plan.blocks].flatten(1, 2),
+                    index_keys=compressed.index_keys[plan.blocks].flatten(1, 2),
+                )
+            state = shared[0]
+            self.select(state, u, qr, rotation, plan.visible_counts)
+            picked = torch.take_along_dim(
+                state.entries, state.selected.clamp(min=0).unsqueeze(-1), dim=1
+            )
+            keys = torch.cat((keys, self.storage.entries.decode(picked, q.dtype)), dim=1)
+            valid = torch.cat((valid, state.selected >= 0), dim=1)
+        keys = keys.masked_fill(~valid.unsqueeze(-1), 0)
+        # Every key is a row's own: passed as its selection, with no shared window keys.
+        out = self.backend.forward(
+            q, keys.new_empty(0, keys.shape[-1]), valid[:, :0], keys, valid, self.attn_sink
+        )
+        return self.output(out, rotation)
+
+    def _write_entries_fixed(
+        self,
+        u: torch.Tensor,
+        slots: torch.Tensor,
+        plan: FixedCompressedPlan,
+        tail: FixedTailPlan | None,
+        caches: CompressedCaches,
+    ) -> None:
+        """Every row pools its group and writes entry p // r; a row that completes no group
+        writes back the bytes already there (FixedCompressedPlan)."""
+        inputs = self.compressor.inputs(u)
+        if tail is None:
+            latents = inputs
+        else:
+            before = caches.tail[slots.unsqueeze(1), tail.read_rows]
+            caches.tail[slots, tail.write_rows] = inputs
+            groups = torch.cat((before, inputs.unsqueeze(1)), dim=1)
+            latents = self.compressor.pool(groups.flatten(0, 1), u.dtype)
+        entries, keys = self.entries(latents, plan.new_positions)
+        for cache, new in ((caches.entries, entries), (caches.index_keys, keys)):
+            kept = cache[plan.new_blocks, plan.new_offsets]
+            written = torch.where(plan.has_new.unsqueeze(1), new.to(cache.dtype), kept)
+            cache[plan.new_blocks, plan.new_offsets] = written
 
     def project(
         self, u: torch.Tensor, rotation: torch.Tensor
@@ -295,8 +375,9 @@ class CSA2Attention(nn.Module):
         if not windows:
             return []
         sizes = [len(window.ring_rows) for window in windows]
-        slots = torch.tensor([seq.slot for seq in sequences]).repeat_interleave(
-            torch.tensor(sizes), output_size=sum(sizes)
+        slots = torch.tensor([seq.slot for seq in sequences], device=ring.device)
+        slots = slots.repeat_interleave(
+            torch.tensor(sizes, device=ring.device), output_size=sum(sizes)
         )
         rows = torch.cat([window.ring_rows for window in windows])
         return list(self.storage.window.decode(ring[slots, rows], dtype).split(sizes))

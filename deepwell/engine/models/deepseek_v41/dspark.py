@@ -125,11 +125,15 @@ class DSpark(nn.Module):
             first.main_proj(torch.cat(features, dim=-1).to(input_dtype(first.main_proj)))
         )
         rotation = self.rotary.rotation(positions)
-        plans = meta.windows[DSPARK_RING]
+        fixed = meta.fixed
+        plans = meta.windows[DSPARK_RING] if fixed is None else []
         for stage, ring in zip(self.stages, rings, strict=True):
             rows = stage.attn.storage.window.encode(
                 stage.context_rows(main_x, rotation), ring.dtype
             )
+            if fixed is not None:
+                # A decode-graph step: a row per sequence, written where its plan says.
+                ring[fixed.slots, fixed.windows[DSPARK_RING].write_rows] = rows
             for seq, plan in zip(meta.sequences, plans, strict=True):
                 ring[seq.slot, plan.write_rows] = rows[seq.rows][plan.write_from :]
 
@@ -143,27 +147,34 @@ class DSpark(nn.Module):
         ring_rows: int,
         dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft blocks of n sequences: anchor tokens [n] at positions [n], their state
-        slots. Returns the last stage's final-normed and pre-norm collapsed hidden states,
+        """Draft blocks of n sequences: anchor tokens [n] at positions [n] (on the host),
+        their state slots. Returns the last stage's final-normed and pre-norm collapsed hidden states,
         each [n, block_size, hidden] (row k predicts the token at position a + k + 1)."""
         c = self.config
         width = self.block_size
-        ids = torch.full((len(slots), width), c.dspark_noise_token_id, dtype=torch.long)
+        device = embed.weight.device
+        anchor_positions = positions.tolist()
+        anchors, positions = anchors.to(device), positions.to(device)
+        ids = torch.full(
+            (len(slots), width), c.dspark_noise_token_id, dtype=torch.long, device=device
+        )
         ids[:, 0] = anchors
-        block_positions = (positions.unsqueeze(1) + torch.arange(width)).flatten()
+        block_positions = (positions.unsqueeze(1) + torch.arange(width, device=device)).flatten()
         meta = StepMetadata([])
         plans = []
-        for index, (slot, anchor) in enumerate(zip(slots, positions.tolist(), strict=True)):
+        for index, (slot, anchor) in enumerate(zip(slots, anchor_positions, strict=True)):
             meta.sequences.append(
-                SequenceSpan(index * width, width, anchor, slot, torch.empty(0, dtype=torch.long))
+                SequenceSpan(index * width, width, anchor, slot, ids.new_empty(0))
             )
             # Context [a − window, a): rows the target wrote; the block sees all of its rows.
-            context = torch.arange(max(0, anchor - self.window), anchor)
+            context = torch.arange(max(0, anchor - self.window), anchor, device=device)
             plans.append(
                 WindowPlan(
                     ring_rows=context % ring_rows,
-                    visible=torch.ones(width, len(context) + width, dtype=torch.bool),
-                    write_rows=torch.empty(0, dtype=torch.long),
+                    visible=torch.ones(
+                        width, len(context) + width, dtype=torch.bool, device=device
+                    ),
+                    write_rows=ids.new_empty(0),
                     write_from=width,
                 )
             )
@@ -176,7 +187,7 @@ class DSpark(nn.Module):
             block_positions = F.pad(block_positions, (0, padding))
         rotation = self.rotary.rotation(block_positions)
         streams = embed(ids).float().unsqueeze(1).expand(-1, c.hc_mult, -1)
-        pre = torch.zeros(streams.shape[0], c.hc_mult)
+        pre = torch.zeros(streams.shape[0], c.hc_mult, device=device)
         pre[:, 0] = 1
         for stage, ring in zip(self.stages, rings, strict=True):
             streams, pre = stage(streams, pre, rotation, meta, ring, dtype)

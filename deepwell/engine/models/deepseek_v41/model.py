@@ -205,6 +205,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             invariant_rings=True,
             context_parallel=V41ContextParallel(self),
             image_encoder=self.image_encoder,
+            fixed_decode_plans=True,
         )
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):
@@ -262,7 +263,10 @@ class DeepseekV41ForCausalLM(nn.Module):
                 features[:] = [feature[kept] for feature in features]
                 positions = positions[kept]
                 step = compact.kept
-            windows = step.consumer_windows("window") if consumer else step.windows["window"]
+            if step.fixed is not None:
+                windows = step.fixed.window("window", consumer)
+            else:
+                windows = step.consumer_windows("window") if consumer else step.windows["window"]
             streams, pre = block(
                 streams,
                 pre,
@@ -299,7 +303,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         if images is not None:
             embedded[images.rows] = images.embeddings.to(embedded.device).float()
         streams = embedded.unsqueeze(1).expand(-1, hc, -1)
-        pre = torch.zeros(input_ids.shape[0], hc)
+        pre = torch.zeros(input_ids.shape[0], hc, device=input_ids.device)
         pre[:, 0] = 1
         return streams, pre
 
