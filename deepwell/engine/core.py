@@ -339,6 +339,7 @@ def _model_runner(
             args.max_num_seqs,
             expert_parallel,
             -(-built.max_model_len // args.block_size),
+            built.model.hooks().graph_blocker,
         ),
         logit_filter=LogitFilter.of(
             args.sampler_force_topk, args.decode_token_blacklist, built.vocab_size

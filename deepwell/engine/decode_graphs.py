@@ -271,10 +271,13 @@ def decode_graphs_for(
     max_num_seqs: int,
     expert_parallel: bool,
     max_blocks_per_seq: int,
+    model_blocker: str | None = None,
 ) -> DecodeGraphs | None:
     """The engine's decode graphs: CUDA graphs on a CUDA device unless `enforce_eager`, or
     expert parallelism, whose all-to-alls take their sizes on the host mid-step (no capture
-    holds them); none elsewhere. Which, is said once in the log."""
+    holds them), or a model whose step reads device values on the host as it is built
+    (`model_blocker`, ModelHooks.graph_blocker); none elsewhere. Which, is said once in the
+    log."""
     if device.type != "cuda":
         logger.info("decode graphs: off on %s (CUDA graphs need a CUDA device)", device.type)
         return None
@@ -283,6 +286,9 @@ def decode_graphs_for(
         return None
     if expert_parallel:
         logger.info("decode graphs: off (expert-parallel all-to-alls are sized on the host)")
+        return None
+    if model_blocker is not None:
+        logger.info("decode graphs: off (%s)", model_blocker)
         return None
     sizes = capture_sizes(max_num_seqs)
     logger.info("decode graphs: CUDA graphs at batch sizes %s", sizes)

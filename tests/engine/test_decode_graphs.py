@@ -238,3 +238,23 @@ def test_a_v41_graphed_run_leaves_the_caches_an_eager_run_leaves(v41_checkpoint,
     eager_caches = _caches(eager)
     for name, tensor in _caches(graphed).items():
         torch.testing.assert_close(tensor, eager_caches[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_graphs_are_off_for_a_model_whose_step_reads_the_host_and_say_why(caplog):
+    with caplog.at_level(logging.INFO, logger="deepwell.engine.decode_graphs"):
+        assert decode_graphs_for(torch.device("cuda"), False, 64, False, 8, "a reason") is None
+    assert "a reason" in caplog.messages[0]
+
+
+def test_v41s_torch_expert_product_blocks_graphs_and_the_triton_set_lifts_it(v41_checkpoint):
+    """On CUDA the packed experts' default product is the torch reference, which loops over
+    the experts on the host: no graph can capture it, so the model says so; the Triton set's
+    product reads nothing on the host."""
+    from deepwell.engine.models.deepseek_v41.kernel_set import use_triton_kernels
+
+    args = dict(model=str(v41_checkpoint), dtype="float32", max_model_len=64, block_size=16)
+    core = EngineCore(EngineArgs(**args, num_speculative_tokens=0, memory_gib=0.25))
+    model = core.runner.model
+    assert "packed experts" in model.hooks().graph_blocker
+    use_triton_kernels(model)
+    assert model.hooks().graph_blocker is None

@@ -113,6 +113,9 @@ class ModelHooks:
     # Its layers read a decode-graph step's ring and compressed plans in their fixed-size
     # form (layers/step_metadata.py, FixedDecodePlans), so its graphs key on batch size alone.
     fixed_decode_plans: bool = False
+    # Why a CUDA graph cannot capture its decode step as it is now built (a layer reads
+    # device values on the host mid-step), or None when one can.
+    graph_blocker: str | None = None
 
 
 @runtime_checkable

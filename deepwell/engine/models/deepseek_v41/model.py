@@ -53,7 +53,7 @@ from deepwell.engine.models.deepseek_v41.kernel_set import (
     use_triton_kernels,
 )
 from deepwell.engine.models.deepseek_v41.mhc import collapse
-from deepwell.engine.models.deepseek_v41.moe import MoE
+from deepwell.engine.models.deepseek_v41.moe import MoE, moe_graph_blocker
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 from deepwell.engine.models.deepseek_v41.schema import (
     TensorSpec,
@@ -206,6 +206,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             context_parallel=V41ContextParallel(self),
             image_encoder=self.image_encoder,
             fixed_decode_plans=True,
+            graph_blocker=moe_graph_blocker(block.ffn for block in self.layers),
         )
 
     def forward(self, input_ids, positions, meta: StepMetadata, kv_cache: KVCache):

@@ -1,6 +1,8 @@
 """V4.1's mixture of experts: sqrt-softplus router with a selection-only correction bias,
 clamped-SwiGLU routed experts and one shared expert (spec/deepseek_v41.md §3.4)."""
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -179,3 +181,18 @@ class MoE(nn.Module):
 
     def _scores(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sqrt(F.softplus(x.float() @ self.gate.float().t()))
+
+
+def moe_graph_blocker(modules: Iterable[nn.Module]) -> str | None:
+    """Why a CUDA graph cannot capture these layers' experts, or None: expanded experts are
+    dispatched by counts read on the host, and the packed experts' torch product (the
+    default off the CPU, where the native kernel does not run) loops over them on the host;
+    the Triton kernel set's product does neither."""
+    for module in modules:
+        if not isinstance(module, MoE):
+            continue
+        if module.packed_experts is None:
+            return "expanded experts are dispatched by counts read on the host"
+        if module.packed_product is mxfp4_experts:
+            return "the packed experts' torch product reads slots on the host (--kernels triton)"
+    return None
