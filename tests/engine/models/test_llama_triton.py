@@ -4,8 +4,6 @@ C++ kernels, shared with other checks, are compared with that path in test_cpp_p
 
 import logging
 
-import pytest
-
 from deepwell.engine import LLM, SamplingParams
 from deepwell.engine.layers.triton.paged_attention import TritonPagedAttention
 from deepwell.engine.layers.triton.rms_norm import TritonGlue
