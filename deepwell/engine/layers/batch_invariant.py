@@ -1,8 +1,9 @@
 """Batch-invariant kernels: a row's result is bitwise the same whatever else is in the batch.
 
-Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): matmuls over fixed
-row tiles, attention over fixed query tiles and whole KV blocks, prefill or decode, and
-sink attention over a fixed number of key slots per query.
+Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): bf16 CPU linears on a
+row-wise kernel and the others over fixed row tiles, attention one row at a time in the C++
+paged kernel (or over fixed query tiles and whole KV blocks), prefill or decode, and sink
+attention over a fixed number of key slots per query.
 """
 
 from collections.abc import Callable
