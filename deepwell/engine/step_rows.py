@@ -16,7 +16,7 @@ from deepwell.engine.layers.attention import (
     PrefillSpan,
     stack_decode_blocks,
 )
-from deepwell.engine.layers.batch_invariant import tile_queries
+from deepwell.engine.layers.batch_invariant import row_block_lists, tile_queries
 from deepwell.engine.layers.step_metadata import (
     FixedCompressedPlan,
     FixedDecodePlans,
@@ -189,6 +189,7 @@ class PagedRows:
             seq_slots=torch.tensor(self.seq_slots, dtype=torch.long),
             seq_starts=torch.tensor(self.seq_starts, dtype=torch.long),
             query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
+            row_block_lists=row_block_lists(self.spans, bs) if self.batch_invariant else None,
             decode_sequence_rows=self.decode_sequence_rows,
         )
 

@@ -47,6 +47,21 @@ class QueryTiles:
 
 
 @dataclass
+class RowBlockLists:
+    """Batch-invariant layout of a step's rows for the C++ paged kernel (paged_decode.cpp):
+    every row, prefill or decode, reads its own sequence's blocks up to its own position, in
+    block order (layers/batch_invariant.py)."""
+
+    # The blocks of every row, row by row; where each row's begin [rows + 1].
+    block_ids: torch.Tensor
+    block_starts: torch.Tensor
+    # [rows] keys each row attends (its position + 1).
+    context_lens: torch.Tensor
+    # [sequences + 1] where each sequence's rows begin (they share its blocks).
+    sequence_starts: torch.Tensor
+
+
+@dataclass
 class AttentionMetadata:
     """Where this step's tokens go in the paged cache and what each query may see.
 
@@ -79,6 +94,7 @@ class AttentionMetadata:
     seq_starts: torch.Tensor
     # Set in batch-invariant mode, which lays out no decode rows or prefill spans.
     query_tiles: list[QueryTiles] | None = None
+    row_block_lists: RowBlockLists | None = None
     # Decode rows per sequence, in row order (a draft's verify rows are one sequence's, at
     # consecutive positions); None: one row each.
     decode_sequence_rows: list[int] | None = None

@@ -1,17 +1,27 @@
 """Batch-invariant kernels: a row's result is bitwise the same whatever else is in the batch.
 
-Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): matmuls over fixed
-row tiles, attention over fixed query tiles and whole KV blocks, prefill or decode, and
-sink attention over a fixed number of key slots per query.
+Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): bf16 CPU linears on a
+row-wise kernel and the others over fixed row tiles, attention one row at a time in the C++
+paged kernel (or over fixed query tiles and whole KV blocks), prefill or decode, and sink
+attention over a fixed number of key slots per query.
 """
 
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, QueryTiles
+from deepwell.engine.layers.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    QueryTiles,
+    RowBlockLists,
+)
+from deepwell.engine.layers.blockscaled import native_kernel
+from deepwell.engine.layers.cpp_paged import MAX_GROUP
+from deepwell.engine.layers.decode_kernel import load_decode_kernel
 from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 
@@ -98,12 +108,49 @@ class RowTiledPackedLinear(RowTiledLinear, PackedLinear):
     """A packed bf16 linear over ROW_TILE-row calls."""
 
 
+class RowwiseLinear(nn.Linear):
+    """A bf16 CPU linear on blockscaled.cpp's bf16 kernel, all rows in one call, unpadded.
+
+    Each output is one float32 dot product in a fixed order, whatever the row count (the
+    kernel's rows never mix), rounded once to bf16 after the bias. Padding every call to
+    ROW_TILE rows cost 3.2x in tok/s on an AVX-512 EPYC without AMX, where oneDNN computes
+    the padding rows at full price (a lone decode's linears and lm_head 64 times over);
+    docs/benchmarks-log.md, "Batch invariance on AVX-512 without AMX".
+    """
+
+    kernel: ModuleType
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernel.bf16_linear(x.reshape(-1, self.in_features), self.weight)
+        if self.bias is not None:
+            out += self.bias
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
 def tile_linears(model: nn.Module) -> None:
-    """Row-tile the model's linears in place (plain or packed; weights untouched)."""
+    """Make the model's linears batch invariant in place (weights untouched): bf16 CPU ones
+    run RowwiseLinear where blockscaled.cpp builds, every other one runs ROW_TILE-row calls."""
     tiled = {nn.Linear: RowTiledLinear, PackedLinear: RowTiledPackedLinear}
     for module in model.modules():
-        if type(module) in tiled:
+        if type(module) not in tiled:
+            continue
+        kernel = rowwise_kernel(module.weight)
+        if kernel is None:
             module.__class__ = tiled[type(module)]
+            continue
+        module.__class__ = RowwiseLinear
+        module.kernel = kernel
+        # The oneDNN copy of the weight is no longer read.
+        module._buffers.pop("packed_weight", None)
+
+
+def rowwise_kernel(weight: torch.Tensor) -> ModuleType | None:
+    """blockscaled.cpp where `weight` is a bf16 CPU matrix its kernel takes, else None."""
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+        return None
+    if not weight.is_contiguous():
+        return None
+    return native_kernel()
 
 
 def tile_queries(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> list[QueryTiles]:
@@ -157,8 +204,37 @@ def _lay_out(
     )
 
 
+def row_block_lists(spans: list[tuple[int, int, int, list[int]]], block_size: int) -> RowBlockLists:
+    """Spans of (first step row, first position, rows, block ids), in step row order → each
+    row's own blocks up to its position, for the C++ paged kernel."""
+    ids: list[int] = []
+    starts, lens, sequence_starts = [0], [], [0]
+    for _, first_position, num_rows, block_ids in spans:
+        for position in range(first_position, first_position + num_rows):
+            used = position // block_size + 1
+            ids += block_ids[:used]
+            starts.append(len(ids))
+            lens.append(position + 1)
+        sequence_starts.append(len(lens))
+    return RowBlockLists(
+        block_ids=torch.tensor(ids, dtype=torch.long),
+        block_starts=torch.tensor(starts, dtype=torch.long),
+        context_lens=torch.tensor(lens, dtype=torch.long),
+        sequence_starts=torch.tensor(sequence_starts, dtype=torch.long),
+    )
+
+
 class BatchInvariantAttention(AttentionBackend):
-    """Query tiles of one sequence against whole KV blocks, with fixed-shape ops.
+    """Every query row alone over its own KV blocks: paged_decode.cpp where it loads (CPU,
+    at most MAX_GROUP query heads per KV head), else query tiles with fixed-shape ops.
+
+    The kernel walks a row's blocks in order with an online softmax, in the same arithmetic
+    whatever the rows beside it, for prefill rows as for decodes (each row sees the keys up
+    to its own position): so a row's bits depend on its own query and keys only. One call
+    for the step's rows, where the tiles took ~40 torch ops a layer (31% of a batch-1 step
+    and 35% at batch 16 on the EPYC, docs/benchmarks-log.md).
+
+    The tile path:
 
     A row's scores are one row of a [rows, head_dim] x [head_dim, block] product, its output
     one row of a [rows, block] x [block, head_dim] one: from MIN_PRODUCT_ROWS rows on, the
@@ -173,8 +249,25 @@ class BatchInvariantAttention(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
+        self.kernel = load_decode_kernel().module if self.group <= MAX_GROUP else None
 
     def forward(self, q, k, v, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
+        lists = meta.row_block_lists
+        if self.kernel is not None and lists is not None and key_cache.device.type == "cpu":
+            self.kernel.paged_store(
+                k, v, key_cache, value_cache, meta.slot_blocks, meta.slot_offsets
+            )
+            return self.kernel.paged_decode(
+                q,
+                key_cache,
+                value_cache,
+                lists.block_ids,
+                lists.block_starts,
+                lists.context_lens,
+                lists.sequence_starts,
+                self.scale,
+                False,
+            )
         if meta.query_tiles is None:
             raise ValueError("batch-invariant attention needs the step's query tiles")
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k

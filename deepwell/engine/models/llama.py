@@ -19,6 +19,7 @@ from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import KVLayout, PagedSpec
 from deepwell.engine.layers.attention import AttentionBackend, FixedDecodeMetadata
+from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
@@ -169,9 +170,9 @@ class LlamaForCausalLM(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim
         )
         # Unless a kernel set brings its own (`glue`), the fused glue rides with the C++
-        # attention backend (its extension builds it); the torch and batch-invariant backends
-        # keep the torch ops.
-        if glue is None and issubclass(backend_class, CppPagedAttention):
+        # attention backend (its extension builds it) and the batch-invariant one (the
+        # kernel computes each row alone); the torch backend keeps the torch ops.
+        if glue is None and issubclass(backend_class, (CppPagedAttention, BatchInvariantAttention)):
             glue = kernel_glue()
         self.glue = glue or TorchGlue
         self.rotary = RotaryEmbedding(

@@ -14,6 +14,8 @@ from deepwell.engine.layers.batch_invariant import (
     MIN_PRODUCT_ROWS,
     BatchInvariantAttention,
     BatchInvariantSinkAttention,
+    RowwiseLinear,
+    row_block_lists,
     tile_linears,
     tile_queries,
 )
@@ -54,6 +56,30 @@ def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(feature
             assert torch.equal(part, whole[first : first + count]), (count, first)
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_a_rowwise_linear_computes_the_linear_with_rows_anywhere_in_the_batch(bias, threads):
+    # SmolLM2's down projection with a bias, rows at varied places among others: each row's
+    # bits as alone, and the linear's value to bf16 rounding.
+    generator = torch.Generator().manual_seed(1)
+    model = nn.Sequential(nn.Linear(1536, 576, bias=bias)).to(torch.bfloat16)
+    tile_linears(model)
+    if type(model[0]) is not RowwiseLinear:
+        pytest.skip("blockscaled.cpp's bf16 kernel is unavailable here")
+    rows = torch.randn(40, 1536, generator=generator).to(torch.bfloat16)
+    whole = model(rows)
+    expected = F.linear(rows.float(), model[0].weight.float(), None)
+    if bias:
+        expected += model[0].bias.float()
+    torch.testing.assert_close(whole.float(), expected, rtol=1e-2, atol=1e-2)
+    for index in (0, 3, 17, 39):
+        alone = model(rows[index : index + 1])
+        among = model(torch.cat((rows[index + 1 :], rows[:index], rows[index : index + 1])))
+        assert torch.equal(alone[0], whole[index])
+        assert torch.equal(among[-1], whole[index])
+    # A leading batch dimension keeps its shape and its rows.
+    assert torch.equal(model(rows.view(4, 10, 1536)).view(40, 576), whole)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("inner", "outer"), [(HEAD_DIM, BLOCK), (HEAD_DIM, 128), (128, HEAD_DIM)])
 def test_a_product_row_has_the_same_bits_at_any_row_count_and_place(dtype, inner, outer, threads):
@@ -73,6 +99,7 @@ def attend(backend, q, keys, values, spans) -> torch.Tensor:
     0, 1, 2, ... as one step; the caches already hold every position's key and value."""
     table = list(range(keys.shape[0]))
     positions = torch.cat([torch.arange(p, p + n) for _, p, n in spans])
+    layout = [(r, p, n, table) for r, p, n in spans]
     meta = AttentionMetadata(
         slot_blocks=positions // BLOCK,
         slot_offsets=positions % BLOCK,
@@ -87,18 +114,31 @@ def attend(backend, q, keys, values, spans) -> torch.Tensor:
         prefills=[],
         seq_slots=torch.full((len(positions),), -1),
         seq_starts=torch.zeros(len(positions), dtype=torch.long),
-        query_tiles=tile_queries([(r, p, n, table) for r, p, n in spans], BLOCK),
+        query_tiles=tile_queries(layout, BLOCK),
+        row_block_lists=row_block_lists(layout, BLOCK),
     )
     k = keys[meta.slot_blocks, :, meta.slot_offsets]
     v = values[meta.slot_blocks, :, meta.slot_offsets]
     return backend.forward(q[positions], k, v, keys, values, meta)
 
 
+@pytest.fixture(params=["kernel", "tiles"])
+def attention_backend(request) -> BatchInvariantAttention:
+    """The backend on paged_decode.cpp (every row alone), and on its query tiles, the path
+    without the kernel."""
+    backend = BatchInvariantAttention(HEADS, KV_HEADS, HEAD_DIM)
+    if request.param == "kernel" and backend.kernel is None:
+        pytest.skip("the decode attention kernel is unavailable here")
+    if request.param == "tiles":
+        backend.kernel = None
+    return backend
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_decodes_and_chunks_of_any_length_give_the_same_bits(dtype):
+def test_decodes_and_chunks_of_any_length_give_the_same_bits(dtype, attention_backend):
     torch.manual_seed(0)
     length = 90
-    backend = BatchInvariantAttention(HEADS, KV_HEADS, HEAD_DIM)
+    backend = attention_backend
     keys = torch.randn(-(-length // BLOCK), KV_HEADS, BLOCK, HEAD_DIM).to(dtype)
     values = torch.randn_like(keys)
     q = torch.randn(length, HEADS, HEAD_DIM).to(dtype)

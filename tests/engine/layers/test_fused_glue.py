@@ -124,10 +124,11 @@ def test_bad_input_is_a_clear_error():
     [
         (CppPagedAttention, KernelGlue),
         (TorchPagedAttention, TorchGlue),
-        (BatchInvariantAttention, TorchGlue),
+        # Its rows are computed alone, so batch invariant as the torch ops are.
+        (BatchInvariantAttention, KernelGlue),
     ],
 )
-def test_the_fused_glue_rides_with_the_cpp_backend(backend, expected):
+def test_the_fused_glue_rides_with_the_cpp_and_batch_invariant_backends(backend, expected):
     config = LlamaConfig(
         vocab_size=32,
         hidden_size=16,

@@ -1,12 +1,12 @@
 """Packed bf16 linears: F.linear's results (its bits on SmolLM2's projections) at any row
-count, used wherever they can run (bf16 on CPU), row-tiled in batch-invariant mode."""
+count, used wherever they can run (bf16 on CPU), outside batch-invariant mode."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.batch_invariant import RowTiledPackedLinear
+from deepwell.engine.layers.batch_invariant import RowwiseLinear
 from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(
@@ -52,10 +52,13 @@ def test_float32_linears_stay_plain():
     [
         ({"dtype": "bfloat16"}, PackedLinear),
         ({"dtype": "float32"}, nn.Linear),
-        ({"dtype": "bfloat16", "batch_invariant": True}, RowTiledPackedLinear),
+        # Batch-invariant: blockscaled.cpp's row-wise kernel (it builds wherever the tests run).
+        ({"dtype": "bfloat16", "batch_invariant": True}, RowwiseLinear),
     ],
 )
-def test_the_core_packs_bf16_linears_and_row_tiles_them_when_invariant(make_core, kwargs, expected):
+def test_the_core_packs_bf16_linears_and_runs_them_rowwise_when_invariant(
+    make_core, kwargs, expected
+):
     core = make_core(**kwargs)
     linears = [m for m in core.runner.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is expected for m in linears)
