@@ -96,9 +96,13 @@ std::vector<int64_t> row_prefix(
   for (int64_t j = 0; j < vocab; ++j) bins[j] = bin_of(scaled[j], top);
   std::vector<int32_t> counts(kBins, 0);
   std::vector<float> masses(kBins, 0.0f);
-  for (int64_t j = 0; j < vocab; ++j) ++counts[bins[j]];
   if (probs != nullptr) {
-    for (int64_t j = 0; j < vocab; ++j) masses[bins[j]] += probs[j];
+    for (int64_t j = 0; j < vocab; ++j) {
+      ++counts[bins[j]];
+      masses[bins[j]] += probs[j];
+    }
+  } else {
+    for (int64_t j = 0; j < vocab; ++j) ++counts[bins[j]];
   }
   // The bins' masses are float32 sums, a little off; the float64 walk below decides.
   int last_bin = kBins - 1;
@@ -207,24 +211,25 @@ at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const float* row_probs = p.data_ptr<float>() + row * vocab;
+      // The tokens with mass, in id order: the second scan reads only them.
+      std::vector<int64_t> with_mass;
       double total = 0.0;
-      int64_t last_with_mass = vocab - 1;
-      bool any_mass = false;
       for (int64_t j = 0; j < vocab; ++j) {
         if (row_probs[j] != 0.0f) {
           total += static_cast<double>(row_probs[j]);
-          if (row_probs[j] > 0.0f) {
-            last_with_mass = j;
-            any_mass = true;
-          }
+          with_mass.push_back(j);
         }
       }
-      if (!any_mass) last_with_mass = vocab - 1;
+      int64_t token = vocab - 1;  // no mass at all: torch's search gives the last token
+      for (auto it = with_mass.rbegin(); it != with_mass.rend(); ++it) {
+        if (row_probs[*it] > 0.0f) {
+          token = *it;
+          break;
+        }
+      }
       const double target = u.data_ptr<double>()[row] * total;
-      int64_t token = last_with_mass;
       double cumulative = 0.0;
-      for (int64_t j = 0; j < vocab; ++j) {
-        if (row_probs[j] == 0.0f) continue;
+      for (const int64_t j : with_mass) {
         cumulative += static_cast<double>(row_probs[j]);
         if (cumulative > target) {
           token = j;
