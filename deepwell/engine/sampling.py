@@ -245,7 +245,7 @@ def nucleus_logits(scaled: torch.Tensor, top_ks: list[int], top_ps: list[float])
     (the first always stays). For top-p alone the mass is the vocabulary's softmax, whose
     float32 sum runs in vocabulary order where the full sort's ran in rank order: the two
     can keep different tokens only where the mass before one is within float32 rounding
-    (~1e-7) of top_p (tests/engine/test_sampling_nucleus.py).
+    (a few 1e-6) of top_p (tests/engine/test_sampling_nucleus.py).
     """
     rows, vocab = scaled.shape
     device = scaled.device
