@@ -228,7 +228,7 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
 
 # A top-p row's ranked prefix runs on until it holds this much more mass than top_p: the
 # float32 cumulative sums that decide the nucleus differ from the kernel's float64 ones by
-# ~1e-7, so every token past the prefix has mass before it of at least top_p.
+# a few 1e-6 at most, so every token past the prefix has mass before it of at least top_p.
 _PREFIX_MASS_MARGIN = 1e-4
 
 
