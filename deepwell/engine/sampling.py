@@ -5,14 +5,20 @@ Draws are counter-based (spec/deepinfer.md §1.6): a row's uniform comes from it
 seed and the sampled position alone, so a sample never depends on the rest of the batch.
 """
 
+import functools
+import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from deepwell.engine.layers.decode_kernel import load_sampling_kernel
 from deepwell.engine.outputs import TokenLogprobs
 from deepwell.engine.request import Request
 from deepwell.engine.structured import apply_masks
+
+logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 # SplitMix64's increment, 2**64 / golden ratio; DeepInfer also uses it to spread positions.
@@ -59,13 +65,18 @@ class Sampler:
             for row, request in enumerate(requests):
                 if request.params.adjusts_logits:
                     adjust_logits(logits[row], request)
-        tokens = first_argmax(logits)
         sampled_rows = [row for row, r in enumerate(requests) if not r.params.greedy]
+        if len(sampled_rows) < len(requests):
+            tokens = first_argmax(logits)
+        else:
+            # Every row draws: no argmax to pay for (a pass over the logits).
+            tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         if sampled_rows:
             rows = torch.tensor(sampled_rows, device=logits.device)
             # The token drawn now takes position num_tokens in its sequence.
             draws = [uniform(requests[i].seed, requests[i].num_tokens) for i in sampled_rows]
-            tokens[rows] = self.draw(logits[rows], [requests[i] for i in sampled_rows], draws)
+            drawn = logits if len(sampled_rows) == len(requests) else logits[rows]
+            tokens[rows] = self.draw(drawn, [requests[i] for i in sampled_rows], draws)
         token_ids = tokens.tolist()
         for row, request in enumerate(requests):
             golden = request.params.golden_token_ids
@@ -146,9 +157,13 @@ def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
 
     A zero-probability token never exceeds what the token before it already reached, so it
     is never chosen; when u * total rounds up to the total, the last token with mass is.
+    On the CPU one native scan a row gives the same token as torch's float64 cumsum and
+    search (the same sequential sum, its zeros skipped) without their whole-row passes.
     """
-    cdf = probs.double().cumsum(dim=-1)
     targets = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
+    if _native_rows(probs):
+        return torch.ops.deepwell_sampling.inverse_cdf(probs, targets)
+    cdf = probs.double().cumsum(dim=-1)
     targets = targets.unsqueeze(1) * cdf[:, -1:]
     index = torch.searchsorted(cdf, targets, right=True).squeeze(1)
     vocab = probs.shape[-1]
@@ -199,30 +214,121 @@ def filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
     temperatures = torch.tensor(
         [r.params.temperature for r in requests], dtype=logits.dtype, device=device
     )
-    logits = logits / temperatures.unsqueeze(1)
+    scaled = logits / temperatures.unsqueeze(1)
     top_ks = [r.params.top_k for r in requests]
     top_ps = [r.params.top_p for r in requests]
     min_ps = [r.params.min_p for r in requests]
-    if any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps):
-        # Stable: among tied logits the lower id ranks first, so top-k 1 and a tiny top-p
-        # keep greedy's token (the first of tied maxima); bf16 logits tie often.
-        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
-        vocab = logits.shape[-1]
-        ranks = torch.arange(vocab, device=device).unsqueeze(0)
-        # A top_k past the vocabulary keeps all of it (and must not overflow the tensor).
-        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=device)[:, None]
-        remove = ranks >= k
-        sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-        # Drop a token when the mass before it already reaches top_p; the first always stays.
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        remove |= mass_before >= torch.tensor(top_ps, dtype=logits.dtype, device=device)[:, None]
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
-    probs = logits.softmax(dim=-1)
+    probs = nucleus_logits(scaled, top_ks, top_ps).softmax(dim=-1)
     if any(p > 0 for p in min_ps):
         floor = torch.tensor(min_ps, dtype=probs.dtype, device=device)[:, None]
         floor = floor * probs.amax(-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs
+
+
+# A top-p row's ranked prefix runs on until it holds this much more mass than top_p: the
+# float32 cumulative sums that decide the nucleus differ from the kernel's float64 ones by
+# a few 1e-6 at most, so every token past the prefix has mass before it of at least top_p.
+_PREFIX_MASS_MARGIN = 1e-4
+
+
+def nucleus_logits(scaled: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
+    """Per row of temperature-scaled logits, -inf outside its top-k and then its top-p set
+    (rows with neither stay as they are).
+
+    Ranks are those of a stable descending sort, so among tied logits the lower id ranks
+    first: top-k 1 and a tiny top-p keep greedy's token (the first of tied maxima), and bf16
+    logits tie often. Only each row's ranked prefix that can hold the set is ordered
+    (`ranked_prefix`): its top-k, or for top-p alone the tokens that reach top_p's mass.
+    The decision is the full sort's, in its float32 arithmetic: within the top-k the same
+    softmax of the same ranked logits, a token dropped when the mass before it reaches top_p
+    (the first always stays). For top-p alone the mass is the vocabulary's softmax, whose
+    float32 sum runs in vocabulary order where the full sort's ran in rank order: the two
+    can keep different tokens only where the mass before one is within float32 rounding
+    (a few 1e-6) of top_p (tests/engine/test_sampling_nucleus.py).
+    """
+    rows, vocab = scaled.shape
+    device = scaled.device
+    # A top_k past the vocabulary keeps all of it (and must not overflow a tensor).
+    ks = [k if 0 < k < vocab else vocab for k in top_ks]
+    filtered = [row for row in range(rows) if ks[row] < vocab or top_ps[row] < 1]
+    if not filtered:
+        return scaled
+    logits = scaled if len(filtered) == rows else scaled[filtered]
+    k = torch.tensor([ks[row] for row in filtered], device=device)
+    # Top-p alone: the nucleus of the whole vocabulary's distribution, found by its mass.
+    by_mass = [ks[row] == vocab for row in filtered]
+    probs = logits.softmax(dim=-1) if any(by_mass) else None
+    need_mass = [
+        top_ps[row] + _PREFIX_MASS_MARGIN if by_mass[i] else math.inf
+        for i, row in enumerate(filtered)
+    ]
+    ids, counts = ranked_prefix(
+        logits, probs, k, torch.tensor(need_mass, dtype=torch.float64, device=device)
+    )
+    positions = torch.arange(ids.shape[1], device=device)
+    beyond = positions >= torch.minimum(counts, k)[:, None]
+    values = logits.gather(1, ids)
+    ranked_probs = None
+    if not all(by_mass):
+        # The full sort's softmax over its first k ranked logits: the prefix is at least 16
+        # wide (or the whole vocabulary), where torch sums it as it summed the whole row.
+        ranked_probs = values.masked_fill(beyond, float("-inf")).softmax(dim=-1)
+    if probs is not None:
+        mass_probs = probs.gather(1, ids).masked_fill(beyond, 0.0)
+        if ranked_probs is None:
+            ranked_probs = mass_probs
+        else:
+            mass_rows = torch.tensor(by_mass, device=device)[:, None]
+            ranked_probs = torch.where(mass_rows, mass_probs, ranked_probs)
+    # Drop a token when the mass before it already reaches top_p; the first always stays.
+    mass_before = ranked_probs.cumsum(dim=-1) - ranked_probs
+    top_p = torch.tensor([top_ps[row] for row in filtered], dtype=scaled.dtype, device=device)
+    remove = beyond | (mass_before >= top_p[:, None])
+    # Padding repeats a row's first id, which always stays: it writes that id's own logit.
+    padding = positions >= counts[:, None]
+    written = values.masked_fill(remove & ~padding, float("-inf"))
+    kept = torch.full_like(logits, float("-inf")).scatter_(1, ids, written)
+    if len(filtered) == rows:
+        return kept
+    out = scaled.clone()
+    out[filtered] = kept
+    return out
+
+
+@functools.cache
+def _native_sampling() -> bool:
+    """Whether torch.ops.deepwell_sampling is registered (the kernel built); logs once if not."""
+    loaded = load_sampling_kernel()
+    if loaded.module is None:
+        logger.warning("sampling scans through torch ops (slower): %s", loaded.reason)
+    return loaded.module is not None
+
+
+def _native_rows(tensor: torch.Tensor) -> bool:
+    """Whether the native sampling ops take these rows (float32 on the CPU, the kernel built)."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and _native_sampling()
+
+
+def ranked_prefix(
+    scaled: torch.Tensor,
+    probs: torch.Tensor | None,
+    need_count: torch.Tensor,
+    need_mass: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the ids of its first tokens in stable descending order of `scaled` (ids
+    [rows, width], padded) and how many there are: at least the first `need_count`, or the
+    first holding `need_mass` of `probs` (float64 sums). The native kernel orders only such a
+    prefix (layers/ranked_prefix.cpp); elsewhere (another device, no kernel, a NaN) torch's
+    stable sort orders the whole row."""
+    rows, vocab = scaled.shape
+    if _native_rows(scaled):
+        mass = probs if probs is not None else scaled.new_empty(0)
+        ids, counts = torch.ops.deepwell_sampling.ranked_prefix(scaled, mass, need_count, need_mass)
+        if not bool((counts < 0).any()):
+            return ids, counts
+    order = scaled.sort(dim=-1, descending=True, stable=True).indices
+    return order, torch.full((rows,), vocab, dtype=torch.long, device=scaled.device)
 
 
 def token_distribution(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

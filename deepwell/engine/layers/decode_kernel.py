@@ -43,6 +43,7 @@ BLOCKSCALED_SOURCE = Path(__file__).with_name("blockscaled.cpp")
 HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
 CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 ROTARY_SOURCE = Path(__file__).with_name("v41_rotary.cpp")
+SAMPLING_SOURCE = Path(__file__).with_name("sampling_ops.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -224,6 +225,14 @@ def load_rotary_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_sampling_kernel() -> DecodeKernel:
+    """The sampler's row scans, top-k / top-p's ranked prefix and the inverse CDF
+    (sampling_ops.cpp, registered as torch.ops.deepwell_sampling), built on the first call in
+    a process if the cache lacks it."""
+    return _load((SAMPLING_SOURCE,), "sampling kernel", [], ops="deepwell_sampling")
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -319,6 +328,7 @@ KERNEL_BUILDS = (
     KernelBuild("mHC", False, 1, load_hyper_connection_kernel),
     KernelBuild("V4.1 cache rows", False, 1, load_cache_rows_kernel),
     KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
+    KernelBuild("sampling", False, 1, load_sampling_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

@@ -1,8 +1,9 @@
 """Seeded sampling in Triton: temperature, top-k / top-p / min-p and the inverse-CDF draw of each
 row's counter-based uniform, so a seed gives the tokens of the torch sampler (engine/sampling.py).
 
-The stable sort that ranks tokens for top-k / top-p stays a torch op (one per step, on the
-device); the kernel reads each token's rank and draws in vocabulary order, as the torch path does.
+The top-k / top-p set is the torch sampler's (engine/sampling.py `nucleus_logits`, torch ops on
+the device); the kernel reads the logits left outside it as -inf and draws in vocabulary order,
+as the torch path does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from deepwell.engine.layers.triton import require_triton
 from deepwell.engine.request import Request
-from deepwell.engine.sampling import Sampler
+from deepwell.engine.sampling import Sampler, nucleus_logits
 
 triton = require_triton()
 tl = triton.language
@@ -21,21 +22,15 @@ _BLOCK = 1024
 
 @triton.jit
 def _draw_kernel(
-    logits_ptr,  # [rows, vocab] float32
-    ranks_ptr,  # [rows, vocab] int64 rank in the stable descending order (when ranked)
-    num_kept_ptr,  # [rows] tokens kept by top-k and top-p (a prefix of that order)
-    temperature_ptr,
+    logits_ptr,  # [rows, vocab] float32, scaled by temperature, -inf outside top-k / top-p
     min_p_ptr,
     uniform_ptr,  # [rows] float64
     token_ptr,  # [rows] int64 out
     vocab,
-    ranked: tl.constexpr,
     block: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = row * vocab
-    temperature = tl.load(temperature_ptr + row)
-    num_kept = tl.load(num_kept_ptr + row)
     # Pass 1: the kept logits' maximum and softmax denominator (carried across blocks).
     # The lowest float32, not -inf: a first block with nothing kept then scales by exp(0).
     running_max = -3.4028234663852886e38
@@ -43,10 +38,7 @@ def _draw_kernel(
     for start in range(0, vocab, block):
         ids = start + tl.arange(0, block)
         kept = ids < vocab
-        if ranked:
-            kept &= tl.load(ranks_ptr + base + ids, mask=ids < vocab, other=0) < num_kept
-        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf")) / temperature
-        scaled = tl.where(kept, scaled, float("-inf"))
+        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scaled, axis=0))
         total = total * tl.exp(running_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
         running_max = new_max
@@ -58,9 +50,7 @@ def _draw_kernel(
     for start in range(0, vocab, block):
         ids = start + tl.arange(0, block)
         kept = ids < vocab
-        if ranked:
-            kept &= tl.load(ranks_ptr + base + ids, mask=ids < vocab, other=0) < num_kept
-        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf")) / temperature
+        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf"))
         probs = tl.where(kept, tl.exp(scaled - running_max) / total, 0.0)
         probs = tl.where(probs < floor, 0.0, probs)
         mass += tl.sum(probs.to(tl.float64), axis=0)
@@ -71,9 +61,7 @@ def _draw_kernel(
     for start in range(0, vocab, block):
         ids = start + tl.arange(0, block)
         kept = ids < vocab
-        if ranked:
-            kept &= tl.load(ranks_ptr + base + ids, mask=ids < vocab, other=0) < num_kept
-        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf")) / temperature
+        scaled = tl.load(logits_ptr + base + ids, mask=kept, other=float("-inf"))
         probs = tl.where(kept, tl.exp(scaled - running_max) / total, 0.0)
         probs = tl.where(probs < floor, 0.0, probs).to(tl.float64)
         cdf = before + tl.cumsum(probs, axis=0)
@@ -97,37 +85,19 @@ def draw(
     top-p and min-p: engine/sampling.py's filtered_probs then inverse_cdf."""
     rows, vocab = logits.shape
     device = logits.device
-    logits = logits.float().contiguous()
 
     def column(values, dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
     temperature = column(temperatures, torch.float32)
-    ranked = any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps)
-    ranks = num_kept = torch.full((rows,), vocab, dtype=torch.long, device=device)
-    if ranked:
-        # As the torch path: stable, so that among tied logits the lower id ranks first.
-        scaled = logits / temperature[:, None]
-        sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
-        positions = torch.arange(vocab, device=device).expand(rows, vocab)
-        k = column([k if 0 < k < vocab else vocab for k in top_ks], torch.long)[:, None]
-        remove = positions >= k
-        sorted_probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        remove |= mass_before >= column(top_ps, torch.float32)[:, None]
-        num_kept = (~remove).sum(dim=-1)
-        ranks = torch.empty_like(order).scatter_(1, order, positions.contiguous())
+    scaled = nucleus_logits(logits.float() / temperature[:, None], top_ks, top_ps).contiguous()
     tokens = torch.empty(rows, dtype=torch.long, device=device)
     _draw_kernel[(rows,)](
-        logits,
-        ranks,
-        num_kept,
-        temperature,
+        scaled,
         column(min_ps, torch.float32),
         column(uniforms, torch.float64),
         tokens,
         vocab,
-        ranked=ranked,
         block=min(_BLOCK, triton.next_power_of_2(vocab)),
     )
     return tokens

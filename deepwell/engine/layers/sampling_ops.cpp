@@ -1,0 +1,257 @@
+// The sampler's two row scans (engine/sampling.py) that torch ops make whole-vocabulary
+// passes of. Built by layers/decode_kernel.py, registered as torch.ops.deepwell_sampling.*.
+//
+//   ranked_prefix(scaled f32 [rows, vocab], probs f32 [rows, vocab] or empty,
+//                 need_count i64 [rows], need_mass f64 [rows])
+//     → (ids i64 [rows, width], count i64 [rows])
+//       Per row, the ids of its first tokens in descending order of `scaled`, ties by lower
+//       id first (a stable descending sort's order), without sorting the vocabulary: the
+//       shortest prefix holding need_count tokens or need_mass of `probs`' mass (float64
+//       sums), the whole row when neither is reached. `width` is the longest prefix but at
+//       least min(16, vocab); a row's ids past its count repeat its first. A row holding a
+//       NaN gets count -1 (its order is the caller's to find).
+//
+//   inverse_cdf(probs f32 [rows, vocab], uniforms f64 [rows]) → i64 [rows]
+//       Per row, the first token whose float64 cumulative probability exceeds u * total, or
+//       the last with mass when none does: torch's float64 cumsum and searchsorted, bit for
+//       bit (the cumulative sum is the same sequential float64 sum; adding a zero changes
+//       nothing, so the scan skips them).
+//
+// ranked_prefix bins every token by its distance below the row's maximum (64 bins a nat,
+// with each bin's count and mass), walks the bins from the top until the prefix is held,
+// and sorts only the tokens of those bins (a stable radix sort of the value's bits). Binning
+// is monotone in the logit, so those tokens are the top of the order, ties included.
+
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+constexpr int kBins = 4096;
+constexpr float kBinsPerNat = 64.0f;
+// The prefix is padded to this width at least: torch's softmax over a row shorter than a
+// vector register sums it otherwise than over a longer one (engine/sampling.py).
+constexpr int64_t kMinWidth = 16;
+
+// Larger floats get smaller keys (and -0 the key of +0, as they compare equal), so sorting
+// keys ascending, stably, gives the descending order.
+uint32_t descending_key(float x) {
+  if (x == 0.0f) x = 0.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t ascending = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return ~ascending;
+}
+
+// Monotone (non-increasing) in x: float subtraction and scaling round monotonically. -inf,
+// and everything past the last bin, falls in the last bin.
+uint16_t bin_of(float x, float top) {
+  const float distance = (top - x) * kBinsPerNat;
+  if (!(distance < static_cast<float>(kBins - 1))) return kBins - 1;
+  return static_cast<uint16_t>(distance);
+}
+
+// Stable LSD radix sort of (key, id) pairs by key, a byte at a time; a byte every key shares
+// is skipped.
+void radix_sort(std::vector<uint32_t>& keys, std::vector<int64_t>& ids) {
+  const size_t n = keys.size();
+  std::vector<uint32_t> keys_out(n);
+  std::vector<int64_t> ids_out(n);
+  for (int shift = 0; shift < 32; shift += 8) {
+    std::array<size_t, 257> starts{};
+    for (const uint32_t key : keys) ++starts[((key >> shift) & 0xFF) + 1];
+    if (std::any_of(starts.begin() + 1, starts.end(), [n](size_t c) { return c == n; })) continue;
+    for (int b = 0; b < 256; ++b) starts[b + 1] += starts[b];
+    for (size_t i = 0; i < n; ++i) {
+      const size_t to = starts[(keys[i] >> shift) & 0xFF]++;
+      keys_out[to] = keys[i];
+      ids_out[to] = ids[i];
+    }
+    keys.swap(keys_out);
+    ids.swap(ids_out);
+  }
+}
+
+std::vector<int64_t> row_prefix(
+    const float* scaled, const float* probs, int64_t vocab, int64_t need_count, double need_mass,
+    std::vector<uint16_t>& bins) {
+  float top = -INFINITY;
+  bool has_nan = false;
+  for (int64_t j = 0; j < vocab; ++j) {
+    has_nan |= std::isnan(scaled[j]);
+    top = scaled[j] > top ? scaled[j] : top;
+  }
+  if (has_nan) return {};
+  bins.resize(vocab);
+  for (int64_t j = 0; j < vocab; ++j) bins[j] = bin_of(scaled[j], top);
+  std::vector<int32_t> counts(kBins, 0);
+  std::vector<float> masses(kBins, 0.0f);
+  if (probs != nullptr) {
+    for (int64_t j = 0; j < vocab; ++j) {
+      ++counts[bins[j]];
+      masses[bins[j]] += probs[j];
+    }
+  } else {
+    for (int64_t j = 0; j < vocab; ++j) ++counts[bins[j]];
+  }
+  // The bins' masses are float32 sums, a little off; the float64 walk below decides.
+  int last_bin = kBins - 1;
+  int64_t held = 0;
+  double mass = 0.0;
+  for (int bin = 0; bin < kBins; ++bin) {
+    held += counts[bin];
+    mass += masses[bin];
+    if (held >= need_count || mass >= need_mass) {
+      last_bin = bin;
+      break;
+    }
+  }
+  std::vector<uint32_t> keys;
+  std::vector<int64_t> ids;
+  keys.reserve(held);
+  ids.reserve(held);
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (bins[j] <= last_bin) {
+      keys.push_back(descending_key(scaled[j]));
+      ids.push_back(j);
+    }
+  }
+  radix_sort(keys, ids);
+  double prefix_mass = 0.0;
+  size_t count = ids.size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (probs != nullptr) prefix_mass += probs[ids[i]];
+    if (static_cast<int64_t>(i + 1) >= need_count || prefix_mass >= need_mass) {
+      count = i + 1;
+      break;
+    }
+  }
+  ids.resize(count);
+  return ids;
+}
+
+std::tuple<at::Tensor, at::Tensor> ranked_prefix(
+    const at::Tensor& scaled, const at::Tensor& probs, const at::Tensor& need_count,
+    const at::Tensor& need_mass) {
+  TORCH_CHECK(
+      scaled.dim() == 2 && scaled.scalar_type() == at::kFloat,
+      "deepwell_sampling.ranked_prefix: scaled logits are float32 [rows, vocab]; got ",
+      scaled.scalar_type(), " of ", scaled.dim(), " dimensions");
+  const int64_t rows = scaled.size(0);
+  const int64_t vocab = scaled.size(1);
+  const bool with_mass = probs.numel() > 0;
+  TORCH_CHECK(
+      !with_mass || (probs.sizes() == scaled.sizes() && probs.scalar_type() == at::kFloat),
+      "deepwell_sampling.ranked_prefix: probs are float32 of the logits' shape or empty");
+  TORCH_CHECK(
+      need_count.numel() == rows && need_count.scalar_type() == at::kLong &&
+          need_mass.numel() == rows && need_mass.scalar_type() == at::kDouble,
+      "deepwell_sampling.ranked_prefix: need_count is int64 and need_mass float64, one a row");
+  const at::Tensor logits = scaled.contiguous();
+  const at::Tensor mass = with_mass ? probs.contiguous() : probs;
+  const at::Tensor counts_in = need_count.contiguous();
+  const at::Tensor masses_in = need_mass.contiguous();
+  const int64_t* count_of = counts_in.data_ptr<int64_t>();
+  const double* mass_of = masses_in.data_ptr<double>();
+
+  std::vector<std::vector<int64_t>> prefixes(rows);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> bins;
+    for (int64_t row = begin; row < end; ++row) {
+      prefixes[row] = row_prefix(
+          logits.data_ptr<float>() + row * vocab,
+          with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, count_of[row],
+          mass_of[row], bins);
+    }
+  });
+
+  int64_t width = std::min(kMinWidth, vocab);
+  for (const auto& prefix : prefixes) width = std::max<int64_t>(width, prefix.size());
+  at::Tensor ids = at::empty({rows, width}, scaled.options().dtype(at::kLong));
+  at::Tensor count = at::empty({rows}, scaled.options().dtype(at::kLong));
+  int64_t* ids_out = ids.data_ptr<int64_t>();
+  int64_t* count_out = count.data_ptr<int64_t>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto& prefix = prefixes[row];
+    int64_t* out = ids_out + row * width;
+    if (prefix.empty()) {
+      count_out[row] = -1;
+      std::fill(out, out + width, 0);
+      continue;
+    }
+    count_out[row] = static_cast<int64_t>(prefix.size());
+    std::copy(prefix.begin(), prefix.end(), out);
+    std::fill(out + prefix.size(), out + width, prefix.front());
+  }
+  return {ids, count};
+}
+
+at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
+  TORCH_CHECK(
+      probs.dim() == 2 && probs.scalar_type() == at::kFloat && uniforms.numel() == probs.size(0) &&
+          uniforms.scalar_type() == at::kDouble,
+      "deepwell_sampling.inverse_cdf: probs are float32 [rows, vocab], uniforms float64, one a "
+      "row");
+  const int64_t rows = probs.size(0);
+  const int64_t vocab = probs.size(1);
+  const at::Tensor p = probs.contiguous();
+  const at::Tensor u = uniforms.contiguous();
+  at::Tensor tokens = at::empty({rows}, probs.options().dtype(at::kLong));
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float* row_probs = p.data_ptr<float>() + row * vocab;
+      // The tokens with mass, in id order: the second scan reads only them.
+      std::vector<int64_t> with_mass;
+      double total = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        if (row_probs[j] != 0.0f) {
+          total += static_cast<double>(row_probs[j]);
+          with_mass.push_back(j);
+        }
+      }
+      int64_t token = vocab - 1;  // no mass at all: torch's search gives the last token
+      for (auto it = with_mass.rbegin(); it != with_mass.rend(); ++it) {
+        if (row_probs[*it] > 0.0f) {
+          token = *it;
+          break;
+        }
+      }
+      const double target = u.data_ptr<double>()[row] * total;
+      double cumulative = 0.0;
+      for (const int64_t j : with_mass) {
+        cumulative += static_cast<double>(row_probs[j]);
+        if (cumulative > target) {
+          token = j;
+          break;
+        }
+      }
+      out[row] = token;
+    }
+  });
+  return tokens;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(deepwell_sampling, m) {
+  m.def(
+      "ranked_prefix(Tensor scaled, Tensor probs, Tensor need_count, Tensor need_mass) -> "
+      "(Tensor, Tensor)");
+  m.def("inverse_cdf(Tensor probs, Tensor uniforms) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(deepwell_sampling, CPU, m) {
+  m.impl("ranked_prefix", &ranked_prefix);
+  m.impl("inverse_cdf", &inverse_cdf);
+}
