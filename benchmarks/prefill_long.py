@@ -198,7 +198,7 @@ def report(lengths: list[int], names: list[str], best: dict) -> dict:
     for length in lengths:
         figures = {name: best.get((length, name)) for name in names}
         row = {name: figure["tok_s"] if figure else None for name, figure in figures.items()}
-        loads = {name: figure["load_average"] for name, figure in figures.items() if figure}
+        loads = {name: round(f["load_average"], 1) for name, f in figures.items() if f}
         parts = [f"{name} {tok_s:,.1f}" for name, tok_s in row.items() if tok_s]
         parts += [f"{name} failed" for name, tok_s in row.items() if not tok_s]
         print(f"prefill {length:>6} tokens: {', '.join(parts)} tok/s (load {loads})")
@@ -208,10 +208,13 @@ def report(lengths: list[int], names: list[str], best: dict) -> dict:
                 ratios[peer] = row[DEEPWELL] / row[peer]
                 print(f"  ratio deepwell / {peer}: {ratios[peer]:.2f}")
         summary[str(length)] = {"tok_s": row, "ratios": ratios, "load_average": loads}
-    ahead = all(
-        ratio > 1 for entry in summary.values() for ratio in entry["ratios"].values()
-    ) and all(entry["ratios"] for entry in summary.values())
-    print(f"deepwell ahead of every peer at every length: {'yes' if ahead else 'no'}")
+    ahead = {}
+    for peer in (TRANSFORMERS, LLAMA_CPP):
+        ratios = [entry["ratios"].get(peer) for entry in summary.values()]
+        measured = peer in names and all(ratios)
+        ahead[peer] = all(ratio > 1 for ratio in ratios) if measured else None
+        verdict = {True: "yes", False: "no", None: "not measured at every length"}[ahead[peer]]
+        print(f"deepwell ahead of {peer} at every length: {verdict}")
     summary["ahead_at_every_length"] = ahead
     return summary
 
