@@ -3,16 +3,13 @@
 Decodes run batched over a ragged list of blocks (no padding blocks), scored block by
 block with the softmax reduced per row across its blocks: either in place over the front
 of the pool (rows sharing a block stacked over it), or on whole head-major blocks gathered
-with one memcpy each. Each prefill chunk runs its own SDPA: causal when it is the whole
-context, else (a chunk after cached tokens) on the CPU in two blocks (blocked_prefill.py),
-elsewhere with its mask.
+with one memcpy each. Each prefill chunk runs its own SDPA.
 """
 
 import torch
 import torch.nn.functional as F
 
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
-from deepwell.engine.layers.blocked_prefill import continued_chunk_attention
 
 # Scoring the pool in place reads `span` blocks once, with `depth` stacked queries each;
 # gathering reads, writes and rereads the decode blocks. In place wins while
@@ -41,10 +38,6 @@ class TorchPagedAttention(AttentionBackend):
             else:
                 keys = _gather(key_cache, span.block_table, span.context_len)
                 values = _gather(value_cache, span.block_table, span.context_len)
-                if q.device.type == "cpu":
-                    cached = span.context_len - span.length
-                    out[rows] = continued_chunk_attention(q[rows], keys, values, cached, self.scale)
-                    continue
             # 4-d inputs: torch's CPU flash kernel takes only those (3-d runs the unfused
             # math path, 2.5x slower on W's prefills).
             out[rows] = F.scaled_dot_product_attention(
