@@ -1,5 +1,7 @@
-"""Prefill of one long prompt at 512, 4,096 and 16,384 tokens: deepwell against llama.cpp
-(`llama-bench -p N -n 0`) and transformers (one forward, SDPA), each run in its own process.
+"""Prefill of one long prompt (512, 4k, 16k tokens): deepwell, llama.cpp and transformers.
+
+At each length deepwell runs against llama.cpp (`llama-bench -p N -n 0`) and transformers
+(one forward, SDPA), each in its own process.
 
 All three run the embedded SmolLM2-135M's weights: llama.cpp its Q4_1 GGUF as it is;
 deepwell and transformers the same GGUF dequantised (as deepwell loads it), written once
