@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -323,9 +324,15 @@ def run(comparison: Comparison, command: list[str], timeout: float) -> Outcome:
             # SIGTERM: each script stops its servers and children on it.
             watchdog = threading.Timer(timeout, process.terminate)
             watchdog.start()
-            for line in process.stdout:
-                printed.append(line)
-                print(f"  [{comparison.name}] {line.rstrip()}", file=sys.stderr, flush=True)
+            try:
+                for line in process.stdout:
+                    printed.append(line)
+                    print(f"  [{comparison.name}] {line.rstrip()}", file=sys.stderr, flush=True)
+            except BaseException:
+                # peers.py stopped (SIGTERM, Ctrl-C): the script stops too, and its servers.
+                process.terminate()
+                process.wait()
+                raise
             process.wait()
             timed_out = not watchdog.is_alive()
             watchdog.cancel()
@@ -412,6 +419,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
+    # Stopped with SIGTERM, the running comparison's script is stopped with it (run's finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))
 
     if args.build_llama_cpp and not args.dry_run:
         try:
