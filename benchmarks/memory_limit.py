@@ -81,8 +81,10 @@ def decode_weight_bytes(model) -> int:
             read = getattr(module, "packed_weight", None)
         if read is None:
             read = module.weight
-        if read.data_ptr() not in seen:
-            seen.add(read.data_ptr())
+        # By identity: a tied head is the embedding's Parameter, and oneDNN's packed
+        # weights have no storage whose address could be compared.
+        if id(read) not in seen:
+            seen.add(id(read))
             total += read.numel() * read.element_size()
     return total
 
