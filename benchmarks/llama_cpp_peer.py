@@ -419,7 +419,15 @@ def die_with_parent() -> None:
 
 
 class LlamaServer:
-    """A running llama-server on loopback, stopped on exit; its log goes to `log_path`."""
+    """A running llama-server on loopback, stopped on exit; its log goes to `log_path`.
+    A subclass serves another HTTP server the same way (its name, readiness path, patience)."""
+
+    name = "llama-server"
+    # 503 while the model loads, 200 once the slots are up.
+    ready_path = "/health"
+    ready_timeout = 120.0
+    # SIGTERM first; SIGKILL after this long.
+    stop_timeout = 15.0
 
     def __init__(self, command: list[str], log_path: Path) -> None:
         port = free_port()
@@ -436,7 +444,7 @@ class LlamaServer:
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         try:
-            self.wait_ready(timeout=120.0)
+            self.wait_ready(timeout=self.ready_timeout)
         except BaseException:
             self.stop()
             raise
@@ -449,28 +457,27 @@ class LlamaServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
 
     def wait_ready(self, timeout: float) -> None:
-        # /health answers 503 while the model loads, 200 once the slots are up.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise LlamaCppError(
-                    f"llama-server exited ({self.process.returncode}) before it was ready:\n"
+                    f"{self.name} exited ({self.process.returncode}) before it was ready:\n"
                     + self.log_tail()
                 )
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.2)
-        raise LlamaCppError(f"llama-server not ready in {timeout:.0f} s:\n{self.log_tail()}")
+        raise LlamaCppError(f"{self.name} not ready in {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
