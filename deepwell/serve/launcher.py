@@ -173,6 +173,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             join_address=args.worker_address,
             eviction_reports=args.eviction_reports,
             request_timeout_s=settings.request_timeout_s,
+            crashes_per_request=args.worker_crashes_per_request,
         )
         started = time.monotonic()
         workers = [_start_worker(config) for config in configs]
