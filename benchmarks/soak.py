@@ -76,6 +76,8 @@ class SoakReport:
     stranded: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     kills: int = 0
+    # Kills put off because a worker was still reloading.
+    kills_postponed: int = 0
     store_damage: Counter = field(default_factory=Counter)
     blocks_held_at_end: float = -1
     stuck_ended: float = 0
@@ -93,7 +95,8 @@ class SoakReport:
     def text(self) -> str:
         lines = [
             f"soak: {self.minutes:g} min, {sum(self.outcomes.values())} requests, "
-            f"{self.kills} worker SIGKILLs, store damage {dict(self.store_damage)}",
+            f"{self.kills} worker SIGKILLs ({self.kills_postponed} put off while a worker "
+            f"reloaded), store damage {dict(self.store_damage)}",
             f"outcomes: {dict(sorted(self.outcomes.items()))}",
             f"5xx: {len(self.server_errors)}; stranded: {len(self.stranded)}; "
             f"watchdog ends: {self.stuck_ended:g}; deadline expiries: {self.deadline_expiries:g}",
@@ -308,14 +311,24 @@ def damage_store(store: Path, rng: random.Random, report: SoakReport) -> None:
             continue
 
 
-async def chaos(server: subprocess.Popen, store: Path, until: float, args, report) -> None:
+async def chaos(
+    server: subprocess.Popen, base_url: str, store: Path, until: float, args, report
+) -> None:
+    """Store damage every `--damage-every` s; a worker SIGKILLed every `--kill-every` s, but
+    only while both serve: a kill while the other still reloads leaves no worker, and the
+    503s of that outage would measure the machine's reload time, not failover."""
     rng = random.Random(args.seed + 1)
     next_kill = time.monotonic() + args.kill_every
-    while time.monotonic() < until:
-        await asyncio.sleep(min(args.damage_every, max(0.0, until - time.monotonic())))
-        damage_store(store, rng, report)
-        if time.monotonic() >= next_kill and time.monotonic() < until:
-            next_kill += args.kill_every
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        while time.monotonic() < until:
+            await asyncio.sleep(min(args.damage_every, max(0.0, until - time.monotonic())))
+            damage_store(store, rng, report)
+            if time.monotonic() < next_kill or time.monotonic() >= until:
+                continue
+            if metric((await http.get("/metrics")).text, "deepwell_worker_up") < 2:
+                report.kills_postponed += 1
+                continue
+            next_kill = time.monotonic() + args.kill_every
             workers = workers_of(server.pid)
             if workers:
                 os.kill(rng.choice(workers), signal.SIGKILL)
@@ -386,7 +399,7 @@ async def soak(
     until = time.monotonic() + args.minutes * 60
     await asyncio.gather(
         traffic(base_url, model, until, args, report),
-        chaos(server, store, until, args, report),
+        chaos(server, base_url, store, until, args, report),
         sampler(server, base_url, until, report),
     )
     await _wait_for_workers(base_url)
@@ -451,6 +464,7 @@ def main() -> int:
                     "server_errors": report.server_errors,
                     "stranded": report.stranded,
                     "kills": report.kills,
+                    "kills_postponed": report.kills_postponed,
                     "store_damage": report.store_damage,
                     "rss_growth": report.rss_growth(),
                     "blocks_held_at_end": report.blocks_held_at_end,
