@@ -194,9 +194,8 @@ class EngineCoreAdapter:
 
     def holds_nothing(self) -> bool:
         stats = self._core.stats()
-        return not self._core.requests and stats.running == stats.waiting == 0 == (
-            stats.kv_blocks_used
-        )
+        held = (stats.running, stats.waiting, stats.kv_blocks_used)
+        return not self._core.requests and held == (0, 0, 0)
 
     def prompt_text(self, token_ids: list[int]) -> str:
         return self._core.tokenizer.decode(token_ids)

@@ -274,6 +274,8 @@ def test_a_prompt_that_crashes_real_workers_fails_after_two(tmp_path, monkeypatc
         *MODEL_ARGS,
         *("--memory-gib", "0.5", "--threads", "1", "--batch-invariant"),
         *("--workers", "3", "--heartbeat-timeout", "10"),
+        # Three workers load at once: minutes on a shared 2-core machine.
+        timeout=900,
     )
     try:
         model = server.model
