@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import zmq
-from servers import MODEL_ARGS, start_server
+from servers import start_server
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.sampling_params import SamplingParams
@@ -28,6 +30,10 @@ from deepwell.serve.cluster.inference_errors import RequestCrashedWorkers
 from deepwell.serve.messages import GenerateRequest, ModelInfo, Shutdown, encode_message
 from deepwell.serve.worker import send_heartbeats, serve_engine
 from deepwell.settings.environment import WORKER_EXIT_ON_PROMPT_ENV
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
+from structured.tiny_tokenizer import tiny_tokenizer  # noqa: E402
+from tiny_llama import write_tiny_llama  # noqa: E402
 
 MODEL = ModelInfo("positional", "none", 4096, "{}", None, [0], fingerprint="00" * 16)
 # The first prompt token of the request that kills a worker when it arrives.
@@ -234,7 +240,7 @@ async def _seeded_streams(base_url: str, model: str, poison: bool) -> tuple[list
         stream = await client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": f"Write line {index} of a poem."}],
-            max_tokens=24,
+            max_tokens=200,
             temperature=1.0,
             seed=300 + index,
             stream=True,
@@ -266,15 +272,22 @@ async def _seeded_streams(base_url: str, model: str, poison: bool) -> tuple[list
 
 @pytest.mark.slow
 def test_a_prompt_that_crashes_real_workers_fails_after_two(tmp_path, monkeypatch):
-    """Three real workers: the marked request kills two (both restarted), ends with a 500
-    naming its request id, and the six streams beside it read as they do undisturbed."""
+    """Three real workers (the tiny random Llama, which loads in seconds where the embedded
+    model's three took over 10 minutes on the loaded 2-core machine): the marked request
+    kills two (both restarted), ends with a 500 naming its request id, and the six
+    streams beside it read as they do undisturbed."""
+    model = write_tiny_llama(tmp_path / "tiny-llama")
+    tiny_tokenizer().save(str(model / "tokenizer.json"))
+    template = tmp_path / "template.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    )
     monkeypatch.setenv(WORKER_EXIT_ON_PROMPT_ENV, POISON_TEXT)
     server = start_server(
         tmp_path,
-        *MODEL_ARGS,
-        *("--memory-gib", "0.5", "--threads", "1", "--batch-invariant"),
+        *("--model", str(model), "--chat-template", str(template), "--dtype", "float32"),
+        *("--memory-gib", "0.25", "--threads", "1", "--batch-invariant"),
         *("--workers", "3", "--heartbeat-timeout", "10"),
-        # Three workers load at once: minutes on a shared 2-core machine.
         timeout=900,
     )
     try:
