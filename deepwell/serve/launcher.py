@@ -191,6 +191,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             join_address=join_address,
             eviction_reports=args.eviction_reports,
             request_timeout_s=settings.request_timeout_s,
+            crashes_per_request=args.worker_crashes_per_request,
         )
         started = time.monotonic()
         serving = asyncio.Event()

@@ -118,10 +118,12 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class RequestRejected:
-    """The engine refused a request (its own validation); nothing of it remains queued."""
+    """The engine refused a request (its own validation), or failed on it (`internal`: an
+    exception the worker caught, answered 500); nothing of it remains queued."""
 
     request_id: str
     message: str
+    internal: bool = False
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from deepwell.serve.messages import (
     decode_message,
     encode_message,
 )
+from deepwell.serve.worker_test_hooks import with_test_hooks
 
 # While idle the worker wakes this often to notice a dead parent.
 IDLE_POLL_MS = 200
@@ -68,6 +69,14 @@ class StepEngine(Protocol):
         ...
 
     def model_info(self) -> ModelInfo: ...
+
+    def unfinished_request_ids(self) -> list[str]:
+        """The requests in the engine (read only when a step has raised)."""
+        ...
+
+    def holds_nothing(self) -> bool:
+        """No request in the engine and no KV block held: a state it can serve on from."""
+        ...
 
 
 def serve_engine(
@@ -99,13 +108,22 @@ def serve_engine(
                     engine.add_request(message)
                 except ValueError as error:
                     rejected.append(RequestRejected(message.request_id, str(error)))
+                except Exception as error:  # a bug met taking this one request in
+                    engine.abort([message.request_id])
+                    rejected.append(_ended(message.request_id, error))
             elif isinstance(message, AbortRequest):
                 engine.abort(message.request_ids)
             else:
                 raise TypeError(f"worker cannot handle {type(message).__name__}")
         if parent_pid is not None and os.getppid() != parent_pid:
             return None
-        outputs = engine.step() if engine.has_unfinished() else []
+        outputs = []
+        if engine.has_unfinished():
+            # A try block costs nothing until it raises (CPython 3.11's exception tables).
+            try:
+                outputs = engine.step()
+            except Exception as error:
+                rejected.append(_failed_in_step(engine, error))
         stats = engine.stats()
         # What a step cached and evicted goes out with its outputs, one frame per step.
         cached, evicted = engine.key_changes()
@@ -113,6 +131,29 @@ def serve_engine(
             message = StepOutputs(worker_id, outputs, rejected, stats, cached, evicted)
             outbox.send(encode_message(message))
             last_stats = stats
+
+
+def _failed_in_step(engine: StepEngine, error: Exception) -> RequestRejected:
+    """A step raised: with one request in the engine it is that request's, which fails
+    while the worker serves on, if ending it leaves the engine holding nothing. Otherwise
+    the error is the worker's: it propagates, the worker exits, and the front end
+    reroutes its requests, charging the crash to them (cluster/request_router.py)."""
+    request_ids = engine.unfinished_request_ids()
+    if len(request_ids) != 1:
+        raise error
+    engine.abort(request_ids)
+    if not engine.holds_nothing():
+        raise error
+    return _ended(request_ids[0], error)
+
+
+def _ended(request_id: str, error: Exception) -> RequestRejected:
+    """The report of a request ended because the engine raised on it: its client gets a
+    500 naming its request id; the traceback goes to this worker's log only."""
+    logger.error("engine failed on request %s; it was ended", request_id, exc_info=error)
+    return RequestRejected(
+        request_id, f"the engine failed on this request ({type(error).__name__})", internal=True
+    )
 
 
 class EngineCoreAdapter:
@@ -147,6 +188,17 @@ class EngineCoreAdapter:
 
     def stats(self) -> EngineStats:
         return self._core.stats()
+
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self._core.requests)
+
+    def holds_nothing(self) -> bool:
+        stats = self._core.stats()
+        held = (stats.running, stats.waiting, stats.kv_blocks_used)
+        return not self._core.requests and held == (0, 0, 0)
+
+    def prompt_text(self, token_ids: list[int]) -> str:
+        return self._core.tokenizer.decode(token_ids)
 
     def key_changes(self) -> tuple[list[bytes], list[bytes]]:
         return self._core.kv.take_key_changes()
@@ -221,13 +273,13 @@ def main(config: WorkerConfig) -> None:
         if config.role == "encoder":
             engine, loop = ImageEncoderWorker(config), serve_encoder
         else:
-            engine, loop = EngineCoreAdapter(config), serve_engine
+            engine, loop = with_test_hooks(EngineCoreAdapter(config)), serve_engine
         heartbeats.start()
         try:
             address = inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
             parent = config.parent_pid or None  # 0: started on its own (`deepwell worker`)
             stop = loop(engine, config.worker_id, inbox, outbox, parent, address)
-            if isinstance(engine, EngineCoreAdapter):
+            if loop is serve_engine:
                 # The front end's aborts came before its Shutdown, so every request it
                 # ended has given its blocks back by now.
                 stats = engine.stats()

@@ -142,3 +142,19 @@ for _name, _owner in {
     "HF_ENDPOINT": "huggingface_hub: the hub's address (a mirror)",
 }.items():
     register_foreign(_name, _owner)
+
+
+# --- test hooks: set only by tests, never in service (serve/worker_test_hooks.py) ---
+
+WORKER_EXIT_ON_PROMPT_ENV = register(
+    "DEEPWELL_TEST_WORKER_EXIT_ON_PROMPT",
+    "test hook, never set in service: an engine worker exits at once (os._exit, as a crash "
+    "would) when it is sent a request whose prompt holds this text",
+    parse_text,
+)
+WORKER_RAISE_ON_PROMPT_ENV = register(
+    "DEEPWELL_TEST_WORKER_RAISE_ON_PROMPT",
+    "test hook, never set in service: an engine worker's step raises RuntimeError while a "
+    "request whose prompt holds this text is in the engine",
+    parse_text,
+)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deepwell.serve.cluster.metrics import RoleLatency
+from deepwell.serve.cluster.options import WORKER_CRASHES_PER_REQUEST
 from deepwell.serve.cluster.request_router import RequestRouter
 from deepwell.serve.cluster.routing import RoutingPolicy, least_outstanding_tokens
 from deepwell.serve.cluster.stream_table import StreamTable
@@ -37,11 +38,13 @@ def assemble_cluster(
     join_address: str | None = None,
     eviction_reports: bool = True,
     request_timeout_s: float | None = None,
+    crashes_per_request: int = WORKER_CRASHES_PER_REQUEST,
 ) -> Cluster:
     """`join_address` (tcp://HOST:PORT): where workers started elsewhere connect;
     `shared_store`: the workers share a KV store, so a prefix computed anywhere is a hit;
     `eviction_reports`: routing forgets the prefix blocks workers report evicted;
-    `request_timeout_s`: every request's deadline (None: none)."""
+    `request_timeout_s`: every request's deadline (None: none);
+    `crashes_per_request`: worker crashes charged to a request before it fails."""
     latency = RoleLatency()
     roles = roles or [WorkerRole.MIXED] * len(inbox_addresses)
     pool = WorkerPool(outbox_address, inbox_addresses, roles, heartbeat_timeout, join_address)
@@ -55,6 +58,7 @@ def assemble_cluster(
         latency,
         eviction_reports,
         request_timeout_s,
+        crashes_per_request,
     )
     pool.listen(router)
     return Cluster(pool, router, latency)

@@ -29,6 +29,19 @@ class RequestStalled(InferenceError):
     """The engine's watchdog ended the request: the step loop had stopped advancing it."""
 
 
+class EngineFailedRequest(InferenceError):
+    """The worker's engine raised on the request; the request ended, the worker serves on."""
+
+    status_code = 500
+
+
+class RequestCrashedWorkers(InferenceError):
+    """The request was in flight at too many worker crashes: it is failed, not retried,
+    so that it cannot take down every worker in turn."""
+
+    status_code = 500
+
+
 class DeadlineExceeded(InferenceError):
     """The request ran past its deadline (--request-timeout)."""
 

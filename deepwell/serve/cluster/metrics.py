@@ -40,6 +40,8 @@ class RoleLatency:
         )
         self.rerouted = 0
         self.handed_off = 0
+        # Requests failed for crashing too many workers (`RequestCrashedWorkers`).
+        self.quarantined = 0
 
 
 class ClusterCollector(Collector):
@@ -103,6 +105,12 @@ class ClusterCollector(Collector):
             "deepwell_rerouted_requests",
             "Requests re-admitted on another worker after theirs was lost.",
             self._latency.rerouted,
+        )
+        yield CounterMetricFamily(
+            "deepwell_quarantined_requests",
+            "Requests failed instead of rerouted: in flight at --worker-crashes-per-request "
+            "worker crashes.",
+            self._latency.quarantined,
         )
         yield CounterMetricFamily(
             "deepwell_pd_handoffs",

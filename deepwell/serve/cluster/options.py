@@ -32,6 +32,11 @@ def cluster_backend(text: str) -> ClusterBackend:
     )
 
 
+# A request charged with this many worker crashes is failed instead of rerouted again
+# (request_router.py); two tells a request that kills workers from a worker killed under it.
+WORKER_CRASHES_PER_REQUEST = 2
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="engine worker processes behind this front end"
@@ -94,7 +99,28 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="seconds without a heartbeat after which a worker is taken for dead",
     )
+    parser.add_argument(
+        "--worker-crashes-per-request",
+        type=_at_least_one,
+        default=WORKER_CRASHES_PER_REQUEST,
+        metavar="N",
+        help="a request charged with N worker crashes (it was sent to a worker that died "
+        "before answering it, or in flight when one died mid-decode) ends with a 500 error "
+        "naming its request id instead of being rerouted again; the other requests on the "
+        f"worker move on (default: {WORKER_CRASHES_PER_REQUEST})",
+    )
+
     _add_ray_arguments(parser.add_argument_group("the cluster on Ray (--cluster ray)"))
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_ray_arguments(ray: argparse._ArgumentGroup) -> None:

@@ -9,6 +9,7 @@ runs on one and its decoding on another, its KV passing through the shared KV st
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -20,10 +21,13 @@ from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.inference_errors import (
     DeadlineExceeded,
     DrainRefused,
+    EngineFailedRequest,
     EngineUnavailable,
+    RequestCrashedWorkers,
     RequestRejected,
 )
 from deepwell.serve.cluster.metrics import RoleLatency
+from deepwell.serve.cluster.options import WORKER_CRASHES_PER_REQUEST
 from deepwell.serve.cluster.prefix_index import WorkerPrefixes
 from deepwell.serve.cluster.routing import RoutingPolicy, WorkerLoad
 from deepwell.serve.cluster.stream_table import Stream, StreamTable
@@ -37,7 +41,9 @@ from deepwell.serve.messages import (
     StepOutputs,
     encode_message,
 )
-from deepwell.serve.request_log import note
+from deepwell.serve.request_log import current_request_id, note
+
+logger = logging.getLogger(__name__)
 
 # The store's record of keys computed anywhere; far more than any worker's pool.
 _STORE_KEYS = 1 << 20
@@ -83,6 +89,9 @@ class RequestRouter:
     evicted (off: it knows only what was sent where, capped at each pool's size).
     `request_timeout_s`: each request's deadline, past which it is aborted on its worker
     and its stream fails, whether or not its reader is keeping up.
+    `crashes_per_request`: worker crashes charged to one request before it is failed
+    (`RequestCrashedWorkers`) instead of rerouted: a request that kills every worker it
+    reaches is stopped after that many, while the others on those workers move on.
     """
 
     def __init__(
@@ -95,8 +104,10 @@ class RequestRouter:
         latency: RoleLatency,
         eviction_reports: bool = True,
         request_timeout_s: float | None = None,
+        crashes_per_request: int = WORKER_CRASHES_PER_REQUEST,
     ) -> None:
         self._pool = pool
+        self._crashes_per_request = crashes_per_request
         self._eviction_reports = eviction_reports
         self._request_timeout_s = request_timeout_s
         # Requests aborted at their deadline, for /metrics.
@@ -135,6 +146,7 @@ class RequestRouter:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes; closing early aborts it."""
         stream = self._streams.open(request)
+        stream.client_request_id = current_request_id()
         expiry = None
         if self._request_timeout_s is not None:
             expiry = asyncio.get_running_loop().call_later(
@@ -282,7 +294,13 @@ class RequestRouter:
             self._deliver(worker, output)
         for rejected in message.rejected:
             stream = self._streams.on(worker, rejected.request_id)
-            if stream is not None:
+            if stream is None:
+                continue
+            if rejected.internal:
+                request_id = stream.client_request_id or rejected.request_id
+                message_text = f"{rejected.message} (request id {request_id})"
+                self._streams.fail(stream, EngineFailedRequest(message_text))
+            else:
                 self._streams.fail(stream, RequestRejected(rejected.message))
 
     def _deliver(self, worker: Worker, output: RequestOutput) -> None:
@@ -304,17 +322,40 @@ class RequestRouter:
         self._streams.deliver(stream, output)
 
     def worker_removed(self, worker: Worker, reason: str, failed: bool) -> None:
-        """Re-admit the requests of a worker that left on the others."""
-        for request_id in list(worker.in_flight):
-            stream = self._streams[request_id]
-            worker.in_flight.discard(request_id)
+        """Re-admit the requests of a worker that left on the others; a crash is charged
+        to its suspects first, and a request charged `crashes_per_request` times fails."""
+        streams = [self._streams[request_id] for request_id in worker.in_flight]
+        for stream in _charged(streams) if failed else []:
+            stream.crashes += 1
+        for stream in streams:
+            worker.in_flight.discard(stream.request.request_id)
             stream.worker = None
+            if stream.crashes >= self._crashes_per_request:
+                self._quarantine(stream, worker, reason)
+                continue
             self._latency.rerouted += failed
             try:
                 self.dispatch(stream)
             except EngineUnavailable as error:
                 message = f"engine worker {worker.worker_id} stopped ({reason}); {error}"
                 self._streams.fail(stream, EngineUnavailable(message))
+
+    def _quarantine(self, stream: Stream, worker: Worker, reason: str) -> None:
+        request_id = stream.client_request_id or stream.request.request_id
+        self._latency.quarantined += 1
+        logger.error(
+            "request %s failed, not rerouted: charged with %d worker crashes, the last "
+            "engine worker %d (%s)",
+            request_id,
+            stream.crashes,
+            worker.worker_id,
+            reason,
+        )
+        message = (
+            f"this request crashed {stream.crashes} engine workers and is not retried "
+            f"(request id {request_id})"
+        )
+        self._streams.fail(stream, RequestCrashedWorkers(message))
 
     def utilisation_without(self, worker_id: int) -> float:
         """KV blocks in use on every live worker over the blocks of the live workers other
@@ -383,3 +424,12 @@ class RequestRouter:
         for worker_id, request_ids in aborts.items():
             self._pool.workers[worker_id].socket.send(encode_message(AbortRequest(request_ids)))
         return len(ended)
+
+
+def _charged(streams: list[Stream]) -> list[Stream]:
+    """The requests a worker's crash is charged to: those it had not yet answered since
+    they were sent there, when there are any (a request that kills its worker does so as
+    the worker takes it in or computes its prompt, while the others it was already
+    serving go on being answered); else all of them, when it died mid-decode."""
+    unanswered = [stream for stream in streams if stream.last_output_at is None]
+    return unanswered or streams

@@ -35,6 +35,10 @@ class Stream:
     prefilling: bool = False
     dispatched_at: float = 0.0
     last_output_at: float | None = None
+    # Worker crashes charged to the request (request_router.py: `_charged`).
+    crashes: int = 0
+    # The id its client sees (x-request-id), for the errors it may end with.
+    client_request_id: str | None = None
 
 
 class StreamTable:
