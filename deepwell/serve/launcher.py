@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from deepwell.cpu_dtype import select_dtype
 from deepwell.recipe.encoding.chat_template import ChatTemplateError, compile_template
 from deepwell.serve.api import create_app
-from deepwell.serve.cluster.assembly import assemble_cluster
+from deepwell.serve.cluster.assembly import Cluster, assemble_cluster
 from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.options import worker_roles
 from deepwell.serve.cluster.routing import POLICIES
@@ -156,17 +156,8 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
     except ValueError as error:
         raise EngineUnavailable(str(error)) from None
     on_ray = args.cluster.kind == "ray"
-    join_address = args.worker_address
-    if on_ray:
-        ray_workers = _ray_workers_module()
-        if args.nnodes > 1:
-            raise EngineUnavailable(
-                "on Ray this serve starts every data-parallel rank and Ray places them: give "
-                "--data-parallel-size alone, not --nnodes"
-            )
-        node_address = ray_workers.connect(args.cluster)
-        # Ray's actors connect here from their nodes, as `deepwell worker --connect` does.
-        join_address = join_address or f"tcp://{node_address}:*"
+    ray_workers = _ray_workers_module() if on_ray else None
+    join_address = _join_ray(args, ray_workers) if on_ray else args.worker_address
     with tempfile.TemporaryDirectory(prefix="deepwell-") as sockets:
         outbox = f"ipc://{sockets}/outputs"
         configs = [
@@ -180,19 +171,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             )
             for worker_id, role in enumerate(roles)
         ]
-        cluster = assemble_cluster(
-            outbox,
-            [config.inbox_address for config in configs],
-            roles=[WorkerRole(role) for role in roles],
-            policy=POLICIES[args.routing_policy](),
-            block_size=configs[0].engine.block_size,
-            shared_store=configs[0].engine.kv_store_path is not None,
-            heartbeat_timeout=args.heartbeat_timeout,
-            join_address=join_address,
-            eviction_reports=args.eviction_reports,
-            request_timeout_s=settings.request_timeout_s,
-            crashes_per_request=args.worker_crashes_per_request,
-        )
+        cluster = _assemble(args, settings, outbox, configs, roles, join_address)
         started = time.monotonic()
         serving = asyncio.Event()
         if on_ray:
@@ -248,6 +227,41 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             if on_ray:
                 await asyncio.to_thread(actors.stop)
                 ray_workers.disconnect()
+
+
+def _join_ray(args: argparse.Namespace, ray_workers) -> str:
+    """Join the Ray cluster `--cluster` names; the address Ray's actors connect to from their
+    nodes, as `deepwell worker --connect` does."""
+    if args.nnodes > 1:
+        raise EngineUnavailable(
+            "on Ray this serve starts every data-parallel rank and Ray places them: give "
+            "--data-parallel-size alone, not --nnodes"
+        )
+    node_address = ray_workers.connect(args.cluster)
+    return args.worker_address or f"tcp://{node_address}:*"
+
+
+def _assemble(
+    args: argparse.Namespace,
+    settings: ServeSettings,
+    outbox: str,
+    configs: list[WorkerConfig],
+    roles: list[str],
+    join_address: str | None,
+) -> Cluster:
+    return assemble_cluster(
+        outbox,
+        [config.inbox_address for config in configs],
+        roles=[WorkerRole(role) for role in roles],
+        policy=POLICIES[args.routing_policy](),
+        block_size=configs[0].engine.block_size,
+        shared_store=configs[0].engine.kv_store_path is not None,
+        heartbeat_timeout=args.heartbeat_timeout,
+        join_address=join_address,
+        eviction_reports=args.eviction_reports,
+        request_timeout_s=settings.request_timeout_s,
+        crashes_per_request=args.worker_crashes_per_request,
+    )
 
 
 def _ray_workers_module():

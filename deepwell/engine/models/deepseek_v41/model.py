@@ -264,16 +264,12 @@ class DeepseekV41ForCausalLM(nn.Module):
                 features[:] = [feature[kept] for feature in features]
                 positions = positions[kept]
                 step = compact.kept
-            if step.fixed is not None:
-                windows = step.fixed.window("window", consumer)
-            else:
-                windows = step.consumer_windows("window") if consumer else step.windows["window"]
             streams, pre = block(
                 streams,
                 pre,
                 rotations[bool(plan.compress_ratio)],
                 step,
-                windows,
+                _window_plan(step, consumer),
                 ring,
                 compressed,
                 shared,
@@ -492,3 +488,11 @@ def _pad_to_row_tiles(
     if image_rows is not None:
         image_rows = F.pad(image_rows, (0, padding))
     return input_ids, positions, history, image_rows
+
+
+def _window_plan(step: StepMetadata, consumer: bool):
+    """The attention window a block reads this step: the fixed-size plan of a decode-graph
+    step, else the step's own (a YOCO consumer's starts at its replay start)."""
+    if step.fixed is not None:
+        return step.fixed.window("window", consumer)
+    return step.consumer_windows("window") if consumer else step.windows["window"]
