@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepwell.serve.cluster.options import add_cluster_arguments
+from deepwell.serve.cluster.options import add_cluster_arguments, positive_int
 from deepwell.settings import environment
 from deepwell.settings.durations import parse_duration
 from deepwell.settings.flags import add_engine_arguments, add_parallel_arguments
@@ -183,7 +183,7 @@ def _add_http_arguments(http: argparse._ArgumentGroup) -> None:
     )
     http.add_argument(
         "--max-waiting-requests",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_waiting_requests,
         metavar="N",
         help="requests that may wait for their first token at once; more get 503 with "
@@ -377,16 +377,6 @@ def _add_operations_arguments(operations: argparse._ArgumentGroup) -> None:
 
 
 LOG_FORMATS = ("text", "json")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def api_keys(flags: list[str], environ: Mapping[str, str]) -> tuple[str, ...]:

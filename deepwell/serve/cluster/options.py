@@ -101,7 +101,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--worker-crashes-per-request",
-        type=_at_least_one,
+        type=positive_int,
         default=WORKER_CRASHES_PER_REQUEST,
         metavar="N",
         help="a request charged with N worker crashes (it was sent to a worker that died "
@@ -113,11 +113,12 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     _add_ray_arguments(parser.add_argument_group("the cluster on Ray (--cluster ray)"))
 
 
-def _at_least_one(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
