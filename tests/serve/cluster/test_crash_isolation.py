@@ -12,23 +12,21 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import zmq
 from servers import start_server
+from thread_workers import ThreadWorkers
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.sampling_params import SamplingParams
 from deepwell.engine.stats import EngineStats
 from deepwell.serve.cluster.assembly import assemble_cluster
 from deepwell.serve.cluster.inference_errors import RequestCrashedWorkers
-from deepwell.serve.messages import GenerateRequest, ModelInfo, Shutdown, encode_message
-from deepwell.serve.worker import send_heartbeats, serve_engine
+from deepwell.serve.messages import GenerateRequest, ModelInfo
 from deepwell.settings.environment import WORKER_EXIT_ON_PROMPT_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
@@ -90,50 +88,6 @@ class MortalEngine:
 
     def model_info(self) -> ModelInfo:
         return MODEL
-
-
-class ThreadWorkers:
-    """Each engine served in a thread with its heartbeat thread; a death stops the beats."""
-
-    def __init__(self, tmp_path, engines: list[MortalEngine]) -> None:
-        self.context = zmq.Context()
-        self.outbox = f"ipc://{tmp_path}/out"
-        self.inboxes = [f"ipc://{tmp_path}/in-{i}" for i in range(len(engines))]
-        self.sockets = []
-        self.threads = []
-        self.stops = []
-        for worker_id, (engine, address) in enumerate(zip(engines, self.inboxes, strict=True)):
-            inbox = self.context.socket(zmq.PULL)
-            inbox.bind(address)
-            outbox = self.context.socket(zmq.PUSH)
-            outbox.connect(self.outbox)
-            self.sockets += [inbox, outbox]
-            stop = threading.Event()
-            engine.on_death = stop.set
-            self.stops.append(stop)
-            loop = (engine, worker_id, inbox, outbox)
-            beats = (self.context, self.outbox, worker_id, stop)
-            self.threads += [
-                threading.Thread(target=serve_engine, args=loop),
-                threading.Thread(target=send_heartbeats, args=beats),
-            ]
-        for thread in self.threads:
-            thread.start()
-
-    def close(self) -> None:
-        for stop in self.stops:
-            stop.set()
-        sender = self.context.socket(zmq.PUSH)
-        for address in self.inboxes:
-            sender.connect(address)
-        for _ in self.inboxes:
-            sender.send(encode_message(Shutdown()))
-        for thread in self.threads:
-            thread.join(timeout=5)
-        sender.close(linger=0)
-        for socket in self.sockets:
-            socket.close(linger=0)
-        self.context.term()
 
 
 @pytest.fixture

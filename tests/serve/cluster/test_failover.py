@@ -8,6 +8,7 @@ import time
 import pytest
 import zmq
 from servers import free_port
+from thread_workers import ThreadWorkers
 
 from deepwell.engine.outputs import FinishReason, RequestOutput
 from deepwell.engine.sampling_params import SamplingParams
@@ -18,10 +19,8 @@ from deepwell.serve.cluster.worker_pool import WorkerRole
 from deepwell.serve.messages import (
     GenerateRequest,
     ModelInfo,
-    Shutdown,
-    encode_message,
 )
-from deepwell.serve.worker import send_heartbeats, serve_engine
+from deepwell.serve.worker import serve_engine
 
 MODEL = ModelInfo("positional", "none", 4096, "{}", None, [0], fingerprint="00" * 16)
 
@@ -72,61 +71,12 @@ class PositionalEngine:
         return self.model
 
 
-class Workers:
-    """Scripted workers in threads, each with its heartbeat thread (which `silence` stops)."""
-
-    def __init__(self, tmp_path, engines):
-        self.context = zmq.Context()
-        self.outbox = f"ipc://{tmp_path}/out"
-        self.inboxes = [f"ipc://{tmp_path}/in-{i}" for i in range(len(engines))]
-        self.engines = engines
-        self.stops = []
-        self.threads = []
-        self.sockets = []
-        for worker_id, (engine, address) in enumerate(zip(engines, self.inboxes, strict=True)):
-            inbox = self.context.socket(zmq.PULL)
-            inbox.bind(address)
-            outbox = self.context.socket(zmq.PUSH)
-            outbox.connect(self.outbox)
-            self.sockets += [inbox, outbox]
-            stop = threading.Event()
-            self.stops.append(stop)
-            self.threads.append(
-                threading.Thread(target=serve_engine, args=(engine, worker_id, inbox, outbox))
-            )
-            self.threads.append(
-                threading.Thread(
-                    target=send_heartbeats, args=(self.context, self.outbox, worker_id, stop)
-                )
-            )
-        for thread in self.threads:
-            thread.start()
-
-    def silence(self, worker_id):
-        self.stops[worker_id].set()
-
-    def close(self):
-        for stop in self.stops:
-            stop.set()
-        sender = self.context.socket(zmq.PUSH)
-        for address in self.inboxes:
-            sender.connect(address)
-        for _ in self.inboxes:
-            sender.send(encode_message(Shutdown()))
-        for thread in self.threads:
-            thread.join(timeout=5)
-        sender.close(linger=0)
-        for socket in self.sockets:
-            socket.close(linger=0)
-        self.context.term()
-
-
 @pytest.fixture
 def cluster(tmp_path):
     made = []
 
     def make(*engines):
-        made.append(Workers(tmp_path, list(engines)))
+        made.append(ThreadWorkers(tmp_path, list(engines)))
         return made[-1]
 
     yield make
