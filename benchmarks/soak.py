@@ -21,6 +21,7 @@ import random
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,7 @@ class Sample:
     kv_blocks_used: float
     running: float
     waiting: float
+    workers_up: float
 
 
 @dataclass
@@ -85,12 +87,18 @@ class SoakReport:
     identity: str = "not run"
 
     def rss_growth(self) -> float:
-        """RSS at the end over RSS once warm (the first sample after a fifth of the run)."""
-        if len(self.samples) < 2:
+        """Median RSS over the last fifth of the run over the median of the fifth after
+        warm-up (the second), both from samples with both workers loaded: a sample taken
+        while a killed worker reloads counts one process short."""
+        loaded = [s for s in self.samples if s.workers_up >= 2]
+        if len(loaded) < 2:
             return 0.0
-        warm_at = self.samples[-1].at_s / 5
-        warm = next(s for s in self.samples if s.at_s >= warm_at)
-        return self.samples[-1].rss_mib / warm.rss_mib - 1
+        end = loaded[-1].at_s
+        warm = [s.rss_mib for s in loaded if end / 5 <= s.at_s < 2 * end / 5]
+        last = [s.rss_mib for s in loaded if s.at_s >= 4 * end / 5]
+        if not warm or not last:
+            return 0.0
+        return statistics.median(last) / statistics.median(warm) - 1
 
     def text(self) -> str:
         lines = [
@@ -103,11 +111,11 @@ class SoakReport:
             f"RSS growth after warm-up: {self.rss_growth():+.1%}; "
             f"KV blocks held at the end: {self.blocks_held_at_end:g}",
             f"failover identity: {self.identity}",
-            "t(s)  RSS(MiB)  KV used  running  waiting",
+            "t(s)  RSS(MiB)  KV used  running  waiting  workers up",
         ]
         lines += [
             f"{s.at_s:5.0f}  {s.rss_mib:8.0f}  {s.kv_blocks_used:7.0f}  {s.running:7.0f}  "
-            f"{s.waiting:7.0f}"
+            f"{s.waiting:7.0f}  {s.workers_up:10.0f}"
             for s in self.samples
         ]
         return "\n".join(lines + [f"  {line}" for line in self.server_errors + self.stranded])
@@ -340,6 +348,7 @@ async def sampler(server: subprocess.Popen, base_url: str, until: float, report)
                     metric(text, "deepwell_kv_blocks_used"),
                     metric(text, "deepwell_requests_running"),
                     metric(text, "deepwell_requests_waiting"),
+                    metric(text, "deepwell_worker_up"),
                 )
             )
             await asyncio.sleep(SAMPLE_EVERY_S)
