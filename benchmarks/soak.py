@@ -52,6 +52,14 @@ WEATHER_TOOL = {
         },
     },
 }
+# About 600 tokens of system prompt, shared by the "chat-prefix" requests.
+HANDBOOK = {
+    "role": "system",
+    "content": " ".join(
+        f"Rule {n}: answer plainly, cite the handbook, and keep every reply short."
+        for n in range(1, 41)
+    ),
+}
 PERSON_SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -202,8 +210,13 @@ def request_mix(rng: random.Random, model: str) -> tuple[str, dict, int | None]:
     user = {"role": "user", "content": f"Tell me about {topic} in two sentences."}
     stream = rng.random() < 0.6
     leave = rng.randint(0, 5) if stream and rng.random() < 0.2 else None
-    kind = rng.choice(["chat", "chat-tools", "chat-schema", "responses", "messages", "completions"])
-    if kind == "chat":
+    kinds = ["chat", "chat-prefix", "chat-tools", "chat-schema", "responses", "messages"]
+    kind = rng.choice([*kinds, "completions"])
+    if kind == "chat-prefix":
+        # A shared prompt of several KV blocks: the store gets block files to damage.
+        body = {"messages": [HANDBOOK, user], "max_tokens": rng.randint(4, 24)}
+        path = "/v1/chat/completions"
+    elif kind == "chat":
         body = {"messages": [user], "max_tokens": rng.randint(4, 48)}
         path = "/v1/chat/completions"
     elif kind == "chat-tools":
