@@ -176,18 +176,27 @@ class RequestIntake:
             try:
                 matcher = pending.matcher(request.stop_token_ids)
             except GrammarError as error:
-                del self.compiling[request_id], self.requests[request_id]
-                request.status = RequestStatus.FINISHED
-                request.finish_reason = FinishReason.ERROR
-                request.error = str(error)
-                failed.append(request.step_output([], []))
+                failed.append(self._end_compiling(request, str(error)))
                 continue
-            if matcher is not None:
-                del self.compiling[request_id]
-                request.matcher = matcher
-                request.status = RequestStatus.WAITING
-                self.scheduler.add(request)
+            if matcher is None:
+                continue
+            replay = request.params.grammar_replay_token_ids
+            if not all(matcher.advance(token_id) for token_id in replay):
+                message = f"the resumed output does not fit its grammar: {matcher.error}"
+                failed.append(self._end_compiling(request, message))
+                continue
+            del self.compiling[request_id]
+            request.matcher = matcher
+            request.status = RequestStatus.WAITING
+            self.scheduler.add(request)
         return failed
+
+    def _end_compiling(self, request: Request, error: str) -> RequestOutput:
+        del self.compiling[request.request_id], self.requests[request.request_id]
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.ERROR
+        request.error = error
+        return request.step_output([], [])
 
     def withdraw(self, request: Request) -> bool:
         """End a request still compiling its grammar; False if it is past intake."""

@@ -55,6 +55,10 @@ class SamplingParams:
     top_logprobs: int = 0
     # Constrain the output to a JSON schema, regex or grammar.
     structured_output: StructuredOutput | None = None
+    # A constrained request resumed on another worker (serve's failover): the output it had
+    # already produced, now the end of its prompt. The grammar consumes these first, so the
+    # rest of the output is constrained from where the lost worker stopped.
+    grammar_replay_token_ids: tuple[int, ...] = ()
     # DeepInfer's fields (spec/deepinfer.md §1.5). `seq_seed` is `seed` under DeepInfer's
     # name: set either (or both, equal); afterwards both hold the masked value.
     seq_seed: int | None = None
@@ -139,6 +143,13 @@ class SamplingParams:
             self.structured_output, StructuredOutput
         ):
             raise bad("structured_output", "structured_output must be a StructuredOutput")
+        # A tuple again after a process hop (msgpack gives lists).
+        self.grammar_replay_token_ids = tuple(self.grammar_replay_token_ids)
+        if self.grammar_replay_token_ids and self.structured_output is None:
+            raise bad(
+                "grammar_replay_token_ids",
+                "grammar_replay_token_ids resume a constraint; set structured_output too",
+            )
 
     def _read_deepinfer_fields(self, bad) -> None:
         """Check DeepInfer's fields and fold `seq_seed` and `so_args` into deepwell's."""

@@ -257,6 +257,7 @@ def _assemble(
         block_size=configs[0].engine.block_size,
         shared_store=configs[0].engine.kv_store_path is not None,
         heartbeat_timeout=args.heartbeat_timeout,
+        hung_timeout=args.hung_worker_timeout,
         join_address=join_address,
         eviction_reports=args.eviction_reports,
         request_timeout_s=settings.request_timeout_s,

@@ -67,7 +67,8 @@ class GenerateRequest:
         """This request resumed after the tokens it `produced`, for at most `max_tokens`
         more (moved to another worker, or its prompt alone on a prefill worker); the
         minimum length, the first tokens without EOS and the teacher-forced tokens count
-        the tokens already out, and the prompt's logprobs went out with the first token."""
+        the tokens already out, a grammar consumes them before it constrains the next, and
+        the prompt's logprobs went out with the first token."""
         done = len(produced)
         sampling = self.sampling
         if done:
@@ -77,6 +78,8 @@ class GenerateRequest:
                 golden_token_ids=(sampling.golden_token_ids or [])[done:] or None,
                 prompt_logprobs=False,
             )
+            if sampling.structured_output is not None:
+                sampling = replace(sampling, grammar_replay_token_ids=tuple(produced))
         min_tokens = min(max(sampling.min_tokens - done, 0), max_tokens)
         sampling = replace(sampling, max_tokens=max_tokens, min_tokens=min_tokens)
         return replace(self, prompt_token_ids=self.prompt_token_ids + produced, sampling=sampling)

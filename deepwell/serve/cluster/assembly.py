@@ -35,6 +35,7 @@ def assemble_cluster(
     block_size: int = 128,
     shared_store: bool = False,
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S,
+    hung_timeout: float | None = None,
     join_address: str | None = None,
     eviction_reports: bool = True,
     request_timeout_s: float | None = None,
@@ -43,11 +44,15 @@ def assemble_cluster(
     """`join_address` (tcp://HOST:PORT): where workers started elsewhere connect;
     `shared_store`: the workers share a KV store, so a prefix computed anywhere is a hit;
     `eviction_reports`: routing forgets the prefix blocks workers report evicted;
+    `hung_timeout`: the silence allowed the workers of `inbox_addresses` when the caller
+    watches their processes (None: `heartbeat_timeout`, as for workers that join);
     `request_timeout_s`: every request's deadline (None: none);
     `crashes_per_request`: worker crashes charged to a request before it fails."""
     latency = RoleLatency()
     roles = roles or [WorkerRole.MIXED] * len(inbox_addresses)
-    pool = WorkerPool(outbox_address, inbox_addresses, roles, heartbeat_timeout, join_address)
+    pool = WorkerPool(
+        outbox_address, inbox_addresses, roles, heartbeat_timeout, join_address, hung_timeout
+    )
     streams = StreamTable(latency)
     router = RequestRouter(
         pool,

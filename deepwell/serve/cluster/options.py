@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from deepwell.serve.cluster.routing import POLICIES
+from deepwell.serve.cluster.worker_pool import HUNG_WORKER_TIMEOUT_S
 
 # Ray's placement group strategies (`--ray-placement`); "auto" picks one by the layout.
 RAY_PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -97,7 +98,17 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-timeout",
         type=float,
         default=1.0,
-        help="seconds without a heartbeat after which a worker is taken for dead",
+        help="seconds without a heartbeat after which a worker that joined from another "
+        "machine (`deepwell worker --connect`) is taken for dead",
+    )
+    parser.add_argument(
+        "--hung-worker-timeout",
+        type=float,
+        default=HUNG_WORKER_TIMEOUT_S,
+        help="seconds a worker this server started (a local process or a Ray actor, whose "
+        "exit it sees at once) may send no heartbeat before it is taken for hung, killed "
+        "and restarted; a long step on a loaded machine can starve its heartbeats for "
+        f"seconds (default: {HUNG_WORKER_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--worker-crashes-per-request",

@@ -186,9 +186,6 @@ class RequestRouter:
         """Send the stream's request, or its continuation, to the worker the policy picks."""
         original = stream.request
         produced = stream.produced
-        if produced and original.sampling.structured_output is not None:
-            # The grammar's state lives in the lost worker; a new one would restart it.
-            raise EngineUnavailable("a constrained request cannot continue on another worker")
         live = [w for w in self._pool.workers.values() if w.live and not w.draining]
         encoders = [w for w in live if w.role is WorkerRole.ENCODER]
         if original.images and not original.image_embeddings and encoders:

@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 # A worker silent this long is taken for dead (its heartbeats come every 0.1 s).
 HEARTBEAT_TIMEOUT_S = 1.0
+# A worker whose exit this server sees directly (its own process, a Ray actor) is dead the
+# moment it exits; its silence only says it may hang, and a long step on a loaded machine
+# starves its heartbeat thread for seconds (10 s seen at load 30), so it gets this long.
+HUNG_WORKER_TIMEOUT_S = 30.0
 WATCH_INTERVAL_S = 0.05
 
 
@@ -70,6 +74,8 @@ class Worker:
     restarts: int = 0
     # Its native kernels by name and build state, as its latest heartbeat said.
     kernels: dict[str, str] = field(default_factory=dict)
+    # This server started it and sees its exit (hung_timeout applies, not heartbeat_timeout).
+    watched: bool = False
 
     @property
     def live(self) -> bool:
@@ -97,7 +103,11 @@ class WorkerPool:
         roles: list[WorkerRole],
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S,
         join_address: str | None = None,
+        hung_timeout: float | None = None,
     ) -> None:
+        """`hung_timeout`: the local workers (0..N-1) are watched by their starter, which
+        sees them exit, and are given up on after this much silence (None: they are not
+        watched, and `heartbeat_timeout` holds for them as for every joined worker)."""
         # Sends go through plain sockets so an abort can be issued from any cleanup path,
         # without awaiting; receiving is asynchronous.
         self._context = zmq.Context()
@@ -112,11 +122,14 @@ class WorkerPool:
         # Local workers are 0..N-1; a worker that joins from elsewhere (`deepwell worker
         # --connect`) names itself with a random id and sends its inbox address.
         self.workers = {
-            worker_id: Worker(worker_id, address, role, self._connect(address))
+            worker_id: Worker(
+                worker_id, address, role, self._connect(address), watched=hung_timeout is not None
+            )
             for worker_id, (address, role) in enumerate(zip(inbox_addresses, roles, strict=True))
         }
         self.model: ModelInfo | None = None
         self._heartbeat_timeout = heartbeat_timeout
+        self._hung_timeout = hung_timeout if hung_timeout is not None else heartbeat_timeout
         # When the receive loop last found no frame waiting (_watch_heartbeats).
         self._caught_up = time.monotonic()
         self._tasks: list[asyncio.Task] = []
@@ -260,6 +273,10 @@ class WorkerPool:
 
     async def _receive_loop(self) -> None:
         while True:
+            # A frame already queued comes back from `recv` as a finished future, which
+            # `await` passes without yielding: under a flood of outputs this loop would
+            # starve every other task of the event loop (deadline timers, HTTP handlers).
+            await asyncio.sleep(0)
             message = decode_message(await self._outbox.recv())
             worker = self.workers.get(message.worker_id)
             if worker is None and isinstance(message, WorkerReady):
@@ -298,5 +315,6 @@ class WorkerPool:
                 # Giving up on the only live worker cannot save its requests, and on a
                 # starved machine its silence may only be slowness: it is left to finish.
                 others = any(w.live for w in self.workers.values() if w is not worker)
-                if worker.live and others and silent > self._heartbeat_timeout:
+                limit = self._hung_timeout if worker.watched else self._heartbeat_timeout
+                if worker.live and others and silent > limit:
                     self.remove(worker.worker_id, f"no heartbeat for {silent:.1f} s", True)

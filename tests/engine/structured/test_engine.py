@@ -4,8 +4,10 @@ import json
 import re
 
 import jsonschema
+import pytest
 
 from deepwell.engine import FinishReason, SamplingParams
+from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.structured import StructuredOutput
 
 from ..tiny_llama import run_to_completion
@@ -138,3 +140,47 @@ def test_abort_while_compiling_frees_the_request(make_core):
     outputs = run_to_completion(core)
     assert outputs == {"heavy": []}
     assert not core.has_unfinished()
+
+
+def test_a_resumed_constrained_request_goes_on_where_it_stopped(make_core):
+    """Serve's failover: the output so far joins the prompt and the grammar replays it, so
+    the seeded continuation writes the same tail the undisturbed request wrote."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+    spec = json.dumps(schema)
+    core = make_core()
+    core.add_request("whole", PROMPT, constrained("json_schema", spec))
+    whole = run_to_completion(core)["whole"]
+    assert len(whole) > 6
+    cut = len(whole) // 2
+    resumed = constrained(
+        "json_schema",
+        spec,
+        max_tokens=120 - cut,
+        grammar_replay_token_ids=tuple(whole[:cut]),
+    )
+    core.add_request("tail", PROMPT + whole[:cut], resumed)
+    tail = run_to_completion(core)["tail"]
+    assert whole[:cut] + tail == whole
+    jsonschema.validate(json.loads(TOKENIZER.decode([t for t in whole if t != 2])), schema)
+
+
+def test_a_resumed_output_outside_its_grammar_ends_with_an_error(make_core):
+    core = make_core()
+    letters = tuple(TOKENIZER.encode("abc").ids)
+    params = constrained("regex", "[0-9]+", grammar_replay_token_ids=letters)
+    core.add_request("r", PROMPT + list(letters), params)
+    outputs = []
+    while core.has_unfinished():
+        outputs += core.step()
+    assert outputs[-1].finish_reason is FinishReason.ERROR
+    assert "does not fit its grammar" in outputs[-1].error
+
+
+def test_grammar_replay_needs_a_constraint():
+    with pytest.raises(InvalidRequestError, match="grammar_replay_token_ids"):
+        SamplingParams(grammar_replay_token_ids=(1, 2))

@@ -179,6 +179,31 @@ def test_a_silent_worker_is_dropped_within_the_heartbeat_timeout(cluster):
     assert tokens == list(range(1003, 1403))
 
 
+def test_a_started_worker_gets_the_hung_timeout_before_it_is_taken_for_dead(cluster):
+    """A worker the server started is dead when its process exits; silence only means it may
+    hang, so it is given `hung_timeout`, not the heartbeat timeout of a joined worker."""
+    workers = cluster(PositionalEngine(), PositionalEngine())
+
+    async def main():
+        cluster = assemble_cluster(
+            workers.outbox, workers.inboxes, heartbeat_timeout=0.2, hung_timeout=1.5
+        )
+        await cluster.pool.start(timeout=5)
+        workers.silence(0)
+        start = time.monotonic()
+        await asyncio.sleep(0.8)
+        live_past_the_heartbeat_timeout = cluster.router.views()[0].live
+        while cluster.router.views()[0].live:
+            await asyncio.sleep(0.02)
+        noticed = time.monotonic() - start
+        await cluster.pool.close()
+        return live_past_the_heartbeat_timeout, noticed
+
+    live_past_the_heartbeat_timeout, noticed = asyncio.run(main())
+    assert live_past_the_heartbeat_timeout
+    assert 1.4 < noticed < 3.0
+
+
 def test_a_worker_with_another_fingerprint_is_refused(cluster):
     foreign = ModelInfo("positional", "none", 4096, "{}", None, [0], fingerprint="ff" * 16)
     workers = cluster(PositionalEngine(), PositionalEngine(model=foreign))
