@@ -9,10 +9,16 @@ the output head once; llama.cpp's, every tensor of the GGUF (its tied embedding 
 The embedding row, norms and the KV cache (a few MB at these lengths) are left out of both.
 deepwell's decode tok/s: `LLM.generate` of a 64-token prompt (W's first), speculation off,
 greedy, EOS ignored: (time of n + 1 tokens - time of 1) / n, the mean of `--repetitions`.
-Each measurement runs in its own process. Issue 33's goal: >= 85 % of the limit.
+Each measurement runs in its own process. Issue 33's goal: >= 85 % of the limit, on
+AVX-512 and with AVX2 forced: `--force-avx2` runs deepwell's processes with
+ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 (torch's, oneDNN's and, through
+decode_kernel.py's flags, deepwell's own kernels at AVX2; llama.cpp keeps its build's).
+Each deepwell row names the instruction sets it ran: torch's dispatch level and the int4
+kernel's path.
 
     PYTHONPATH=. .venv/bin/python benchmarks/memory_limit.py [--threads 2] [--gib 1]
-        [--quantizations none,int4] [--tokens 128] [--repetitions 3] [--json out.json]
+        [--quantizations none,int4] [--tokens 128] [--repetitions 3] [--force-avx2]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from workload import make_workload
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 64
 GOAL_FRACTION = 0.85
+# What --force-avx2 sets in deepwell's processes.
+AVX2_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class DecodeAtLimit:
     tok_s: float
     weight_bytes: int
     bandwidth_bytes_s: float
+    # torch's dispatch level and the int4 kernel's path, for deepwell's rows.
+    instruction_sets: str = ""
 
     @property
     def fraction(self) -> float:
@@ -93,6 +103,7 @@ def deepwell_decode(threads: int, quantization: str, tokens: int, repetitions: i
     import torch
 
     from deepwell.engine import LLM, SamplingParams
+    from deepwell.engine.layers.decode_kernel import load_quant_kernel
 
     torch.set_num_threads(threads)
     llm = LLM(
@@ -115,9 +126,12 @@ def deepwell_decode(threads: int, quantization: str, tokens: int, repetitions: i
     for _ in range(repetitions):
         first = timed(1)
         rates.append(tokens / (timed(tokens + 1) - first))
+    kernel = load_quant_kernel().module
+    path = kernel.instruction_set() if kernel is not None else "unavailable"
     return {
         "tok_s": statistics.fmean(rates),
         "weight_bytes": decode_weight_bytes(llm.core.runner.model),
+        "instruction_sets": f"torch {torch.backends.cpu.get_cpu_capability()}, int4 kernel {path}",
     }
 
 
@@ -133,6 +147,8 @@ def run_child(args, *child: str) -> dict:
     command += ["--gib", str(args.gib), "--repeats", str(args.repeats)]
     command += ["--tokens", str(args.tokens), "--repetitions", str(args.repetitions)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    if args.force_avx2:
+        env.update(AVX2_ENVIRONMENT)
     result = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     if result.returncode:
         sys.exit(f"{' '.join(child)} failed (exit {result.returncode})")
@@ -179,6 +195,12 @@ def main() -> None:
     parser.add_argument(
         "--llama-cpp-cache", type=Path, default=llama_cpp.CACHE_DIR, help="llama.cpp's build"
     )
+    parser.add_argument(
+        "--force-avx2",
+        action="store_true",
+        help="deepwell's processes (and the bandwidth probe) at AVX2: "
+        + " ".join(f"{k}={v}" for k, v in AVX2_ENVIRONMENT.items()),
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.gib < 1 and not args.child:
@@ -194,7 +216,7 @@ def main() -> None:
             " (it builds one, ~15 min), or pass --no-llama-cpp"
         )
     print(
-        f"{args.threads} threads; SIMD flags: {' '.join(llama_cpp.simd_flags())};"
+        f"{args.threads} threads{', AVX2 forced' if args.force_avx2 else ''}; SIMD flags: {' '.join(llama_cpp.simd_flags())};"
         f" load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -215,7 +237,15 @@ def main() -> None:
     rows = []
     for quantization, figures in measured.items():
         engine = f"deepwell {'bf16' if quantization == 'none' else quantization}"
-        rows.append(DecodeAtLimit(engine, figures["tok_s"], figures["weight_bytes"], bandwidth))
+        rows.append(
+            DecodeAtLimit(
+                engine,
+                figures["tok_s"],
+                figures["weight_bytes"],
+                bandwidth,
+                figures["instruction_sets"],
+            )
+        )
     if llama is not None:
         weight = gguf_bytes(llama_cpp.model_path())
         rows.append(DecodeAtLimit("llama.cpp tg128", tg128.tok_s, weight, bandwidth))
@@ -224,6 +254,7 @@ def main() -> None:
         print(
             f"  {row.engine:16s} {row.tok_s:7.1f} tok/s x {row.weight_bytes / 1e6:6.1f} MB"
             f" = {row.tok_s * row.weight_bytes / 1e9:5.1f} GB/s"
+            + (f"  ({row.instruction_sets})" if row.instruction_sets else "")
         )
     for row in rows:
         print(verdict(row))
@@ -236,6 +267,7 @@ def main() -> None:
     if args.json:
         summary = {
             "threads": args.threads,
+            "force_avx2": args.force_avx2,
             "simd_flags": llama_cpp.simd_flags(),
             "bandwidth_bytes_s": bandwidth,
             "bandwidth_before_after_bytes_s": [before, after],

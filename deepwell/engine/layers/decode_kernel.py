@@ -88,11 +88,15 @@ class DecodeKernel:
 def _vector_flags() -> tuple[str, list[str]]:
     """The ATen vector width to compile for (torch's own dispatch level on this CPU), and the
     compiler flags for it. -march=native lets the compiler use every instruction this CPU
-    has, so the build is keyed by the CPU (`_build_name`)."""
+    has, so the build is keyed by the CPU (`_build_name`); but not above torch's level: with
+    ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU, our kernels take their AVX2 paths too (what
+    an AVX2-only CPU runs, measured on this one)."""
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")
+        if capability == "AVX2":
+            flags.append("-mno-avx512f")
     # ATen's Vectorized<float> uses intrinsics only under these macros (else plain arrays).
     level = {"AVX512": "AVX512", "AVX2": "AVX2"}.get(capability)
     if level is not None:

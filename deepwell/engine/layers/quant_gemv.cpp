@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if !defined(DEEPWELL_QUANT_SCALAR) && !defined(DEEPWELL_QUANT_AVX2) && \
@@ -81,44 +82,91 @@ struct Activations {
   std::vector<float> d;  // [rows, B]
   std::vector<float> s;  // [rows, B]: d * Σ q
 #if defined(QUANT_VNNI)
-  std::vector<uint8_t> unsigned_q;  // q + 128, for Q8_0 weights (s8) as vpdpbusd's s8 side
+  std::vector<uint8_t> unsigned_q;  // q + 128, for Q8_0 weights (s8) on vpdpbusd's u8 side
 #endif
 };
 
+// A block's 32 activations as float32.
+inline void block_values(const float* src, float* values) { std::memcpy(values, src, kBlock * sizeof(float)); }
+
+inline void block_values(const at::BFloat16* src, float* values) {
+  for (int64_t j = 0; j < kBlock; ++j) values[j] = static_cast<float>(src[j]);
+}
+
+// One block: q = round(v / d) (ties to even, the default rounding mode, as torch.round in the
+// tests' reference) with d = amax / 127, then (d, Σ q). The vector paths do the same float32
+// operations lane by lane (the max, the product by 1 / d, the rounding), so every path
+// gives the same bytes; they run once per linear on one thread while the others wait, so
+// they are on a batch-1 step's critical path.
+inline std::pair<float, int32_t> quantize_block(const float* values, int8_t* q) {
+#if defined(QUANT_VNNI)
+  const __m512 lo = _mm512_loadu_ps(values), hi = _mm512_loadu_ps(values + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+#else
+  float amax = 0.f;
+  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::abs(values[j]));
+#endif
+  const float d = amax / 127.f;
+  const float inverse = d > 0.f ? 1.f / d : 0.f;
+#if defined(QUANT_VNNI)
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i q_lo = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(lo, scale), kNearest));
+  const __m512i q_hi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(hi, scale), kNearest));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q_lo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q_hi));
+  return {d, _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi))};
+#elif defined(QUANT_AVX2)
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 scale = _mm256_set1_ps(inverse);
+  alignas(32) int32_t rounded[kBlock];
+  for (int64_t j = 0; j < kBlock; j += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(values + j), scale);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rounded + j), _mm256_cvtps_epi32(_mm256_round_ps(v, kNearest)));
+  }
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    q[j] = static_cast<int8_t>(rounded[j]);
+    sum += rounded[j];
+  }
+  return {d, sum};
+#else
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    q[j] = static_cast<int8_t>(std::nearbyint(values[j] * inverse));
+    sum += q[j];
+  }
+  return {d, sum};
+#endif
+}
+
+// Per row and block, llama.cpp's q8_1: dx = amax / 127, qx = round(x / dx), sx = dx Σ qx.
+// Into one buffer per thread, reused: a batch-1 step quantises 121 activations.
 template <typename T>
-Activations quantize_activations(const T* x, int64_t rows, int64_t in_features) {
-  Activations a;
+const Activations& quantize_activations(const T* x, int64_t rows, int64_t in_features) {
+  thread_local Activations a;
   const int64_t blocks = in_features / kBlock;
   a.blocks = blocks;
-  a.q.assign(rows * blocks * kBlock, 0);
-  a.d.assign(rows * blocks, 0.f);
-  a.s.assign(rows * blocks, 0.f);
-  float values[kBlock];
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const T* src = x + r * in_features + b * kBlock;
-      float amax = 0.f;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        values[j] = static_cast<float>(src[j]);
-        amax = std::max(amax, std::abs(values[j]));
-      }
-      const float d = amax / 127.f;
-      const float inverse = d > 0.f ? 1.f / d : 0.f;
-      int8_t* q = a.q.data() + (r * blocks + b) * kBlock;
-      int32_t sum = 0;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        // Ties to even (the default rounding mode), as torch.round in the tests' reference.
-        q[j] = static_cast<int8_t>(std::nearbyint(values[j] * inverse));
-        sum += q[j];
-      }
-      a.d[r * blocks + b] = d;
-      a.s[r * blocks + b] = d * static_cast<float>(sum);
-    }
-  }
+  a.q.resize(rows * blocks * kBlock);
+  a.d.resize(rows * blocks);
+  a.s.resize(rows * blocks);
 #if defined(QUANT_VNNI)
   a.unsigned_q.resize(a.q.size());
-  for (size_t i = 0; i < a.q.size(); ++i) a.unsigned_q[i] = static_cast<uint8_t>(a.q[i] + 128);
 #endif
+  float values[kBlock];
+  for (int64_t at = 0; at < rows * blocks; ++at) {
+    block_values(x + at * kBlock, values);
+    int8_t* q = a.q.data() + at * kBlock;
+    const auto [d, sum] = quantize_block(values, q);
+    a.d[at] = d;
+    a.s[at] = d * static_cast<float>(sum);
+#if defined(QUANT_VNNI)
+    // q + 128, for Q8_0's signed weights on vpdpbusd's unsigned side.
+    const __m256i flipped = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)),
+                                             _mm256_set1_epi8(static_cast<char>(0x80)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.unsigned_q.data() + at * kBlock), flipped);
+#endif
+  }
   return a;
 }
 
@@ -338,7 +386,7 @@ void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t 
 
 #endif
 
-Activations quantize_input(const at::Tensor& x, int64_t blocks) {
+const Activations& quantize_input(const at::Tensor& x, int64_t blocks) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in] matrix");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxRows, "x must have 1 to ", kMaxRows, " rows");
   TORCH_CHECK(x.size(1) % kBlock == 0, "in_features must be a multiple of ", kBlock);
@@ -390,7 +438,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weights, int64_t 
               "weights must hold one tile per ", kTile, " of the ", out_features, " outputs");
   TORCH_CHECK(weights.size(1) % tile_block == 0, "a tile must hold whole blocks");
   const int64_t blocks = weights.size(1) / tile_block;
-  const Activations a = quantize_input(x, blocks);
+  const Activations& a = quantize_input(x, blocks);
   auto out = at::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
   run_tiles(a, x.size(0), deepwell::BlockLinear{q4_1, weights.data_ptr<uint8_t>(), out_features, blocks},
             out.data_ptr<float>());
@@ -419,7 +467,7 @@ namespace {
 // The activation quantisation the linears apply, for the tests: (q int8 [rows, B * 32],
 // d float [rows, B], s float [rows, B]).
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
-  const Activations a = quantize_input(x, x.size(1) / kBlock);
+  const Activations& a = quantize_input(x, x.size(1) / kBlock);
   const int64_t rows = x.size(0), blocks = a.blocks;
   auto q = at::from_blob(const_cast<int8_t*>(a.q.data()), {rows, blocks * kBlock}, at::kChar).clone();
   auto d = at::from_blob(const_cast<float*>(a.d.data()), {rows, blocks}, at::kFloat).clone();

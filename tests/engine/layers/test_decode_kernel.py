@@ -2,7 +2,11 @@
 paths the tests check are built lighter than the native one. (The build's lock:
 test_kernel_build_lock.py.)"""
 
+import platform
 import shutil
+
+import pytest
+import torch
 
 from deepwell.engine.layers.decode_kernel import (
     BLOCKSCALED_PATH_FLAGS,
@@ -13,6 +17,7 @@ from deepwell.engine.layers.decode_kernel import (
     SOURCE,
     _build_key,
     _staged_sources,
+    _vector_flags,
 )
 
 
@@ -51,3 +56,15 @@ def test_build_kernels_covers_every_kernel_and_marks_the_test_only_ones():
         for kind in ("block-scaled linear", "quantised linear")
         for path in ("avx2", "scalar")
     )
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86's instruction-set flags")
+def test_kernels_compile_no_higher_than_torchs_forced_avx2_level(monkeypatch):
+    # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU: -march=native alone would keep our
+    # kernels on AVX-512, so a forced-AVX2 measurement would not be one.
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    capability, flags = _vector_flags()
+    assert capability == "AVX2" and "-DCPU_CAPABILITY_AVX2" in flags
+    assert flags.index("-mno-avx512f") > flags.index("-march=native")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert "-mno-avx512f" not in _vector_flags()[1]

@@ -112,6 +112,25 @@ def test_activation_quantisation_is_llama_cpp_q8_1(kernel):
     assert torch.equal(s, scale * expected.sum(-1).float())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_quantisation_of_wide_rows_matches_torch_on_every_path(kernel, dtype):
+    # The down projection's 1,536 inputs, two rows, an all-zero block (d = 0) and values
+    # that land on .5 after scaling (ties to even): the vector paths round as torch.round.
+    x = torch.randn(2, 1536, generator=torch.Generator().manual_seed(2)).to(dtype)
+    x[1, 64:96] = 0
+    x[0, 0] = 127  # d = 1: the halves below stay ties
+    x[0, 1:32] = torch.arange(-15, 16).to(dtype) + 0.5
+    q, d, s = kernel.quantize_rows(x)
+    blocks = x.float().view(2, 48, 32)
+    scale = blocks.abs().amax(-1) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    expected = torch.round(blocks * inverse.unsqueeze(-1)).to(torch.int8)
+    assert torch.equal(q.view(2, 48, 32), expected)
+    assert torch.equal(d, scale)
+    assert torch.equal(s, scale * expected.sum(-1).float())
+    assert d[1, 2] == 0 and (q[1, 64:96] == 0).all()
+
+
 def test_bf16_activations_give_bf16_out_from_float32_sums(kernel):
     weight = random_weight("Q4_1", 64, 576, seed=3)
     x = torch.randn(2, 576).to(torch.bfloat16)
