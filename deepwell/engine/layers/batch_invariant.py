@@ -401,7 +401,8 @@ class BatchInvariantAttention(AttentionBackend):
 
 
 class BatchInvariantSinkAttention(SinkAttentionBackend):
-    """Sink attention over a fixed number of key slots per query, on ROW_TILE-query calls.
+    """Sink attention over a fixed number of key slots per query: each query alone in
+    invariant_rows.cpp on the CPU, else on ROW_TILE-query calls.
 
     A query's visible window keys are right-aligned into `window` slots (its own key last,
     so a key's slot is its distance from the query, however the prompt was chunked), its

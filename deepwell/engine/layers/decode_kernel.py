@@ -338,6 +338,7 @@ KERNEL_BUILDS = (
     KernelBuild("V4.1 cache rows", False, 1, load_cache_rows_kernel),
     KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
     KernelBuild("sampling", False, 1, load_sampling_kernel),
+    KernelBuild("invariant rows", False, 1, load_invariant_rows_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",
