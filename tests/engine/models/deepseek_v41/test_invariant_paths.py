@@ -78,7 +78,7 @@ def test_the_router_and_the_experts_go_row_by_row(dtype):
     c = CONFIG
 
     def build(on: bool) -> MoE:
-        moe = MoE(
+        return MoE(
             c.hidden_size,
             c.moe_intermediate_size,
             c.n_routed_experts,
@@ -88,10 +88,8 @@ def test_the_router_and_the_experts_go_row_by_row(dtype):
             c.swiglu_limit,
             on,
         ).to(dtype)
-        return moe
 
     invariant, default = pair(build)
-    invariant.to(dtype), default.to(dtype)
     # As the engine does in this mode (build.py): every plain linear row-wise or row-tiled.
     tile_linears(invariant)
     x = inputs(c.hidden_size, dtype=dtype)
@@ -142,8 +140,9 @@ def test_the_grouped_output_projection_goes_row_by_row():
     backend = BatchInvariantSinkAttention(
         c.num_attention_heads, c.head_dim, c.sliding_window, c.index_topk
     )
-    invariant, default = pair(lambda on: CSA2Attention(c, plan, backend, rotary, on))
-    invariant.to(torch.bfloat16), default.to(torch.bfloat16)
+    invariant, default = pair(
+        lambda on: CSA2Attention(c, plan, backend, rotary, on).to(torch.bfloat16)
+    )
     tile_linears(invariant)
     out = inputs(c.num_attention_heads, c.head_dim, dtype=torch.bfloat16)
     rotation = rotary.rotation(torch.arange(TOTAL))
