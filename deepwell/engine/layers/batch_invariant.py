@@ -3,9 +3,13 @@
 Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): bf16 CPU linears on a
 row-wise kernel and the others over fixed row tiles, attention one row at a time in the C++
 paged kernel (or over fixed query tiles and whole KV blocks), prefill or decode, and sink
-attention over a fixed number of key slots per query.
+attention over a fixed number of key slots per query. On the CPU, DeepSeek-V4.1's other
+products run row by row in invariant_rows.cpp (`row_kernels`) and its elementwise passes
+in whole vector bodies (`lanewise`), with no padding to row tiles.
 """
 
+import functools
+import logging
 from collections.abc import Callable
 from types import ModuleType
 
@@ -21,9 +25,14 @@ from deepwell.engine.layers.attention import (
 )
 from deepwell.engine.layers.blockscaled import native_kernel
 from deepwell.engine.layers.cpp_paged import MAX_GROUP
-from deepwell.engine.layers.decode_kernel import load_decode_kernel
+from deepwell.engine.layers.decode_kernel import (
+    load_decode_kernel,
+    load_invariant_rows_kernel,
+)
 from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
+
+logger = logging.getLogger(__name__)
 
 # CPU GEMMs (MKL for float32, oneDNN for bf16) pick their blocking, hence a row's reduction
 # order, from the row count. Measured: float32 rows differ between 1, 2-3 and 7 or more
@@ -56,6 +65,13 @@ MAX_PAIR_ROWS = 2048
 # Scoring the first `span` pool blocks where they lie reads them once; gathering reads,
 # writes and rereads the pairs' blocks. In place while span <= 3 x pairs (as torch_paged).
 IN_PLACE_SPAN_FACTOR = 3
+# ATen's vectorised elementwise loop takes 2 x Vectorized<T>::size() elements a turn (64 for
+# bfloat16 on AVX-512, fewer elsewhere) and sends the rest through the scalar op, whose exp or
+# sigmoid rounds otherwise; a pass over a multiple of LANE_TILE elements has no such rest.
+LANE_TILE = 64
+# at::internal::GRAIN_SIZE: a pass over fewer elements runs on one thread (a thread's share
+# would start its own vector loop, and its own scalar rest, anywhere).
+LANEWISE_MAX = 32768
 
 
 def tiled_rows(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
@@ -79,6 +95,43 @@ def _padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     padded = x.new_zeros(rows, *x.shape[1:])
     padded[: x.shape[0]] = x
     return padded
+
+
+def lanewise(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    """fn, an elementwise function of same-shaped tensors, over their elements flattened and
+    zero-padded to whole LANE_TILEs, at most LANEWISE_MAX a call: every element goes through
+    the vector body of each pass on one thread, so its bits depend on its own value only,
+    whatever the element count (rows and their widths)."""
+    shape = inputs[0].shape
+    count = inputs[0].numel()
+    padding = -count % LANE_TILE if count else LANE_TILE
+    flat = [F.pad(x.reshape(-1), (0, padding)) for x in inputs]
+    if count + padding <= LANEWISE_MAX:
+        out = fn(*flat)
+    else:
+        pieces = zip(*(x.split(LANEWISE_MAX) for x in flat), strict=True)
+        out = torch.cat([fn(*piece) for piece in pieces])
+    return out[:count].view(shape)
+
+
+@functools.cache
+def _row_kernels_loaded() -> bool:
+    loaded = load_invariant_rows_kernel()
+    if loaded.module is None:
+        logger.warning("batch-invariant products run on padded row tiles: %s", loaded.reason)
+    return loaded.module is not None
+
+
+def row_kernels(tensor: torch.Tensor) -> bool:
+    """Whether invariant_rows.cpp (torch.ops.deepwell_invariant) takes `tensor`'s rows: on the
+    CPU where it builds. Elsewhere the invariant paths run ROW_TILE-row tiles."""
+    return tensor.is_cpu and _row_kernels_loaded()
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, out] = x @ weight.T for x [rows, in] and weight [out, in] (float32 or
+    bfloat16), each output one dot product in a fixed order (row_kernels must hold)."""
+    return torch.ops.deepwell_invariant.linear(x.contiguous(), weight.contiguous())
 
 
 def tiled_keys(fn: Callable[[torch.Tensor], torch.Tensor], keys: torch.Tensor) -> torch.Tensor:
@@ -348,7 +401,8 @@ class BatchInvariantAttention(AttentionBackend):
 
 
 class BatchInvariantSinkAttention(SinkAttentionBackend):
-    """Sink attention over a fixed number of key slots per query, on ROW_TILE-query calls.
+    """Sink attention over a fixed number of key slots per query: each query alone in
+    invariant_rows.cpp on the CPU, else on ROW_TILE-query calls.
 
     A query's visible window keys are right-aligned into `window` slots (its own key last,
     so a key's slot is its distance from the query, however the prompt was chunked), its
@@ -367,6 +421,10 @@ class BatchInvariantSinkAttention(SinkAttentionBackend):
             picked, picked_valid = _packed(selected_keys, selected_valid, self.max_selected)
         keys = torch.cat((keys, picked), 1).float()
         valid = torch.cat((valid, picked_valid), 1)
+        if row_kernels(q):
+            return torch.ops.deepwell_invariant.sink_attention(
+                q.contiguous(), keys, valid, sinks.float().contiguous(), self.scale
+            )
         return tiled_rows(lambda *tile: self._attend(*tile, sinks), q, keys, valid)
 
     def _attend(self, q, keys, valid, sinks) -> torch.Tensor:

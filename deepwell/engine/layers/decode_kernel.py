@@ -3,7 +3,8 @@ llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
 into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
-v41_rotary.cpp: V4.1's rotary embedding):
+v41_rotary.cpp: V4.1's rotary embedding; invariant_rows.cpp: the batch-invariant mode's row-wise
+products):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -44,6 +45,7 @@ HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
 CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 ROTARY_SOURCE = Path(__file__).with_name("v41_rotary.cpp")
 SAMPLING_SOURCE = Path(__file__).with_name("sampling_ops.cpp")
+INVARIANT_ROWS_SOURCE = Path(__file__).with_name("invariant_rows.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -237,6 +239,13 @@ def load_sampling_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_invariant_rows_kernel() -> DecodeKernel:
+    """The batch-invariant mode's row-wise products (invariant_rows.cpp, registered as
+    torch.ops.deepwell_invariant), built on the first call in a process if the cache lacks it."""
+    return _load((INVARIANT_ROWS_SOURCE,), "invariant rows kernel", [], ops="deepwell_invariant")
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -333,6 +342,7 @@ KERNEL_BUILDS = (
     KernelBuild("V4.1 cache rows", False, 1, load_cache_rows_kernel),
     KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
     KernelBuild("sampling", False, 1, load_sampling_kernel),
+    KernelBuild("invariant rows", False, 1, load_invariant_rows_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

@@ -9,9 +9,11 @@ entries and the latest selection are handed to the layers that reuse them throug
 `SharedSelection`.
 A decode-graph step (FixedDecodePlans) runs its rows together: every read and write goes
 through the plans' tensors, in shapes set by the batch size, with no per-sequence loop.
-In batch-invariant mode every product and elementwise pass over a sequence's rows or its
-entries runs on fixed-shape tiles (layers/batch_invariant.py) and top-k ties go to the
-lower entry, so a row's result does not depend on its chunk or its neighbours.
+In batch-invariant mode every product over a sequence's rows or its entries runs row by row
+in invariant_rows.cpp on the CPU (elsewhere on fixed-shape tiles), every elementwise pass
+whose scalar tail would round otherwise in whole vector bodies (layers/batch_invariant.py),
+and top-k ties go to the lower entry, so a row's result does not depend on its chunk or its
+neighbours.
 """
 
 from collections.abc import Callable
@@ -21,7 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.batch_invariant import tiled_keys, tiled_rows, top_indices
+from deepwell.engine.layers.batch_invariant import (
+    lanewise,
+    row_kernels,
+    row_linear,
+    tiled_keys,
+    tiled_rows,
+    top_indices,
+)
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend
 from deepwell.engine.layers.step_metadata import (
     CompressedPlan,
@@ -37,7 +46,7 @@ from deepwell.engine.layers.step_metadata import (
 from deepwell.engine.models.deepseek_v41.cache_formats import qdq_mxfp4
 from deepwell.engine.models.deepseek_v41.cache_storage import CacheStorage
 from deepwell.engine.models.deepseek_v41.config import DeepseekV41Config, LayerPlan, Selection
-from deepwell.engine.models.deepseek_v41.packed_modules import grouped_projection
+from deepwell.engine.models.deepseek_v41.packed_modules import Fp8BlockLinear, grouped_projection
 from deepwell.engine.models.deepseek_v41.rotary import PairRotary
 
 
@@ -104,7 +113,13 @@ class Compressor(nn.Module):
 
     def projections(self, u: torch.Tensor) -> torch.Tensor:
         """Per position (kv, gate) [rows, 2, head_dim], float32 (ratio > 1)."""
-        return tiled_rows(self._projections, u) if self.invariant else self._projections(u)
+        if not self.invariant:
+            return self._projections(u)
+        if row_kernels(u):
+            return torch.stack(
+                (row_linear(u, self.wkv.weight), row_linear(u, self.wgate.weight)), 1
+            )
+        return tiled_rows(self._projections, u)
 
     def _projections(self, u: torch.Tensor) -> torch.Tensor:
         x = u.float()
@@ -120,7 +135,19 @@ class Compressor(nn.Module):
             values, gates = groups[:, :, 0], groups[:, :, 1]
             return self.norm((values * gates.softmax(dim=1)).sum(dim=1).to(dtype))
 
-        return tiled_rows(pooled, groups) if self.invariant else pooled(groups)
+        if not self.invariant:
+            return pooled(groups)
+        if row_kernels(groups):
+            return self._invariant_pool(groups, dtype)
+        return tiled_rows(pooled, groups)
+
+    def _invariant_pool(self, groups: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`pool`'s gate softmax over a group's positions spelled out, its exp in whole vector
+        bodies: every step a per-position pass or a sum over the group, in group order."""
+        values, gates = groups[:, :, 0], groups[:, :, 1]
+        weights = lanewise(torch.exp, gates - gates.amax(dim=1, keepdim=True))
+        weights = weights / weights.sum(dim=1, keepdim=True)
+        return self.norm((values * weights).sum(dim=1).to(dtype))
 
 
 class Indexer(nn.Module):
@@ -147,7 +174,11 @@ class Indexer(nn.Module):
     def scores(self, queries, weights, keys, visible_counts) -> torch.Tensor:
         """[rows, entries]: Σ_h w_h·relu(q_h·k), −inf past each row's visible entries."""
         queries, weights, keys = queries.float(), weights.float(), keys.float()
-        if self.invariant:
+        if self.invariant and keys.dim() == 2 and row_kernels(queries):
+            scores = torch.ops.deepwell_invariant.index_scores(
+                queries.contiguous(), weights.contiguous(), keys.contiguous()
+            )
+        elif self.invariant:
             scores = tiled_keys(
                 lambda tile: tiled_rows(lambda q, w: _index_scores(q, w, tile), queries, weights),
                 keys,
@@ -429,7 +460,18 @@ class CSA2Attention(nn.Module):
         def project(grouped: torch.Tensor) -> torch.Tensor:
             return grouped_projection(self.wo_a, grouped)
 
-        projected = tiled_rows(project, grouped) if self.invariant else project(grouped)
+        if not self.invariant:
+            projected = project(grouped)
+        elif not row_kernels(grouped):
+            projected = tiled_rows(project, grouped)
+        elif isinstance(self.wo_a, Fp8BlockLinear):
+            # The packed product goes row by row already (blockscaled.cpp).
+            projected = project(grouped)
+        else:
+            weights = self.wo_a.weight.view(self.groups, -1, grouped.shape[-1])
+            projected = torch.stack(
+                [row_linear(grouped[:, g], weights[g]) for g in range(self.groups)], dim=1
+            ).to(grouped.dtype)
         return self.wo_b(projected.flatten(1))
 
     def select(self, state: SharedSelection, u, qr, rotation, visible_counts: torch.Tensor) -> None:
@@ -494,7 +536,9 @@ class CSA2Attention(nn.Module):
         `positions`, as the cache stores them (spec §3.7). Encoded from the unrounded
         values: nvfp4 rounding is not idempotent (a small group's subnormal e4m3 scale can
         round down when recomputed from rounded values)."""
-        if self.invariant:
+        if self.invariant and row_kernels(latents):
+            rotation = self.rotary.invariant_rotation(positions)
+        elif self.invariant:
             rotation = tiled_rows(self.rotary.rotation, positions)
         else:
             rotation = self.rotary.rotation(positions)
@@ -514,8 +558,9 @@ class CSA2Attention(nn.Module):
 
     def _rotate(self, values: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """Rotary over a sequence's rows or entries; in fixed tiles when batch-invariant
-        (a complex product's scalar tail path rounds otherwise than its vector one)."""
-        if self.invariant:
+        (a complex product's scalar tail path rounds otherwise than its vector one); the
+        native rotation goes element by element."""
+        if self.invariant and not self.rotary.is_native(values):
             return tiled_rows(self.rotary.apply, values, rotation)
         return self.rotary.apply(values, rotation)
 

@@ -65,6 +65,7 @@ class DeepseekV41Block(nn.Module):
                 c.hc_mult,
                 c.hidden_size,
                 c.rms_norm_eps,
+                invariant,
             )
 
     def attention_input(self, streams, pre, engram_rows, dtype, image_rows=None) -> torch.Tensor:

@@ -7,6 +7,8 @@ the read is gated per stream by a signed-square-root similarity (spec/deepseek_v
 import torch
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import lanewise
+
 
 class Engram(nn.Module):
     def __init__(
@@ -17,8 +19,11 @@ class Engram(nn.Module):
         streams: int,
         hidden_size: int,
         eps: float,
+        invariant: bool = False,
     ) -> None:
+        """`invariant`: the gate's sigmoid runs in whole vector bodies (batch_invariant.lanewise)."""
         super().__init__()
+        self.invariant = invariant
         self.streams = streams
         self.hidden_size = hidden_size
         self.eps = eps
@@ -48,7 +53,12 @@ class Engram(nn.Module):
             key.square().mean(-1) + self.eps
         )
         dot = (streams * weights * key).sum(-1) * rstd * self.hidden_size**-0.5
-        gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+        gate = lanewise(_gate, dot) if self.invariant else _gate(dot)
         if image_rows is not None:
             gate = gate.masked_fill(image_rows.unsqueeze(1), 0)
         return streams + gate.unsqueeze(-1) * value.unsqueeze(1)
+
+
+def _gate(dot: torch.Tensor) -> torch.Tensor:
+    """The read's gate from its signed-square-root similarity."""
+    return torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))

@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 
-from deepwell.engine.layers.batch_invariant import tiled_rows
+from deepwell.engine.layers.batch_invariant import row_kernels, row_linear, tiled_rows
 from deepwell.engine.layers.decode_kernel import load_hyper_connection_kernel
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class HyperConnection(nn.Module):
         self, streams: int, hidden_size: int, iterations: int, eps: float, norm_eps, invariant
     ):
         super().__init__()
-        # Batch-invariant: the mixing product runs on fixed row tiles.
+        # Batch-invariant: the mixing product runs row by row (or on fixed row tiles).
         self.invariant = invariant
         self.streams = streams
         self.iterations = iterations
@@ -57,7 +57,7 @@ class HyperConnection(nn.Module):
         """streams [rows, S, hidden] float32 → pre [rows, S], post [rows, S], comb
         [rows, S_in, S_out], all float32."""
         flat = streams.flatten(1)
-        mixes = tiled_rows(self._mix, flat) if self.invariant else self._mix(flat)
+        mixes = self._invariant_mix(flat) if self.invariant else self._mix(flat)
         if _native(flat):
             return torch.ops.deepwell_mhc.coefficients(
                 mixes.contiguous(),
@@ -89,6 +89,11 @@ class HyperConnection(nn.Module):
 
     def _mix(self, flat: torch.Tensor) -> torch.Tensor:
         return flat @ self.fn.t()
+
+    def _invariant_mix(self, flat: torch.Tensor) -> torch.Tensor:
+        if row_kernels(flat):
+            return row_linear(flat, self.fn)
+        return tiled_rows(self._mix, flat)
 
 
 def collapse(

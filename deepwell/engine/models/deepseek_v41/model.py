@@ -21,7 +21,7 @@ from torch import nn
 from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout, PagedSpec, RingSpec
-from deepwell.engine.layers.batch_invariant import ROW_TILE
+from deepwell.engine.layers.batch_invariant import ROW_TILE, row_kernels
 from deepwell.engine.layers.sink_attention import SinkAttentionBackend, TorchSinkAttention
 from deepwell.engine.layers.step_metadata import StepImages, StepMetadata
 from deepwell.engine.models.contract import ModelHooks, RoutedExperts
@@ -52,9 +52,9 @@ from deepwell.engine.models.deepseek_v41.kernel_set import (
     sink_backend_class,
     use_triton_kernels,
 )
-from deepwell.engine.models.deepseek_v41.mhc import collapse
+from deepwell.engine.models.deepseek_v41.mhc import collapse, native_ops
 from deepwell.engine.models.deepseek_v41.moe import MoE, moe_graph_blocker
-from deepwell.engine.models.deepseek_v41.rotary import PairRotary
+from deepwell.engine.models.deepseek_v41.rotary import PairRotary, native_rotation
 from deepwell.engine.models.deepseek_v41.schema import (
     TensorSpec,
     is_draft_stage,
@@ -214,14 +214,21 @@ class DeepseekV41ForCausalLM(nn.Module):
         num_rows = input_ids.shape[0]
         history = meta.token_history
         image_rows = None if meta.images is None else meta.images.mask
-        if self.batch_invariant:
+        rows_alone = self.batch_invariant and _rows_alone(input_ids)
+        if self.batch_invariant and not rows_alone:
             input_ids, positions, history, image_rows = _pad_to_row_tiles(
                 input_ids, positions, history, image_rows
             )
-        rotations = {
-            False: self.plain_rotary.rotation(positions),
-            True: self.compress_rotary.rotation(positions),
-        }
+        if rows_alone:
+            rotations = {
+                False: self.plain_rotary.invariant_rotation(positions),
+                True: self.compress_rotary.invariant_rotation(positions),
+            }
+        else:
+            rotations = {
+                False: self.plain_rotary.rotation(positions),
+                True: self.compress_rotary.rotation(positions),
+            }
         streams, pre = self.initial_streams(input_ids, meta.images)
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
@@ -469,6 +476,14 @@ def _parameter_name(released: str) -> str:
             name = pattern.sub(replacement, released)
             return name if not name.endswith(".w2") else name + ".weight"
     return released
+
+
+def _rows_alone(input_ids: torch.Tensor) -> bool:
+    """Whether a batch-invariant step runs its rows unpadded: on the CPU where the per-row
+    kernels build (invariant_rows.cpp's products, mHC, rotary), each row computed alone and
+    every elementwise pass in whole vector bodies (layers/batch_invariant.py). Elsewhere the
+    step is padded to whole row tiles."""
+    return row_kernels(input_ids) and native_ops() and native_rotation()
 
 
 def _pad_to_row_tiles(

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.batch_invariant import tiled_rows
+from deepwell.engine.layers.batch_invariant import lanewise, row_kernels, row_linear, tiled_rows
 from deepwell.engine.layers.blockscaled import MxFp4Experts, mxfp4_experts
 from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.parallel.expert import ExpertParallel
@@ -19,18 +19,27 @@ PACKED_COLUMNS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
 class ClampedSwiGLU(nn.Module):
     """W2(silu(min(W1 x, limit)) · clamp(W3 x, ±limit)), the gate and up halves fused."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, limit: float) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, limit: float, invariant: bool = False
+    ) -> None:
+        """`invariant`: the activation runs in whole vector bodies (batch_invariant.lanewise)."""
         super().__init__()
         self.limit = limit
+        self.invariant = invariant
         self.w13 = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         gate, up = self.w13(x).float().chunk(2, dim=-1)
-        inner = F.silu(gate.clamp(max=self.limit)) * up.clamp(-self.limit, self.limit)
+        inner = (
+            lanewise(self._activation, gate, up) if self.invariant else self._activation(gate, up)
+        )
         if weight is not None:
             inner = inner * weight.unsqueeze(-1)
         return self.w2(inner.to(x.dtype))
+
+    def _activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate.clamp(max=self.limit)) * up.clamp(-self.limit, self.limit)
 
 
 class MoE(nn.Module):
@@ -52,8 +61,9 @@ class MoE(nn.Module):
         """`parallel`: this rank's share of the routed experts (its placement's slots) and
         their token exchange; None holds every expert here."""
         super().__init__()
-        # Batch-invariant: the router and each expert run on fixed row tiles, as an expert
-        # sees however many rows of the step chose it (layers/batch_invariant.py).
+        # Batch-invariant: the router and each expert run row by row on the CPU (or on fixed
+        # row tiles), as an expert sees however many rows of the step chose it
+        # (layers/batch_invariant.py).
         self.invariant = invariant
         self.top_k = top_k
         self.routed_scaling = routed_scaling
@@ -72,13 +82,14 @@ class MoE(nn.Module):
         # One module per slot (expanded weights), or, once bound packed, one MXFP4 bank
         # that runs all of a step's pairs in a single call.
         self.experts: nn.ModuleList | None = nn.ModuleList(
-            ClampedSwiGLU(hidden_size, intermediate_size, limit) for _ in range(self.num_slots)
+            ClampedSwiGLU(hidden_size, intermediate_size, limit, invariant)
+            for _ in range(self.num_slots)
         )
         self.packed_experts: MxFp4Experts | None = None
         # The dtype its input comes in (the model's compute dtype), set as weights are bound:
         # an idle expert-parallel rank joins the exchange with zero rows of it.
         self.input_dtype = torch.float32
-        self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit)
+        self.shared_expert = ClampedSwiGLU(hidden_size, intermediate_size, limit, invariant)
         # A test override of the experts the router picks (DEEPWELL_FORCE_*), set by the model.
         self.forced_routing: ForcedRouting | None = None
 
@@ -92,7 +103,7 @@ class MoE(nn.Module):
         `real_rows` on are padding (batch-invariant row tiles): with expert parallelism
         they are not sent to experts, whose output there nobody reads. `image_rows` [rows]
         bool: the rows of image spans, which select experts with `gate_bias_vl`."""
-        scores = tiled_rows(self._scores, x) if self.invariant else self._scores(x)
+        scores = self._invariant_scores(x) if self.invariant else self._scores(x)
         bias = self.gate_bias
         if image_rows is not None:
             bias = torch.where(image_rows.unsqueeze(1), self.gate_bias_vl, self.gate_bias)
@@ -172,7 +183,7 @@ class MoE(nn.Module):
                 continue
             picked = order[start : start + count]
             expert_rows = (x[picked], weights[picked])
-            if self.invariant:
+            if self.invariant and not row_kernels(x):
                 out[picked] = tiled_rows(self.experts[slot], *expert_rows)
             else:
                 out[picked] = self.experts[slot](*expert_rows)
@@ -181,6 +192,12 @@ class MoE(nn.Module):
 
     def _scores(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sqrt(F.softplus(x.float() @ self.gate.float().t()))
+
+    def _invariant_scores(self, x: torch.Tensor) -> torch.Tensor:
+        if row_kernels(x):
+            logits = row_linear(x, self.gate.float())
+            return lanewise(lambda z: torch.sqrt(F.softplus(z)), logits)
+        return tiled_rows(self._scores, x)
 
 
 def moe_graph_blocker(modules: Iterable[nn.Module]) -> str | None:

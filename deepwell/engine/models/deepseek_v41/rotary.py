@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from deepwell.engine.layers.batch_invariant import lanewise
 from deepwell.engine.layers.decode_kernel import load_rotary_kernel
 
 logger = logging.getLogger(__name__)
@@ -59,11 +60,22 @@ class PairRotary:
         angles = positions.float().unsqueeze(-1) * self.freqs
         return torch.polar(torch.ones_like(angles), angles)
 
+    def invariant_rotation(self, positions: torch.Tensor) -> torch.Tensor:
+        """`rotation`, each angle's cosine and sine the same bits whatever the position count
+        (batch-invariant mode)."""
+        angles = positions.float().unsqueeze(-1) * self.freqs
+        return lanewise(lambda a: torch.polar(torch.ones_like(a), a), angles)
+
+    def is_native(self, values: torch.Tensor) -> bool:
+        """Whether `apply` rotates `values` in v41_rotary.cpp: element by element, so a row's
+        bits depend on its own values only."""
+        native = values.is_cpu and values.dtype in _NATIVE_DTYPES and values.dim() >= 2
+        return native and native_rotation()
+
     def apply(self, values: torch.Tensor, rotation: torch.Tensor, inverse: bool = False):
         """Rotate the last `rotary_dim` channels of values [rows, ..., dim]; `rotation` is
         [rows, pairs] and broadcasts over the middle axes."""
-        native = values.is_cpu and values.dtype in _NATIVE_DTYPES and values.dim() >= 2
-        if native and native_rotation():
+        if self.is_native(values):
             return torch.ops.deepwell_v41_rotary.rotate(values, rotation, self.rotary_dim, inverse)
         return self.apply_torch(values, rotation, inverse)
 
