@@ -250,7 +250,10 @@ async def drive(
 ):
     """Sends each request at its offset; returns the traces, the start time and the CPU
     seconds `cpu_seconds` (the server's clock) counted from the start to the last token."""
-    limits = httpx.Limits(max_connections=len(workload) + 1)
+    # A connection per request: a kept-alive one idle between Poisson arrivals may be
+    # closed by the server as the next request goes out on it (llama-server closes idle
+    # connections after 5 s: "Server disconnected without sending a response").
+    limits = httpx.Limits(max_connections=len(workload) + 1, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=3600, limits=limits) as http:
         warm = {"prompt_ids": workload[0]["prompt_ids"][:64], "output_len": 8}
         await stream_one(http, api, warm, RequestTrace())
