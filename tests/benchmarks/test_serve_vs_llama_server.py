@@ -6,6 +6,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,33 @@ def test_the_goal_needs_3x_the_tokens_at_no_worse_p99_ttft():
     # Each engine's round with the most tokens, its own latencies with it.
     assert verdict.ratio == pytest.approx(2.5) and verdict.ttft_p99_ratio == pytest.approx(1.125)
     assert "goal missed" in verdict.line()
+
+
+def test_poisson_patterns_carry_no_goal_however_fast():
+    verdict = Verdict(2.0, 5.0, 0.5)
+    assert not verdict.met
+    assert "no goal" in verdict.line() and "goal met" not in verdict.line()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_servers_cpu_counts_its_children_and_only_them():
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        before = serve.tree_cpu_seconds(os.getpid()), serve.tree_cpu_seconds(child.pid)
+        deadline = time.monotonic() + 30
+        while serve.tree_cpu_seconds(child.pid) - before[1] < 0.2:
+            assert time.monotonic() < deadline, "the busy child's CPU never showed"
+            time.sleep(0.05)
+        # The busy child's CPU shows in its parent's tree too.
+        child_used = serve.tree_cpu_seconds(child.pid) - before[1]
+        assert serve.tree_cpu_seconds(os.getpid()) - before[0] >= child_used
+    finally:
+        child.kill()
+        child.wait()
+    assert serve.tree_cpu_seconds(child.pid) is None
+    row = LoadResult("deepwell", None, 4, 500, 10.0, 1.0, 2.0, 1.0, 2.0, 0.5, server_cpu_s=2.0)
+    assert row.cpu_ms_per_token == pytest.approx(4.0)
+    assert "server CPU 4.0 ms/token" in serve.describe(row)
 
 
 def test_deepwell_serves_the_same_gguf_with_int4_and_no_prefix_cache():
