@@ -250,9 +250,48 @@ inline float max_of(const float* x, int64_t n) {
 // argument so that the accumulators live in registers (indexed by a runtime count they were
 // spilled to the stack, each fmadd a load and a store); each head_dim chunk's accumulators
 // stay there over the keys, while the next block's keys are fetched.
+#if defined(CPU_CAPABILITY_AVX512)
+// A head_dim of two chunks (64 on AVX-512) in one pass over the keys: a key's values are
+// loaded and each weight broadcast once, not once per chunk. Every accumulator takes the
+// same fmadds in the same order as in weigh_values (the same bits); G <= 4 keeps the 4G
+// accumulators and the key's 4 value vectors in the 32 vector registers.
+template <typename T, int64_t G>
+void weigh_two_chunks(const T* values, int64_t n, const float* weights, int64_t block_size,
+                      float* acc, const T* next_keys) {
+  constexpr int64_t head_dim = 2 * kChunk;
+  Vec sums[G][4];
+  for (int64_t g = 0; g < G; ++g) {
+    load_chunk(acc + g * head_dim, kChunk, sums[g][0], sums[g][1]);
+    load_chunk(acc + g * head_dim + kChunk, kChunk, sums[g][2], sums[g][3]);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
+    Vec v[4];
+    load_chunk(values + t * head_dim, kChunk, v[0], v[1]);
+    load_chunk(values + t * head_dim + kChunk, kChunk, v[2], v[3]);
+    for (int64_t g = 0; g < G; ++g) {
+      const Vec w(weights[g * block_size + t]);
+      for (int64_t i = 0; i < 4; ++i) sums[g][i] = at::vec::fmadd(w, v[i], sums[g][i]);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    store_chunk(sums[g][0], sums[g][1], kChunk, acc + g * head_dim);
+    store_chunk(sums[g][2], sums[g][3], kChunk, acc + g * head_dim + kChunk);
+  }
+}
+#endif
+
 template <typename T, int64_t G>
 void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* weights,
                   int64_t block_size, float* acc, const T* next_keys) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (G <= 4) {
+    if (head_dim == 2 * kChunk) {
+      weigh_two_chunks<T, G>(values, n, weights, block_size, acc, next_keys);
+      return;
+    }
+  }
+#endif
   for (int64_t d = 0; d < head_dim; d += kChunk) {
     const int64_t width = std::min(kChunk, head_dim - d);
     Vec acc_lo[G], acc_hi[G];
