@@ -1,0 +1,195 @@
+"""Where workload W's time goes: each step's shape and its thread CPU time by part, over the
+whole of W (prefill, mixed and decode steps), and W's greedy tokens for comparing trees.
+
+One torch thread and synchronous steps, so every part of a step runs on the calling thread
+and its thread CPU time (`time.thread_time`) counts it alone: on a shared machine that
+moves far less with the neighbours' load than wall time. Speculation and the prefix cache
+are off, as in `throughput_vs_hf.py`'s W. The parts are timed by wrapping the engine's own
+calls: the layer and head linears (`PackedLinear.forward`), the attention backend (K/V
+store, prefill and decode attention), `compute_logits` (the head, inside `linear` too),
+the sampler, schedule, prepare and commit; what is left of the forward is glue. Steps are
+grouped by shape: prefill-only, mixed (decode rows beside prefill chunks), decode-only
+with 32 rows or more, and fewer.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/w_split.py [--requests 64] [--tokens W.json]
+
+`--tokens` writes {request id: greedy tokens}; two trees' files are equal when a change
+keeps W's greedy outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from workload import make_workload
+
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.layers.packed_linear import PackedLinear
+
+PARTS = ("linear", "attention", "logits", "sample", "forward", "schedule", "prepare", "commit")
+# Below this many decode rows a decode-only step streams its weights more than it computes.
+SMALL_DECODE = 32
+
+
+@dataclass
+class StepShape:
+    decode_rows: int
+    prefill_tokens: int
+    # Summed over the decode rows: the keys their attention reads.
+    decode_context: int
+
+    @property
+    def kind(self) -> str:
+        if not self.decode_rows:
+            return "prefill-only"
+        if self.prefill_tokens:
+            return "mixed"
+        return f"decode>={SMALL_DECODE}" if self.decode_rows >= SMALL_DECODE else "decode<32"
+
+
+@dataclass
+class KindTotals:
+    steps: int = 0
+    cpu_s: float = 0.0
+    decode_rows: int = 0
+    prefill_tokens: int = 0
+    decode_context: int = 0
+    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+
+    def line(self, kind: str) -> str:
+        p = self.parts
+        glue = p["forward"] - p["linear"] - p["attention"]
+        return (
+            f"{kind}: {self.steps} steps, CPU {self.cpu_s:.2f} s; decode rows {self.decode_rows} "
+            f"(mean {self.decode_rows / self.steps:.1f}, mean context "
+            f"{self.decode_context / max(self.decode_rows, 1):.0f}), prefill tokens "
+            f"{self.prefill_tokens}; linears {p['linear']:.2f} (head inside: logits "
+            f"{p['logits']:.2f}), attention {p['attention']:.2f}, glue {glue:.2f}, "
+            f"sample {p['sample']:.2f}, schedule {p['schedule']:.2f}, prepare "
+            f"{p['prepare']:.2f}, commit {p['commit']:.2f}"
+        )
+
+
+def group_steps(shapes: list[StepShape], steps: list[tuple[float, dict[str, float]]]):
+    """Totals per step kind, in the order kinds first appear."""
+    kinds: dict[str, KindTotals] = {}
+    for shape, (cpu_s, parts) in zip(shapes, steps, strict=True):
+        totals = kinds.setdefault(shape.kind, KindTotals())
+        totals.steps += 1
+        totals.cpu_s += cpu_s
+        totals.decode_rows += shape.decode_rows
+        totals.prefill_tokens += shape.prefill_tokens
+        totals.decode_context += shape.decode_context
+        for part, seconds in parts.items():
+            totals.parts[part] += seconds
+    return kinds
+
+
+class PartClock:
+    """Thread CPU seconds per part, by wrapping the engine's calls on one instance."""
+
+    def __init__(self, core: EngineCore, shapes: list[StepShape]) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        runner = core.runner
+        backend = runner.model.layers[0].self_attn.backend  # one instance serves every layer
+        self._wrap(backend, "forward", "attention")
+        self._wrap(runner.model, "compute_logits", "logits")
+        self._wrap(runner, "sample", "sample")
+        self._wrap(runner, "forward", "forward")
+        self._wrap(runner, "prepare", "prepare")
+        self._wrap(core.pipeline, "_commit", "commit")
+        self._wrap_linears()
+        schedule = core.scheduler.schedule
+
+        def shaped():
+            out = schedule()
+            decodes = [c for c in out.chunks if c.num_tokens == 1]
+            shapes.append(
+                StepShape(
+                    decode_rows=len(decodes),
+                    prefill_tokens=sum(c.num_tokens for c in out.chunks if c.num_tokens > 1),
+                    decode_context=sum(c.start + 1 for c in decodes),
+                )
+            )
+            return out
+
+        core.scheduler.schedule = shaped
+        self._wrap(core.scheduler, "schedule", "schedule")
+
+    def _wrap(self, owner, name: str, part: str) -> None:
+        method = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            result = method(*args, **kwargs)
+            self.seconds[part] += time.thread_time() - start
+            return result
+
+        setattr(owner, name, timed)
+
+    def _wrap_linears(self) -> None:
+        forward = PackedLinear.forward
+        seconds = self.seconds
+
+        def timed(linear, x):
+            start = time.thread_time()
+            result = forward(linear, x)
+            seconds["linear"] += time.thread_time() - start
+            return result
+
+        PackedLinear.forward = timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64, help="W's first N requests")
+    parser.add_argument("--tokens", help="write the greedy tokens here (JSON)")
+    args = parser.parse_args()
+    core = EngineCore(
+        EngineArgs(
+            enable_prefix_caching=False,
+            num_speculative_tokens=0,
+            num_threads=1,
+            async_scheduling=False,
+        )
+    )
+    workload = make_workload(requests=args.requests)
+    greedy = {"temperature": 0, "ignore_eos": True}
+    core.add_request("warm", workload[0]["prompt_ids"][:64], SamplingParams(max_tokens=8, **greedy))
+    while core.has_unfinished():
+        core.step()
+    shapes: list[StepShape] = []
+    clock = PartClock(core, shapes)
+    for request in workload:
+        params = SamplingParams(max_tokens=request["output_len"], **greedy)
+        core.add_request(str(request["id"]), request["prompt_ids"], params)
+    steps: list[tuple[float, dict[str, float]]] = []
+    tokens: dict[str, list[int]] = {}
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while core.has_unfinished():
+        before, start = dict(clock.seconds), time.thread_time()
+        for out in core.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        parts = {p: clock.seconds[p] - before[p] for p in PARTS}
+        steps.append((time.thread_time() - start, parts))
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    output = sum(len(t) for t in tokens.values())
+    print(
+        f"W[:{args.requests}]: {output} tokens, {len(steps)} steps, thread CPU {cpu:.2f} s "
+        f"({output / cpu:.1f} tokens a CPU second), wall {wall:.1f} s, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print("parts (CPU s): " + ", ".join(f"{p} {clock.seconds[p]:.2f}" for p in PARTS))
+    for kind, totals in group_steps(shapes, steps).items():
+        print(totals.line(kind))
+    if args.tokens:
+        with open(args.tokens, "w", encoding="utf-8") as f:
+            json.dump(tokens, f)
+
+
+if __name__ == "__main__":
+    main()
