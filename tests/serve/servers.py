@@ -18,8 +18,9 @@ DEEPWELL = str(Path(sys.executable).parent / "deepwell")
 REPO = Path(__file__).resolve().parents[2]
 MODEL_LOAD_TIMEOUT_S = 300
 # Enough KV cache for the tests (50 concurrent streams) without the default 4 GiB each.
-MODEL_ARGS = ("--memory-gib", "2")
-# One torch thread: two OpenMP threads stall badly when a neighbour keeps a core busy.
+# One torch thread: on the suite's two cores the other pytest worker keeps one busy, and two
+# OpenMP threads then stall at every parallel region and spin while they wait.
+MODEL_ARGS = ("--memory-gib", "2", "--threads", "1")
 V41_ARGS = ("--threads", "1", "--max-model-len", "4096", "--memory-gib", "1")
 V41_NAME = "deepseek-v4.1-tiny"
 # The tiny vision tower's image budget, cut so that a 40x30 image becomes 4x6 = 24 image
