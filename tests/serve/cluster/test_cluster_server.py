@@ -150,7 +150,7 @@ def test_sigkill_with_64_streams_through_both_sdks(cluster):
 @pytest.fixture(scope="module")
 def pd_cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("pd")
-    args = (*MODEL_ARGS, "--threads", "1", "--batch-invariant", "--heartbeat-timeout", "10")
+    args = (*MODEL_ARGS, "--batch-invariant", "--heartbeat-timeout", "10")
     args += ("--kv-store", str(root / "kv"))
     server = start_server(root, *args, "--prefill-workers", "1", "--decode-workers", "1")
     yield server
