@@ -3,7 +3,8 @@ llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
 GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
 into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
-v41_rotary.cpp: V4.1's rotary embedding; prefill_attention.cpp: prefill chunks' attention):
+v41_rotary.cpp: V4.1's rotary embedding; prefill_attention.cpp: prefill chunks' attention;
+llama_rotary.cpp: the Llama family's rotary embedding):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -45,6 +46,7 @@ CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 ROTARY_SOURCE = Path(__file__).with_name("v41_rotary.cpp")
 SAMPLING_SOURCE = Path(__file__).with_name("sampling_ops.cpp")
 PREFILL_SOURCE = Path(__file__).with_name("prefill_attention.cpp")
+LLAMA_ROTARY_SOURCE = Path(__file__).with_name("llama_rotary.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -242,6 +244,19 @@ def load_prefill_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_llama_rotary_kernel() -> DecodeKernel:
+    """The Llama family's rotary embedding (llama_rotary.cpp, registered as
+    torch.ops.deepwell_llama_rotary), built on the first call in a process if the cache lacks
+    it; without fused multiply-adds, so it rounds as torch's ops do."""
+    return _load(
+        (LLAMA_ROTARY_SOURCE,),
+        "Llama rotary kernel",
+        ["-ffp-contract=off"],
+        ops="deepwell_llama_rotary",
+    )
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -339,6 +354,7 @@ KERNEL_BUILDS = (
     KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
     KernelBuild("sampling", False, 1, load_sampling_kernel),
     KernelBuild("prefill attention", False, 1, load_prefill_kernel),
+    KernelBuild("Llama rotary", False, 1, load_llama_rotary_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",
