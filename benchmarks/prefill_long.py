@@ -1,7 +1,8 @@
 """Prefill of one long prompt (512, 4k, 16k tokens): deepwell, llama.cpp and transformers.
 
-At each length deepwell runs against llama.cpp (`llama-bench -p N -n 0`) and transformers
-(one forward, SDPA), each in its own process.
+At each length deepwell runs against transformers (one forward, SDPA) and, with
+`--quantization int4` as the other llama.cpp rows run, against llama.cpp (`llama-bench -p N
+-n 0`), each in its own process.
 
 All three run the embedded SmolLM2-135M's weights: llama.cpp its Q4_1 GGUF as it is;
 deepwell and transformers the same GGUF dequantised (as deepwell loads it), written once
@@ -14,7 +15,9 @@ one per repetition, and no engine keeps a prefix between them.
 
 - deepwell: `LLM.generate` of one token for the prompt, chunked prefill with
   `--chunk-tokens` per step (each chunk one engine step), prefix caching off; the figure is
-  prompt tokens over the call's wall time (its time to the first token);
+  prompt tokens over the call's wall time (its time to the first token); "deepwell-int4" the
+  same with `--quantization int4` (quantised at load; a prompt's linears run the dense
+  weights either way), the figure set against llama.cpp's;
 - transformers: one `model(input_ids, logits_to_keep=1)` forward in `--dtype`, SDPA;
 - llama.cpp: llama-bench's pp<N> (its own mean over `--repetitions`), where a build is in
   its cache (benchmarks/llama_cpp_peer.py; `--llama-cpp` builds it first, ~15 min).
@@ -24,7 +27,8 @@ rounds alternating over all; each keeps its fastest repetition. Prints tok/s, de
 ratio against each peer, the CPU's SIMD flags and the load average beside each figure.
 
     PYTHONPATH=. .venv/bin/python benchmarks/prefill_long.py [--lengths 512,4096,16384]
-        [--threads 2] [--rounds 1] [--repetitions 2] [--chunk-tokens 2048] [--json out.json]
+        [--threads 2] [--rounds 1] [--repetitions 2] [--chunk-tokens 2048] [--quick]
+        [--json out.json]
 """
 
 import argparse
@@ -40,6 +44,12 @@ import llama_cpp_peer as llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEPWELL, TRANSFORMERS, LLAMA_CPP = "deepwell", "transformers", "llama.cpp"
+DEEPWELL_INT4 = "deepwell-int4"
+# Each peer against the deepwell run that matches it: transformers computes in the dtype,
+# llama.cpp reads Q4_1 weights.
+PAIRINGS = {TRANSFORMERS: DEEPWELL, LLAMA_CPP: DEEPWELL_INT4}
+# --quick: a smoke run of the whole path (the figures mean nothing).
+QUICK_LENGTHS = [512, 1024]
 # Positions past the longest prompt: the one sampled token and a round block count.
 POSITION_HEADROOM = 256
 # Random prompt ids stay clear of SmolLM2's 17 special tokens.
@@ -82,12 +92,13 @@ def vocab_size(model_dir: Path) -> int:
 # ---- children: each runs one engine at one length and prints one JSON line ----
 
 
-def child_deepwell(args) -> dict:
+def child_deepwell(args, quantization: str = "none") -> dict:
     from deepwell.engine import LLM, SamplingParams
 
     llm = LLM(
         str(args.model_dir),
         dtype=args.dtype,
+        quantization=quantization,
         max_model_len=args.length + POSITION_HEADROOM,
         chunked_prefill=True,
         max_num_batched_tokens=args.chunk_tokens,
@@ -141,8 +152,13 @@ def child_llama_cpp(args) -> dict:
     return {"tok_s": result.tok_s, "samples_tok_s": list(result.samples_tok_s)}
 
 
+def child_deepwell_int4(args) -> dict:
+    return child_deepwell(args, quantization="int4")
+
+
 CHILDREN = {
     DEEPWELL: child_deepwell,
+    DEEPWELL_INT4: child_deepwell_int4,
     TRANSFORMERS: child_transformers,
     LLAMA_CPP: child_llama_cpp,
 }
@@ -191,11 +207,12 @@ def engines(args) -> list[str]:
         found = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
     if found is None:
         print(f"llama.cpp: no build in {args.llama_cpp_cache} (--llama-cpp builds it); skipped")
-    return [DEEPWELL, TRANSFORMERS] + ([LLAMA_CPP] if found is not None else [])
+    return [DEEPWELL, TRANSFORMERS] + ([DEEPWELL_INT4, LLAMA_CPP] if found is not None else [])
 
 
 def report(lengths: list[int], names: list[str], best: dict) -> dict:
-    """Prints each length's tok/s and deepwell's ratios; returns them."""
+    """Prints each length's tok/s and deepwell's ratio against each peer (PAIRINGS);
+    returns them."""
     summary: dict = {}
     for length in lengths:
         figures = {name: best.get((length, name)) for name in names}
@@ -205,10 +222,10 @@ def report(lengths: list[int], names: list[str], best: dict) -> dict:
         parts += [f"{name} failed" for name, tok_s in row.items() if not tok_s]
         print(f"prefill {length:>6} tokens: {', '.join(parts)} tok/s (load {loads})")
         ratios = {}
-        for peer in names[1:]:
-            if row[DEEPWELL] and row[peer]:
-                ratios[peer] = row[DEEPWELL] / row[peer]
-                print(f"  ratio deepwell / {peer}: {ratios[peer]:.2f}")
+        for peer, own in PAIRINGS.items():
+            if row.get(own) and row.get(peer):
+                ratios[peer] = row[own] / row[peer]
+                print(f"  ratio {own} / {peer}: {ratios[peer]:.2f}")
         summary[str(length)] = {"tok_s": row, "ratios": ratios, "load_average": loads}
     ahead = {}
     for peer in (TRANSFORMERS, LLAMA_CPP):
@@ -261,8 +278,15 @@ def main() -> None:
         default=llama_cpp.CACHE_DIR,
         help="where llama.cpp is built (benchmarks/llama_cpp_peer.py)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: lengths {','.join(map(str, QUICK_LENGTHS))}, one repetition",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.quick:
+        args.lengths, args.repetitions = QUICK_LENGTHS, 1
     if args.child:
         child_main(args)
         return

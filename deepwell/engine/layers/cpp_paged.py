@@ -4,7 +4,8 @@ the choice between it and the pure-torch backend (`--attention-backend`).
 The kernel walks each sequence's block list once per KV head with an online softmax, for all
 its decode rows (a draft's verify rows share their blocks): no gather, no per-block GEMM
 calls, no padded scores; it also stores the step's K/V rows (one copy per row). Prefill
-chunks stay on the torch path.
+chunks in bf16 run prefill_attention.cpp (flash-style over the paged cache, no gather, no
+mask), other dtypes and head sizes the torch path.
 """
 
 import functools
@@ -13,14 +14,16 @@ from types import ModuleType
 
 import torch
 
-from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
-from deepwell.engine.layers.decode_kernel import load_decode_kernel
+from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, PrefillSpan
+from deepwell.engine.layers.decode_kernel import load_decode_kernel, load_prefill_kernel
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 
 logger = logging.getLogger(__name__)
 
 # paged_decode.cpp's kMaxGroup: a KV head's query heads keep their accumulators in registers.
 MAX_GROUP = 8
+# prefill_attention.cpp's value tiles: head dims in whole runs of 64.
+PREFILL_DIM_MULTIPLE = 64
 
 
 class CppPagedAttention(TorchPagedAttention):
@@ -33,6 +36,7 @@ class CppPagedAttention(TorchPagedAttention):
         if self.kernel is not None and self.group > MAX_GROUP:
             _log_group_fallback(self.group)
             self.kernel = None
+        self.prefill_kernel = _prefill_kernel() if head_dim % PREFILL_DIM_MULTIPLE == 0 else None
 
     def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
         if self.kernel is None:
@@ -41,6 +45,15 @@ class CppPagedAttention(TorchPagedAttention):
             self.kernel.paged_store(
                 k, v, key_cache, value_cache, meta.slot_blocks, meta.slot_offsets
             )
+
+    def _prefill(self, q, k, v, key_cache, value_cache, span: PrefillSpan) -> torch.Tensor:
+        if self.prefill_kernel is None or not q.dtype == key_cache.dtype == torch.bfloat16:
+            return super()._prefill(q, k, v, key_cache, value_cache, span)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        self.prefill_kernel.chunk_attention(
+            q, key_cache, value_cache, span.block_table, span.context_len, self.scale, out
+        )
+        return out
 
     def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> torch.Tensor:
         if self.kernel is None:
@@ -67,6 +80,23 @@ def _decode_kernel() -> ModuleType | None:
         )
     else:
         logger.info("decode attention: C++ kernel (%s)", kernel.reason)
+    return kernel.module
+
+
+@functools.cache
+def _prefill_kernel() -> ModuleType | None:
+    """The bf16 prefill attention kernel where it builds and this CPU has AVX512_BF16; else
+    None (torch's SDPA runs the chunks), said once in the log."""
+    kernel = load_prefill_kernel()
+    if kernel.module is None:
+        logger.warning(
+            "prefill attention: torch SDPA, the C++ kernel is unavailable: %s", kernel.reason
+        )
+        return None
+    if not kernel.module.vectorised():
+        logger.info("prefill attention: torch SDPA (the C++ kernel needs AVX512_BF16)")
+        return None
+    logger.info("prefill attention: C++ kernel for bf16 (%s)", kernel.reason)
     return kernel.module
 
 

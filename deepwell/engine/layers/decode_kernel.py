@@ -4,7 +4,8 @@ GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with t
 into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
 v41_rotary.cpp: V4.1's rotary embedding; invariant_rows.cpp: the batch-invariant mode's row-wise
-products):
+products; prefill_attention.cpp: prefill chunks' attention; llama_rotary.cpp: the Llama
+family's rotary embedding):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -46,6 +47,8 @@ CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")
 ROTARY_SOURCE = Path(__file__).with_name("v41_rotary.cpp")
 SAMPLING_SOURCE = Path(__file__).with_name("sampling_ops.cpp")
 INVARIANT_ROWS_SOURCE = Path(__file__).with_name("invariant_rows.cpp")
+PREFILL_SOURCE = Path(__file__).with_name("prefill_attention.cpp")
+LLAMA_ROTARY_SOURCE = Path(__file__).with_name("llama_rotary.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -246,6 +249,27 @@ def load_invariant_rows_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_prefill_kernel() -> DecodeKernel:
+    """Prefill chunks' causal attention over the paged cache (prefill_attention.cpp,
+    registered as torch.ops.deepwell_prefill), built on the first call in a process if the
+    cache lacks it."""
+    return _load((PREFILL_SOURCE,), "prefill attention kernel", [], ops="deepwell_prefill")
+
+
+@functools.cache
+def load_llama_rotary_kernel() -> DecodeKernel:
+    """The Llama family's rotary embedding (llama_rotary.cpp, registered as
+    torch.ops.deepwell_llama_rotary), built on the first call in a process if the cache lacks
+    it; without fused multiply-adds, so it rounds as torch's ops do."""
+    return _load(
+        (LLAMA_ROTARY_SOURCE,),
+        "Llama rotary kernel",
+        ["-ffp-contract=off"],
+        ops="deepwell_llama_rotary",
+    )
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -343,6 +367,8 @@ KERNEL_BUILDS = (
     KernelBuild("V4.1 rotary", False, 1, load_rotary_kernel),
     KernelBuild("sampling", False, 1, load_sampling_kernel),
     KernelBuild("invariant rows", False, 1, load_invariant_rows_kernel),
+    KernelBuild("prefill attention", False, 1, load_prefill_kernel),
+    KernelBuild("Llama rotary", False, 1, load_llama_rotary_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

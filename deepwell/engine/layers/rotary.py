@@ -3,7 +3,17 @@
 cos/sin are looked up once per step and shared by every layer.
 """
 
+import functools
+import logging
+from collections.abc import Callable
+
 import torch
+
+from deepwell.engine.layers.decode_kernel import load_llama_rotary_kernel
+
+logger = logging.getLogger(__name__)
+
+Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RotaryEmbedding:
@@ -30,3 +40,14 @@ class RotaryEmbedding:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, head_dim]; HF's x * cos + rotate_half(x) * sin, bit for bit."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+
+
+@functools.cache
+def fused_rotary() -> Rotate | None:
+    """apply_rotary in one C++ pass (llama_rotary.cpp, the same bits), where it builds; None
+    where it does not, said once in the log."""
+    kernel = load_llama_rotary_kernel()
+    if kernel.module is None:
+        logger.warning("rotary: torch ops, the C++ kernel is unavailable: %s", kernel.reason)
+        return None
+    return kernel.module.rotate

@@ -9,7 +9,7 @@ with one memcpy each. Each prefill chunk runs its own SDPA.
 import torch
 import torch.nn.functional as F
 
-from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata
+from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, PrefillSpan
 
 # Scoring the pool in place reads `span` blocks once, with `depth` stacked queries each;
 # gathering reads, writes and rereads the decode blocks. In place wins while
@@ -33,22 +33,27 @@ class TorchPagedAttention(AttentionBackend):
             out[: meta.num_decodes] = self._decode(decodes, key_cache, value_cache, meta)
         for span in meta.prefills:
             rows = slice(span.start, span.start + span.length)
-            if span.mask is None:
-                keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-            else:
-                keys = _gather(key_cache, span.block_table, span.context_len)
-                values = _gather(value_cache, span.block_table, span.context_len)
-            # 4-d inputs: torch's CPU flash kernel takes only those (3-d runs the unfused
-            # math path, 2.5x slower on W's prefills).
-            out[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1).unsqueeze(0),
-                keys.unsqueeze(0),
-                values.unsqueeze(0),
-                attn_mask=span.mask,
-                is_causal=span.mask is None,
-                enable_gqa=True,
-            )[0].transpose(0, 1)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], key_cache, value_cache, span)
         return out
+
+    def _prefill(self, q, k, v, key_cache, value_cache, span: PrefillSpan) -> torch.Tensor:
+        """One prefill chunk's rows [length, heads, head_dim] over its context, whose keys
+        and values (the chunk's own among them) are already in the caches."""
+        if span.mask is None:
+            keys, values = k.transpose(0, 1), v.transpose(0, 1)
+        else:
+            keys = _gather(key_cache, span.block_table, span.context_len)
+            values = _gather(value_cache, span.block_table, span.context_len)
+        # 4-d inputs: torch's CPU flash kernel takes only those (3-d runs the unfused
+        # math path, 2.5x slower on W's prefills).
+        return F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            enable_gqa=True,
+        )[0].transpose(0, 1)
 
     def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
         key_cache[meta.slot_blocks, :, meta.slot_offsets] = k

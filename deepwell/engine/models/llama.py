@@ -23,7 +23,7 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
-from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary, fused_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.contract import ModelHooks
 from deepwell.engine.models.llama_native import native_decode_for
@@ -90,6 +90,10 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.backend = backend
+        # The C++ rotary rides with the C++ attention backend, as the fused glue does; the
+        # torch backend compiles nothing.
+        fused = fused_rotary() if isinstance(backend, CppPagedAttention) else None
+        self.rotate = fused or apply_rotary
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta, kv_cache):
         qk, v = self.qkv_proj.forward(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
@@ -100,7 +104,7 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q.float()), self.k_norm(k.float())
             qk = torch.cat((q, k), dim=1).to(v.dtype)
         # q and k heads share positions, so rotate them in one go.
-        qk = apply_rotary(qk, *rope)
+        qk = self.rotate(qk, *rope)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if isinstance(meta, FixedDecodeMetadata):

@@ -1,8 +1,10 @@
-"""Rotary embedding: the roll-and-signed-sin form gives HF's rotate_half result bit for bit."""
+"""Rotary embedding: the roll-and-signed-sin form gives HF's rotate_half result bit for bit,
+and the C++ pass (llama_rotary.cpp) gives the roll form's bits."""
 
 import pytest
 import torch
 
+from deepwell.engine.layers.decode_kernel import load_llama_rotary_kernel
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -24,3 +26,36 @@ def test_rotary_matches_rotate_half_bit_for_bit(dtype):
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
     assert torch.equal(apply_rotary(x, *rotary.lookup(positions)), hf_rotary(x, cos, sin))
+
+
+@pytest.fixture(scope="module")
+def rotate():
+    """Built once per machine (cached); only a machine without a compiler skips."""
+    loaded = load_llama_rotary_kernel()
+    if loaded.module is None and loaded.reason.startswith("no "):
+        pytest.skip(f"Llama rotary kernel unavailable: {loaded.reason}")
+    assert loaded.module is not None, loaded.reason
+    return loaded.module.rotate
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("tokens", "head_dim"), [(1, 64), (37, 64), (300, 128)])
+def test_the_cpp_pass_gives_the_torch_ops_bits(rotate, dtype, tokens, head_dim):
+    rotary = RotaryEmbedding(head_dim, 10000.0, 8192, dtype)
+    gen = torch.Generator().manual_seed(tokens)
+    positions = torch.randint(0, 8192, (tokens,), generator=gen)
+    # q and k heads inside the fused qkv projection's rows, as the model's split leaves them;
+    # large values make every rounding count.
+    fused = (torch.randn(tokens, 15, head_dim, generator=gen) * 40).to(dtype)
+    qk = fused[:, :12]
+    expected = apply_rotary(qk, *rotary.lookup(positions))
+    assert torch.equal(rotate(qk, *rotary.lookup(positions)), expected)
+
+
+def test_the_cpp_pass_refuses_mismatched_tables(rotate):
+    rotary = RotaryEmbedding(64, 10000.0, 64, torch.float32)
+    x = torch.zeros(4, 3, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="cos and signed_sin must be x's dtype"):
+        rotate(x, *rotary.lookup(torch.arange(4)))
+    with pytest.raises(RuntimeError, match=r"must be contiguous \[4, 1, 64\]"):
+        rotate(x.float(), *rotary.lookup(torch.arange(5)))

@@ -1,0 +1,424 @@
+// Causal attention of one prefill chunk over its sequence's paged KV cache, flash-style:
+// online softmax over packed key blocks, bf16 dot products (AVX512_BF16); built on first use
+// by layers/decode_kernel.py and registered as torch.ops.deepwell_prefill.
+//
+// A chunk of `length` query rows ends the sequence's `context_len` keys (the cached prefix,
+// then the chunk's own keys, already stored): row i sees keys 0 .. context_len - length + i.
+// Each KV head's keys and values are first packed in the cache order dpbf16 reads (pairs of
+// head dims for the scores, pairs of keys for the values), then tasks of (KV head, block of
+// query positions) take each GQA group's query heads together, block of keys by block of
+// keys, skipping the blocks past their last position. Scores, softmax and the output
+// accumulate in float32; the softmax weights are rounded to bf16 for the value product, as
+// torch's CPU flash kernel rounds them.
+
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define DEEPWELL_PREFILL_BF16 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+#if defined(DEEPWELL_PREFILL_BF16)
+
+// Keys per packed block: one register tile's four vectors of 16 scores.
+constexpr int64_t kKeys = 64;
+// Query positions per task: with a group of 3 heads, 96 rows share each key block's reads.
+constexpr int64_t kPositions = 32;
+// Query rows per register tile: 6 x 4 accumulators, 4 key vectors and a broadcast fit the
+// 32 vector registers.
+constexpr int kTileRows = 6;
+// Head dims per value tile: four vectors of 16 float32 accumulators a row.
+constexpr int64_t kDimChunk = 64;
+
+// 2^x, for x <= 0 (masked lanes are zeroed by the caller): x = n + f with |f| <= 1/2,
+// 2^f by its Taylor series to degree 7 (relative error under 1e-8), scaled by 2^n exactly.
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512bh as_bf16(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// s[R][kKeys] = the R query rows (bf16, head dims in pairs) times one packed key block
+// ([pairs][kKeys] pairs of bf16 head dims).
+template <int R>
+inline void score_tile(const int32_t* const* q, const uint32_t* keys, int64_t pairs, float* s) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint32_t* row = keys + p * kKeys;
+    __m512bh k[4];
+    for (int v = 0; v < 4; ++v) k[v] = as_bf16(_mm512_loadu_si512(row + 16 * v));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh pair = as_bf16(_mm512_set1_epi32(q[r][p]));
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pair, k[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(s + r * kKeys + 16 * v, acc[r][v]);
+  }
+}
+
+// o[R][dim] = o * alpha (per row) + the R rows of weights (bf16 [R][kKeys]) times one packed
+// value block ([kKeys / 2][dim] pairs of bf16 keys).
+template <int R>
+inline void value_tile(
+    const uint16_t* weights,
+    const uint32_t* values,
+    int64_t dim,
+    const float* alpha,
+    float* o) {
+  const int32_t* w = reinterpret_cast<const int32_t*>(weights);
+  for (int64_t c = 0; c < dim; c += kDimChunk) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int v = 0; v < 4; ++v) {
+        acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dim + c + 16 * v), a);
+      }
+    }
+    for (int64_t m = 0; m < kKeys / 2; ++m) {
+      const uint32_t* row = values + m * dim + c;
+      __m512bh vv[4];
+      for (int v = 0; v < 4; ++v) vv[v] = as_bf16(_mm512_loadu_si512(row + 16 * v));
+      for (int r = 0; r < R; ++r) {
+        const __m512bh pair = as_bf16(_mm512_set1_epi32(w[r * (kKeys / 2) + m]));
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pair, vv[v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
+    }
+  }
+}
+
+// Lanes of vector v (keys 16v .. 16v + 15 of a block) at or below `last`, the row's last
+// visible key in the block (negative: none).
+inline __mmask16 visible_lanes(int64_t last, int v) {
+  const int64_t below = last - 16 * v + 1;
+  if (below >= 16) return 0xFFFF;
+  if (below <= 0) return 0;
+  return static_cast<__mmask16>((1u << below) - 1);
+}
+
+struct Chunk {
+  const uint16_t* q;
+  int64_t q_row;
+  uint16_t* out;
+  int64_t out_row;
+  const uint16_t* key_cache;
+  const uint16_t* value_cache;
+  const int64_t* table;
+  int64_t length;
+  int64_t context_len;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t block_size;
+  int64_t dim;
+  float scale;
+};
+
+// Packs key block b of KV head h: keys [pairs][kKeys] as (dim 2p, dim 2p + 1) pairs, values
+// [kKeys / 2][dim] as (key 2m, key 2m + 1) pairs; keys past the context are zeros.
+void pack_block(const Chunk& c, int64_t h, int64_t b, uint32_t* keys, uint32_t* values) {
+  const int64_t pairs = c.dim / 2;
+  auto row = [&](const uint16_t* cache, int64_t key) -> const uint16_t* {
+    if (key >= c.context_len) return nullptr;
+    const int64_t block = c.table[key / c.block_size];
+    return cache + ((block * c.kv_heads + h) * c.block_size + key % c.block_size) * c.dim;
+  };
+  for (int64_t j = 0; j < kKeys; ++j) {
+    const auto* k = reinterpret_cast<const uint32_t*>(row(c.key_cache, b * kKeys + j));
+    for (int64_t p = 0; p < pairs; ++p) keys[p * kKeys + j] = k ? k[p] : 0u;
+  }
+  for (int64_t m = 0; m < kKeys / 2; ++m) {
+    const uint16_t* even = row(c.value_cache, b * kKeys + 2 * m);
+    const uint16_t* odd = row(c.value_cache, b * kKeys + 2 * m + 1);
+    uint32_t* dst = values + m * c.dim;
+    for (int64_t d = 0; d < c.dim; ++d) {
+      const uint32_t lo = even ? even[d] : 0u;
+      const uint32_t hi = odd ? odd[d] : 0u;
+      dst[d] = lo | (hi << 16);
+    }
+  }
+}
+
+// Per-thread working memory of a task: its rows' output, running max and sum, one tile's
+// scores and weights.
+struct Scratch {
+  std::vector<float> out, max, sum, scores, alpha;
+  std::vector<uint16_t> weights;
+  std::vector<const int32_t*> q;
+};
+
+template <int R>
+void tile_step(
+    const Chunk& c,
+    Scratch& w,
+    int64_t first_row,
+    int64_t group,
+    int64_t first_position,
+    int64_t block,
+    const uint32_t* keys,
+    const uint32_t* values) {
+  // Scores in base 2: softmax(s * scale) = 2^(s * scale * log2(e) - max) / sum.
+  const __m512 scale = _mm512_set1_ps(c.scale * 1.4426950408889634f);
+  float* s = w.scores.data();
+  score_tile<R>(w.q.data() + first_row, keys, c.dim / 2, s);
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = first_row + r;
+    const int64_t last = first_position + row / group - block * kKeys;
+    __m512 t[4];
+    __mmask16 lanes[4];
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int v = 0; v < 4; ++v) {
+      lanes[v] = visible_lanes(last, v);
+      t[v] = _mm512_mul_ps(_mm512_loadu_ps(s + r * kKeys + 16 * v), scale);
+      top = _mm512_mask_max_ps(top, lanes[v], top, t[v]);
+    }
+    const float old_max = w.max[row];
+    const float new_max = std::max(old_max, _mm512_reduce_max_ps(top));
+    // The first block (key 0, seen by every row) leaves every row a finite max.
+    const float alpha = std::exp2(old_max - new_max);
+    const __m512 shift = _mm512_set1_ps(new_max);
+    __m512 total = _mm512_setzero_ps();
+    __m512 p[4];
+    for (int v = 0; v < 4; ++v) {
+      p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
+      total = _mm512_add_ps(total, p[v]);
+    }
+    uint16_t* wr = w.weights.data() + r * kKeys;
+    _mm512_storeu_si512(wr, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0])));
+    _mm512_storeu_si512(wr + 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[3], p[2])));
+    w.sum[row] = w.sum[row] * alpha + _mm512_reduce_add_ps(total);
+    w.max[row] = new_max;
+    w.alpha[r] = alpha;
+  }
+  value_tile<R>(w.weights.data(), values, c.dim, w.alpha.data(), w.out.data() + first_row * c.dim);
+}
+
+using TileStep = void (*)(
+    const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const uint32_t*, const uint32_t*);
+constexpr TileStep kTileSteps[kTileRows + 1] = {
+    nullptr,
+    tile_step<1>,
+    tile_step<2>,
+    tile_step<3>,
+    tile_step<4>,
+    tile_step<5>,
+    tile_step<6>};
+
+// One task: KV head h, query positions [begin, end) of the chunk, every query head of the
+// group, over the key blocks up to the last position.
+void run_task(
+    const Chunk& c,
+    Scratch& w,
+    int64_t h,
+    int64_t begin,
+    int64_t end,
+    const uint32_t* packed_keys,
+    const uint32_t* packed_values,
+    int64_t key_blocks) {
+  const int64_t group = c.heads / c.kv_heads;
+  const int64_t rows = (end - begin) * group;
+  const int64_t offset = c.context_len - c.length;  // position of row 0 of the chunk
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = begin + r / group, head = h * group + r % group;
+    w.q[r] = reinterpret_cast<const int32_t*>(c.q + i * c.q_row + head * c.dim);
+  }
+  std::fill(w.out.begin(), w.out.begin() + rows * c.dim, 0.f);
+  std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
+  const int64_t key_block_size = (c.dim / 2) * kKeys;
+  const int64_t value_block_size = (kKeys / 2) * c.dim;
+  const int64_t last_block = (offset + end - 1) / kKeys;
+  for (int64_t b = 0; b <= last_block; ++b) {
+    const uint32_t* keys = packed_keys + (h * key_blocks + b) * key_block_size;
+    const uint32_t* values = packed_values + (h * key_blocks + b) * value_block_size;
+    for (int64_t r = 0; r < rows; r += kTileRows) {
+      const int n = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
+      // Every key of a block past a tile's last position is masked for all its rows.
+      const int64_t last_position = offset + begin + (r + n - 1) / group;
+      if (b * kKeys > last_position) continue;
+      kTileSteps[n](c, w, r, group, offset + begin, b, keys, values);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = begin + r / group, head = h * group + r % group;
+    const float inverse = 1.f / w.sum[r];
+    const float* src = w.out.data() + r * c.dim;
+    uint16_t* dst = c.out + i * c.out_row + head * c.dim;
+    for (int64_t d = 0; d < c.dim; d += 32) {
+      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(inverse));
+      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + d + 16), _mm512_set1_ps(inverse));
+      _mm512_storeu_si512(dst + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+void attend(const Chunk& c) {
+  const int64_t key_blocks = (c.context_len + kKeys - 1) / kKeys;
+  const int64_t key_block_size = (c.dim / 2) * kKeys;
+  const int64_t value_block_size = (kKeys / 2) * c.dim;
+  std::vector<uint32_t> keys(c.kv_heads * key_blocks * key_block_size);
+  std::vector<uint32_t> values(c.kv_heads * key_blocks * value_block_size);
+  at::parallel_for(0, c.kv_heads * key_blocks, 8, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t h = t / key_blocks, b = t % key_blocks;
+      pack_block(
+          c,
+          h,
+          b,
+          keys.data() + t * key_block_size,
+          values.data() + t * value_block_size);
+    }
+  });
+  // Later query blocks see more keys: handed out latest first, from one shared counter, so
+  // the threads finish together.
+  const int64_t query_blocks = (c.length + kPositions - 1) / kPositions;
+  const int64_t tasks = c.kv_heads * query_blocks;
+  const int64_t group = c.heads / c.kv_heads;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    Scratch w;
+    const int64_t rows = kPositions * group;
+    w.out.resize(rows * c.dim);
+    w.max.resize(rows);
+    w.sum.resize(rows);
+    w.q.resize(rows);
+    w.scores.resize(kTileRows * kKeys);
+    w.weights.resize(kTileRows * kKeys);
+    w.alpha.resize(kTileRows);
+    for (int64_t t = next++; t < tasks; t = next++) {
+      const int64_t qb = query_blocks - 1 - t / c.kv_heads, h = t % c.kv_heads;
+      const int64_t begin = qb * kPositions;
+      run_task(
+          c,
+          w,
+          h,
+          begin,
+          std::min(c.length, begin + kPositions),
+          keys.data(),
+          values.data(),
+          key_blocks);
+    }
+  });
+}
+
+#endif  // DEEPWELL_PREFILL_BF16
+
+bool vectorised() {
+#if defined(DEEPWELL_PREFILL_BF16)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// out [length, heads, dim] = causal attention of q [length, heads, dim] (the chunk's rows,
+// any row stride) over the first context_len keys of the paged caches
+// [num_blocks, kv_heads, block_size, dim] through block_table; all bfloat16.
+void chunk_attention(
+    const at::Tensor& q,
+    const at::Tensor& key_cache,
+    const at::Tensor& value_cache,
+    const at::Tensor& block_table,
+    int64_t context_len,
+    double scale,
+    const at::Tensor& out) {
+  TORCH_CHECK(vectorised(), "prefill attention: this build has no AVX512_BF16 path");
+  TORCH_CHECK(
+      q.scalar_type() == at::kBFloat16 && key_cache.scalar_type() == at::kBFloat16 &&
+          value_cache.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
+      "prefill attention: q, the caches and out must be bfloat16");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "prefill attention: q and out must be "
+              "[length, heads, head_dim] alike, got ", q.sizes(), " and ", out.sizes());
+  TORCH_CHECK(
+      key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes() &&
+          key_cache.is_contiguous() && value_cache.is_contiguous(),
+      "prefill attention: the caches must be contiguous [num_blocks, kv_heads, block_size, "
+      "head_dim] alike");
+  const int64_t length = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == dim, "prefill attention: q's head_dim ", dim,
+              " is not the caches' ", key_cache.size(3));
+  TORCH_CHECK(dim % 64 == 0, "prefill attention: head_dim must be a multiple of 64, got ", dim);
+  TORCH_CHECK(heads % kv_heads == 0, "prefill attention: ", heads,
+              " query heads do not group over ", kv_heads, " KV heads");
+  TORCH_CHECK(
+      q.stride(2) == 1 && q.stride(1) == dim && out.stride(2) == 1 && out.stride(1) == dim,
+      "prefill attention: q's and out's heads must be contiguous within a row");
+  TORCH_CHECK(length >= 1 && context_len >= length, "prefill attention: a chunk of ", length,
+              " rows cannot end a context of ", context_len, " keys");
+  TORCH_CHECK(
+      block_table.scalar_type() == at::kLong && block_table.dim() == 1 &&
+          block_table.is_contiguous(),
+      "prefill attention: block_table must be a contiguous int64 vector");
+  const int64_t needed = (context_len + block_size - 1) / block_size;
+  TORCH_CHECK(block_table.size(0) >= needed, "prefill attention: ", context_len, " keys need ",
+              needed, " blocks, the table has ", block_table.size(0));
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t num_blocks = key_cache.size(0);
+  for (int64_t i = 0; i < needed; ++i) {
+    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "prefill attention: block id ",
+                table[i], " is outside the cache's ", num_blocks, " blocks");
+  }
+#if defined(DEEPWELL_PREFILL_BF16)
+  attend(Chunk{
+      reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()),
+      q.stride(0),
+      reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+      out.stride(0),
+      reinterpret_cast<const uint16_t*>(key_cache.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const uint16_t*>(value_cache.data_ptr<at::BFloat16>()),
+      table,
+      length,
+      context_len,
+      heads,
+      kv_heads,
+      block_size,
+      dim,
+      static_cast<float>(scale)});
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(deepwell_prefill, m) {
+  m.def("vectorised() -> bool", &vectorised);
+  m.def(
+      "chunk_attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+      "int context_len, float scale, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(deepwell_prefill, CPU, m) {
+  m.impl("chunk_attention", &chunk_attention);
+}

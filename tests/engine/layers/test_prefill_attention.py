@@ -1,0 +1,168 @@
+"""The C++ prefill attention (prefill_attention.cpp) against exact attention and torch's SDPA:
+chunks alone and after a cached prefix, paged through shuffled block tables, GQA groups,
+head dims, strided query rows; through the C++ backend beside decode rows; bad inputs
+refused by name; float32 left to the torch path."""
+
+import pytest
+import torch
+
+from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
+from deepwell.engine.layers.cpp_paged import CppPagedAttention
+from deepwell.engine.layers.decode_kernel import load_prefill_kernel
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
+
+# bf16 outputs round to 2^-9 of their size; the torch path rounds its softmax weights alike.
+EXACT_TOLERANCE = 8e-3
+TORCH_TOLERANCE = 3e-2
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """Built once per machine (cached). Only a machine without a compiler or AVX512_BF16
+    skips; a build that fails on one is a failure."""
+    loaded = load_prefill_kernel()
+    if loaded.module is None and loaded.reason.startswith("no "):
+        pytest.skip(f"prefill attention kernel unavailable: {loaded.reason}")
+    assert loaded.module is not None, loaded.reason
+    if not loaded.module.vectorised():
+        pytest.skip("prefill attention kernel: this CPU has no AVX512_BF16")
+    return loaded.module
+
+
+def paged_case(context, heads, kv_heads, dim, block_size, seed, dtype=torch.bfloat16):
+    """Caches holding one sequence's `context` keys on shuffled blocks (spare blocks of
+    noise around them) and its block table."""
+    gen = torch.Generator().manual_seed(seed)
+    used = -(-context // block_size)
+    num_blocks = used + 3
+    keys = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
+    values = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
+    table = torch.randperm(num_blocks, generator=gen)[:used]
+    return keys, values, table
+
+
+def exact_attention(q, keys, values, table, context):
+    """float64 causal attention of the chunk's rows (the last q.shape[0] positions) over the
+    sequence's context, from the same rounded inputs."""
+    length, heads, dim = q.shape
+    group = heads // keys.shape[1]
+    k = keys[table].transpose(0, 1).flatten(1, 2)[:, :context].double()
+    v = values[table].transpose(0, 1).flatten(1, 2)[:, :context].double()
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scores = q.double().transpose(0, 1) @ k.transpose(1, 2) * dim**-0.5
+    positions = torch.arange(context - length, context).unsqueeze(1)
+    scores.masked_fill_(torch.arange(context).unsqueeze(0) > positions, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1)
+
+
+def causal_mask(start, end):
+    """[end - start, end]: what each of rows start .. end - 1 sees."""
+    return torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
+
+
+def masked_span(length, context, table, row=0):
+    """A chunk ending the context, with its mask even when it is the whole context: the
+    torch path then reads the keys from the caches, as the kernel does."""
+    return PrefillSpan(row, length, context, table, causal_mask(context - length, context))
+
+
+@pytest.mark.parametrize(
+    ("length", "context", "heads", "kv_heads", "dim", "block_size"),
+    [
+        (1, 1, 9, 3, 64, 128),  # one token
+        (70, 70, 9, 3, 64, 128),  # a first chunk, a partial key block
+        (37, 300, 9, 3, 64, 16),  # after a prefix, small cache blocks
+        (129, 129, 8, 8, 64, 32),  # no GQA, a remainder tile
+        (96, 1000, 4, 1, 128, 128),  # one KV head, head_dim 128, a long prefix
+    ],
+)
+def test_kernel_matches_exact_attention_and_torch_sdpa(
+    kernel, length, context, heads, kv_heads, dim, block_size
+):
+    keys, values, table = paged_case(context, heads, kv_heads, dim, block_size, seed=length)
+    gen = torch.Generator().manual_seed(context)
+    # Query rows inside a wider fused projection, as the model's qkv split leaves them.
+    fused = torch.randn(length, heads + 2 * kv_heads, dim, generator=gen).bfloat16()
+    q = fused[:, :heads]
+    out = torch.full((length, heads, dim), float("nan"), dtype=torch.bfloat16)
+    kernel.chunk_attention(q, keys, values, table, context, dim**-0.5, out)
+    expected = exact_attention(q, keys, values, table, context)
+    torch.testing.assert_close(out.double(), expected, rtol=EXACT_TOLERANCE, atol=EXACT_TOLERANCE)
+    torch_path = TorchPagedAttention(heads, kv_heads, dim)._prefill(
+        q, None, None, keys, values, masked_span(length, context, table)
+    )
+    torch.testing.assert_close(out, torch_path, rtol=TORCH_TOLERANCE, atol=TORCH_TOLERANCE)
+
+
+def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kernel):
+    """A mixed step through forward: one decode row, then a continued chunk and a first
+    chunk of two other sequences; the step's keys are stored before anyone attends."""
+    heads, kv_heads, dim, bs = 6, 2, 64, 16
+    gen = torch.Generator().manual_seed(7)
+    num_blocks = 40
+    cache = torch.randn(2, num_blocks, kv_heads, bs, dim, generator=gen).bfloat16()
+    tables = torch.randperm(num_blocks, generator=gen)[:19].split([4, 10, 5])
+    # Sequence 0 decodes its 50th token; sequence 1 prefills 100..150; sequence 2 0..70.
+    chunks = [(0, 49, 50), (1, 100, 150), (2, 0, 70)]
+    rows = sum(end - start for _, start, end in chunks)
+    q = torch.randn(rows, heads, dim, generator=gen).bfloat16()
+    k = torch.randn(rows, kv_heads, dim, generator=gen).bfloat16()
+    v = torch.randn(rows, kv_heads, dim, generator=gen).bfloat16()
+    slot_blocks, slot_offsets, prefills, row = [], [], [], 1
+    for seq, start, end in chunks:
+        slot_blocks += [tables[seq][p // bs].item() for p in range(start, end)]
+        slot_offsets += [p % bs for p in range(start, end)]
+        if seq:
+            mask = causal_mask(start, end) if start else None
+            prefills.append(PrefillSpan(row, end - start, end, tables[seq], mask))
+            row += end - start
+    decode_blocks = tables[0].tolist()
+    ranks, depth, span = stack_decode_blocks(decode_blocks)
+    padding = torch.zeros(len(decode_blocks), bs, dtype=torch.bool)
+    padding[-1, 50 - 3 * bs :] = True
+    meta = AttentionMetadata(
+        slot_blocks=torch.tensor(slot_blocks),
+        slot_offsets=torch.tensor(slot_offsets),
+        num_decodes=1,
+        decode_context_lens=[50],
+        decode_block_ids=tables[0],
+        decode_block_rows=torch.zeros(len(decode_blocks), dtype=torch.long),
+        decode_block_padding=padding[:, None, None],
+        decode_block_ranks=ranks,
+        decode_stack_depth=depth,
+        decode_block_span=span,
+        prefills=prefills,
+        seq_slots=torch.full((rows,), -1),
+        seq_starts=torch.zeros(rows, dtype=torch.long),
+    )
+    results = []
+    for backend in (CppPagedAttention, TorchPagedAttention):
+        key_cache, value_cache = cache[0].clone(), cache[1].clone()
+        results.append(backend(heads, kv_heads, dim).forward(q, k, v, key_cache, value_cache, meta))
+    assert CppPagedAttention(heads, kv_heads, dim).prefill_kernel is kernel
+    torch.testing.assert_close(results[0], results[1], rtol=TORCH_TOLERANCE, atol=TORCH_TOLERANCE)
+
+
+def test_float32_chunks_stay_on_the_torch_path(kernel):
+    keys, values, table = paged_case(90, 4, 2, 64, 32, seed=3, dtype=torch.float32)
+    q = torch.randn(40, 4, 64, generator=torch.Generator().manual_seed(3))
+    span = masked_span(40, 90, table)
+    cpp = CppPagedAttention(4, 2, 64)._prefill(q, None, None, keys, values, span)
+    torch_path = TorchPagedAttention(4, 2, 64)._prefill(q, None, None, keys, values, span)
+    assert torch.equal(cpp, torch_path)
+
+
+@pytest.mark.parametrize(
+    ("table", "context", "message"),
+    [
+        ([0, 1, 99], 40, "block id 99 is outside the cache's 11 blocks"),
+        ([0], 40, "40 keys need 3 blocks, the table has 1"),
+        ([0, 1, 2], 10, "a chunk of 20 rows cannot end a context of 10 keys"),
+    ],
+)
+def test_bad_inputs_are_refused_by_name(kernel, table, context, message):
+    keys, values, _ = paged_case(120, 4, 2, 64, 16, seed=1)
+    q = torch.zeros(20, 4, 64, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    with pytest.raises(RuntimeError, match=message):
+        kernel.chunk_attention(q, keys, values, torch.tensor(table), context, 0.125, out)
