@@ -227,29 +227,6 @@ def test_samples_of_a_prompt_share_its_kv_blocks(client, model_server):
     assert gained == 2 * full_blocks > 0
 
 
-def test_best_of_keeps_the_n_candidates_with_the_highest_cumulative_logprob(client, model_server):
-    fields = {**SAMPLED, "prompt": PROMPT, "logprobs": 0}
-    candidates = client.completions.create(model=model_server.model, n=4, **fields)
-    best = client.completions.create(model=model_server.model, n=2, best_of=4, **fields)
-    scored = sorted(
-        ((sum(c.logprobs.token_logprobs), c.text) for c in candidates.choices), reverse=True
-    )
-    assert [c.index for c in best.choices] == [0, 1]
-    assert [c.text for c in best.choices] == [text for _, text in scored[:2]]
-    # Every candidate was generated: their tokens are the usage, the prompt once.
-    assert best.usage.completion_tokens == candidates.usage.completion_tokens
-    assert best.usage.prompt_tokens == candidates.usage.prompt_tokens
-    # Without logprobs asked, the choice is the same and no logprobs are shown.
-    quiet = client.completions.create(
-        model=model_server.model, n=2, best_of=4, **{**SAMPLED, "prompt": PROMPT}
-    )
-    assert [c.text for c in quiet.choices] == [c.text for c in best.choices]
-    assert all(c.logprobs is None for c in quiet.choices)
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model=model_server.model, n=1, best_of=2, stream=True, **fields)
-    assert refused.value.body["param"] == "best_of"
-
-
 def test_an_unknown_model_is_a_404_in_openai_shape(client, model_server):
     with pytest.raises(openai.NotFoundError) as error:
         client.completions.create(model="nope", prompt=PROMPT)

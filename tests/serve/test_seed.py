@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 from servers import MODEL_ARGS, start_server
 from test_api import CHAT_NO_THINKING, MESSAGES_BODY, RESPONSES_BODY, call
@@ -142,3 +143,31 @@ def test_seeded_parallel_samples_repeat_streamed_or_not(invariant_server):
                 for choice in json.loads(line[6:])["choices"]:
                     streamed[choice["index"]] += choice["delta"].get("content") or ""
     assert [streamed[index] for index in range(3)] == texts
+
+
+def test_best_of_keeps_the_n_candidates_with_the_highest_cumulative_logprob(invariant_server):
+    """best_of's candidates are the seeded samples `n` gives; comparing the two requests needs
+    a batch-invariant server, where a candidate's tokens do not depend on how its steps were
+    batched (the two requests' prefills and decodes may land in different steps)."""
+    client = openai.OpenAI(base_url=f"{invariant_server.base_url}/v1", api_key="none")
+    model = invariant_server.model
+    fields = {"max_tokens": 12, "temperature": 1.0, "seed": 11}
+    fields |= {"prompt": "The capital of France is", "logprobs": 0}
+    candidates = client.completions.create(model=model, n=4, **fields)
+    best = client.completions.create(model=model, n=2, best_of=4, **fields)
+    scored = sorted(
+        ((sum(c.logprobs.token_logprobs), c.text) for c in candidates.choices), reverse=True
+    )
+    assert [c.index for c in best.choices] == [0, 1]
+    assert [c.text for c in best.choices] == [text for _, text in scored[:2]]
+    # Every candidate was generated: their tokens are the usage, the prompt once.
+    assert best.usage.completion_tokens == candidates.usage.completion_tokens
+    assert best.usage.prompt_tokens == candidates.usage.prompt_tokens
+    # Without logprobs asked, the choice is the same and no logprobs are shown.
+    quiet_fields = {key: value for key, value in fields.items() if key != "logprobs"}
+    quiet = client.completions.create(model=model, n=2, best_of=4, **quiet_fields)
+    assert [c.text for c in quiet.choices] == [c.text for c in best.choices]
+    assert all(c.logprobs is None for c in quiet.choices)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model, n=1, best_of=2, stream=True, **fields)
+    assert refused.value.body["param"] == "best_of"

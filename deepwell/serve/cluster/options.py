@@ -94,6 +94,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds a draining worker's requests may take to finish before they move",
     )
+    _add_worker_loss_arguments(parser)
+
+    _add_ray_arguments(parser.add_argument_group("the cluster on Ray (--cluster ray)"))
+
+
+def _add_worker_loss_arguments(parser: argparse.ArgumentParser) -> None:
+    """When a worker counts as lost, and what a request that keeps losing them gets."""
     parser.add_argument(
         "--heartbeat-timeout",
         type=float,
@@ -120,8 +127,6 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "naming its request id instead of being rerouted again; the other requests on the "
         f"worker move on (default: {WORKER_CRASHES_PER_REQUEST})",
     )
-
-    _add_ray_arguments(parser.add_argument_group("the cluster on Ray (--cluster ray)"))
 
 
 def positive_int(text: str) -> int:

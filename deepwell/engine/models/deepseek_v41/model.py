@@ -219,16 +219,7 @@ class DeepseekV41ForCausalLM(nn.Module):
             input_ids, positions, history, image_rows = _pad_to_row_tiles(
                 input_ids, positions, history, image_rows
             )
-        if rows_alone:
-            rotations = {
-                False: self.plain_rotary.invariant_rotation(positions),
-                True: self.compress_rotary.invariant_rotation(positions),
-            }
-        else:
-            rotations = {
-                False: self.plain_rotary.rotation(positions),
-                True: self.compress_rotary.rotation(positions),
-            }
+        rotations = self._rotations(positions, rows_alone)
         streams, pre = self.initial_streams(input_ids, meta.images)
         if self.engram_tables is not None:
             history = torch.cat((input_ids.unsqueeze(1), history), dim=1)
@@ -295,6 +286,19 @@ class DeepseekV41ForCausalLM(nn.Module):
         full = hidden.new_zeros(num_rows, hidden.shape[-1])
         full[meta.compact.rows] = hidden
         return full
+
+    def _rotations(self, positions: torch.Tensor, rows_alone: bool) -> dict[bool, torch.Tensor]:
+        """The plain and the compressing layers' rotations (keyed by "compresses"), each
+        row's alone when the step's rows must not share vector lanes."""
+        if rows_alone:
+            return {
+                False: self.plain_rotary.invariant_rotation(positions),
+                True: self.compress_rotary.invariant_rotation(positions),
+            }
+        return {
+            False: self.plain_rotary.rotation(positions),
+            True: self.compress_rotary.rotation(positions),
+        }
 
     def initial_streams(
         self, input_ids: torch.Tensor, images: StepImages | None = None
