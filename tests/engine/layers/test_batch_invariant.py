@@ -31,15 +31,6 @@ LINEARS = [(f, torch.bfloat16) for f in [*PROJECTIONS, (576, 49_152)]] + [
 ]
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    # oneDNN splits work, and on an AMX CPU picks its kernels, by thread count as well.
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize(("features", "dtype"), LINEARS, ids=str)
 def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(features, dtype, threads):
     # Row counts on both sides of the kernels' switches measured on an AMX Xeon (32/33 and

@@ -23,14 +23,6 @@ COUNTS = (1, 2, 3, 7, 16, 33)
 TOTAL = 40
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def assert_rows_alone(compute, *inputs: torch.Tensor) -> None:
     """compute(*row slices) over every count and place gives the rows' bits of the whole."""
     whole = compute(*inputs)
