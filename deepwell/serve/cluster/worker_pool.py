@@ -272,19 +272,22 @@ class WorkerPool:
         return bool(self._outbox.get(zmq.EVENTS) & zmq.POLLIN)
 
     async def _receive_loop(self) -> None:
+        backlog = False
         while True:
-            # A frame already queued comes back from `recv` as a finished future, which
-            # `await` passes without yielding: under a flood of outputs this loop would
-            # starve every other task of the event loop (deadline timers, HTTP handlers).
-            await asyncio.sleep(0)
+            if backlog:
+                # A frame already queued comes back from `recv` as a finished future, which
+                # `await` passes without yielding: under a flood of outputs this loop would
+                # starve every other task of the event loop (deadline timers, HTTP handlers).
+                await asyncio.sleep(0)
             message = decode_message(await self._outbox.recv())
+            backlog = self._frames_waiting()
             worker = self.workers.get(message.worker_id)
             if worker is None and isinstance(message, WorkerReady):
                 worker = self._join(message)
             if worker is None:
                 continue  # a worker this front end does not know: nothing to route to it
             worker.last_seen = time.monotonic()
-            if not self._frames_waiting():
+            if not backlog:
                 self._caught_up = worker.last_seen
             if isinstance(message, Heartbeat):
                 worker.kernels = message.kernels
