@@ -144,7 +144,9 @@ def test_abort_while_compiling_frees_the_request(make_core):
 
 def test_a_resumed_constrained_request_goes_on_where_it_stopped(make_core):
     """Serve's failover: the output so far joins the prompt and the grammar replays it, so
-    the seeded continuation writes the same tail the undisturbed request wrote."""
+    the seeded continuation writes the same tail the undisturbed request wrote. Batch
+    invariant, as failover's identity is: the resumed prompt's prefill then gives the logits
+    the original's decode steps had, on every CPU kind (not only up to the first near-tie)."""
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
@@ -152,7 +154,7 @@ def test_a_resumed_constrained_request_goes_on_where_it_stopped(make_core):
         "additionalProperties": False,
     }
     spec = json.dumps(schema)
-    core = make_core()
+    core = make_core(batch_invariant=True)
     core.add_request("whole", PROMPT, constrained("json_schema", spec))
     whole = run_to_completion(core)["whole"]
     assert len(whole) > 6
