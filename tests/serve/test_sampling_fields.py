@@ -80,7 +80,8 @@ def test_max_completion_tokens_bounds_the_output_and_wins_over_max_tokens(client
 
 
 def test_min_tokens_and_ignore_eos_outlast_the_end_of_turn(client, model_server):
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    # One word asked: a clear first token on every CPU (the bare question is a near-tie).
+    question = [{"role": "user", "content": "What is the capital of France? Answer with one word."}]
     short = client.chat.completions.create(
         model=model_server.model, messages=question, temperature=0, max_tokens=40
     )

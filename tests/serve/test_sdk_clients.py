@@ -6,7 +6,9 @@ import anthropic
 import openai
 import pytest
 
-QUESTION = "What is the capital of France?"
+# Asked bare, the first token of the answer is a near-tie (0.08 apart in float32; bf16 on AMX
+# starts "L'Étoile"); asked for one word, "The" leads by 1.9 nats in every dtype and path.
+QUESTION = "What is the capital of France? Answer with one word."
 MAX_TOKENS = 24
 # This anthropic SDK has no `temperature` argument; the API field still exists.
 GREEDY = {"temperature": 0}
