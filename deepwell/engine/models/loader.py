@@ -166,7 +166,7 @@ def load_gguf(path: Path) -> Checkpoint:
         if kind in KEPT_BLOCK_FORMATS and tensor.data.ndim == 2:
             stored = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
             # gguf's own arithmetic (d * q, then + m, in float32) in torch: the same bits
-            # (tests/engine/models/test_loader.py), 0.3 CPU s for the embedded model's
+            # (tests/engine/models/test_loader.py), 0.3-0.5 CPU s for the embedded model's
             # tensors against gguf's 1.0 in numpy.
             weight = blocks_from_gguf(GGUFBlocks(kind, stored)).dequantize()
         else:
