@@ -7,6 +7,7 @@ budget, and opens the prefix cache and KV store over it; the core only steps wha
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -185,6 +186,10 @@ def build_engine(args: EngineArgs, group: DistributedGroup | None = None) -> Bui
     """Load the checkpoint, build its model, plan and allocate its KV cache (`group`: see
     load_model)."""
     started = time.monotonic()
+    if args.kv_store_path is not None:
+        # Before the weights: an unusable store directory stops the start at once, not after
+        # a load that takes seconds to minutes (the store opens it again below).
+        Path(args.kv_store_path).mkdir(parents=True, exist_ok=True)
     loaded = load_model(args, group)
     model, checkpoint = loaded.model, loaded.checkpoint
     device = resolve_device(args.device)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepwell.engine import SamplingParams
+from deepwell.engine import SamplingParams, build
 from deepwell.engine.kv.store import HEADER, KVStore, StoreConfig
 
 from .test_prefix_cache import PREFIX, generate
@@ -127,6 +127,20 @@ def test_a_fresh_engine_hits_the_store_and_matches_memory_and_no_cache(make_core
     assert memory == stored == fresh
     stats = reader.stats()
     assert stats.store_hits == 4 and stats.store_errors == 0 and stats.prefix_hit_tokens == 64
+
+
+def test_an_unusable_store_directory_fails_the_start_before_the_weights_load(
+    make_core, tmp_path, monkeypatch
+):
+    not_a_directory = tmp_path / "kv"
+    not_a_directory.write_text("a file, not a directory")
+
+    def load_model(*args):
+        raise AssertionError("the weights were loaded before the store directory was checked")
+
+    monkeypatch.setattr(build, "load_model", load_model)
+    with pytest.raises(FileExistsError):
+        make_core(kv_store_path=str(not_a_directory))
 
 
 def test_a_corrupt_block_in_the_store_is_recomputed(make_core, tmp_path):

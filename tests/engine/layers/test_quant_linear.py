@@ -24,6 +24,7 @@ from deepwell.engine.layers.quant_linear import (
     quantize_q8_0,
     to_decode_linear,
 )
+from deepwell.engine.models.gguf_reader import PlainArrayGGUFReader
 from deepwell.engine.models.loader import GGUFBlocks, embedded_model_path, load_checkpoint
 
 # What each forced path compiles to on a CPU that has AVX-512 VNNI, else AVX2 (the native
@@ -221,7 +222,7 @@ def test_calls_above_the_cut_over_run_the_dense_weights(kind):
 
 @pytest.fixture(scope="module")
 def embedded_reader():
-    return gguf.GGUFReader(embedded_model_path())
+    return PlainArrayGGUFReader(embedded_model_path())
 
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.ffn_down.weight"])

@@ -6,6 +6,8 @@ import pytest
 
 from deepwell.engine.models.loader import embedded_model_path, load_checkpoint
 
+from .hf_gguf import fast_gguf_reads
+
 TEXTS = [
     "Hello, how are you?",
     "The quick brown fox jumps over the lazy dog.",
@@ -25,7 +27,8 @@ def test_matches_transformers_gguf_tokenizer_on_text_without_digits(tokenizer):
     os.environ["HF_HUB_OFFLINE"] = "1"
     transformers = pytest.importorskip("transformers")
     path = embedded_model_path()
-    reference = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with fast_gguf_reads():
+        reference = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for text in TEXTS:
         assert tokenizer.encode(text).ids == reference(text)["input_ids"], text
 

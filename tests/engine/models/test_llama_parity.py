@@ -12,6 +12,8 @@ import torch
 from deepwell.engine import LLM, SamplingParams
 from deepwell.engine.models.loader import embedded_model_path
 
+from .hf_gguf import fast_gguf_reads
+
 PROMPTS = [
     "The history of the Roman Empire begins",
     "def fibonacci(n):\n    ",
@@ -37,9 +39,10 @@ def hf_model():
     os.environ["HF_HUB_OFFLINE"] = "1"
     transformers = pytest.importorskip("transformers")
     path = embedded_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
+    with fast_gguf_reads():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
     # Generate exactly max_new_tokens, as ignore_eos does.
     model.generation_config.eos_token_id = None
     return model.eval()

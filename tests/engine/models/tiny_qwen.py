@@ -81,10 +81,10 @@ _BASE_CONFIG = {
 @cache
 def smollm2_vocabulary() -> tuple:
     """(model, pre-tokenizer, tokens, merges, token types) from the embedded SmolLM2's GGUF
-    metadata; read once, as gguf's reader takes seconds over 49k tokens."""
-    import gguf
+    metadata; read once, as the reader takes a second over 49k tokens."""
+    from deepwell.engine.models.gguf_reader import PlainArrayGGUFReader
 
-    fields = gguf.GGUFReader(embedded_model_path()).fields
+    fields = PlainArrayGGUFReader(embedded_model_path()).fields
     return tuple(
         fields[f"tokenizer.ggml.{key}"].contents()
         for key in ("model", "pre", "tokens", "merges", "token_type")
