@@ -61,12 +61,11 @@ class StepPipeline:
         self.speculator = speculator
         # The engine's table of unfinished requests: an ended request leaves it here.
         self.requests = requests
-        # With two torch threads the overlapped loop once lost on a quiet machine (batch-1
-        # decode 100 against 70 tok/s, docs/benchmarks.md, "asynchronous scheduling with
-        # DSpark"): libgomp stopped spinning between parallel regions. The compute thread
-        # now takes the cores over (compute_thread.py), but this thread's own ops (sampling,
-        # drafting) then run on one thread, and the overlap has not been measured quiet
-        # since: so by default the CPU loop overlaps only with one torch thread.
+        # Once two threads have run parallel torch ops, libgomp has more threads than cores
+        # and stops spinning between parallel regions, which slows every small op on a quiet
+        # machine: on 2 cores with 2 torch threads, batch-1 decode fell from 100 to 70 tok/s
+        # with the forward on its own thread. So by default the CPU loop overlaps only with
+        # one torch thread (docs/benchmarks.md, "asynchronous scheduling with DSpark").
         threads = torch.get_num_threads()
         if async_scheduling is None:
             async_scheduling = threads == 1

@@ -232,21 +232,6 @@ for mode in (None, False, True):
 print(json.dumps(runs))
 """
 
-# The compute thread's OpenMP team and the starting thread's, while it lives and after.
-_HANDOVER_SCRIPT = """
-import json
-import torch
-from deepwell.engine.compute_thread import start_compute_thread
-torch.set_num_threads(2)
-torch.ones(1 << 22).sum()  # a parallel region: this thread now has a libgomp pool
-compute = start_compute_thread()
-seen = {"owner": torch.get_num_threads(), "compute": compute.submit(torch.get_num_threads).result()}
-seen["handed"] = compute.owner_threads
-compute.shutdown()
-seen["owner_after"] = torch.get_num_threads()
-print(json.dumps(seen))
-"""
-
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_overlap_is_on_by_default_with_one_thread_only_and_changes_no_token(tiny_llama, threads):
@@ -262,16 +247,6 @@ def test_overlap_is_on_by_default_with_one_thread_only_and_changes_no_token(tiny
     runs = json.loads(out.strip().splitlines()[-1])
     assert [runs[mode][0] for mode in ("None", "False", "True")] == [threads == 1, False, True]
     assert runs["None"][1] == runs["False"][1] == runs["True"][1]
-
-
-def test_the_compute_thread_takes_the_cores_over_and_hands_them_back():
-    """compute_thread.py: with two torch threads the starting thread runs one while the
-    compute thread lives (libgomp then spins for the compute thread's team alone)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _HANDOVER_SCRIPT], check=True, capture_output=True, text=True
-    ).stdout
-    seen = json.loads(out.strip().splitlines()[-1])
-    assert seen == {"owner": 1, "compute": 2, "handed": 2, "owner_after": 2}
 
 
 def test_a_stats_line_is_logged_every_interval_of_steps(make_core, caplog):
