@@ -6,8 +6,8 @@ Each run is a process of its own (libgomp's pools and spinning state outlive a r
 modes alternate for `--rounds`, and each keeps its fastest. Per run: W's wall seconds and
 output tok/s, the process's CPU seconds (all threads, spinning included) and its threads'
 voluntary context switches a step, which count how often an OpenMP worker went to sleep
-between parallel regions (libgomp's throttled spinning: compute_thread.py). The greedy
-tokens of every run must be equal.
+between parallel regions (libgomp's throttled spinning: docs/benchmarks-log.md, "W's wall
+time at two threads"). The greedy tokens of every run must be equal.
 
     PYTHONPATH=. .venv/bin/python benchmarks/async_w.py [--threads 2] [--rounds 2]
         [--requests 64]

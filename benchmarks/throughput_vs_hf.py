@@ -252,7 +252,8 @@ def child_main(args) -> None:
     (args.dtype,) = args.dtype  # the parent hands each child one
     workload = load_workload()[0][: args.requests]
     result = CHILDREN[args.child](args, workload, workload[0]["prompt_ids"][:64])
-    result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    if args.child != "llama-cpp":  # llama.cpp runs its own build's instructions
+        result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     print(json.dumps(result), flush=True)
 
 
