@@ -19,6 +19,12 @@ about half its own speed after deepwell's engine had started its threads).
   also W through `llama-server -np 16`. Without a build, batch-1 decode is compared against
   the tg128 issue 16 quotes (151–166 tok/s, 2 threads, another machine), and says so.
 
+`--dtype` takes one or more compute dtypes (comma-separated); with two, every engine runs in
+each and its faster one is its best, so `--force-avx2 --dtype bfloat16,float32` compares each
+engine at its best with AVX2 forced: ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 in
+every child (torch's and oneDNN's kernels, and deepwell's own through decode_kernel.py's
+flags, at AVX2; each child reports the dispatch level it ran).
+
 Rounds alternate the configurations and each keeps its fastest. Prints
 `throughput ratio, speculation off (deepwell/transformers best): X` and the same for on,
 `batch-1 decode ratio vs llama.cpp tg128, …`, with `--llama-cpp` the W ratio against
@@ -27,7 +33,7 @@ this kind of CPU (a broken baseline is not a win).
 
     .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
         [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
-        [--dtype bfloat16] [--llama-cpp] [--llama-cpp-cache DIR] [--json out.json]
+        [--dtype bfloat16[,float32]] [--force-avx2] [--llama-cpp] [--llama-cpp-cache DIR] [--json out.json]
 """
 
 import argparse
@@ -55,6 +61,9 @@ KNOWN_BASELINES = {
 # Below this share of the known figure a baseline is called broken.
 BASELINE_FLOOR = 0.7
 LLAMA_CPP = "llama.cpp"
+DTYPES = ("bfloat16", "float32")
+# What --force-avx2 sets in every child (as benchmarks/memory_limit.py does).
+AVX2_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def load_workload() -> tuple[list[dict], str]:
@@ -240,8 +249,11 @@ def child_main(args) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
+    (args.dtype,) = args.dtype  # the parent hands each child one
     workload = load_workload()[0][: args.requests]
     result = CHILDREN[args.child](args, workload, workload[0]["prompt_ids"][:64])
+    if args.child != "llama-cpp":  # llama.cpp runs its own build's instructions
+        result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     print(json.dumps(result), flush=True)
 
 
@@ -256,8 +268,6 @@ def run_child(args, kind: str, **extra) -> dict:
         kind,
         "--threads",
         str(args.threads),
-        "--dtype",
-        args.dtype,
         "--decode-tokens",
         str(args.decode_tokens),
         "--decode-repetitions",
@@ -270,6 +280,8 @@ def run_child(args, kind: str, **extra) -> dict:
     for name, value in extra.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    if args.force_avx2:
+        env.update(AVX2_ENVIRONMENT)
     try:
         result = subprocess.run(
             command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout
@@ -281,31 +293,52 @@ def run_child(args, kind: str, **extra) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def deepwell_name(quantization: str, speculation: str) -> str:
+def deepwell_name(quantization: str, speculation: str, dtype: str = "") -> str:
     weights = "" if quantization == "none" else f" {quantization}"
-    return f"deepwell{weights}, speculation {speculation}"
+    return f"deepwell{weights}, speculation {speculation}{dtype_suffix(dtype)}"
+
+
+def dtype_suffix(dtype: str) -> str:
+    """A configuration's dtype in its name, where a run tries more than one."""
+    return f" ({dtype})" if dtype else ""
 
 
 def configurations(args) -> dict[str, tuple[str, dict]]:
     configs = {}
-    for quantization in args.quantizations:
-        for label, k in (("off", 0), ("on", args.k)):
-            extra = {"k": k, "quantization": quantization}
-            configs[deepwell_name(quantization, label)] = ("deepwell", extra)
-    for size in args.hf_batch_sizes:
-        configs[f"transformers static batch {size}"] = ("hf-static", {"batch_size": size})
-    if args.hf_continuous:
-        configs["transformers continuous batching"] = ("hf-continuous", {})
+    named = len(args.dtype) > 1
+    for dtype in args.dtype:
+        suffix = dtype_suffix(dtype if named else "")
+        for quantization in args.quantizations:
+            for label, k in (("off", 0), ("on", args.k)):
+                extra = {"k": k, "quantization": quantization, "dtype": dtype}
+                configs[deepwell_name(quantization, label, dtype if named else "")] = (
+                    "deepwell",
+                    extra,
+                )
+        for size in args.hf_batch_sizes:
+            extra = {"batch_size": size, "dtype": dtype}
+            configs[f"transformers static batch {size}{suffix}"] = ("hf-static", extra)
+        if args.hf_continuous:
+            configs[f"transformers continuous batching{suffix}"] = (
+                "hf-continuous",
+                {"dtype": dtype},
+            )
     if args.llama_cpp or llama_cpp.find_llama_cpp(args.llama_cpp_cache) is not None:
         configs[LLAMA_CPP] = ("llama-cpp", {"serve_w": int(args.llama_cpp)})
     return configs
 
 
-def warn_if_broken(args, output_tok_s: float, decode_tok_s: float) -> None:
+def fastest(best: dict[str, dict], names: list[str]) -> str | None:
+    """The name among `names` (one configuration in each dtype) with the most output tok/s."""
+    ran = [name for name in names if name in best]
+    return max(ran, key=lambda name: best[name]["output_tok_s"]) if ran else None
+
+
+def warn_if_broken(args, dtype: str, output_tok_s: float, decode_tok_s: float) -> None:
     """Loud warning when the transformers baseline reads far below its known figure."""
-    known = KNOWN_BASELINES.get((args.dtype, native_bf16()))
-    if known is None or args.threads != 2:
-        print(f"(no known transformers figure for {args.dtype} here at {args.threads} threads)")
+    known = KNOWN_BASELINES.get((dtype, native_bf16()))
+    if known is None or args.threads != 2 or args.force_avx2:
+        print(f"(no known transformers figure for {dtype} here at {args.threads} threads)")
         return
     measured = {"output_tok_s": output_tok_s, "batch1_decode_tok_s": decode_tok_s}
     for key, figure in known.items():
@@ -354,7 +387,17 @@ def describe(name: str, result: dict) -> str:
         spread = result.get("batch1_decode_std")
         plus_minus = f" ± {spread:.1f}" if spread else ""
         parts.append(f"batch-1 decode {result['batch1_decode_tok_s']:.1f}{plus_minus} tok/s")
+    if "cpu_capability" in result:
+        parts.append(f"torch's CPU dispatch {result['cpu_capability']}")
     return f"  {name}: {', '.join(parts)}"
+
+
+def dtype_list(text: str) -> list[str]:
+    dtypes = text.split(",")
+    unknown = set(dtypes) - set(DTYPES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {sorted(unknown)}: pick from {DTYPES}")
+    return dtypes
 
 
 def main() -> None:
@@ -364,7 +407,17 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count(), help="torch threads for every engine"
     )
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument(
+        "--dtype",
+        type=dtype_list,
+        default=["bfloat16"],
+        help="compute dtypes, comma-separated (bfloat16, float32); each engine's fastest counts",
+    )
+    parser.add_argument(
+        "--force-avx2",
+        action="store_true",
+        help="run every engine with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2",
+    )
     parser.add_argument("--k", type=int, default=5, help="deepwell's draft tokens when on")
     parser.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -425,7 +478,9 @@ def main() -> None:
     print(
         f"workload W: {len(workload)} requests, {sum(r['prompt_len'] for r in workload)} prompt"
         f" + {output_tokens} output tokens, sha256 {sha[:16]}…; {args.threads} torch threads,"
-        f" {args.dtype}, native bf16: {native_bf16()}, deepwell k={args.k}; load average {os.getloadavg()[0]:.2f}",
+        f" {','.join(args.dtype)}, native bf16: {native_bf16()},"
+        f"{' AVX2 forced,' if args.force_avx2 else ''} deepwell k={args.k};"
+        f" load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     if args.llama_cpp:
@@ -471,11 +526,13 @@ def main() -> None:
     hf_name = max(peers, key=lambda name: peers[name]["output_tok_s"])
     hf_decode = max(r["batch1_decode_tok_s"] or 0.0 for r in peers.values())
     print(f"transformers best: {hf_name}, {peers[hf_name]['output_tok_s']:.1f} output tok/s")
-    warn_if_broken(args, peers[hf_name]["output_tok_s"], hf_decode)
+    hf_dtype = configurations(args)[hf_name][1]["dtype"]
+    warn_if_broken(args, hf_dtype, peers[hf_name]["output_tok_s"], hf_decode)
     summary = {
         "workload_sha256": sha,
         "threads": args.threads,
         "dtype": args.dtype,
+        "force_avx2": args.force_avx2,
         "native_bf16": native_bf16(),
         "results": best,
         "rounds": rounds,
@@ -483,8 +540,11 @@ def main() -> None:
     }
     for quantization in args.quantizations:
         for label in ("off", "on"):
-            name = deepwell_name(quantization, label)
-            if name not in best:
+            named = len(args.dtype) > 1
+            name = fastest(
+                best, [deepwell_name(quantization, label, d if named else "") for d in args.dtype]
+            )
+            if name is None:
                 continue
             weights = "" if quantization == "none" else f", {quantization}"
             key = f"spec_{label}" + ("" if quantization == "none" else f"_{quantization}")
@@ -494,7 +554,7 @@ def main() -> None:
             summary[f"batch1_decode_ratio_{key}"] = decode / hf_decode if hf_decode else None
             print(
                 f"throughput ratio, speculation {label}{weights} "
-                f"(deepwell/transformers best): {ratio:.2f}"
+                f"(deepwell/transformers best, {name} / {hf_name}): {ratio:.2f}"
             )
             if hf_decode:
                 print(

@@ -52,13 +52,25 @@ class StepShape:
 
 
 @dataclass
+class StepClock:
+    """One step's thread CPU and wall seconds, in all and by part."""
+
+    cpu_s: float
+    parts: dict[str, float]
+    wall_s: float
+    parts_wall: dict[str, float]
+
+
+@dataclass
 class KindTotals:
     steps: int = 0
     cpu_s: float = 0.0
+    wall_s: float = 0.0
     decode_rows: int = 0
     prefill_tokens: int = 0
     decode_context: int = 0
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    parts_wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
 
     def line(self, kind: str) -> str:
         p = self.parts
@@ -73,27 +85,43 @@ class KindTotals:
             f"{p['prepare']:.2f}, commit {p['commit']:.2f}"
         )
 
+    def wall_line(self, kind: str) -> str:
+        w = self.parts_wall
+        glue = w["forward"] - w["linear"] - w["attention"]
+        # What no part's clock covers: the step loop's own Python between the parts.
+        loop = self.wall_s - w["forward"] - w["sample"] - w["schedule"] - w["prepare"]
+        loop -= w["commit"]
+        return (
+            f"{kind} wall: {self.wall_s:.2f} s; linears {w['linear']:.2f}, attention "
+            f"{w['attention']:.2f}, glue {glue:.2f}, sample {w['sample']:.2f}, schedule "
+            f"{w['schedule']:.2f}, prepare {w['prepare']:.2f}, commit {w['commit']:.2f}, "
+            f"loop {loop:.2f}"
+        )
 
-def group_steps(shapes: list[StepShape], steps: list[tuple[float, dict[str, float]]]):
+
+def group_steps(shapes: list[StepShape], steps: list[StepClock]) -> dict[str, KindTotals]:
     """Totals per step kind, in the order kinds first appear."""
     kinds: dict[str, KindTotals] = {}
-    for shape, (cpu_s, parts) in zip(shapes, steps, strict=True):
+    for shape, step in zip(shapes, steps, strict=True):
         totals = kinds.setdefault(shape.kind, KindTotals())
         totals.steps += 1
-        totals.cpu_s += cpu_s
+        totals.cpu_s += step.cpu_s
+        totals.wall_s += step.wall_s
         totals.decode_rows += shape.decode_rows
         totals.prefill_tokens += shape.prefill_tokens
         totals.decode_context += shape.decode_context
-        for part, seconds in parts.items():
-            totals.parts[part] += seconds
+        for part in PARTS:
+            totals.parts[part] += step.parts[part]
+            totals.parts_wall[part] += step.parts_wall[part]
     return kinds
 
 
 class PartClock:
-    """Thread CPU seconds per part, by wrapping the engine's calls on one instance."""
+    """Thread CPU and wall seconds per part, by wrapping the engine's calls on one instance."""
 
     def __init__(self, core: EngineCore, shapes: list[StepShape]) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.wall = dict.fromkeys(PARTS, 0.0)
         runner = core.runner
         backend = runner.model.layers[0].self_attn.backend  # one instance serves every layer
         self._wrap(backend, "forward", "attention")
@@ -124,21 +152,23 @@ class PartClock:
         method = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            start = time.thread_time()
+            start, wall = time.thread_time(), time.perf_counter()
             result = method(*args, **kwargs)
             self.seconds[part] += time.thread_time() - start
+            self.wall[part] += time.perf_counter() - wall
             return result
 
         setattr(owner, name, timed)
 
     def _wrap_linears(self) -> None:
         forward = PackedLinear.forward
-        seconds = self.seconds
+        seconds, walls = self.seconds, self.wall
 
         def timed(linear, x):
-            start = time.thread_time()
+            start, wall = time.thread_time(), time.perf_counter()
             result = forward(linear, x)
             seconds["linear"] += time.thread_time() - start
+            walls["linear"] += time.perf_counter() - wall
             return result
 
         PackedLinear.forward = timed
@@ -147,13 +177,14 @@ class PartClock:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64, help="W's first N requests")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--tokens", help="write the greedy tokens here (JSON)")
     args = parser.parse_args()
     core = EngineCore(
         EngineArgs(
             enable_prefix_caching=False,
             num_speculative_tokens=0,
-            num_threads=1,
+            num_threads=args.threads,
             async_scheduling=False,
         )
     )
@@ -167,25 +198,35 @@ def main() -> None:
     for request in workload:
         params = SamplingParams(max_tokens=request["output_len"], **greedy)
         core.add_request(str(request["id"]), request["prompt_ids"], params)
-    steps: list[tuple[float, dict[str, float]]] = []
+    steps: list[StepClock] = []
     tokens: dict[str, list[int]] = {}
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, process = time.perf_counter(), time.thread_time(), time.process_time()
     while core.has_unfinished():
-        before, start = dict(clock.seconds), time.thread_time()
+        before, before_wall = dict(clock.seconds), dict(clock.wall)
+        start, start_wall = time.thread_time(), time.perf_counter()
         for out in core.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-        parts = {p: clock.seconds[p] - before[p] for p in PARTS}
-        steps.append((time.thread_time() - start, parts))
+        steps.append(
+            StepClock(
+                time.thread_time() - start,
+                {p: clock.seconds[p] - before[p] for p in PARTS},
+                time.perf_counter() - start_wall,
+                {p: clock.wall[p] - before_wall[p] for p in PARTS},
+            )
+        )
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    process = time.process_time() - process
     output = sum(len(t) for t in tokens.values())
     print(
-        f"W[:{args.requests}]: {output} tokens, {len(steps)} steps, thread CPU {cpu:.2f} s "
-        f"({output / cpu:.1f} tokens a CPU second), wall {wall:.1f} s, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"W[:{args.requests}]: {output} tokens, {len(steps)} steps, {args.threads} threads, "
+        f"thread CPU {cpu:.2f} s ({output / cpu:.1f} tokens a CPU second), process CPU "
+        f"{process:.2f} s, wall {wall:.1f} s, load average {os.getloadavg()[0]:.1f}"
     )
     print("parts (CPU s): " + ", ".join(f"{p} {clock.seconds[p]:.2f}" for p in PARTS))
+    print("parts (wall s): " + ", ".join(f"{p} {clock.wall[p]:.2f}" for p in PARTS))
     for kind, totals in group_steps(shapes, steps).items():
         print(totals.line(kind))
+        print(totals.wall_line(kind))
     if args.tokens:
         with open(args.tokens, "w", encoding="utf-8") as f:
             json.dump(tokens, f)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from w_split import PARTS, StepShape, group_steps
+from w_split import PARTS, StepClock, StepShape, group_steps
 from workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,13 +20,18 @@ def test_steps_are_grouped_by_shape_and_their_parts_summed():
         StepShape(decode_rows=64, prefill_tokens=0, decode_context=20000),
         StepShape(decode_rows=3, prefill_tokens=0, decode_context=900),
     ]
-    steps = [(1.0 + i, {part: 0.1 * i for part in PARTS}) for i in range(len(shapes))]
+    steps = [
+        StepClock(1.0 + i, {part: 0.1 * i for part in PARTS}, 2.0 + i, {p: 0.2 * i for p in PARTS})
+        for i in range(len(shapes))
+    ]
     kinds = group_steps(shapes, steps)
     assert list(kinds) == ["prefill-only", "mixed", "decode>=32", "decode<32"]
     large = kinds["decode>=32"]
     assert (large.steps, large.decode_rows, large.decode_context) == (2, 104, 28000)
     assert large.cpu_s == pytest.approx(3.0 + 4.0)
     assert large.parts["attention"] == pytest.approx(0.2 + 0.3)
+    assert large.wall_s == pytest.approx(4.0 + 5.0)
+    assert large.parts_wall["sample"] == pytest.approx(0.4 + 0.6)
     assert kinds["mixed"].prefill_tokens == 1019
 
 
@@ -42,7 +47,7 @@ def test_a_small_run_writes_every_requests_greedy_tokens(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    assert "parts (CPU s)" in result.stdout
+    assert "parts (CPU s)" in result.stdout and "parts (wall s)" in result.stdout
     written = json.loads(tokens.read_text())
     # EOS ignored: each request generates exactly its W output length.
     assert {k: len(v) for k, v in written.items()} == {
