@@ -20,9 +20,9 @@ logger = logging.getLogger(__name__)
 PANEL = 32
 # Rows up to which a call takes the panels (benchmarks/decode_linears.py, weights streamed as
 # a decode step streams them, one thread; docs/benchmarks-log.md, branch gemm8). Against
-# oneDNN on AVX512_BF16 without AMX the kernel is 1.03-1.5x faster at every row count to 64
-# (measured to 64: W's decode steps); against oneDNN's AMX tiles 1.1-1.4x at 1-4 rows, level
-# at 6, slower from 8.
+# oneDNN on AVX512_BF16 without AMX the kernel was 1.05-1.61x faster at every row count to 64
+# (measured to 64: W's decode steps); against oneDNN's AMX tiles 1.08-1.37x at 1-4 rows,
+# 1.01-1.14x at 6, 0.88-1.06x at 8, 0.56-0.63x at 16.
 MAX_ROWS = 64
 MAX_ROWS_AGAINST_AMX = 4
 
