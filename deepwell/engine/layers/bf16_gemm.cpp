@@ -13,7 +13,8 @@
 //
 // Every output is one float32 accumulator over the input pairs in order from zero, rounded
 // once to bf16 after the bias: a row's result depends on that row alone, never on the row
-// count or the threads (the same bits in any batch).
+// count or the threads (the same bits in any batch). oneDNN blocks its sums by the CPU's
+// caches, so its bits differ from these in the last place for ~1e-4 of the outputs.
 //
 // Without AVX512_BF16 in the build (an AVX2 build, ATEN_CPU_CAPABILITY=avx2) only
 // instruction_set answers ("none"), and the linears keep oneDNN's path.
@@ -49,6 +50,11 @@ constexpr int64_t kPairBytes = kPanel * 2 * 2;
 // for finite values).
 inline __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
+// The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
 // out[r][0..valid) = bias + Σ_p x[r] pair p · panel pair p for R rows, rounded to bf16; stored
 // as bf16, or (Widen) as the float32 of that bf16. `ahead` is the next panel's bytes, prefetched
 // into L2 line by line as this one is read.
@@ -76,14 +82,14 @@ void multiply_panel(
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
     }
   }
-  const __mmask16 low = valid >= 16 ? 0xFFFF : (__mmask16)((1u << valid) - 1);
-  const __mmask16 high = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (__mmask16)((1u << (valid - 16)) - 1);
+  // The outputs of each half that exist: the last panel may hold fewer than 32.
+  const __mmask16 masks[2] = {lanes(valid), lanes(valid - 16)};
   for (int r = 0; r < R; ++r) {
     for (int half = 0; half < 2; ++half) {
+      const __mmask16 mask = masks[half];
       __m512 v = acc[r][half];
-      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(half ? high : low, bias + 16 * half));
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + 16 * half));
       const __m256i rounded = to_bf16(v);
-      const __mmask16 mask = half ? high : low;
       if constexpr (Widen) {
         float* row = static_cast<float*>(out) + r * out_row + 16 * half;
         const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16);
@@ -145,13 +151,14 @@ at::Tensor linear(
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "bf16 gemm: x must be bf16 [rows, in] with contiguous inputs, got ", x.sizes());
   const int64_t rows = x.size(0), in = x.size(1);
-  TORCH_CHECK(in % 2 == 0 && x.stride(0) % 2 == 0, "bf16 gemm: in and x's row stride must be even");
+  TORCH_CHECK(in % 2 == 0 && x.stride(0) % 2 == 0,
+              "bf16 gemm: in and x's row stride must be even");
   const int64_t pairs = in / 2, count = (out_features + kPanel - 1) / kPanel;
   TORCH_CHECK(panels.scalar_type() == at::kBFloat16 && panels.is_contiguous() &&
                   panels.dim() == 4 && panels.size(0) == count && panels.size(1) == pairs &&
                   panels.size(2) == kPanel && panels.size(3) == 2,
-              "bf16 gemm: panels must be contiguous bf16 [", count, ", ", pairs, ", 32, 2], got ",
-              panels.sizes());
+              "bf16 gemm: panels must be contiguous bf16 [", count, ", ", pairs,
+              ", 32, 2], got ", panels.sizes());
   const float* bias_data = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
@@ -159,12 +166,15 @@ at::Tensor linear(
                 "bf16 gemm: bias must be contiguous float32 [", out_features, "]");
     bias_data = bias->data_ptr<float>();
   }
-  at::Tensor out = at::empty({rows, out_features}, x.options().dtype(widen ? at::kFloat : at::kBFloat16));
+  const auto dtype = widen ? at::kFloat : at::kBFloat16;
+  at::Tensor out = at::empty({rows, out_features}, x.options().dtype(dtype));
   if (rows == 0 || out_features == 0) return out;
   const auto* xs = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
   const auto* base = reinterpret_cast<const char*>(panels.data_ptr<at::BFloat16>());
   char* out_base = static_cast<char*>(out.data_ptr());
   const int64_t panel_bytes = pairs * kPairBytes, element = out.element_size();
+  const int64_t x_row = x.stride(0) / 2;  // in input pairs
+  const auto into_rows = widen ? &panel_into_rows<true> : &panel_into_rows<false>;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const char* panel = base + i * panel_bytes;
@@ -174,11 +184,7 @@ at::Tensor linear(
       const int64_t valid = std::min<int64_t>(kPanel, out_features - i * kPanel);
       char* o = out_base + i * kPanel * element;
       const auto* w = reinterpret_cast<const __m512i*>(panel);
-      if (widen) {
-        panel_into_rows<true>(xs, x.stride(0) / 2, rows, w, pairs, ahead, b, o, out_features, element, valid);
-      } else {
-        panel_into_rows<false>(xs, x.stride(0) / 2, rows, w, pairs, ahead, b, o, out_features, element, valid);
-      }
+      into_rows(xs, x_row, rows, w, pairs, ahead, b, o, out_features, element, valid);
     }
   });
   return out;
