@@ -29,7 +29,10 @@ MAX_ROWS_AGAINST_AMX = 4
 
 @functools.cache
 def panel_kernel_ready() -> bool:
-    """Whether the kernel built here with its AVX512_BF16 path; the reason said once if not."""
+    """Whether the kernel built here with its AVX512_BF16 path; the reason said once if not.
+    Below torch's AVX-512 level the build could not have the path: nothing is compiled."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
     loaded = load_bf16_gemm_kernel()
     if loaded.module is None:
         logger.warning(
