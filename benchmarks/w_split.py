@@ -5,7 +5,7 @@ One torch thread and synchronous steps, so every part of a step runs on the call
 and its thread CPU time (`time.thread_time`) counts it alone: on a shared machine that
 moves far less with the neighbours' load than wall time. Speculation and the prefix cache
 are off, as in `throughput_vs_hf.py`'s W. The parts are timed by wrapping the engine's own
-calls: the layer and head linears (`PackedLinear.forward`), the attention backend (K/V
+calls: the layer and head linears (`PackedLinear.forward` and `.logits`), the attention backend (K/V
 store, prefill and decode attention), `compute_logits` (the head, inside `linear` too),
 the sampler, schedule, prepare and commit; what is left of the forward is glue. Steps are
 grouped by shape: prefill-only, mixed (decode rows beside prefill chunks), decode-only
@@ -161,17 +161,27 @@ class PartClock:
         setattr(owner, name, timed)
 
     def _wrap_linears(self) -> None:
-        forward = PackedLinear.forward
+        """PackedLinear's calls, the head's float32 logits (`logits`) among them; a call made
+        inside another (logits falling back on forward) counts once."""
         seconds, walls = self.seconds, self.wall
+        depth = [0]
 
-        def timed(linear, x):
-            start, wall = time.thread_time(), time.perf_counter()
-            result = forward(linear, x)
-            seconds["linear"] += time.thread_time() - start
-            walls["linear"] += time.perf_counter() - wall
-            return result
+        def timing(call):
+            def timed(linear, x):
+                depth[0] += 1
+                start, wall = time.thread_time(), time.perf_counter()
+                try:
+                    return call(linear, x)
+                finally:
+                    depth[0] -= 1
+                    if not depth[0]:
+                        seconds["linear"] += time.thread_time() - start
+                        walls["linear"] += time.perf_counter() - wall
 
-        PackedLinear.forward = timed
+            return timed
+
+        PackedLinear.forward = timing(PackedLinear.forward)
+        PackedLinear.logits = timing(PackedLinear.logits)
 
 
 def main() -> None:

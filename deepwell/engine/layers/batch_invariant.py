@@ -193,8 +193,9 @@ def tile_linears(model: nn.Module) -> None:
             continue
         module.__class__ = RowwiseLinear
         module.kernel = kernel
-        # The oneDNN copy of the weight is no longer read.
+        # The packed copies of the weight are no longer read.
         module._buffers.pop("packed_weight", None)
+        module._buffers.pop("panels", None)
 
 
 def rowwise_kernel(weight: torch.Tensor) -> ModuleType | None:

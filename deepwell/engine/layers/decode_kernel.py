@@ -5,7 +5,7 @@ into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
 v41_rotary.cpp: V4.1's rotary embedding; invariant_rows.cpp: the batch-invariant mode's row-wise
 products; prefill_attention.cpp: prefill chunks' attention; llama_rotary.cpp: the Llama
-family's rotary embedding):
+family's rotary embedding; bf16_gemm.cpp: bf16 linears of decode-shaped steps):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -49,6 +49,7 @@ SAMPLING_SOURCE = Path(__file__).with_name("sampling_ops.cpp")
 INVARIANT_ROWS_SOURCE = Path(__file__).with_name("invariant_rows.cpp")
 PREFILL_SOURCE = Path(__file__).with_name("prefill_attention.cpp")
 LLAMA_ROTARY_SOURCE = Path(__file__).with_name("llama_rotary.cpp")
+BF16_GEMM_SOURCE = Path(__file__).with_name("bf16_gemm.cpp")
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -270,6 +271,13 @@ def load_llama_rotary_kernel() -> DecodeKernel:
 
 
 @functools.cache
+def load_bf16_gemm_kernel() -> DecodeKernel:
+    """bf16 linears of decode-shaped steps on AVX512_BF16 (bf16_gemm.cpp, registered as
+    torch.ops.deepwell_bf16_gemm), built on the first call in a process if the cache lacks it."""
+    return _load((BF16_GEMM_SOURCE,), "bf16 gemm kernel", [], ops="deepwell_bf16_gemm")
+
+
+@functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
     own Python modules left out: one extension has one), built on the first call in a
@@ -369,6 +377,7 @@ KERNEL_BUILDS = (
     KernelBuild("invariant rows", False, 1, load_invariant_rows_kernel),
     KernelBuild("prefill attention", False, 1, load_prefill_kernel),
     KernelBuild("Llama rotary", False, 1, load_llama_rotary_kernel),
+    KernelBuild("bf16 gemm", False, 1, load_bf16_gemm_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

@@ -1,4 +1,5 @@
-"""bf16 linears on CPU with their weights packed once into oneDNN's blocked layout.
+"""bf16 linears on CPU with their weights packed once at load: into oneDNN's blocked layout,
+and where it runs here, into bf16_gemm.cpp's panels for decode-shaped calls.
 
 F.linear hands oneDNN the plain weight, which it re-packs on every call. Packing at load
 runs the same kernel without that copy (for SmolLM2's projections the bits are the same at
@@ -6,10 +7,16 @@ every row count, tests/engine/layers/test_packed_linear.py; odd small shapes may
 the last bit, where F.linear picks another kernel). Measured on 2 threads,
 SmolLM2's 576 → 49,152 lm_head takes 1.1 ms instead of 4.2 ms for one row and 9.8 ms
 instead of 14.1 ms for 64 rows; 576 → 1,536 takes 0.28 ms instead of 0.33 ms for 64 rows.
+
+Calls of few rows (a decode step's) take the panel kernel instead where it is faster
+(bf16_gemm.py, `panel_rows`): its bits may differ from oneDNN's in the last place (another
+accumulation order), each within float32 accumulation error of the exact product.
 """
 
 import torch
 from torch import nn
+
+from deepwell.engine.layers.bf16_gemm import can_use_panels, panel_layout, panel_linear, panel_rows
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -23,14 +30,37 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 class PackedLinear(nn.Linear):
     """nn.Linear that multiplies by its `packed_weight` (the plain `weight` stays for tied
-    embeddings, dtype checks and memory accounting)."""
+    embeddings, dtype checks and memory accounting), and calls of up to `max_panel_rows` rows
+    by its `panels` where they are set."""
 
     packed_weight: torch.Tensor
+    panels: torch.Tensor | None
+    max_panel_rows: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None and x.dim() == 2 and x.shape[0] <= self.max_panel_rows:
+            return panel_linear(x, self.panels, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(
             x, self.packed_weight, self.bias, "none", [None], ""
         )
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 of forward's bf16 result: the panel kernel stores it so, with no cast."""
+        if self.panels is not None and x.dim() == 2 and x.shape[0] <= self.max_panel_rows:
+            return panel_linear(x, self.panels, self.bias, self.out_features, widen=True)
+        return self.forward(x).float()
+
+
+@torch.no_grad()
+def repack(module: nn.Linear) -> None:
+    """(Re)make a bf16 linear's packed copies from its `weight`: oneDNN's, and the panels
+    where the panel kernel runs here."""
+    module.register_buffer(
+        "packed_weight", torch.ops.mkldnn._reorder_linear_weight(module.weight, None), False
+    )
+    panels = panel_layout(module.weight) if can_use_panels(module.weight) else None
+    module.register_buffer("panels", panels, persistent=False)
+    module.max_panel_rows = panel_rows()
 
 
 @torch.no_grad()
@@ -39,5 +69,4 @@ def pack_linears(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is nn.Linear and can_pack(module.weight):
             module.__class__ = PackedLinear
-            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight, None)
-            module.register_buffer("packed_weight", packed, persistent=False)
+            repack(module)

@@ -23,6 +23,7 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
+from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary, fused_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.contract import ModelHooks
@@ -252,7 +253,11 @@ class LlamaForCausalLM(nn.Module):
                 return logits if rows is None else logits[rows]
         if rows is not None:
             hidden = hidden[rows]
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        head = self.lm_head
+        hidden = hidden.to(head.weight.dtype)
+        if isinstance(head, PackedLinear):
+            return head.logits(hidden)
+        return head(hidden).float()
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:

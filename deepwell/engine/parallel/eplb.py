@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from deepwell.engine.layers.blockscaled import MxFp4Experts
+from deepwell.engine.layers.packed_linear import repack
 from deepwell.engine.parallel.group import DistributedGroup, collective
 from deepwell.engine.parallel.placement import (
     ExpertPlacement,
@@ -123,8 +124,8 @@ def _move_experts(
     for expert_module, tensors in zip(moe.experts, weights, strict=True):
         for linear, tensor in zip((expert_module.w13, expert_module.w2), tensors, strict=True):
             linear.weight.data.copy_(tensor)
-            if hasattr(linear, "packed_weight"):  # oneDNN-packed bf16 (layers/packed_linear.py)
-                linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight, None)
+            if hasattr(linear, "packed_weight"):  # packed bf16 (layers/packed_linear.py)
+                repack(linear)
     return len(transfers)
 
 

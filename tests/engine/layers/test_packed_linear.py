@@ -1,5 +1,6 @@
-"""Packed bf16 linears: F.linear's results (its bits on SmolLM2's projections) at any row
-count, used wherever they can run (bf16 on CPU), outside batch-invariant mode."""
+"""Packed bf16 linears: F.linear's results (its bits on SmolLM2's projections above the panel
+kernel's rows) at any row count, used wherever they can run (bf16 on CPU), outside
+batch-invariant mode."""
 
 import pytest
 import torch
@@ -34,9 +35,12 @@ def test_packed_linear_computes_f_linear_at_any_row_count(features, exact):
     for rows in (1, 2, 3, 7, 8, 63, 64, 65, 231, 1024, 2049):
         x = torch.randn(rows, features[0]).to(torch.bfloat16)
         expected = F.linear(x, weight, bias)
-        if exact:
+        if exact and (model[0].panels is None or rows > model[0].max_panel_rows):
             # The kernel F.linear runs for these shapes, without re-packing per call.
             assert torch.equal(model[0](x), expected), rows
+        elif exact:
+            # The panel kernel's rows (test_bf16_gemm.py): its bits may differ in the last place.
+            torch.testing.assert_close(model[0](x), expected, rtol=1e-2, atol=1e-2)
         else:
             torch.testing.assert_close(model[0](x), expected, rtol=2e-2, atol=2e-2)
 
