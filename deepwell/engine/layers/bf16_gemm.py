@@ -21,10 +21,11 @@ PANEL = 32
 # Rows up to which a call takes the panels (benchmarks/decode_linears.py, weights streamed as
 # a decode step streams them, one thread; docs/benchmarks-log.md, branch gemm8). Against
 # oneDNN on AVX512_BF16 without AMX the kernel was 1.05-1.61x faster at every row count to 64
-# (measured to 64: W's decode steps); against oneDNN's AMX tiles 1.08-1.37x at 1-4 rows,
-# 1.01-1.14x at 6, 0.88-1.06x at 8, 0.56-0.63x at 16.
+# (measured to 64: W's decode steps). Where oneDNN has AMX tiles no panels are made: the
+# kernel won only at 1-4 rows there (1.08-1.37x; 0.56-0.63x at 16), W was level (33.00
+# against 33.24 CPU s), and oneDNN's AMX path gives the same bits at every row count, which a
+# seeded request repeated over a prefix-cache hit (fewer rows) relies on to sample alike.
 MAX_ROWS = 64
-MAX_ROWS_AGAINST_AMX = 4
 
 
 @functools.cache
@@ -49,19 +50,15 @@ def onednn_uses_amx() -> bool:
     return torch.cpu._is_amx_tile_supported() and ("AMX" in cap.upper() or cap.upper() == "ALL")
 
 
-def panel_rows() -> int:
-    """The most rows a call takes the panels for: fewer where oneDNN has AMX tiles."""
-    return MAX_ROWS_AGAINST_AMX if onednn_uses_amx() else MAX_ROWS
-
-
 def can_use_panels(weight: torch.Tensor) -> bool:
     """A bf16 CPU weight [out, in] with an even `in` (the kernel reads input pairs), on a
-    build with the AVX512_BF16 path."""
+    build with the AVX512_BF16 path, where oneDNN has no AMX tiles."""
     return (
         weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
         and weight.dim() == 2
         and weight.shape[1] % 2 == 0
+        and not onednn_uses_amx()
         and panel_kernel_ready()
     )
 

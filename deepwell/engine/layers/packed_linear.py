@@ -9,14 +9,14 @@ SmolLM2's 576 → 49,152 lm_head takes 1.1 ms instead of 4.2 ms for one row and 
 instead of 14.1 ms for 64 rows; 576 → 1,536 takes 0.28 ms instead of 0.33 ms for 64 rows.
 
 Calls of few rows (a decode step's) take the panel kernel instead where it is faster
-(bf16_gemm.py, `panel_rows`): its bits may differ from oneDNN's in the last place (another
+(bf16_gemm.py, `MAX_ROWS`): its bits may differ from oneDNN's in the last place (another
 accumulation order), each within float32 accumulation error of the exact product.
 """
 
 import torch
 from torch import nn
 
-from deepwell.engine.layers.bf16_gemm import can_use_panels, panel_layout, panel_linear, panel_rows
+from deepwell.engine.layers.bf16_gemm import MAX_ROWS, can_use_panels, panel_layout, panel_linear
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -60,7 +60,7 @@ def repack(module: nn.Linear) -> None:
     )
     panels = panel_layout(module.weight) if can_use_panels(module.weight) else None
     module.register_buffer("panels", panels, persistent=False)
-    module.max_panel_rows = panel_rows()
+    module.max_panel_rows = MAX_ROWS
 
 
 @torch.no_grad()

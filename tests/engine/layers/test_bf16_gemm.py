@@ -117,3 +117,11 @@ def test_packed_linear_takes_the_panels_up_to_its_row_limit_and_onednn_after(mon
         assert ((linear(x).double() - exact).abs() <= bound).all()
         assert torch.equal(linear.logits(x), linear(x).float())
     assert set(calls) == {1, bf16_gemm.MAX_ROWS}
+
+
+@pytest.mark.skipif(not can_pack(torch.empty(0, dtype=torch.bfloat16)), reason="no oneDNN bf16")
+def test_no_panels_where_onednn_has_amx_tiles(monkeypatch):
+    monkeypatch.setattr(bf16_gemm, "onednn_uses_amx", lambda: True)
+    model = nn.Sequential(nn.Linear(576, 960, bias=False)).to(torch.bfloat16)
+    pack_linears(model)
+    assert type(model[0]) is PackedLinear and model[0].panels is None
