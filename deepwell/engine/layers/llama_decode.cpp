@@ -120,8 +120,11 @@ class StepBarrier {
   // About a tenth of a weight share (SmolLM2's gate_up: 550 KB a thread at 2 threads),
   // well inside any L2 of these CPUs.
   static constexpr int64_t kWaitPrefetchBytes = 64 * 1024;
-  // Pauses before yielding: tens of microseconds, more than a phase's imbalance.
-  static constexpr int64_t kSpins = 20000;
+  // Pauses before yielding: ~5-30 us (a pause is 40-140 cycles on these CPUs), about a
+  // phase's imbalance at batch 1 (an attention of one KV head more). Not longer: the engine's
+  // own thread prepares the next step meanwhile, so with as many step threads as cores one
+  // of them is often off its core, and a yield hands that core back to it at once.
+  static constexpr int64_t kSpins = 512;
   alignas(64) std::atomic<int> arrived_{0};
   alignas(64) std::atomic<int> generation_{0};
 };
