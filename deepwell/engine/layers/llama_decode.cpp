@@ -95,7 +95,7 @@ void rms_norm(const float* x, const float* weight, int64_t rows, int64_t n, floa
 class StepBarrier {
  public:
   void wait(int threads, std::pair<const uint8_t*, int64_t> next) {
-    const int generation = generation_.load(std::memory_order_acquire);
+    const unsigned generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
       arrived_.store(0, std::memory_order_relaxed);
       generation_.store(generation + 1, std::memory_order_release);
@@ -121,12 +121,14 @@ class StepBarrier {
   // well inside any L2 of these CPUs.
   static constexpr int64_t kWaitPrefetchBytes = 64 * 1024;
   // Pauses before yielding: ~5-30 us (a pause is 40-140 cycles on these CPUs), about a
-  // phase's imbalance at batch 1 (an attention of one KV head more). Not longer: the engine's
-  // own thread prepares the next step meanwhile, so with as many step threads as cores one
-  // of them is often off its core, and a yield hands that core back to it at once.
+  // phase's imbalance at batch 1 (an attention of one KV head more). Not longer: on a machine
+  // with more runnable threads than cores (other processes, or the engine's own thread
+  // planning the next step when it schedules asynchronously) the thread waited for is often
+  // off its core, and a yield hands it this one at once.
   static constexpr int64_t kSpins = 512;
   alignas(64) std::atomic<int> arrived_{0};
-  alignas(64) std::atomic<int> generation_{0};
+  // Unsigned: it wraps around after 2^32 meetings, as it may.
+  alignas(64) std::atomic<unsigned> generation_{0};
 };
 
 // What one step's threads share: its rows, their metadata and caches, where its outputs go.
