@@ -86,9 +86,10 @@ std::pair<const uint8_t*, int64_t> share_bytes(const BlockLinear& w, TileShare s
 // quant_gemv.cpp. The outputs [first, last) of the share's tiles of out [rows, out_features]
 // = x [rows, in_features] times the weight, stored, or added to out's values where `add`
 // (a residual); 1 to kMaxRows rows and in_features of the weight's blocks, which the caller
-// has checked (it runs inside the whole-step decoder's parallel region). The calling thread quantises x (llama.cpp's q8_1, per
-// 32-block) into its own buffer, so threads sharing a linear do not wait for one another's;
-// a tile's bits do not depend on the share. Returns [first, last).
+// has checked (it runs inside the whole-step decoder's parallel region, where nothing may
+// throw). The calling thread quantises x (llama.cpp's q8_1, per 32-block) into its own
+// buffer, so threads sharing a linear do not wait for one another's; a tile's bits do not
+// depend on the share. Returns [first, last).
 std::pair<int64_t, int64_t> block_linear_share(const float* x, int64_t rows, int64_t in_features,
                                                const BlockLinear& w, TileShare share, bool add,
                                                float* out);

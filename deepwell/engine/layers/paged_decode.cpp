@@ -611,8 +611,12 @@ void deepwell::paged_decode_heads(
     const bool fast = use_fast_scores<T>(head_dim, false);
     for (int64_t row = 0; row < rows; ++row) {
       for (int64_t kv_head = kv_begin; kv_head < kv_end; ++kv_head) {
+        // The row's next head's first key tile, fetched ahead as decode_all's chunks do.
+        const T* following = kv_head + 1 < kv_end
+            ? k_data + (ids[starts[row]] * kv_heads + kv_head + 1) * block_size * head_dim
+            : nullptr;
         row_task<T>(q_data, q_row, head_dim, heads, head_dim, k_data, v_data, kv_heads,
-                    block_size, ids, starts, lens, row, row + 1, kv_head, scale, fast, nullptr,
+                    block_size, ids, starts, lens, row, row + 1, kv_head, scale, fast, following,
                     out_data, states, scratch);
       }
     }
