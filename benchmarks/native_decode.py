@@ -7,7 +7,9 @@ tokens after a 64-token prompt, as benchmarks/throughput_vs_hf.py measures batch
 (time of 129 tokens - time of 1) / 128. The engines run in turn, round after round, so a busy
 machine slows all alike; each one's best round is printed. The profile times one native
 engine's steps: the C++ call (every layer and the Q8_0 head), compute_logits (which hands
-the call's logits back), and the rest of the step (scheduling, metadata, sampling). Prints the load average.
+the call's logits back), and the rest of the step (scheduling, metadata, sampling); and the
+C++ call's weight stream in GB/s against memory_limit.py's read probe at 1 thread and at the
+engine's. Prints the load average.
 
     .venv/bin/python benchmarks/native_decode.py [--threads 1] [--dtype bfloat16] [--rounds 3]
 """
@@ -18,6 +20,7 @@ import statistics
 import time
 
 import torch
+from memory_limit import decode_weight_bytes, read_bandwidth
 
 from deepwell.engine import LLM, SamplingParams
 
@@ -110,6 +113,17 @@ def profile(args, llm: LLM) -> None:
     print(f"  + compute_logits (the step's logits handed back) {1000 * handed:.2f}")
     print(
         f"  + the rest (scheduler, metadata, sampling, outputs) {1000 * (total - native_ms - handed):.2f}"
+    )
+    # The C++ call against the memory limit: the weights it streams over its time, and a
+    # STREAM-like read of 1 GiB (memory_limit.py's probe) at 1 thread and the engine's.
+    weight = decode_weight_bytes(model)
+    probes = {count: read_bandwidth(count, 1.0, 5) for count in sorted({1, args.threads})}
+    torch.set_num_threads(args.threads)
+    print(
+        f"  the C++ call streams {weight / 1e6:.1f} MB of weights: "
+        f"{weight / native_ms / 1e9:.1f} GB/s at its median, "
+        f"{weight / min(native.times) / 1e9:.1f} at its best; read probe "
+        + ", ".join(f"{count} thread(s) {rate / 1e9:.1f} GB/s" for count, rate in probes.items())
     )
 
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -27,11 +28,13 @@ void check_block_lists(
     int64_t num_blocks,
     int64_t block_size);
 
-// paged_decode.cpp. Attention of `rows` decode rows over contiguous caches
+// paged_decode.cpp. Attention of `rows` decode rows for KV heads [kv_begin, kv_end) (and
+// their query heads) on the calling thread, over contiguous caches
 // [num_blocks, kv_heads, block_size, head_dim]; q [rows, heads, head_dim] (rows q_row apart,
 // heads contiguous) and out contiguous alike, of the caches' dtype (float32 or bfloat16);
-// block lists already checked.
-void paged_decode_rows(
+// block lists already checked. Each (row, KV head) as paged_decode computes it, so the bits
+// do not depend on how the heads are shared out.
+void paged_decode_heads(
     const void* q,
     int64_t q_row,
     int64_t rows,
@@ -42,7 +45,9 @@ void paged_decode_rows(
     const int64_t* starts,
     const int64_t* lens,
     float scale,
-    void* out);
+    void* out,
+    int64_t kv_begin,
+    int64_t kv_end);
 
 // Bytes of one block of 32 weights of one output in quant_gemv.cpp's tiles: Q4_1 16 of
 // nibbles, fp16 d and m; Q8_0 32 of int8, fp16 d, int16 Σq.
@@ -64,10 +69,30 @@ struct BlockLinear {
 // accumulators per row); the whole-step decoder runs steps of more rows on the torch path.
 constexpr int64_t kMaxRows = 8;
 
-// quant_gemv.cpp. out [rows, out_features] = x [rows, in_features] times the weight,
-// activations quantised per 32-block as the linears do; 1 to kMaxRows rows.
-void block_linear(
-    const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out);
+// Part `part` of `parts` of a weight's tiles: a contiguous run [begin, end), so that each
+// thread streams one range of it.
+struct TileShare {
+  int64_t begin, end;
+};
+
+inline TileShare tile_share(const BlockLinear& w, int part, int parts) {
+  const int64_t tiles = (w.out_features + kTileOutputs - 1) / kTileOutputs;
+  return {tiles * part / parts, tiles * (part + 1) / parts};
+}
+
+// quant_gemv.cpp. The bytes of a share's tiles: one contiguous range of the weight.
+std::pair<const uint8_t*, int64_t> share_bytes(const BlockLinear& w, TileShare share);
+
+// quant_gemv.cpp. The outputs [first, last) of the share's tiles of out [rows, out_features]
+// = x [rows, in_features] times the weight, stored, or added to out's values where `add`
+// (a residual); 1 to kMaxRows rows and in_features of the weight's blocks, which the caller
+// has checked (it runs inside the whole-step decoder's parallel region, where nothing may
+// throw). The calling thread quantises x (llama.cpp's q8_1, per 32-block) into its own
+// buffer, so threads sharing a linear do not wait for one another's; a tile's bits do not
+// depend on the share. Returns [first, last).
+std::pair<int64_t, int64_t> block_linear_share(const float* x, int64_t rows, int64_t in_features,
+                                               const BlockLinear& w, TileShare share, bool add,
+                                               float* out);
 
 #if defined(__AVX512F__)
 // Lane i of the result: the sum of v[i]'s 16 lanes, 16 vectors reduced together in four

@@ -2,6 +2,13 @@
 // linears (quant_gemv.cpp), rotary, K/V store and paged attention (paged_decode.cpp), for a
 // few rows; built with those sources into one extension by layers/decode_kernel.py.
 //
+// The step's threads stay in one OpenMP region for the whole step: each takes a contiguous
+// share of every linear's tiles and a share of the KV heads, quantises each linear's input
+// itself (all alike, so none waits for another's), and the threads meet at a spinning
+// barrier between dependent phases, five a layer. A region per linear and attention (a
+// fork and a join each, ~150 a step) with the norms and quantisation on one thread between
+// them left a batch-1 step at half the memory limit.
+//
 // Between the linears everything is float32 in buffers allocated once: the step's glue
 // (norms, rotary, residuals, silu) costs a batch-1 step more than its linears when each op is
 // a torch call that finds the caches cold; here it is a few short loops over data the
@@ -11,13 +18,20 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -74,6 +88,64 @@ void rms_norm(const float* x, const float* weight, int64_t rows, int64_t n, floa
   for (int64_t r = 0; r < rows; ++r) deepwell::rms_norm_row(x + r * n, weight, n, eps, out + r * n);
 }
 
+// Where the step's threads meet between dependent phases. A thread that arrives early
+// prefetches the start of its share of the next weight into L2 while it waits, so that the
+// memory stays busy across the meeting; past a short spin it yields, since on a loaded
+// machine the thread it waits for may be off its core for a time slice.
+class StepBarrier {
+ public:
+  void wait(int threads, std::pair<const uint8_t*, int64_t> next) {
+    const unsigned generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(generation + 1, std::memory_order_release);
+      return;
+    }
+    const int64_t prefetch = std::min(next.second, kWaitPrefetchBytes);
+    int64_t fetched = 0, spins = 0;
+    while (generation_.load(std::memory_order_acquire) == generation) {
+      if (fetched < prefetch) {
+        for (int line = 0; line < 4; ++line, fetched += 64) __builtin_prefetch(next.first + fetched, 0, 2);
+      } else if (++spins < kSpins) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+ private:
+  // About a tenth of a weight share (SmolLM2's gate_up: 550 KB a thread at 2 threads),
+  // well inside any L2 of these CPUs.
+  static constexpr int64_t kWaitPrefetchBytes = 64 * 1024;
+  // Pauses before yielding: ~5-30 us (a pause is 40-140 cycles on these CPUs), about a
+  // phase's imbalance at batch 1 (an attention of one KV head more). Not longer: on a machine
+  // with more runnable threads than cores (other processes, or the engine's own thread
+  // planning the next step when it schedules asynchronously) the thread waited for is often
+  // off its core, and a yield hands it this one at once.
+  static constexpr int64_t kSpins = 512;
+  alignas(64) std::atomic<int> arrived_{0};
+  // Unsigned: it wraps around after 2^32 meetings, as it may.
+  alignas(64) std::atomic<unsigned> generation_{0};
+};
+
+// What one step's threads share: its rows, their metadata and caches, where its outputs go.
+struct Step {
+  int64_t rows;
+  const int64_t* position;
+  const int64_t* slot_block;
+  const int64_t* slot_offset;
+  const int64_t* block_ids;
+  const int64_t* block_starts;
+  const int64_t* context_lens;
+  const std::vector<at::Tensor>* key_caches;
+  const std::vector<at::Tensor>* value_caches;
+  float* hidden;
+  float* logits;  // null without a head
+};
+
 class LlamaDecoder {
  public:
   LlamaDecoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -95,12 +167,9 @@ class LlamaDecoder {
     final_norm_ = float_vector(final_norm, hidden, "the final norm");
     const int64_t qkv = (heads + 2 * kv_heads) * head_dim;
     x_.assign(kMaxRows * hidden, 0.f);
-    normed_.assign(kMaxRows * hidden, 0.f);
-    added_.assign(kMaxRows * hidden, 0.f);
     qkv_.assign(kMaxRows * qkv, 0.f);
     attention_.assign(kMaxRows * heads * head_dim, 0.f);
     gate_up_.assign(kMaxRows * 2 * intermediate, 0.f);
-    act_.assign(kMaxRows * intermediate, 0.f);
     q16_.assign(kMaxRows * heads * head_dim, at::BFloat16(0.f));
     out16_.assign(kMaxRows * heads * head_dim, at::BFloat16(0.f));
   }
@@ -174,40 +243,23 @@ class LlamaDecoder {
     } else {
       embed<float>(id, rows);
     }
-    for (int64_t l = 0; l < num_layers(); ++l) {
-      const Layer& layer = layers_[l];
-      rms_norm(x_.data(), layer.input_norm.data_ptr<float>(), rows, hidden_, eps_, normed_.data());
-      linear(layer.qkv, normed_.data(), rows, hidden_, qkv_.data());
-      rotate(position, rows);
-      if (dtype == at::kBFloat16) {
-        attend<at::BFloat16>(key_caches[l], value_caches[l], rows, slot_block, slot_offset,
-                             block_ids, block_starts, context_lens);
-      } else {
-        attend<float>(key_caches[l], value_caches[l], rows, slot_block, slot_offset, block_ids,
-                      block_starts, context_lens);
-      }
-      linear(layer.o, attention_.data(), rows, heads_ * head_dim_, added_.data());
-      add_to_residual(rows);
-      rms_norm(x_.data(), layer.post_norm.data_ptr<float>(), rows, hidden_, eps_, normed_.data());
-      linear(layer.gate_up, normed_.data(), rows, hidden_, gate_up_.data());
-      silu_times_up(rows);
-      linear(layer.down, act_.data(), rows, intermediate_, added_.data());
-      add_to_residual(rows);
-    }
     auto out = at::empty({rows, hidden_}, at::kFloat);
-    float* hidden = out.data_ptr<float>();
-    rms_norm(x_.data(), final_norm_.data_ptr<float>(), rows, hidden_, eps_, hidden);
-    if (!head_.has_value()) return {out, std::nullopt};
-    auto logits = at::empty({rows, head_->view.out_features}, at::kFloat);
-    if (head_bf16_) {
-      // The head called from Python takes the hidden state in the engine's dtype and gives
-      // its logits in it (models/llama.py compute_logits): round alike, for equal values.
-      round_to_bf16(hidden, rows * hidden_, normed_.data());
-      linear(*head_, normed_.data(), rows, hidden_, logits.data_ptr<float>());
-      round_to_bf16(logits.data_ptr<float>(), logits.numel(), logits.data_ptr<float>());
-    } else {
-      linear(*head_, hidden, rows, hidden_, logits.data_ptr<float>());
-    }
+    std::optional<at::Tensor> logits;
+    if (head_.has_value()) logits = at::empty({rows, head_->view.out_features}, at::kFloat);
+    const Step step{rows,
+                    position,
+                    slot_block,
+                    slot_offset,
+                    block_ids.data_ptr<int64_t>(),
+                    block_starts.data_ptr<int64_t>(),
+                    context_lens.data_ptr<int64_t>(),
+                    &key_caches,
+                    &value_caches,
+                    out.data_ptr<float>(),
+                    logits.has_value() ? logits->data_ptr<float>() : nullptr};
+    // Nothing in the region throws: every argument is checked above.
+#pragma omp parallel num_threads(at::get_num_threads())
+    step_part(step, omp_get_thread_num(), omp_get_num_threads());
     return {out, logits};
   }
 
@@ -231,24 +283,74 @@ class LlamaDecoder {
     }
   }
 
-  void linear(const Linear& w, const float* x, int64_t rows, int64_t in_features, float* out) {
-    deepwell::block_linear(x, rows, in_features, w.view, out);
+  // Thread `part` of `parts`: every layer, then the final norm and its share of the head.
+  // The residual stream x_ is added to by the o and down shares (their outputs are disjoint)
+  // and read by every thread's norms only between meetings, which order the two.
+  void step_part(const Step& step, int part, int parts) {
+    // This thread's copy of the next linear's input (normed or activated rows).
+    thread_local std::vector<float> input;
+    input.resize(kMaxRows * std::max(hidden_, intermediate_));
+    const int64_t rows = step.rows;
+    const auto share = [&](const Linear& w) { return deepwell::tile_share(w.view, part, parts); };
+    const auto meet = [&](const Linear& next) {
+      barrier_.wait(parts, deepwell::share_bytes(next.view, share(next)));
+    };
+    for (int64_t l = 0; l < num_layers(); ++l) {
+      const Layer& layer = layers_[l];
+      rms_norm(x_.data(), layer.input_norm.data_ptr<float>(), rows, hidden_, eps_, input.data());
+      linear(layer.qkv, share(layer.qkv), input.data(), rows, hidden_, false, qkv_.data());
+      meet(layer.o);
+      attend(step, l, kv_heads_ * part / parts, kv_heads_ * (part + 1) / parts);
+      meet(layer.o);
+      linear(layer.o, share(layer.o), attention_.data(), rows, heads_ * head_dim_, true, x_.data());
+      meet(layer.gate_up);
+      rms_norm(x_.data(), layer.post_norm.data_ptr<float>(), rows, hidden_, eps_, input.data());
+      linear(layer.gate_up, share(layer.gate_up), input.data(), rows, hidden_, false, gate_up_.data());
+      meet(layer.down);
+      silu_times_up(rows, input.data());
+      linear(layer.down, share(layer.down), input.data(), rows, intermediate_, true, x_.data());
+      if (l + 1 < num_layers()) {
+        meet(layers_[l + 1].qkv);
+      } else if (head_.has_value()) {
+        meet(*head_);
+      } else {
+        barrier_.wait(parts, {nullptr, 0});
+      }
+    }
+    rms_norm(x_.data(), final_norm_.data_ptr<float>(), rows, hidden_, eps_, input.data());
+    if (part == 0) std::memcpy(step.hidden, input.data(), rows * hidden_ * sizeof(float));
+    if (!head_.has_value()) return;
+    const int64_t vocab = head_->view.out_features;
+    // The head called from Python takes the hidden state in the engine's dtype and gives its
+    // logits in it (models/llama.py compute_logits): round alike, for equal values.
+    if (head_bf16_) round_to_bf16(input.data(), rows * hidden_);
+    const auto [first, last] =
+        deepwell::block_linear_share(input.data(), rows, hidden_, head_->view, share(*head_), false, step.logits);
+    if (!head_bf16_) return;
+    for (int64_t r = 0; r < rows; ++r) round_to_bf16(step.logits + r * vocab + first, last - first);
+  }
+
+  // This thread's share of a linear's outputs (plus its bias), stored or added to out.
+  static void linear(const Linear& w, deepwell::TileShare share, const float* x, int64_t rows,
+                     int64_t in_features, bool add, float* out) {
+    const auto [first, last] = deepwell::block_linear_share(x, rows, in_features, w.view, share, add, out);
     if (!w.bias.defined()) return;
     const float* bias = w.bias.data_ptr<float>();
     const int64_t n = w.view.out_features;
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = 0; i < n; ++i) out[r * n + i] += bias[i];
+      for (int64_t i = first; i < last; ++i) out[r * n + i] += bias[i];
     }
   }
 
-  // Rotary on each row's q and k heads, in place: layers/rotary.py's x * cos + x rolled by
-  // half a head * signed sin (HF's rotate_half form; the sin's first half negated).
-  void rotate(const int64_t* position, int64_t rows) {
+  // Rotary on each row's q and k heads [begin, end) (indices into the qkv row's heads), in
+  // place: layers/rotary.py's x * cos + x rolled by half a head * signed sin (HF's
+  // rotate_half form; the sin's first half negated).
+  void rotate(const int64_t* position, int64_t rows, int64_t begin, int64_t end) {
     const int64_t half = head_dim_ / 2, width = (heads_ + 2 * kv_heads_) * head_dim_;
     for (int64_t r = 0; r < rows; ++r) {
       const float* cos = cos_.data_ptr<float>() + position[r] * head_dim_;
       const float* sin = signed_sin_.data_ptr<float>() + position[r] * head_dim_;
-      for (int64_t h = 0; h < heads_ + kv_heads_; ++h) {
+      for (int64_t h = begin; h < end; ++h) {
         float* x = qkv_.data() + r * width + h * head_dim_;
         for (int64_t i = 0; i < half; ++i) {
           const float a = x[i], b = x[i + half];
@@ -259,60 +361,78 @@ class LlamaDecoder {
     }
   }
 
-  // K and V of each row into its slot, then the attention of the step's q; the output into
-  // attention_ (float32). T: the caches' dtype.
+  // Layer l's attention for KV heads [kv_begin, kv_end) and their query heads: rotary, each
+  // row's K and V into its slot, then the attention; its output heads into attention_. A
+  // thread reads only the cache heads it wrote, so the heads need no meeting between.
+  void attend(const Step& step, int64_t l, int64_t kv_begin, int64_t kv_end) {
+    if (kv_begin == kv_end) return;
+    const int64_t group = heads_ / kv_heads_;
+    rotate(step.position, step.rows, kv_begin * group, kv_end * group);
+    rotate(step.position, step.rows, heads_ + kv_begin, heads_ + kv_end);
+    const at::Tensor& keys = (*step.key_caches)[l];
+    const at::Tensor& values = (*step.value_caches)[l];
+    if (keys.scalar_type() == at::kBFloat16) {
+      attend_heads<at::BFloat16>(step, keys, values, kv_begin, kv_end);
+    } else {
+      attend_heads<float>(step, keys, values, kv_begin, kv_end);
+    }
+  }
+
+  // T: the caches' dtype; q and the output are rounded through it as the torch path's are.
   template <typename T>
-  void attend(const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t rows,
-              const int64_t* slot_block, const int64_t* slot_offset, const at::Tensor& block_ids,
-              const at::Tensor& block_starts, const at::Tensor& context_lens) {
+  void attend_heads(const Step& step, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                    int64_t kv_begin, int64_t kv_end) {
     const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
     const int64_t width = q_size + 2 * kv_size, block_size = key_cache.size(2);
+    const int64_t rows = step.rows;
     T* keys = key_cache.data_ptr<T>();
     T* values = value_cache.data_ptr<T>();
     for (int64_t r = 0; r < rows; ++r) {
       const float* k = qkv_.data() + r * width + q_size;
       const float* v = k + kv_size;
-      for (int64_t h = 0; h < kv_heads_; ++h) {
-        const int64_t at = ((slot_block[r] * kv_heads_ + h) * block_size + slot_offset[r]) * head_dim_;
+      for (int64_t h = kv_begin; h < kv_end; ++h) {
+        const int64_t at =
+            ((step.slot_block[r] * kv_heads_ + h) * block_size + step.slot_offset[r]) * head_dim_;
         for (int64_t i = 0; i < head_dim_; ++i) {
           keys[at + i] = static_cast<T>(k[h * head_dim_ + i]);
           values[at + i] = static_cast<T>(v[h * head_dim_ + i]);
         }
       }
     }
-    const int64_t* ids = block_ids.data_ptr<int64_t>();
-    const int64_t* starts = block_starts.data_ptr<int64_t>();
-    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    // The heads' span of a row: [first, last) of its q_size values.
+    const int64_t group_size = heads_ / kv_heads_ * head_dim_;
+    const int64_t first = kv_begin * group_size, last = kv_end * group_size;
+    const auto heads = [&](const void* q, int64_t q_row, void* out) {
+      deepwell::paged_decode_heads(q, q_row, rows, heads_, key_cache, value_cache, step.block_ids,
+                                   step.block_starts, step.context_lens, scale_, out, kv_begin,
+                                   kv_end);
+    };
     if constexpr (std::is_same_v<T, float>) {
       // q read in place: the first q_size values of each qkv row.
-      deepwell::paged_decode_rows(qkv_.data(), width, rows, heads_, key_cache, value_cache, ids, starts,
-                                  lens, scale_, attention_.data());
+      heads(qkv_.data(), width, attention_.data());
     } else {
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = 0; i < q_size; ++i) q16_[r * q_size + i] = static_cast<T>(qkv_[r * width + i]);
+        for (int64_t i = first; i < last; ++i) q16_[r * q_size + i] = static_cast<T>(qkv_[r * width + i]);
       }
-      deepwell::paged_decode_rows(q16_.data(), q_size, rows, heads_, key_cache, value_cache, ids, starts,
-                                  lens, scale_, out16_.data());
-      for (int64_t i = 0; i < rows * q_size; ++i) attention_[i] = static_cast<float>(out16_[i]);
+      heads(q16_.data(), q_size, out16_.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = first; i < last; ++i) attention_[r * q_size + i] = static_cast<float>(out16_[r * q_size + i]);
+      }
     }
   }
 
-  static void round_to_bf16(const float* x, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<at::BFloat16>(x[i]));
+  static void round_to_bf16(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<at::BFloat16>(x[i]));
   }
 
-  void add_to_residual(int64_t rows) {
-    at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, x_.data(), x_.data(), added_.data(),
-                         rows * hidden_);
-  }
-
-  // act = silu(gate) * up per row; gate_up rows hold gate then up (models/llama.py).
-  void silu_times_up(int64_t rows) {
+  // act = silu(gate) * up per row, into this thread's `act`; gate_up rows hold gate then up
+  // (models/llama.py).
+  void silu_times_up(int64_t rows, float* act) const {
     for (int64_t r = 0; r < rows; ++r) {
       const float* gate = gate_up_.data() + r * 2 * intermediate_;
       at::vec::map2<float>(
           [](Vec g, Vec u) { return g / (Vec(1.f) + g.neg().exp()) * u; },
-          act_.data() + r * intermediate_, gate, gate + intermediate_, intermediate_);
+          act + r * intermediate_, gate, gate + intermediate_, intermediate_);
     }
   }
 
@@ -322,9 +442,11 @@ class LlamaDecoder {
   std::vector<Layer> layers_;
   std::optional<Linear> head_;
   bool head_bf16_ = false;
-  // Float32 buffers of kMaxRows rows, reused by every call (one call at a time).
-  std::vector<float> x_, normed_, added_, qkv_, attention_, gate_up_, act_;
+  // Float32 buffers of kMaxRows rows, shared by the step's threads and reused by every call
+  // (one call at a time).
+  std::vector<float> x_, qkv_, attention_, gate_up_;
   std::vector<at::BFloat16> q16_, out16_;
+  StepBarrier barrier_;
 };
 
 }  // namespace

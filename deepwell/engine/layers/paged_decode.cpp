@@ -469,6 +469,45 @@ void sequence_task(
   for (const auto& row : rows) finish_row(row, head_dim, group);
 }
 
+// One (sequence, KV head) task of decode_all's: the sequence's rows [first, last) laid out
+// in `states`, then sequence_task; `following` as there.
+template <typename T>
+void row_task(
+    const T* q_data,
+    int64_t q_row,
+    int64_t q_head,
+    int64_t heads,
+    int64_t head_dim,
+    const T* k_data,
+    const T* v_data,
+    int64_t kv_heads,
+    int64_t block_size,
+    const int64_t* ids,
+    const int64_t* starts,
+    const int64_t* lens,
+    int64_t first,
+    int64_t last,
+    int64_t kv_head,
+    float scale,
+    bool fast_scores,
+    const T* following,
+    T* out_data,
+    std::vector<RowState<T>>& states,
+    std::vector<float>& scratch) {
+  const int64_t group = heads / kv_heads;
+  states.resize(last - first);
+  for (int64_t row = first; row < last; ++row) {
+    auto& state = states[row - first];
+    state.q = q_data + row * q_row + kv_head * group * q_head;
+    state.blocks = ids + starts[row];
+    state.num_blocks = starts[row + 1] - starts[row];
+    state.context_len = lens[row];
+    state.out = out_data + (row * heads + kv_head * group) * head_dim;
+  }
+  sequence_task<T>(states, q_head, k_data, v_data, kv_head, kv_heads, block_size, head_dim,
+                   group, scale, fast_scores, following, scratch);
+}
+
 // seq_starts [sequences + 1]: sequence s holds rows [seq_starts[s], seq_starts[s + 1]);
 // null: every row is its own sequence.
 template <typename T>
@@ -491,7 +530,6 @@ void decode_all(
     float scale,
     bool fast_scores,
     T* out_data) {
-  const int64_t group = heads / kv_heads;
   const int64_t tasks = sequences * kv_heads;
   // Sequences have ragged contexts and row counts: hand out (sequence, KV head) tasks one
   // at a time, or, with a few sequences a thread, a sequence's KV heads together, so that a
@@ -506,21 +544,13 @@ void decode_all(
       const int64_t seq = task / kv_heads, kv_head = task % kv_heads;
       const int64_t first = seq_starts ? seq_starts[seq] : seq;
       const int64_t last = seq_starts ? seq_starts[seq + 1] : seq + 1;
-      states.resize(last - first);
-      for (int64_t row = first; row < last; ++row) {
-        auto& state = states[row - first];
-        state.q = q_data + row * q_row + kv_head * group * q_head;
-        state.blocks = ids + starts[row];
-        state.num_blocks = starts[row + 1] - starts[row];
-        state.context_len = lens[row];
-        state.out = out_data + (row * heads + kv_head * group) * head_dim;
-      }
       const T* following = nullptr;
       if (chunk > 1 && kv_head + 1 < kv_heads) {
         following = k_data + (ids[starts[first]] * kv_heads + kv_head + 1) * block_size * head_dim;
       }
-      sequence_task<T>(states, q_head, k_data, v_data, kv_head, kv_heads, block_size, head_dim,
-                       group, scale, fast_scores, following, scratch);
+      row_task<T>(q_data, q_row, q_head, heads, head_dim, k_data, v_data, kv_heads, block_size,
+                  ids, starts, lens, first, last, kv_head, scale, fast_scores, following,
+                  out_data, states, scratch);
     }
   }
 }
@@ -557,7 +587,7 @@ void deepwell::check_block_lists(
   }
 }
 
-void deepwell::paged_decode_rows(
+void deepwell::paged_decode_heads(
     const void* q,
     int64_t q_row,
     int64_t rows,
@@ -568,21 +598,35 @@ void deepwell::paged_decode_rows(
     const int64_t* starts,
     const int64_t* lens,
     float scale,
-    void* out) {
+    void* out,
+    int64_t kv_begin,
+    int64_t kv_end) {
   const int64_t kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   const int64_t head_dim = key_cache.size(3);
+  // Per thread, reused: the whole-step decoder calls this once per layer.
+  thread_local std::vector<float> scratch;
+  const auto each_task = [&](auto* q_data, auto* k_data, auto* v_data, auto* out_data) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(k_data)>>;
+    thread_local std::vector<RowState<T>> states;
+    const bool fast = use_fast_scores<T>(head_dim, false);
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t kv_head = kv_begin; kv_head < kv_end; ++kv_head) {
+        // The row's next head's first key tile, fetched ahead as decode_all's chunks do.
+        const T* following = kv_head + 1 < kv_end
+            ? k_data + (ids[starts[row]] * kv_heads + kv_head + 1) * block_size * head_dim
+            : nullptr;
+        row_task<T>(q_data, q_row, head_dim, heads, head_dim, k_data, v_data, kv_heads,
+                    block_size, ids, starts, lens, row, row + 1, kv_head, scale, fast, following,
+                    out_data, states, scratch);
+      }
+    }
+  };
   if (key_cache.scalar_type() == at::kBFloat16) {
-    decode_all<at::BFloat16>(static_cast<const at::BFloat16*>(q), q_row, head_dim,
-                             rows, heads, head_dim, key_cache.data_ptr<at::BFloat16>(),
-                             value_cache.data_ptr<at::BFloat16>(), kv_heads, block_size, ids,
-                             starts, lens, nullptr, rows, scale,
-                             use_fast_scores<at::BFloat16>(head_dim, false),
-                             static_cast<at::BFloat16*>(out));
+    each_task(static_cast<const at::BFloat16*>(q), key_cache.data_ptr<at::BFloat16>(),
+              value_cache.data_ptr<at::BFloat16>(), static_cast<at::BFloat16*>(out));
   } else {
-    decode_all<float>(static_cast<const float*>(q), q_row, head_dim, rows, heads,
-                      head_dim, key_cache.data_ptr<float>(), value_cache.data_ptr<float>(),
-                      kv_heads, block_size, ids, starts, lens, nullptr, rows, scale,
-                      use_fast_scores<float>(head_dim, false), static_cast<float*>(out));
+    each_task(static_cast<const float*>(q), key_cache.data_ptr<float>(),
+              value_cache.data_ptr<float>(), static_cast<float*>(out));
   }
 }
 

@@ -170,11 +170,18 @@ const Activations& quantize_activations(const T* x, int64_t rows, int64_t in_fea
   return a;
 }
 
-// Stores a tile's 16 (or, the last tile, fewer) outputs of each row.
-inline void store_tile(const float* sums, int64_t rows, int64_t first, int64_t out_features, float* out) {
+// Stores a tile's 16 (or, the last tile, fewer) outputs of each row, or adds them to out's
+// values where `add` (the whole-step decoder's residuals: x + sum, as a separate add rounds).
+inline void store_tile(const float* sums, int64_t rows, int64_t first, int64_t out_features,
+                       bool add, float* out) {
   const int64_t count = std::min<int64_t>(kTile, out_features - first);
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(out + r * out_features + first, sums + r * kTile, count * sizeof(float));
+    float* row = out + r * out_features + first;
+    if (add) {
+      for (int64_t i = 0; i < count; ++i) row[i] += sums[r * kTile + i];
+    } else {
+      std::memcpy(row, sums + r * kTile, count * sizeof(float));
+    }
   }
 }
 
@@ -202,7 +209,7 @@ inline void prefetch_block(const uint8_t* w, int64_t block_bytes) {
 // fma of d dx into the row's float lanes, and for Q4_1 one fma of m sx into a second set.
 template <int R, bool kQ4_1>
 void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-           int64_t out_features, float* out) {
+           int64_t out_features, bool add, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -264,7 +271,7 @@ void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t 
       }
     }
     for (int r = 0; r < R; ++r) _mm512_store_ps(sums + r * kTile, _mm512_add_ps(acc[r], offsets[r]));
-    store_tile(sums, R, t * kTile, out_features, out);
+    store_tile(sums, R, t * kTile, out_features, add, out);
   }
 }
 
@@ -280,7 +287,7 @@ inline __m256i quad_sums(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256
 // half of every 64-byte vector), the half's R × 2 accumulators in registers.
 template <int R, bool kQ4_1>
 void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-           int64_t out_features, float* out) {
+           int64_t out_features, bool add, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -339,7 +346,7 @@ void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t 
       }
       for (int r = 0; r < R; ++r) _mm256_store_ps(sums + r * kTile + 8 * half, _mm256_add_ps(acc[r], offsets[r]));
     }
-    store_tile(sums, R, t * kTile, out_features, out);
+    store_tile(sums, R, t * kTile, out_features, add, out);
   }
 }
 
@@ -358,7 +365,7 @@ inline int32_t weight_at(const uint8_t* w, int64_t o, int64_t i) {
 
 template <int R, bool kQ4_1>
 void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t end,
-           int64_t out_features, float* out) {
+           int64_t out_features, bool add, float* out) {
   const int64_t blocks = a.blocks;
   const int64_t block_bytes = kQ4_1 ? kQ4_1TileBlock : kQ8_0TileBlock;
   const int64_t quant_bytes = kQ4_1 ? kQ4_1Quants : kQ8_0Quants;
@@ -380,7 +387,7 @@ void tiles(const uint8_t* weights, const Activations& a, int64_t begin, int64_t 
         sums[r * kTile + o] = acc + offsets;
       }
     }
-    store_tile(sums, R, t * kTile, out_features, out);
+    store_tile(sums, R, t * kTile, out_features, add, out);
   }
 }
 
@@ -404,27 +411,32 @@ constexpr int64_t kGrainTiles = 4;
 // The instantiation for `rows` activation rows (register-held accumulators per row).
 template <bool kQ4_1>
 void tiles_of_rows(int64_t rows, const uint8_t* w, const Activations& a, int64_t begin, int64_t end,
-                   int64_t n, float* out) {
+                   int64_t n, bool add, float* out) {
   switch (rows) {
-    case 1: tiles<1, kQ4_1>(w, a, begin, end, n, out); break;
-    case 2: tiles<2, kQ4_1>(w, a, begin, end, n, out); break;
-    case 3: tiles<3, kQ4_1>(w, a, begin, end, n, out); break;
-    case 4: tiles<4, kQ4_1>(w, a, begin, end, n, out); break;
-    case 5: tiles<5, kQ4_1>(w, a, begin, end, n, out); break;
-    case 6: tiles<6, kQ4_1>(w, a, begin, end, n, out); break;
-    case 7: tiles<7, kQ4_1>(w, a, begin, end, n, out); break;
-    default: tiles<8, kQ4_1>(w, a, begin, end, n, out); break;
+    case 1: tiles<1, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 2: tiles<2, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 3: tiles<3, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 4: tiles<4, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 5: tiles<5, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 6: tiles<6, kQ4_1>(w, a, begin, end, n, add, out); break;
+    case 7: tiles<7, kQ4_1>(w, a, begin, end, n, add, out); break;
+    default: tiles<8, kQ4_1>(w, a, begin, end, n, add, out); break;
+  }
+}
+
+void run_share(const Activations& a, int64_t rows, const deepwell::BlockLinear& w,
+               deepwell::TileShare share, bool add, float* out) {
+  if (w.q4_1) {
+    tiles_of_rows<true>(rows, w.weights, a, share.begin, share.end, w.out_features, add, out);
+  } else {
+    tiles_of_rows<false>(rows, w.weights, a, share.begin, share.end, w.out_features, add, out);
   }
 }
 
 void run_tiles(const Activations& a, int64_t rows, const deepwell::BlockLinear& w, float* out) {
   const int64_t tiles = (w.out_features + kTile - 1) / kTile;
   at::parallel_for(0, tiles, kGrainTiles, [&](int64_t begin, int64_t end) {
-    if (w.q4_1) {
-      tiles_of_rows<true>(rows, w.weights, a, begin, end, w.out_features, out);
-    } else {
-      tiles_of_rows<false>(rows, w.weights, a, begin, end, w.out_features, out);
-    }
+    run_share(a, rows, w, {begin, end}, false, out);
   });
 }
 
@@ -455,11 +467,16 @@ at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& weights, int64_t o
 
 }  // namespace
 
-void deepwell::block_linear(
-    const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, float* out) {
-  TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "block_linear takes 1 to ", kMaxRows, " rows");
-  TORCH_CHECK(w.blocks * kBlock == in_features, "the weight's blocks do not match in_features ", in_features);
-  run_tiles(quantize_activations(x, rows, in_features), rows, w, out);
+std::pair<const uint8_t*, int64_t> deepwell::share_bytes(const BlockLinear& w, TileShare share) {
+  const int64_t tile_bytes = w.blocks * (w.q4_1 ? kQ4_1TileBlock : kQ8_0TileBlock);
+  return {w.weights + share.begin * tile_bytes, (share.end - share.begin) * tile_bytes};
+}
+
+std::pair<int64_t, int64_t> deepwell::block_linear_share(
+    const float* x, int64_t rows, int64_t in_features, const BlockLinear& w, TileShare share,
+    bool add, float* out) {
+  run_share(quantize_activations(x, rows, in_features), rows, w, share, add, out);
+  return {std::min(share.begin * kTile, w.out_features), std::min(share.end * kTile, w.out_features)};
 }
 
 namespace {
