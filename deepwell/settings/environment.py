@@ -135,6 +135,9 @@ for _name, _owner in {
     "MAX_JOBS": "torch's C++ extension builds: compiler processes per build (set to 1 by "
     "deepwell build-kernels, which runs builds side by side instead)",
     "TRITON_INTERPRET": "Triton: run the Triton kernels on the CPU",
+    "ONEDNN_MAX_CPU_ISA": "oneDNN: the highest instruction set it may use; below AMX the bf16 "
+    "decode linears take the panel kernel (layers/bf16_gemm.py)",
+    "DNNL_MAX_CPU_ISA": "oneDNN: ONEDNN_MAX_CPU_ISA's older name",
     # Models by name (settings/model_source.py), read as huggingface_hub reads them.
     "HF_HUB_OFFLINE": "huggingface_hub: never download; a model by name comes from the cache",
     "HF_HUB_CACHE": "huggingface_hub: the cache models by name are fetched into",
