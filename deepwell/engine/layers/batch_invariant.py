@@ -194,6 +194,12 @@ class AmxTileLinear(nn.Linear):
 
     tiles: torch.Tensor
 
+    @torch.no_grad()
+    def retile(self) -> None:
+        """(Re)make the tiles from `weight`: once at load, and after the weight changes in
+        place (an expert moved by EPLB)."""
+        self.register_buffer("tiles", tile_layout(self.weight), persistent=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = amx_linear(x.reshape(-1, self.in_features), self.tiles, self.out_features)
         if self.bias is not None:
@@ -218,7 +224,7 @@ def tile_linears(model: nn.Module) -> None:
         module._buffers.pop("panels", None)
         if amx_kernel_ready():
             module.__class__ = AmxTileLinear
-            module.register_buffer("tiles", tile_layout(module.weight.detach()), persistent=False)
+            module.retile()
             continue
         module.__class__ = RowwiseLinear
         module.kernel = kernel

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.amx_linear import amx_kernel_ready, tile_layout
+from deepwell.engine.layers.amx_linear import amx_kernel_ready
 from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import (
     MIN_PRODUCT_ROWS,
@@ -56,12 +56,25 @@ def as_invariant_linear(linear: nn.Linear, kind: type[nn.Linear]) -> None:
     if kind is AmxTileLinear:
         if not amx_kernel_ready():
             pytest.skip("the AMX linear needs a CPU with AMX bf16 tiles")
-        linear.register_buffer("tiles", tile_layout(linear.weight.detach()), persistent=False)
-    else:
-        linear.kernel = rowwise_kernel(linear.weight)
-        if linear.kernel is None:
-            pytest.skip("blockscaled.cpp's bf16 kernel is unavailable here")
+        linear.__class__ = kind
+        linear.retile()
+        return
+    linear.kernel = rowwise_kernel(linear.weight)
+    if linear.kernel is None:
+        pytest.skip("blockscaled.cpp's bf16 kernel is unavailable here")
     linear.__class__ = kind
+
+
+def test_an_amx_linear_follows_its_weight_after_a_retile():
+    # EPLB copies a moved expert's weight in place and retiles: the old tiles must not serve.
+    model = nn.Sequential(nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
+    as_invariant_linear(model[0], AmxTileLinear)
+    rows = torch.randn(5, 64).to(torch.bfloat16)
+    before = model(rows)
+    with torch.no_grad():
+        model[0].weight.mul_(-1)
+    model[0].retile()
+    assert torch.equal(model(rows), -before)
 
 
 def test_tile_linears_puts_bf16_linears_on_amx_tiles_where_they_run():
