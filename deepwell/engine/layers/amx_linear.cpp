@@ -1,6 +1,6 @@
 // The batch-invariant mode's bf16 linears on AMX tiles: x [rows, in] bf16 times a weight packed
 // once at load (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout,
-// returned in float32 [rows, out]. Built by decode_kernel.py (only where the CPU and torch's
+// plus a bias, rounded once to bf16 [rows, out]. Built by decode_kernel.py (only where the CPU and torch's
 // level have AMX), registered as torch.ops.deepwell_amx_linear.
 //
 // Why the bits are a row's own: a tile product (tdpbf16ps) computes each row of its 16 × 16
@@ -24,10 +24,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__AVX512VL__) && defined(__linux__)
 #define AMX_LINEAR 1
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -43,6 +43,9 @@ namespace {
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kBlockInputs = 32;
 constexpr int64_t kTileOutputs = 16;
+// Row tiles whose inputs a pass over the weights multiplies: 128 rows, 384 KiB of input at
+// in = 1,536, in a 2 MiB L2 beside the weights streaming past (even, so pairs stay pairs).
+constexpr int64_t kChunkTiles = 8;
 // bf16 elements of one packed weight tile.
 constexpr int64_t kWeightTile = kBlockInputs * kTileOutputs;
 
@@ -117,6 +120,22 @@ constexpr MultiplyFn kMultiply[2][2] = {
 };
 
 // x zero-padded to whole 16-row tiles and 32-input blocks, unless it already is.
+// The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// out[0..valid) = bf16(sums + bias), round to nearest even (torch's `.to(torch.bfloat16)`
+// of the float32 sum plus the bias, as RowwiseLinear rounds).
+void store_row(const float* sums, const float* bias, int64_t valid, uint16_t* out) {
+  for (int64_t o = 0; o < valid; o += 16) {
+    const __mmask16 mask = lanes(valid - o);
+    __m512 v = _mm512_maskz_loadu_ps(mask, sums + o);
+    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + o));
+    _mm256_mask_storeu_epi16(out + o, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
 at::Tensor padded_input(const at::Tensor& x, int64_t padded_rows, int64_t padded_in) {
   const int64_t rows = x.size(0), in = x.size(1);
   if (rows == padded_rows && in == padded_in && x.is_contiguous()) return x;
@@ -128,8 +147,12 @@ at::Tensor padded_input(const at::Tensor& x, int64_t padded_rows, int64_t padded
 #endif  // AMX_LINEAR
 
 // x [rows, in] bf16; tiles bf16 [ceil(out / 16), ceil(in / 32), 16, 16, 2] (tile_layout).
-// Returns float32 [rows, out] = x @ weight.T.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& tiles, int64_t out_features) {
+// bias float32 [out] or none. Returns bf16 [rows, out] = x @ weight.T + bias.
+at::Tensor linear(
+    const at::Tensor& x,
+    const at::Tensor& tiles,
+    const c10::optional<at::Tensor>& bias,
+    int64_t out_features) {
 #if defined(AMX_LINEAR)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "amx linear: x must be bf16 [rows, in], got ", x.sizes());
@@ -142,36 +165,47 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& tiles, int64_t out_feat
                   tiles.size(4) == 2,
               "amx linear: tiles must be contiguous bf16 [", out_tiles, ", ", blocks,
               ", 16, 16, 2], got ", tiles.sizes());
+  const float* bias_data = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                    bias->numel() == out_features,
+                "amx linear: bias must be contiguous float32 [", out_features, "]");
+    bias_data = bias->data_ptr<float>();
+  }
   TORCH_CHECK(tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
-  at::Tensor out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return out;
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const at::Tensor input = padded_input(x, row_tiles * kTileRows, blocks * kBlockInputs);
   const auto* xs = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
-  float* result = out.data_ptr<float>();
+  auto* result = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int64_t x_bytes = blocks * kBlockInputs * 2, w_tile_step = blocks * kWeightTile;
   const int64_t out_pairs = (out_tiles + 1) / 2;
-  // Threads take pairs of output tiles: each pair's weights are read from memory once and
-  // from cache for every further pair of row tiles.
+  // Threads take pairs of output tiles; rows go kChunkTiles row tiles at a time, whose inputs
+  // stay in L2 while every pair's weights stream past them once.
   at::parallel_for(0, out_pairs, 1, [&](int64_t begin, int64_t end) {
     load_tile_config();
     alignas(64) float scratch[2 * kTileRows][2 * kTileOutputs];
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t first_out = 2 * pair * kTileOutputs;
-      const int out_count = 2 * pair + 1 < out_tiles ? 2 : 1;
-      const int64_t valid_out = std::min(out_count * kTileOutputs, out_features - first_out);
-      const uint16_t* w = ws + 2 * pair * w_tile_step;
-      for (int64_t row_tile = 0; row_tile < row_tiles; row_tile += 2) {
-        const int row_count = row_tile + 1 < row_tiles ? 2 : 1;
-        const int64_t first_row = row_tile * kTileRows;
-        kMultiply[row_count - 1][out_count - 1](
-            xs + first_row * x_bytes / 2, x_bytes, w, w_tile_step, blocks, &scratch[0][0]);
-        const int64_t valid_rows = std::min(row_count * kTileRows, rows - first_row);
-        const int64_t scratch_row = out_count * kTileOutputs;
-        for (int64_t r = 0; r < valid_rows; ++r)
-          std::memcpy(result + (first_row + r) * out_features + first_out,
-                      &scratch[0][0] + r * scratch_row, valid_out * sizeof(float));
+    for (int64_t chunk = 0; chunk < row_tiles; chunk += kChunkTiles) {
+      const int64_t chunk_end = std::min(row_tiles, chunk + kChunkTiles);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t first_out = 2 * pair * kTileOutputs;
+        const int out_count = 2 * pair + 1 < out_tiles ? 2 : 1;
+        const int64_t valid_out = std::min(out_count * kTileOutputs, out_features - first_out);
+        const uint16_t* w = ws + 2 * pair * w_tile_step;
+        for (int64_t row_tile = chunk; row_tile < chunk_end; row_tile += 2) {
+          const int row_count = row_tile + 1 < chunk_end ? 2 : 1;
+          const int64_t first_row = row_tile * kTileRows;
+          kMultiply[row_count - 1][out_count - 1](
+              xs + first_row * x_bytes / 2, x_bytes, w, w_tile_step, blocks, &scratch[0][0]);
+          const int64_t valid_rows = std::min(row_count * kTileRows, rows - first_row);
+          const int64_t scratch_row = out_count * kTileOutputs;
+          const float* b = bias_data == nullptr ? nullptr : bias_data + first_out;
+          for (int64_t r = 0; r < valid_rows; ++r)
+            store_row(&scratch[0][0] + r * scratch_row, b, valid_out,
+                      result + (first_row + r) * out_features + first_out);
+        }
       }
     }
     _tile_release();
@@ -193,7 +227,7 @@ std::string instruction_set() {
 }  // namespace
 
 TORCH_LIBRARY(deepwell_amx_linear, m) {
-  m.def("linear(Tensor x, Tensor tiles, int out_features) -> Tensor");
+  m.def("linear(Tensor x, Tensor tiles, Tensor? bias, int out_features) -> Tensor");
   m.def("instruction_set() -> str", &instruction_set);
 }
 

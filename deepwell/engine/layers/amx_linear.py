@@ -46,7 +46,12 @@ def tile_layout(weight: torch.Tensor) -> torch.Tensor:
     return tiles.contiguous()
 
 
-def amx_linear(x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
-    """float32 [rows, out] = x [rows, in] bf16 @ weight.T, from the weight's tile_layout; each
-    row's bits its own whatever the rows beside it (amx_kernel_ready must hold)."""
-    return torch.ops.deepwell_amx_linear.linear(x, tiles, out_features)
+def amx_linear(
+    x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """bf16 [rows, out] = x [rows, in] bf16 @ weight.T (+ bias), from the weight's
+    tile_layout: the float32 sum plus the bias rounded once, each row's bits its own whatever
+    the rows beside it (amx_kernel_ready must hold)."""
+    return torch.ops.deepwell_amx_linear.linear(
+        x, tiles, None if bias is None else bias.float().contiguous(), out_features
+    )

@@ -201,10 +201,8 @@ class AmxTileLinear(nn.Linear):
         self.register_buffer("tiles", tile_layout(self.weight), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = amx_linear(x.reshape(-1, self.in_features), self.tiles, self.out_features)
-        if self.bias is not None:
-            out += self.bias
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        out = amx_linear(x.reshape(-1, self.in_features), self.tiles, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def tile_linears(model: nn.Module) -> None:

@@ -16,10 +16,15 @@ needs_amx = pytest.mark.skipif(
 ROW_COUNTS = (1, 3, 16, 17, 64, 300)
 
 
-def accumulation_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """How far a float32 sum of x · weight's bf16 products may be from the exact one:
-    in · 2^-24 · Σ|x·w|."""
-    return x.shape[1] * 2.0**-24 * (x.double().abs() @ weight.double().abs().T)
+def exact_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """float64 x @ weight.T (+ bias) and how far a float32 sum of its products plus the bias,
+    rounded once to bf16, may be from it: in · 2^-24 · Σ|x·w| for the sum, half a bf16 ulp
+    for the store."""
+    x64, w64 = x.double(), weight.double()
+    exact = x64 @ w64.T + (0 if bias is None else bias.double())
+    magnitude = x64.abs() @ w64.abs().T + (0 if bias is None else bias.double().abs())
+    accumulation = x.shape[1] * 2.0**-24 * magnitude
+    return exact, accumulation + (exact.abs() + accumulation) * 2.0**-8
 
 
 def test_the_tile_layout_puts_an_input_pair_of_16_outputs_in_one_tile_row():
@@ -40,26 +45,28 @@ def test_each_row_has_the_same_bits_whatever_the_rows_beside_it(in_features, out
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
     tiles = tile_layout(weight)
     rows = torch.randn(300, in_features, generator=generator).bfloat16()
-    whole = amx_linear(rows, tiles, out_features)
+    whole = amx_linear(rows, tiles, None, out_features)
     for count in ROW_COUNTS:
         for first in (0, 5, 300 - count):
-            part = amx_linear(rows[first : first + count], tiles, out_features)
+            part = amx_linear(rows[first : first + count], tiles, None, out_features)
             assert torch.equal(part, whole[first : first + count]), (count, first)
     # A row among others in another order: its own bits still.
-    shuffled = amx_linear(rows.flip(0)[:17], tiles, out_features)
+    shuffled = amx_linear(rows.flip(0)[:17], tiles, None, out_features)
     assert torch.equal(shuffled, whole.flip(0)[:17])
 
 
 @needs_amx
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("rows", ROW_COUNTS)
-def test_the_product_is_within_float32_accumulation_error(rows, threads):
+def test_the_product_is_within_float32_accumulation_error(rows, bias, threads):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(49, 1000, generator=generator).bfloat16()
     x = torch.randn(rows, 1000, generator=generator).bfloat16()
-    out = amx_linear(x, tile_layout(weight), 49)
-    assert out.dtype == torch.float32 and out.shape == (rows, 49)
-    exact = x.double() @ weight.double().T
-    assert ((out.double() - exact).abs() <= accumulation_bound(x, weight)).all()
+    b = torch.randn(49, generator=generator).bfloat16() if bias else None
+    out = amx_linear(x, tile_layout(weight), b, 49)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 49)
+    exact, bound = exact_bound(x, weight, b)
+    assert ((out.double() - exact).abs() <= bound).all()
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86's instruction sets")
