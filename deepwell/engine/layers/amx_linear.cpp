@@ -1,7 +1,7 @@
 // The batch-invariant mode's bf16 linears on AMX tiles: x [rows, in] bf16 times a weight packed
 // once at load (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout,
-// plus a bias, rounded once to bf16 [rows, out]. Built by decode_kernel.py (only where the CPU and torch's
-// level have AMX), registered as torch.ops.deepwell_amx_linear.
+// plus a bias, rounded once to bf16 [rows, out]. Built by decode_kernel.py (only where the
+// CPU and torch's level have AMX), registered as torch.ops.deepwell_amx_linear.
 //
 // Why the bits are a row's own: a tile product (tdpbf16ps) computes each row of its 16 × 16
 // float32 result from that row of its input tile only, and every output here is one result
@@ -9,8 +9,10 @@
 // block. The blocking of the input never changes, the rows are zero-padded to whole 16-row
 // tiles (a tile product costs the same for 1 row as for 16), and threads split the outputs,
 // never the input: so a row's result is the same whatever the row count and the rows beside
-// it. oneDNN's AMX path blocks its sums by the row count (36 against 37 rows differ), the
-// vector kernel it replaces (blockscaled.cpp's bf16_linear) runs at ~1/2 of this at 16 rows.
+// it. oneDNN's AMX path blocks its sums by the row count (36 against 37 rows differ); the
+// vector kernel this replaces in the batch-invariant mode (blockscaled.cpp's bf16_linear)
+// took 3x this for SmolLM2's linears at 16 rows (docs/benchmarks-log.md, "Batch invariance
+// on AMX tiles").
 //
 // Linux hands out the tile state only to a process that asked (arch_prctl
 // ARCH_REQ_XCOMP_PERM): asked once here before the first tile instruction, whatever oneDNN did.
