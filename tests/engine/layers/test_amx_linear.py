@@ -50,6 +50,13 @@ def test_each_row_has_the_same_bits_whatever_the_rows_beside_it(in_features, out
         for first in (0, 5, 300 - count):
             part = amx_linear(rows[first : first + count], tiles, None, out_features)
             assert torch.equal(part, whole[first : first + count]), (count, first)
+    # At one thread as at two: threads split the outputs, never a sum.
+    before = torch.get_num_threads()
+    torch.set_num_threads(3 - threads)
+    try:
+        assert torch.equal(amx_linear(rows, tiles, None, out_features), whole)
+    finally:
+        torch.set_num_threads(before)
     # A row among others in another order: its own bits still.
     shuffled = amx_linear(rows.flip(0)[:17], tiles, None, out_features)
     assert torch.equal(shuffled, whole.flip(0)[:17])
