@@ -1,7 +1,7 @@
 """Batch-invariant kernels: a row's result is bitwise the same whatever else is in the batch.
 
-Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): bf16 CPU linears on a
-row-wise kernel and the others over fixed row tiles, attention one row at a time in the C++
+Used when EngineArgs.batch_invariant is on (spec/deepinfer.md §1.6): bf16 CPU linears on AMX
+tiles where the CPU has them, else on a row-wise kernel, and the others over fixed row tiles, attention one row at a time in the C++
 paged kernel (or over fixed query tiles and whole KV blocks), prefill or decode, and sink
 attention over a fixed number of key slots per query. On the CPU, DeepSeek-V4.1's other
 products run row by row in invariant_rows.cpp (`row_kernels`) and its elementwise passes
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepwell.engine.layers.amx_linear import amx_kernel_ready, amx_linear, tile_layout
 from deepwell.engine.layers.attention import (
     AttentionBackend,
     AttentionMetadata,
@@ -180,9 +181,34 @@ class RowwiseLinear(nn.Linear):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
+class AmxTileLinear(nn.Linear):
+    """A bf16 CPU linear on AMX tiles (amx_linear.cpp), all rows in one call, the weight read
+    from its tile layout (`tiles`, packed once); rounded once to bf16 after the bias.
+
+    Each output is one float32 tile accumulator over the input's 32-wide blocks in order, and
+    a tile product computes a row from that row alone: a row's bits are the same whatever the
+    row count. At 16 rows RowwiseLinear's vector dot products took 1.76x the default step,
+    whose oneDNN linears run on these tiles; docs/benchmarks-log.md, "Batch invariance on
+    AMX tiles".
+    """
+
+    tiles: torch.Tensor
+
+    @torch.no_grad()
+    def retile(self) -> None:
+        """(Re)make the tiles from `weight`: once at load, and after the weight changes in
+        place (an expert moved by EPLB)."""
+        self.register_buffer("tiles", tile_layout(self.weight), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = amx_linear(x.reshape(-1, self.in_features), self.tiles, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
 def tile_linears(model: nn.Module) -> None:
     """Make the model's linears batch invariant in place (weights untouched): bf16 CPU ones
-    run RowwiseLinear where blockscaled.cpp builds, every other one runs ROW_TILE-row calls."""
+    run AmxTileLinear where the CPU has AMX tiles and amx_linear.cpp builds, else
+    RowwiseLinear where blockscaled.cpp builds; every other one runs ROW_TILE-row calls."""
     tiled = {nn.Linear: RowTiledLinear, PackedLinear: RowTiledPackedLinear}
     for module in model.modules():
         if type(module) not in tiled:
@@ -191,11 +217,15 @@ def tile_linears(model: nn.Module) -> None:
         if kernel is None:
             module.__class__ = tiled[type(module)]
             continue
-        module.__class__ = RowwiseLinear
-        module.kernel = kernel
         # The packed copies of the weight are no longer read.
         module._buffers.pop("packed_weight", None)
         module._buffers.pop("panels", None)
+        if amx_kernel_ready():
+            module.__class__ = AmxTileLinear
+            module.retile()
+            continue
+        module.__class__ = RowwiseLinear
+        module.kernel = kernel
 
 
 def rowwise_kernel(weight: torch.Tensor) -> ModuleType | None:

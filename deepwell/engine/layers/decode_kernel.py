@@ -5,7 +5,8 @@ into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
 v41_rotary.cpp: V4.1's rotary embedding; invariant_rows.cpp: the batch-invariant mode's row-wise
 products; prefill_attention.cpp: prefill chunks' attention; llama_rotary.cpp: the Llama
-family's rotary embedding; bf16_gemm.cpp: bf16 linears of decode-shaped steps):
+family's rotary embedding; bf16_gemm.cpp: bf16 linears of decode-shaped steps;
+amx_linear.cpp: the batch-invariant mode's bf16 linears on AMX tiles):
 compiled once per machine into the torch extensions cache, up front by `deepwell
 build-kernels` (`build_kernels`) or on first use, each under the folder's build lock
 (layers/kernel_build_lock.py), and loaded from there after.
@@ -50,6 +51,11 @@ INVARIANT_ROWS_SOURCE = Path(__file__).with_name("invariant_rows.cpp")
 PREFILL_SOURCE = Path(__file__).with_name("prefill_attention.cpp")
 LLAMA_ROTARY_SOURCE = Path(__file__).with_name("llama_rotary.cpp")
 BF16_GEMM_SOURCE = Path(__file__).with_name("bf16_gemm.cpp")
+AMX_LINEAR_SOURCE = Path(__file__).with_name("amx_linear.cpp")
+# Named rather than left to -march=native's detection (which finds them on an AMX Xeon with
+# gcc 12), and passed only where the CPU and torch's level have them: a tile instruction
+# elsewhere faults.
+AMX_FLAGS = ["-mamx-tile", "-mamx-bf16"]
 # What the sources share: its changes must change every build key.
 HEADER = Path(__file__).with_name("kernel_parts.h")
 # The one file a build of several sources compiles: it includes them all (`_staged_sources`).
@@ -277,6 +283,33 @@ def load_bf16_gemm_kernel() -> DecodeKernel:
     return _load((BF16_GEMM_SOURCE,), "bf16 gemm kernel", [], ops="deepwell_bf16_gemm")
 
 
+def amx_tiles_lacking() -> str | None:
+    """Why amx_linear.cpp cannot run its tiles here, or None: the CPU lacks AMX tiles with
+    bf16 products, or torch runs below its AVX-512 level (ATEN_CPU_CAPABILITY=avx2, whose
+    builds stay on AVX2 paths; an AMX build would not be one)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"no AMX tiles on {platform.machine()}"
+    capabilities = torch.cpu.get_capabilities()
+    if not (capabilities.get("amx_tile") and capabilities.get("amx_bf16")):
+        return "this CPU has no AMX bf16 tiles"
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return f"torch runs at {torch.backends.cpu.get_cpu_capability()}, below AVX-512"
+    return None
+
+
+@functools.cache
+def load_amx_linear_kernel() -> DecodeKernel:
+    """The batch-invariant mode's bf16 linears on AMX tiles (amx_linear.cpp, registered as
+    torch.ops.deepwell_amx_linear), built on the first call in a process if the cache lacks
+    it; nothing is compiled where amx_tiles_lacking says why (a missing compiler said first,
+    as for every kernel)."""
+    lacking = amx_tiles_lacking()
+    if lacking is not None and _missing_tool() is None:
+        KERNEL_STATES["AMX linear kernel"] = "unavailable"
+        return DecodeKernel(None, lacking)
+    return _load((AMX_LINEAR_SOURCE,), "AMX linear kernel", AMX_FLAGS, ops="deepwell_amx_linear")
+
+
 @functools.cache
 def load_llama_kernel() -> DecodeKernel:
     """The whole-step Llama decoder with the attention and linear kernels it calls (their
@@ -378,6 +411,7 @@ KERNEL_BUILDS = (
     KernelBuild("prefill attention", False, 1, load_prefill_kernel),
     KernelBuild("Llama rotary", False, 1, load_llama_rotary_kernel),
     KernelBuild("bf16 gemm", False, 1, load_bf16_gemm_kernel),
+    KernelBuild("AMX linear", False, 1, load_amx_linear_kernel),
     *(
         KernelBuild(
             f"quantised linear ({path}, forced)",

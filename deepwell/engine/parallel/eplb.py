@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from deepwell.engine.layers.batch_invariant import AmxTileLinear
 from deepwell.engine.layers.blockscaled import MxFp4Experts
 from deepwell.engine.layers.packed_linear import repack
 from deepwell.engine.parallel.group import DistributedGroup, collective
@@ -126,6 +127,8 @@ def _move_experts(
             linear.weight.data.copy_(tensor)
             if hasattr(linear, "packed_weight"):  # packed bf16 (layers/packed_linear.py)
                 repack(linear)
+            elif isinstance(linear, AmxTileLinear):  # batch-invariant, on AMX tiles
+                linear.retile()
     return len(transfers)
 
 

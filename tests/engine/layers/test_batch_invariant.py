@@ -9,13 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepwell.engine.layers.amx_linear import amx_kernel_ready
 from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import (
     MIN_PRODUCT_ROWS,
+    AmxTileLinear,
     BatchInvariantAttention,
     BatchInvariantSinkAttention,
     RowwiseLinear,
     row_block_lists,
+    rowwise_kernel,
     tile_linears,
     tile_queries,
 )
@@ -47,15 +50,51 @@ def test_a_tiled_linear_row_has_the_same_bits_at_any_row_count_and_place(feature
             assert torch.equal(part, whole[first : first + count]), (count, first)
 
 
+def as_invariant_linear(linear: nn.Linear, kind: type[nn.Linear]) -> None:
+    """Turn a bf16 linear into `kind` as tile_linears would where that kernel is the one it
+    picks, skipping where the kernel cannot run here."""
+    if kind is AmxTileLinear:
+        if not amx_kernel_ready():
+            pytest.skip(
+                "the AMX linear does not run here (no AMX bf16 tiles, or torch below AVX-512)"
+            )
+        linear.__class__ = kind
+        linear.retile()
+        return
+    linear.kernel = rowwise_kernel(linear.weight)
+    if linear.kernel is None:
+        pytest.skip("blockscaled.cpp's bf16 kernel is unavailable here")
+    linear.__class__ = kind
+
+
+def test_an_amx_linear_follows_its_weight_after_a_retile():
+    # EPLB copies a moved expert's weight in place and retiles: the old tiles must not serve.
+    model = nn.Sequential(nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
+    as_invariant_linear(model[0], AmxTileLinear)
+    rows = torch.randn(5, 64).to(torch.bfloat16)
+    before = model(rows)
+    with torch.no_grad():
+        model[0].weight.mul_(-1)
+    model[0].retile()
+    assert torch.equal(model(rows), -before)
+
+
+def test_tile_linears_puts_bf16_linears_on_amx_tiles_where_they_run():
+    model = nn.Sequential(nn.Linear(64, 32)).to(torch.bfloat16)
+    tile_linears(model)
+    assert type(model[0]) is (AmxTileLinear if amx_kernel_ready() else RowwiseLinear)
+
+
+@pytest.mark.parametrize("kind", [RowwiseLinear, AmxTileLinear], ids=["rowwise", "amx"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_a_rowwise_linear_computes_the_linear_with_rows_anywhere_in_the_batch(bias, threads):
+def test_an_invariant_linear_computes_the_linear_with_rows_anywhere_in_the_batch(
+    kind, bias, threads
+):
     # SmolLM2's down projection with a bias, rows at varied places among others: each row's
     # bits as alone, and the linear's value to bf16 rounding.
     generator = torch.Generator().manual_seed(1)
     model = nn.Sequential(nn.Linear(1536, 576, bias=bias)).to(torch.bfloat16)
-    tile_linears(model)
-    if type(model[0]) is not RowwiseLinear:
-        pytest.skip("blockscaled.cpp's bf16 kernel is unavailable here")
+    as_invariant_linear(model[0], kind)
     rows = torch.randn(40, 1536, generator=generator).to(torch.bfloat16)
     whole = model(rows)
     expected = F.linear(rows.float(), model[0].weight.float(), None)

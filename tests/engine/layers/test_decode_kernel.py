@@ -50,7 +50,7 @@ def test_only_the_forced_paths_are_built_at_a_lower_optimisation():
 
 def test_build_kernels_covers_every_kernel_and_marks_the_test_only_ones():
     names = [kernel.name for kernel in KERNEL_BUILDS]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 17
     assert sorted(kernel.name for kernel in KERNEL_BUILDS if kernel.test_only) == sorted(
         f"{kind} ({path}, forced)"
         for kind in ("block-scaled linear", "quantised linear")

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.batch_invariant import RowwiseLinear
+from deepwell.engine.layers.amx_linear import amx_kernel_ready
+from deepwell.engine.layers.batch_invariant import AmxTileLinear, RowwiseLinear
 from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(
@@ -56,13 +57,16 @@ def test_float32_linears_stay_plain():
     [
         ({"dtype": "bfloat16"}, PackedLinear),
         ({"dtype": "float32"}, nn.Linear),
-        # Batch-invariant: blockscaled.cpp's row-wise kernel (it builds wherever the tests run).
-        ({"dtype": "bfloat16", "batch_invariant": True}, RowwiseLinear),
+        # Batch-invariant: AMX tiles where they run, else blockscaled.cpp's row-wise kernel
+        # (it builds wherever the tests run).
+        ({"dtype": "bfloat16", "batch_invariant": True}, None),
     ],
 )
 def test_the_core_packs_bf16_linears_and_runs_them_rowwise_when_invariant(
     make_core, kwargs, expected
 ):
+    if expected is None:
+        expected = AmxTileLinear if amx_kernel_ready() else RowwiseLinear
     core = make_core(**kwargs)
     linears = [m for m in core.runner.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is expected for m in linears)

@@ -1,0 +1,238 @@
+// The batch-invariant mode's bf16 linears on AMX tiles: x [rows, in] bf16 times a weight packed
+// once at load (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout,
+// plus a bias, rounded once to bf16 [rows, out]. Built by decode_kernel.py (only where the
+// CPU and torch's level have AMX), registered as torch.ops.deepwell_amx_linear.
+//
+// Why the bits are a row's own: a tile product (tdpbf16ps) computes each row of its 16 × 16
+// float32 result from that row of its input tile only, and every output here is one result
+// element accumulated from zero over the input's 32-wide blocks in order, one tile product a
+// block. The blocking of the input never changes, the rows are zero-padded to whole 16-row
+// tiles (a tile product costs the same for 1 row as for 16), and threads split the outputs,
+// never the input: so a row's result is the same whatever the row count and the rows beside
+// it. oneDNN's AMX path blocks its sums by the row count (36 against 37 rows differ); the
+// vector kernel this replaces in the batch-invariant mode (blockscaled.cpp's bf16_linear)
+// took 3x this for SmolLM2's linears at 16 rows (docs/benchmarks-log.md, "Batch invariance
+// on AMX tiles").
+//
+// Linux hands out the tile state only to a process that asked (arch_prctl
+// ARCH_REQ_XCOMP_PERM): asked once here before the first tile instruction, whatever oneDNN did.
+
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__AVX512VL__) && defined(__linux__)
+#define AMX_LINEAR 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+#if defined(AMX_LINEAR)
+
+// A tile: 16 rows of 64 bytes (32 bf16 inputs of a row; 16 input pairs × 16 outputs of the
+// weight; 16 float32 outputs of a row).
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kBlockInputs = 32;
+constexpr int64_t kTileOutputs = 16;
+// Row tiles whose inputs a pass over the weights multiplies: 128 rows, 384 KiB of input at
+// in = 1,536, in a 2 MiB L2 beside the weights streaming past (even, so pairs stay pairs).
+constexpr int64_t kChunkTiles = 8;
+// bf16 elements of one packed weight tile.
+constexpr int64_t kWeightTile = kBlockInputs * kTileOutputs;
+
+// linux/arch/x86/include/uapi/asm/prctl.h and the XSAVE feature number of the tile data.
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+bool tiles_permitted() {
+  static const bool permitted =
+      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return permitted;
+}
+
+// Palette 1, every tile 16 rows × 64 bytes: tmm0-3 results (2 row tiles × 2 output tiles),
+// tmm4-5 inputs, tmm6-7 weights.
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+};
+
+void load_tile_config() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&config);
+}
+
+// RowTiles × 16 rows of x (row stride x_bytes) times OutTiles × 16 outputs of the packed weight
+// (w: the first output tile's block 0; the next output tile is w_tile_step elements on), over
+// `blocks` input blocks in order; results into scratch [RowTiles × 16][OutTiles × 16].
+template <int RowTiles, int OutTiles>
+void multiply_tiles(
+    const uint16_t* x,
+    int64_t x_bytes,
+    const uint16_t* w,
+    int64_t w_tile_step,
+    int64_t blocks,
+    float* scratch) {
+  _tile_zero(0);
+  if constexpr (OutTiles > 1) _tile_zero(1);
+  if constexpr (RowTiles > 1) _tile_zero(2);
+  if constexpr (RowTiles > 1 && OutTiles > 1) _tile_zero(3);
+  const int64_t x_tile_step = kTileRows * x_bytes / 2;
+  for (int64_t b = 0; b < blocks; ++b) {
+    _tile_loadd(4, x + b * kBlockInputs, x_bytes);
+    if constexpr (RowTiles > 1) _tile_loadd(5, x + x_tile_step + b * kBlockInputs, x_bytes);
+    _tile_loadd(6, w + b * kWeightTile, 64);
+    if constexpr (OutTiles > 1) _tile_loadd(7, w + w_tile_step + b * kWeightTile, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (OutTiles > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RowTiles > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (RowTiles > 1 && OutTiles > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr int64_t stride = OutTiles * kTileOutputs * sizeof(float);
+  _tile_stored(0, scratch, stride);
+  if constexpr (OutTiles > 1) _tile_stored(1, scratch + kTileOutputs, stride);
+  if constexpr (RowTiles > 1) _tile_stored(2, scratch + kTileRows * OutTiles * kTileOutputs, stride);
+  if constexpr (RowTiles > 1 && OutTiles > 1)
+    _tile_stored(3, scratch + kTileRows * OutTiles * kTileOutputs + kTileOutputs, stride);
+}
+
+using MultiplyFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*);
+constexpr MultiplyFn kMultiply[2][2] = {
+    {multiply_tiles<1, 1>, multiply_tiles<1, 2>},
+    {multiply_tiles<2, 1>, multiply_tiles<2, 2>},
+};
+
+// x zero-padded to whole 16-row tiles and 32-input blocks, unless it already is.
+// The first `count` of 16 lanes (none for count <= 0, all for count >= 16).
+inline __mmask16 lanes(int64_t count) {
+  return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// out[0..valid) = bf16(sums + bias), round to nearest even (torch's `.to(torch.bfloat16)`
+// of the float32 sum plus the bias, as RowwiseLinear rounds).
+void store_row(const float* sums, const float* bias, int64_t valid, uint16_t* out) {
+  for (int64_t o = 0; o < valid; o += 16) {
+    const __mmask16 mask = lanes(valid - o);
+    __m512 v = _mm512_maskz_loadu_ps(mask, sums + o);
+    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + o));
+    _mm256_mask_storeu_epi16(out + o, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+at::Tensor padded_input(const at::Tensor& x, int64_t padded_rows, int64_t padded_in) {
+  const int64_t rows = x.size(0), in = x.size(1);
+  if (rows == padded_rows && in == padded_in && x.is_contiguous()) return x;
+  at::Tensor padded = at::zeros({padded_rows, padded_in}, x.options());
+  padded.narrow(0, 0, rows).narrow(1, 0, in).copy_(x);
+  return padded;
+}
+
+#endif  // AMX_LINEAR
+
+// x [rows, in] bf16; tiles bf16 [ceil(out / 16), ceil(in / 32), 16, 16, 2] (tile_layout).
+// bias float32 [out] or none. Returns bf16 [rows, out] = x @ weight.T + bias.
+at::Tensor linear(
+    const at::Tensor& x,
+    const at::Tensor& tiles,
+    const c10::optional<at::Tensor>& bias,
+    int64_t out_features) {
+#if defined(AMX_LINEAR)
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "amx linear: x must be bf16 [rows, in], got ", x.sizes());
+  const int64_t rows = x.size(0), in = x.size(1);
+  const int64_t blocks = (in + kBlockInputs - 1) / kBlockInputs;
+  const int64_t out_tiles = (out_features + kTileOutputs - 1) / kTileOutputs;
+  TORCH_CHECK(tiles.scalar_type() == at::kBFloat16 && tiles.is_contiguous() &&
+                  tiles.dim() == 5 && tiles.size(0) == out_tiles && tiles.size(1) == blocks &&
+                  tiles.size(2) == kBlockInputs / 2 && tiles.size(3) == kTileOutputs &&
+                  tiles.size(4) == 2,
+              "amx linear: tiles must be contiguous bf16 [", out_tiles, ", ", blocks,
+              ", 16, 16, 2], got ", tiles.sizes());
+  const float* bias_data = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                    bias->numel() == out_features,
+                "amx linear: bias must be contiguous float32 [", out_features, "]");
+    bias_data = bias->data_ptr<float>();
+  }
+  TORCH_CHECK(tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
+  at::Tensor out = at::empty({rows, out_features}, x.options());
+  if (rows == 0 || out_features == 0) return out;
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const at::Tensor input = padded_input(x, row_tiles * kTileRows, blocks * kBlockInputs);
+  const auto* xs = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>());
+  const auto* ws = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
+  auto* result = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t x_bytes = blocks * kBlockInputs * 2, w_tile_step = blocks * kWeightTile;
+  const int64_t out_pairs = (out_tiles + 1) / 2;
+  // Threads take pairs of output tiles; rows go kChunkTiles row tiles at a time, whose inputs
+  // stay in L2 while every pair's weights stream past them once.
+  at::parallel_for(0, out_pairs, 1, [&](int64_t begin, int64_t end) {
+    load_tile_config();
+    alignas(64) float scratch[2 * kTileRows][2 * kTileOutputs];
+    for (int64_t chunk = 0; chunk < row_tiles; chunk += kChunkTiles) {
+      const int64_t chunk_end = std::min(row_tiles, chunk + kChunkTiles);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t first_out = 2 * pair * kTileOutputs;
+        const int out_count = 2 * pair + 1 < out_tiles ? 2 : 1;
+        const int64_t valid_out = std::min(out_count * kTileOutputs, out_features - first_out);
+        const uint16_t* w = ws + 2 * pair * w_tile_step;
+        for (int64_t row_tile = chunk; row_tile < chunk_end; row_tile += 2) {
+          const int row_count = row_tile + 1 < chunk_end ? 2 : 1;
+          const int64_t first_row = row_tile * kTileRows;
+          kMultiply[row_count - 1][out_count - 1](
+              xs + first_row * x_bytes / 2, x_bytes, w, w_tile_step, blocks, &scratch[0][0]);
+          const int64_t valid_rows = std::min(row_count * kTileRows, rows - first_row);
+          const int64_t scratch_row = out_count * kTileOutputs;
+          const float* b = bias_data == nullptr ? nullptr : bias_data + first_out;
+          for (int64_t r = 0; r < valid_rows; ++r)
+            store_row(&scratch[0][0] + r * scratch_row, b, valid_out,
+                      result + (first_row + r) * out_features + first_out);
+        }
+      }
+    }
+    _tile_release();
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "amx linear: this build has no AMX path (instruction_set is none)");
+#endif
+}
+
+std::string instruction_set() {
+#if defined(AMX_LINEAR)
+  return tiles_permitted() ? "amx_bf16" : "none";
+#else
+  return "none";
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(deepwell_amx_linear, m) {
+  m.def("linear(Tensor x, Tensor tiles, Tensor? bias, int out_features) -> Tensor");
+  m.def("instruction_set() -> str", &instruction_set);
+}
+
+TORCH_LIBRARY_IMPL(deepwell_amx_linear, CPU, m) {
+  m.impl("linear", &linear);
+}

@@ -1,0 +1,57 @@
+"""The batch-invariant mode's bf16 linears on AMX tiles (amx_linear.cpp): the weight packed
+once into the kernel's tile layout, and the call that multiplies rows by it.
+
+Where the CPU, torch's level or the build lacks AMX tiles nothing is packed and the mode keeps
+blockscaled.cpp's row-wise kernel (layers/batch_invariant.py, RowwiseLinear).
+"""
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from deepwell.engine.layers.decode_kernel import amx_tiles_lacking, load_amx_linear_kernel
+
+logger = logging.getLogger(__name__)
+
+# Inputs per tile block and outputs per weight tile (amx_linear.cpp's kBlockInputs and
+# kTileOutputs): a weight tile is 16 input pairs × 16 outputs × 2.
+BLOCK_INPUTS = 32
+TILE_OUTPUTS = 16
+
+
+@functools.cache
+def amx_kernel_ready() -> bool:
+    """Whether amx_linear.cpp runs its tiles here; where the CPU has them but the kernel does
+    not, the reason is said once."""
+    if amx_tiles_lacking() is not None:
+        return False
+    loaded = load_amx_linear_kernel()
+    if loaded.module is None:
+        logger.warning("batch-invariant bf16 linears: row-wise, not on AMX: %s", loaded.reason)
+        return False
+    return loaded.module.instruction_set() == "amx_bf16"
+
+
+def tile_layout(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] bf16 → tiles [ceil(out / 16), ceil(in / 32), 16, 16, 2]: per 16
+    outputs and 32 inputs, a tile whose row p holds the 16 outputs' weights for inputs 2p and
+    2p + 1 side by side (the VNNI layout tdpbf16ps reads); zeros pad the outputs and inputs."""
+    out_features, in_features = weight.shape
+    padded = F.pad(weight, (0, -in_features % BLOCK_INPUTS, 0, -out_features % TILE_OUTPUTS))
+    tiles = padded.view(
+        padded.shape[0] // TILE_OUTPUTS, TILE_OUTPUTS, -1, BLOCK_INPUTS // 2, 2
+    ).permute(0, 2, 3, 1, 4)
+    return tiles.contiguous()
+
+
+def amx_linear(
+    x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """bf16 [rows, out] = x [rows, in] bf16 @ weight.T (+ bias), from the weight's
+    tile_layout: the float32 sum plus the bias rounded once, each row's bits its own whatever
+    the rows beside it (amx_kernel_ready must hold)."""
+    return torch.ops.deepwell_amx_linear.linear(
+        x, tiles, None if bias is None else bias.float().contiguous(), out_features
+    )
