@@ -251,20 +251,37 @@ inline float max_of(const float* x, int64_t n) {
 // spilled to the stack, each fmadd a load and a store); each head_dim chunk's accumulators
 // stay there over the keys, while the next block's keys are fetched.
 #if defined(CPU_CAPABILITY_AVX512)
-// 16 cache values as floats (bf16 widens exactly: its bits are a float's top half).
-inline __m512 load16(const float* src) { return _mm512_loadu_ps(src); }
-inline __m512 load16(const at::BFloat16* src) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+// Whether weigh_two_chunks runs for this cache dtype, head_dim and group; for a bf16 cache
+// it keeps each 32-dim chunk's accumulators even dims first, then odd (see there).
+template <typename T>
+inline bool two_chunk_values(int64_t head_dim, int64_t group) {
+  return head_dim == 64 && group <= 4;
 }
 
-// A head_dim of two chunks (64 on AVX-512) in one pass over the keys: a key's values are
-// loaded and each weight broadcast once, not once per chunk. Every accumulator takes the
-// same fmadds in the same order as in weigh_values (the same bits); G <= 4 keeps the 4G
-// accumulators and the key's 4 value vectors in the 32 vector registers. Raw __m512 arrays
-// with constant indices: GCC kept a 2-D array of Vectorized on the stack, each fmadd a load
-// and a store that the next key's waited on (on the AMX Xeon, 13.4 -> 12.0 ns a key a KV
-// head from L2).
+// A key's 64 values as 4 float vectors: bf16 widens exactly (its bits are a float's top
+// half), in place: a 32-bit lane's low bf16 shifted up is dim 2k, its high one masked is
+// dim 2k + 1. Two instructions a vector where widening in order takes a cross-lane one more.
+inline void load_key_values(const float* src, __m512* v) {
+  for (int64_t i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(src + 16 * i);
+}
+inline void load_key_values(const at::BFloat16* src, __m512* v) {
+  for (int64_t half = 0; half < 2; ++half) {
+    const __m512i pairs = _mm512_loadu_si512(src + 32 * half);
+    v[2 * half] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    v[2 * half + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536)));
+  }
+}
+
+// A 32-dim chunk of accumulators kept even dims then odd, back in order.
+inline void interleave_dims(Vec& even, Vec& odd) {
+  const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i second =
+      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  const __m512 lo = _mm512_permutex2var_ps(even, first, odd);
+  odd = _mm512_permutex2var_ps(even, second, odd);
+  even = lo;
+}
+
 template <typename T, int64_t G>
 void weigh_two_chunks(const T* values, int64_t n, const float* weights, int64_t block_size,
                       float* acc, const T* next_keys) {
@@ -278,8 +295,7 @@ void weigh_two_chunks(const T* values, int64_t n, const float* weights, int64_t 
   for (int64_t t = 0; t < n; ++t) {
     if (next_keys != nullptr) prefetch_rows(next_keys, t, t + 1, head_dim);
     __m512 v[4];
-#pragma GCC unroll 4
-    for (int64_t i = 0; i < 4; ++i) v[i] = load16(values + t * head_dim + 16 * i);
+    load_key_values(values + t * head_dim, v);
 #pragma GCC unroll 4
     for (int64_t g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(weights[g * block_size + t]);
@@ -300,7 +316,7 @@ void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* wei
                   int64_t block_size, float* acc, const T* next_keys) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (G <= 4) {
-    if (head_dim == 64) {
+    if (two_chunk_values<T>(head_dim, G)) {
       weigh_two_chunks<T, G>(values, n, weights, block_size, acc, next_keys);
       return;
     }
@@ -419,12 +435,21 @@ void attend_block(
 
 template <typename T>
 void finish_row(const RowState<T>& row, int64_t head_dim, int64_t group) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const bool interleaved =
+      std::is_same_v<T, at::BFloat16> && two_chunk_values<T>(head_dim, group);
+#else
+  const bool interleaved = false;
+#endif
   for (int64_t g = 0; g < group; ++g) {
     const Vec inverse(1.f / row.running_sum[g]);
     for (int64_t d = 0; d < head_dim; d += kChunk) {
       const int64_t width = std::min(kChunk, head_dim - d);
       Vec lo, hi;
       load_chunk(row.acc + g * head_dim + d, width, lo, hi);
+#if defined(CPU_CAPABILITY_AVX512)
+      if (interleaved) interleave_dims(lo, hi);
+#endif
       store_chunk(lo * inverse, hi * inverse, width, row.out + g * head_dim + d);
     }
   }
