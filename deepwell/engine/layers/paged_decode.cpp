@@ -251,16 +251,15 @@ inline float max_of(const float* x, int64_t n) {
 // spilled to the stack, each fmadd a load and a store); each head_dim chunk's accumulators
 // stay there over the keys, while the next block's keys are fetched.
 #if defined(CPU_CAPABILITY_AVX512)
-// Whether weigh_two_chunks runs for this cache dtype, head_dim and group; for a bf16 cache
-// it keeps each 32-dim chunk's accumulators even dims first, then odd (see there).
-template <typename T>
+// Whether weigh_two_chunks runs for this head_dim and group; for a bf16 cache it keeps each
+// 32-dim chunk's accumulators even dims first, then odd (see load_key_values).
 inline bool two_chunk_values(int64_t head_dim, int64_t group) {
   return head_dim == 64 && group <= 4;
 }
 
 // A key's 64 values as 4 float vectors: bf16 widens exactly (its bits are a float's top
 // half), in place: a 32-bit lane's low bf16 shifted up is dim 2k, its high one masked is
-// dim 2k + 1. Two instructions a vector where widening in order takes a cross-lane one more.
+// dim 2k + 1: one instruction a vector, where widening in order takes a cross-lane one more.
 inline void load_key_values(const float* src, __m512* v) {
   for (int64_t i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(src + 16 * i);
 }
@@ -316,7 +315,7 @@ void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* wei
                   int64_t block_size, float* acc, const T* next_keys) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (G <= 4) {
-    if (two_chunk_values<T>(head_dim, G)) {
+    if (two_chunk_values(head_dim, G)) {
       weigh_two_chunks<T, G>(values, n, weights, block_size, acc, next_keys);
       return;
     }
@@ -437,7 +436,7 @@ template <typename T>
 void finish_row(const RowState<T>& row, int64_t head_dim, int64_t group) {
 #if defined(CPU_CAPABILITY_AVX512)
   const bool interleaved =
-      std::is_same_v<T, at::BFloat16> && two_chunk_values<T>(head_dim, group);
+      std::is_same_v<T, at::BFloat16> && two_chunk_values(head_dim, group);
 #else
   const bool interleaved = false;
 #endif
