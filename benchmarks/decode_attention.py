@@ -109,8 +109,14 @@ def main() -> None:
         f"{args.repeats} interleaved repeats over {args.layers} layers' caches; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+    # Per key of a row's context and KV head: one [head_dim] key and value read, the GQA
+    # group's scores and weighted values; comparable across row counts and contexts.
+    key_heads = sum(meta.decode_context_lens) * KV_HEADS
     for name, median in medians.items():
-        print(f"  {name:5s} median wall {median:.3f} ms, CPU {cpu[name]:.3f} ms")
+        print(
+            f"  {name:5s} median wall {median:.3f} ms, CPU {cpu[name]:.3f} ms "
+            f"({cpu[name] * 1e6 / key_heads:.1f} ns a key a KV head)"
+        )
     print(
         f"  speed-up: wall {medians['torch'] / medians['cpp']:.2f}x, "
         f"CPU {cpu['torch'] / cpu['cpp']:.2f}x; max |cpp - torch| {diff:.2e}"
