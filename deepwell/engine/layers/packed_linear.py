@@ -30,15 +30,17 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 class PackedLinear(nn.Linear):
     """nn.Linear that multiplies by its `packed_weight` (the plain `weight` stays for tied
-    embeddings, dtype checks and memory accounting), and calls of up to `max_panel_rows` rows
-    by its `panels` where they are set."""
+    embeddings, dtype checks and memory accounting), and calls of up to MAX_ROWS rows by its
+    `panels` where they are set."""
 
     packed_weight: torch.Tensor
     panels: torch.Tensor | None
-    max_panel_rows: int
+
+    def _takes_panels(self, x: torch.Tensor) -> bool:
+        return self.panels is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.panels is not None and x.dim() == 2 and x.shape[0] <= self.max_panel_rows:
+        if self._takes_panels(x):
             return panel_linear(x, self.panels, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(
             x, self.packed_weight, self.bias, "none", [None], ""
@@ -46,7 +48,7 @@ class PackedLinear(nn.Linear):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 of forward's bf16 result: the panel kernel stores it so, with no cast."""
-        if self.panels is not None and x.dim() == 2 and x.shape[0] <= self.max_panel_rows:
+        if self._takes_panels(x):
             return panel_linear(x, self.panels, self.bias, self.out_features, widen=True)
         return self.forward(x).float()
 
@@ -60,7 +62,6 @@ def repack(module: nn.Linear) -> None:
     )
     panels = panel_layout(module.weight) if can_use_panels(module.weight) else None
     module.register_buffer("panels", panels, persistent=False)
-    module.max_panel_rows = MAX_ROWS
 
 
 @torch.no_grad()
