@@ -28,6 +28,12 @@ def can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+def takes_panels(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a call of `x` on a packed `module` runs its panels. A function, not a method:
+    QuantDecodeLinear borrows PackedLinear.forward without being one."""
+    return module.panels is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS
+
+
 class PackedLinear(nn.Linear):
     """nn.Linear that multiplies by its `packed_weight` (the plain `weight` stays for tied
     embeddings, dtype checks and memory accounting), and calls of up to MAX_ROWS rows by its
@@ -36,11 +42,8 @@ class PackedLinear(nn.Linear):
     packed_weight: torch.Tensor
     panels: torch.Tensor | None
 
-    def _takes_panels(self, x: torch.Tensor) -> bool:
-        return self.panels is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._takes_panels(x):
+        if takes_panels(self, x):
             return panel_linear(x, self.panels, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(
             x, self.packed_weight, self.bias, "none", [None], ""
@@ -48,7 +51,7 @@ class PackedLinear(nn.Linear):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 of forward's bf16 result: the panel kernel stores it so, with no cast."""
-        if self._takes_panels(x):
+        if takes_panels(self, x):
             return panel_linear(x, self.panels, self.bias, self.out_features, widen=True)
         return self.forward(x).float()
 
