@@ -82,15 +82,17 @@ constexpr Products kNativeProducts = Products::kFma;
 constexpr Products kNativeProducts = Products::kDotBf16;
 #endif
 
-// VDPBF16PS's fixed modes for the FMA form (round to nearest even, DAZ, FTZ) while it lives;
-// the caller's MXCSR after, so the softmax between the products keeps the caller's. The FMA
-// tiles are not inlined and MXCSR moves in volatile asm that clobbers memory: the compiler
-// cannot carry a product out of the span, nor a softmax operation into it.
+// VDPBF16PS's fixed modes for the FMA form (round to nearest even, DAZ, FTZ, no exception
+// raised: all masked) while it lives; the caller's MXCSR after, flags included, so the
+// softmax between the products keeps the caller's modes and the products leave no flags, as
+// VDPBF16PS leaves none. The FMA tiles are not inlined and MXCSR moves in volatile asm that
+// clobbers memory: the compiler cannot carry a product out of the span, nor a softmax
+// operation into it.
 class DotBf16Modes {
  public:
   DotBf16Modes() {
     asm volatile("stmxcsr %0" : "=m"(saved_) : : "memory");
-    const unsigned modes = (saved_ & ~kRounding) | kDazFtz;
+    const unsigned modes = (saved_ & ~kRounding) | kDazFtz | kAllMasked;
     asm volatile("ldmxcsr %0" : : "m"(modes) : "memory");
   }
   ~DotBf16Modes() { asm volatile("ldmxcsr %0" : : "m"(saved_) : "memory"); }
@@ -98,7 +100,7 @@ class DotBf16Modes {
   DotBf16Modes& operator=(const DotBf16Modes&) = delete;
 
  private:
-  static constexpr unsigned kRounding = 0x6000, kDazFtz = 0x8040;
+  static constexpr unsigned kRounding = 0x6000, kDazFtz = 0x8040, kAllMasked = 0x1F80;
   unsigned saved_;
 };
 

@@ -133,6 +133,16 @@ def test_fma_products_give_the_bits_of_dpbf16(
     assert outs["fma"].isfinite().all()
 
 
+def test_fma_products_leave_the_callers_denormals_alone(kernel):
+    """The FMA form flushes denormals only while it multiplies: after a call on this thread,
+    float32 arithmetic keeps its denormals."""
+    keys, values, table = paged_case(70, 9, 3, 64, 16, seed=5)
+    q = torch.randn(70, 9, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
+    kernel.chunk_attention(q, keys, values, table, 70, 0.125, torch.empty_like(q), "fma")
+    denormal = torch.tensor([2.0**-140]) * torch.tensor([1.0])
+    assert denormal.item() == 2.0**-140
+
+
 def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kernel):
     """A mixed step through forward: one decode row, then a continued chunk and a first
     chunk of two other sequences; the step's keys are stored before anyone attends."""
