@@ -9,7 +9,8 @@
 // query positions) take each GQA group's query heads together, block of keys by block of
 // keys, skipping the blocks past their last position. Scores, softmax and the output
 // accumulate in float32; the softmax weights are rounded to bf16 for the value product, as
-// torch's CPU flash kernel rounds them.
+// torch's CPU flash kernel rounds them. The bf16 products run as VDPBF16PS or, where that
+// instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`).
 
 #include <torch/library.h>
 
@@ -65,6 +66,52 @@ inline __m512bh as_bf16(__m512i v) {
   return reinterpret_cast<__m512bh&>(v);
 }
 
+// How the bf16 products are formed; both give the same bits. VDPBF16PS adds a lane's odd
+// product, then its even one, each sum rounded to nearest even with denormal inputs and
+// results flushed to zero, whatever MXCSR says. A bf16 x bf16 product is exact in float32, so
+// two FMAs on the widened halves, odd then even, under DAZ and FTZ round the same sums alike
+// (checked bit for bit on 12.6M lanes with exponents across float32's whole range, denormals
+// and overflows included). On the AMX Xeon (Sapphire Rapids) VDPBF16PS issues one every two
+// cycles and FMA two a cycle: 16 against 32 products a cycle, less the widening.
+enum class Products { kDotBf16, kFma };
+
+#if defined(__AMX_BF16__)
+constexpr Products kNativeProducts = Products::kFma;
+#else
+// AVX512_BF16 without AMX (AMD Zen 4): not measured there; VDPBF16PS widens for free.
+constexpr Products kNativeProducts = Products::kDotBf16;
+#endif
+
+// VDPBF16PS's fixed modes for the FMA form (round to nearest even, DAZ, FTZ, no exception
+// raised: all masked) while it lives; the caller's MXCSR after, flags included, so the
+// softmax between the products keeps the caller's modes and the products leave no flags, as
+// VDPBF16PS leaves none. The FMA tiles are not inlined and MXCSR moves in volatile asm that
+// clobbers memory: the compiler cannot carry a product out of the span, nor a softmax
+// operation into it.
+class DotBf16Modes {
+ public:
+  DotBf16Modes() {
+    asm volatile("stmxcsr %0" : "=m"(saved_) : : "memory");
+    const unsigned modes = (saved_ & ~kRounding) | kDazFtz | kAllMasked;
+    asm volatile("ldmxcsr %0" : : "m"(modes) : "memory");
+  }
+  ~DotBf16Modes() { asm volatile("ldmxcsr %0" : : "m"(saved_) : "memory"); }
+  DotBf16Modes(const DotBf16Modes&) = delete;
+  DotBf16Modes& operator=(const DotBf16Modes&) = delete;
+
+ private:
+  static constexpr unsigned kRounding = 0x6000, kDazFtz = 0x8040, kAllMasked = 0x1F80;
+  unsigned saved_;
+};
+
+// The high bf16 of each 32-bit lane (the odd one of a pair) as a float, and the low one.
+inline __m512 odd_halves(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536)));
+}
+inline __m512 even_halves(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
+
 // s[R][kKeys] = the R query rows (bf16, head dims in pairs) times one packed key block
 // ([pairs][kKeys] pairs of bf16 head dims).
 template <int R>
@@ -84,6 +131,38 @@ inline void score_tile(const int32_t* const* q, const uint32_t* keys, int64_t pa
   }
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(s + r * kKeys + 16 * v, acc[r][v]);
+  }
+}
+
+// score_tile as FMAs: the R rows' head dims widened ahead, [R][pairs] floats of each pair's
+// odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
+// vectors' halves and the rows' query broadcasts fit the 32 registers, where a whole block
+// spilled the accumulators to the stack.
+template <int R>
+__attribute__((noinline)) void score_tile_fma(
+    const float* q_odd, const float* q_even, const uint32_t* keys, int64_t pairs, float* s) {
+  for (int half = 0; half < 2; ++half) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint32_t* row = keys + p * kKeys + 32 * half;
+      const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
+      const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
+      const __m512 even[2] = {even_halves(first), even_halves(second)};
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const __m512 q_o = _mm512_set1_ps(q_odd[r * pairs + p]);
+        const __m512 q_e = _mm512_set1_ps(q_even[r * pairs + p]);
+        for (int v = 0; v < 2; ++v) {
+          acc[r][v] = _mm512_fmadd_ps(q_e, even[v], _mm512_fmadd_ps(q_o, odd[v], acc[r][v]));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 2; ++v) {
+        _mm512_storeu_ps(s + r * kKeys + 32 * half + 16 * v, acc[r][v]);
+      }
+    }
   }
 }
 
@@ -116,6 +195,38 @@ inline void value_tile(
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
+    }
+  }
+}
+
+// value_tile as FMAs, on rows of o already rescaled (outside DotBf16Modes, as value_tile
+// rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key pair's odd
+// key and of its even one. 32 head dims at a time, for the registers as in score_tile_fma.
+template <int R>
+__attribute__((noinline)) void value_tile_fma(
+    const float* w_odd, const float* w_even, const uint32_t* values, int64_t dim, float* o) {
+  constexpr int64_t key_pairs = kKeys / 2;
+  for (int64_t c = 0; c < dim; c += 32) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 2; ++v) acc[r][v] = _mm512_loadu_ps(o + r * dim + c + 16 * v);
+    }
+    for (int64_t m = 0; m < key_pairs; ++m) {
+      const uint32_t* row = values + m * dim + c;
+      const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
+      const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
+      const __m512 even[2] = {even_halves(first), even_halves(second)};
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const __m512 w_o = _mm512_set1_ps(w_odd[r * key_pairs + m]);
+        const __m512 w_e = _mm512_set1_ps(w_even[r * key_pairs + m]);
+        for (int v = 0; v < 2; ++v) {
+          acc[r][v] = _mm512_fmadd_ps(w_e, even[v], _mm512_fmadd_ps(w_o, odd[v], acc[r][v]));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < 2; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
     }
   }
 }
@@ -172,14 +283,26 @@ void pack_block(const Chunk& c, int64_t h, int64_t b, uint32_t* keys, uint32_t* 
 }
 
 // Per-thread working memory of a task: its rows' output, running max and sum, one tile's
-// scores and weights.
+// scores and weights; for the FMA form its queries and weights widened to float halves.
 struct Scratch {
   std::vector<float> out, max, sum, scores, alpha;
   std::vector<uint16_t> weights;
   std::vector<const int32_t*> q;
+  std::vector<float> q_odd, q_even, weights_odd, weights_even;
 };
 
+// o[R][dim] *= alpha per row, as value_tile scales its accumulators.
 template <int R>
+inline void rescale_rows(float* o, int64_t dim, const float* alpha) {
+  for (int r = 0; r < R; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int64_t d = 0; d < dim; d += 16) {
+      _mm512_storeu_ps(o + r * dim + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * dim + d), a));
+    }
+  }
+}
+
+template <Products P, int R>
 void tile_step(
     const Chunk& c,
     Scratch& w,
@@ -191,8 +314,15 @@ void tile_step(
     const uint32_t* values) {
   // Scores in base 2: softmax(s * scale) = 2^(s * scale * log2(e) - max) / sum.
   const __m512 scale = _mm512_set1_ps(c.scale * 1.4426950408889634f);
+  const int64_t pairs = c.dim / 2;
   float* s = w.scores.data();
-  score_tile<R>(w.q.data() + first_row, keys, c.dim / 2, s);
+  if constexpr (P == Products::kFma) {
+    const DotBf16Modes modes;
+    score_tile_fma<R>(
+        w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs, s);
+  } else {
+    score_tile<R>(w.q.data() + first_row, keys, pairs, s);
+  }
   for (int r = 0; r < R; ++r) {
     const int64_t row = first_row + r;
     const int64_t last = first_position + row / group - block * kKeys;
@@ -215,29 +345,59 @@ void tile_step(
       p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
       total = _mm512_add_ps(total, p[v]);
     }
-    uint16_t* wr = w.weights.data() + r * kKeys;
-    _mm512_storeu_si512(wr, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0])));
-    _mm512_storeu_si512(wr + 32, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[3], p[2])));
+    const auto first = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+    const auto second = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[3], p[2]));
+    if constexpr (P == Products::kFma) {
+      float* odd = w.weights_odd.data() + r * (kKeys / 2);
+      float* even = w.weights_even.data() + r * (kKeys / 2);
+      _mm512_storeu_ps(odd, odd_halves(first));
+      _mm512_storeu_ps(odd + 16, odd_halves(second));
+      _mm512_storeu_ps(even, even_halves(first));
+      _mm512_storeu_ps(even + 16, even_halves(second));
+    } else {
+      _mm512_storeu_si512(w.weights.data() + r * kKeys, first);
+      _mm512_storeu_si512(w.weights.data() + r * kKeys + 32, second);
+    }
     w.sum[row] = w.sum[row] * alpha + _mm512_reduce_add_ps(total);
     w.max[row] = new_max;
     w.alpha[r] = alpha;
   }
-  value_tile<R>(w.weights.data(), values, c.dim, w.alpha.data(), w.out.data() + first_row * c.dim);
+  float* o = w.out.data() + first_row * c.dim;
+  if constexpr (P == Products::kFma) {
+    rescale_rows<R>(o, c.dim, w.alpha.data());
+    const DotBf16Modes modes;
+    value_tile_fma<R>(w.weights_odd.data(), w.weights_even.data(), values, c.dim, o);
+  } else {
+    value_tile<R>(w.weights.data(), values, c.dim, w.alpha.data(), o);
+  }
 }
 
 using TileStep = void (*)(
     const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const uint32_t*, const uint32_t*);
+template <Products P>
 constexpr TileStep kTileSteps[kTileRows + 1] = {
     nullptr,
-    tile_step<1>,
-    tile_step<2>,
-    tile_step<3>,
-    tile_step<4>,
-    tile_step<5>,
-    tile_step<6>};
+    tile_step<P, 1>,
+    tile_step<P, 2>,
+    tile_step<P, 3>,
+    tile_step<P, 4>,
+    tile_step<P, 5>,
+    tile_step<P, 6>};
+
+// The FMA form's queries: each row's head dims as the odd and the even halves of its pairs.
+void widen_queries(const Scratch& w, int64_t rows, int64_t pairs, float* odd, float* even) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t p = 0; p < pairs; p += 16) {
+      const __m512i q = _mm512_loadu_si512(w.q[r] + p);
+      _mm512_storeu_ps(odd + r * pairs + p, odd_halves(q));
+      _mm512_storeu_ps(even + r * pairs + p, even_halves(q));
+    }
+  }
+}
 
 // One task: KV head h, query positions [begin, end) of the chunk, every query head of the
 // group, over the key blocks up to the last position.
+template <Products P>
 void run_task(
     const Chunk& c,
     Scratch& w,
@@ -254,6 +414,9 @@ void run_task(
     const int64_t i = begin + r / group, head = h * group + r % group;
     w.q[r] = reinterpret_cast<const int32_t*>(c.q + i * c.q_row + head * c.dim);
   }
+  if constexpr (P == Products::kFma) {
+    widen_queries(w, rows, c.dim / 2, w.q_odd.data(), w.q_even.data());
+  }
   std::fill(w.out.begin(), w.out.begin() + rows * c.dim, 0.f);
   std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
@@ -268,7 +431,7 @@ void run_task(
       // Every key of a block past a tile's last position is masked for all its rows.
       const int64_t last_position = offset + begin + (r + n - 1) / group;
       if (b * kKeys > last_position) continue;
-      kTileSteps[n](c, w, r, group, offset + begin, b, keys, values);
+      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -284,6 +447,7 @@ void run_task(
   }
 }
 
+template <Products P>
 void attend(const Chunk& c) {
   const int64_t key_blocks = (c.context_len + kKeys - 1) / kKeys;
   const int64_t key_block_size = (c.dim / 2) * kKeys;
@@ -317,10 +481,16 @@ void attend(const Chunk& c) {
     w.scores.resize(kTileRows * kKeys);
     w.weights.resize(kTileRows * kKeys);
     w.alpha.resize(kTileRows);
+    if constexpr (P == Products::kFma) {
+      w.q_odd.resize(rows * c.dim / 2);
+      w.q_even.resize(rows * c.dim / 2);
+      w.weights_odd.resize(kTileRows * kKeys / 2);
+      w.weights_even.resize(kTileRows * kKeys / 2);
+    }
     for (int64_t t = next++; t < tasks; t = next++) {
       const int64_t qb = query_blocks - 1 - t / c.kv_heads, h = t % c.kv_heads;
       const int64_t begin = qb * kPositions;
-      run_task(
+      run_task<P>(
           c,
           w,
           h,
@@ -331,6 +501,14 @@ void attend(const Chunk& c) {
           key_blocks);
     }
   });
+}
+
+Products products_named(c10::string_view name) {
+  if (name == "native") return kNativeProducts;
+  if (name == "dpbf16") return Products::kDotBf16;
+  TORCH_CHECK(name == "fma", "prefill attention: products must be native, dpbf16 or fma, not ",
+              name);
+  return Products::kFma;
 }
 
 #endif  // DEEPWELL_PREFILL_BF16
@@ -345,7 +523,9 @@ bool vectorised() {
 
 // out [length, heads, dim] = causal attention of q [length, heads, dim] (the chunk's rows,
 // any row stride) over the first context_len keys of the paged caches
-// [num_blocks, kv_heads, block_size, dim] through block_table; all bfloat16.
+// [num_blocks, kv_heads, block_size, dim] through block_table; all bfloat16. products: the
+// form of the bf16 products (`Products`), this CPU's faster one unless named (the tests run
+// both and compare their bits).
 void chunk_attention(
     const at::Tensor& q,
     const at::Tensor& key_cache,
@@ -353,7 +533,8 @@ void chunk_attention(
     const at::Tensor& block_table,
     int64_t context_len,
     double scale,
-    const at::Tensor& out) {
+    const at::Tensor& out,
+    c10::string_view products) {
   TORCH_CHECK(vectorised(), "prefill attention: this build has no AVX512_BF16 path");
   TORCH_CHECK(
       q.scalar_type() == at::kBFloat16 && key_cache.scalar_type() == at::kBFloat16 &&
@@ -392,7 +573,7 @@ void chunk_attention(
                 table[i], " is outside the cache's ", num_blocks, " blocks");
   }
 #if defined(DEEPWELL_PREFILL_BF16)
-  attend(Chunk{
+  const Chunk chunk{
       reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()),
       q.stride(0),
       reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
@@ -406,7 +587,15 @@ void chunk_attention(
       kv_heads,
       block_size,
       dim,
-      static_cast<float>(scale)});
+      static_cast<float>(scale)};
+  switch (products_named(products)) {
+    case Products::kDotBf16:
+      attend<Products::kDotBf16>(chunk);
+      break;
+    case Products::kFma:
+      attend<Products::kFma>(chunk);
+      break;
+  }
 #endif
 }
 
@@ -416,7 +605,7 @@ TORCH_LIBRARY(deepwell_prefill, m) {
   m.def("vectorised() -> bool", &vectorised);
   m.def(
       "chunk_attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_table, "
-      "int context_len, float scale, Tensor(a!) out) -> ()");
+      "int context_len, float scale, Tensor(a!) out, str products=\"native\") -> ()");
 }
 
 TORCH_LIBRARY_IMPL(deepwell_prefill, CPU, m) {

@@ -1,7 +1,7 @@
 """The C++ prefill attention (prefill_attention.cpp) against exact attention and torch's SDPA:
 chunks alone and after a cached prefix, paged through shuffled block tables, GQA groups,
-head dims, strided query rows; through the C++ backend beside decode rows; bad inputs
-refused by name; float32 left to the torch path."""
+head dims, strided query rows; its two forms of the bf16 products bit for bit; through the
+C++ backend beside decode rows; bad inputs refused by name; float32 left to the torch path."""
 
 import pytest
 import torch
@@ -94,6 +94,55 @@ def test_kernel_matches_exact_attention_and_torch_sdpa(
     torch.testing.assert_close(out, torch_path, rtol=TORCH_TOLERANCE, atol=TORCH_TOLERANCE)
 
 
+def wide_exponents(shape, spread, gen):
+    """Normal samples scaled by 2^e, e uniform in [-spread, 0]: with a spread past 63, bf16
+    products below float32's normal range (denormal or flushed) occur among them, and the
+    scores stay finite."""
+    scales = torch.randint(-spread, 1, shape, generator=gen).float().exp2()
+    return (torch.randn(shape, generator=gen) * scales).bfloat16()
+
+
+@pytest.mark.parametrize(
+    ("length", "context", "heads", "kv_heads", "dim", "spread", "values_shift"),
+    [
+        (70, 70, 9, 3, 64, 1, 0),  # W's shapes: SmolLM2's groups of 3, a partial key block
+        (37, 300, 9, 3, 64, 70, 0),  # after a prefix; products from 2^-140 up
+        (129, 129, 8, 8, 64, 90, 0),  # no GQA, a remainder tile
+        (33, 200, 4, 1, 128, 80, 0),  # head_dim 128
+        # Values near float32's smallest normal: outputs whose bits show a flushed product.
+        (40, 90, 6, 2, 64, 12, -118),
+    ],
+)
+def test_fma_products_give_the_bits_of_dpbf16(
+    kernel, length, context, heads, kv_heads, dim, spread, values_shift
+):
+    """The FMA form of the products (DAZ and FTZ, odd half first) rounds every sum as
+    VDPBF16PS does, whatever the operands' magnitudes: the outputs are equal, not close."""
+    gen = torch.Generator().manual_seed(length + spread)
+    block_size, num_blocks = 16, -(-context // 16) + 2
+    keys = wide_exponents((num_blocks, kv_heads, block_size, dim), spread, gen)
+    values = wide_exponents((num_blocks, kv_heads, block_size, dim), spread, gen)
+    values = (values.float() * 2.0**values_shift).bfloat16()
+    table = torch.randperm(num_blocks, generator=gen)[: -(-context // block_size)]
+    q = wide_exponents((length, heads, dim), spread, gen)
+    outs = {}
+    for products in ("dpbf16", "fma"):
+        outs[products] = torch.empty(length, heads, dim, dtype=torch.bfloat16)
+        kernel.chunk_attention(q, keys, values, table, context, dim**-0.5, outs[products], products)
+    assert torch.equal(outs["fma"].view(torch.int16), outs["dpbf16"].view(torch.int16))
+    assert outs["fma"].isfinite().all()
+
+
+def test_fma_products_leave_the_callers_denormals_alone(kernel):
+    """The FMA form flushes denormals only while it multiplies: after a call on this thread,
+    float32 arithmetic keeps its denormals."""
+    keys, values, table = paged_case(70, 9, 3, 64, 16, seed=5)
+    q = torch.randn(70, 9, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
+    kernel.chunk_attention(q, keys, values, table, 70, 0.125, torch.empty_like(q), "fma")
+    denormal = torch.tensor([2.0**-140]) * torch.tensor([1.0])
+    assert denormal.item() == 2.0**-140
+
+
 def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kernel):
     """A mixed step through forward: one decode row, then a continued chunk and a first
     chunk of two other sequences; the step's keys are stored before anyone attends."""
@@ -166,3 +215,10 @@ def test_bad_inputs_are_refused_by_name(kernel, table, context, message):
     out = torch.empty_like(q)
     with pytest.raises(RuntimeError, match=message):
         kernel.chunk_attention(q, keys, values, torch.tensor(table), context, 0.125, out)
+
+
+def test_unknown_products_are_refused_by_name(kernel):
+    keys, values, table = paged_case(20, 4, 2, 64, 16, seed=1)
+    q = torch.zeros(20, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="products must be native, dpbf16 or fma, not amx"):
+        kernel.chunk_attention(q, keys, values, table, 20, 0.125, torch.empty_like(q), "amx")
