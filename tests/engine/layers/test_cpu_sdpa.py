@@ -2,6 +2,7 @@
 kernel would pack for AMX from its AVX2 build and raise), and the route is chosen only there."""
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,7 @@ PREFILL_IN_A_CAPPED_TORCH = textwrap.dedent(
 )
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's AVX2 level")
 def test_bf16_prefill_runs_with_torch_forced_to_avx2():
     # On an AMX Xeon this raised "pack_vnni2 is only supported when avx512 is supported";
     # elsewhere ATen never packs and it checks the route changes nothing it should not.
