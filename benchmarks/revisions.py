@@ -2,11 +2,12 @@
 
 Checks that a change to the engine does not cost throughput on the embedded model: the
 base revision is checked out in a temporary worktree and both run W (64 requests, 64–512
-prompt and 64–256 output tokens, benchmarks/workload.py) in bf16 with prefix caching
-off, one after the other, for `--rounds` rounds; each keeps its fastest (this 2-core box
+prompt and 64–256 output tokens, benchmarks/workload.py) in `--dtype` (bf16) with prefix
+caching off, one after the other, for `--rounds` rounds; each keeps its fastest (this 2-core box
 drifts by ~10% over minutes, for both alike). Prints `throughput ratio (head/base): X`.
 
     .venv/bin/python benchmarks/revisions.py --base REV [--head REV] [--rounds 3] [--threads N]
+        [--dtype float32]
 """
 
 import argparse
@@ -34,7 +35,7 @@ requests = workload.make_workload()
 import deepwell
 assert deepwell.__file__.startswith({checkout!r}), deepwell.__file__
 from deepwell.engine import LLM, SamplingParams
-llm = LLM(dtype="bfloat16", enable_prefix_caching=False, decode_sequence=False)
+llm = LLM(dtype={dtype!r}, enable_prefix_caching=False, decode_sequence=False)
 greedy = dict(temperature=0, ignore_eos=True)
 llm.generate(prompt_token_ids=[requests[0]["prompt_ids"][:64]],
              sampling_params=SamplingParams(max_tokens=8, **greedy), use_tqdm=False)
@@ -47,8 +48,10 @@ print(json.dumps({{"seconds": time.perf_counter() - start,
 """
 
 
-def run_revision(checkout: Path, threads: int) -> dict:
-    code = CHILD.format(threads=threads, workload=str(WORKLOAD), checkout=str(checkout))
+def run_revision(checkout: Path, threads: int, dtype: str) -> dict:
+    code = CHILD.format(
+        threads=threads, workload=str(WORKLOAD), checkout=str(checkout), dtype=dtype
+    )
     env = dict(os.environ, PYTHONPATH=str(checkout))
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -78,6 +81,7 @@ def main() -> None:
     parser.add_argument("--head", help="the revision measured (default: this checkout as is)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--dtype", default="bfloat16", help="the engines' --dtype")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         checkouts = {"base": checkout(args.base, Path(scratch) / "base")}
@@ -87,7 +91,7 @@ def main() -> None:
             for index in range(args.rounds):
                 for name, path in checkouts.items():
                     print(f"round {index + 1}/{args.rounds}: {name} …", flush=True)
-                    result = run_revision(path, args.threads)
+                    result = run_revision(path, args.threads, args.dtype)
                     tok_s = result["output_tokens"] / result["seconds"]
                     print(
                         f"{name}: {result['seconds']:.1f} s, {tok_s:.1f} output tok/s", flush=True

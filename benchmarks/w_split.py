@@ -5,7 +5,7 @@ One torch thread and synchronous steps, so every part of a step runs on the call
 and its thread CPU time (`time.thread_time`) counts it alone: on a shared machine that
 moves far less with the neighbours' load than wall time. Speculation and the prefix cache
 are off, as in `throughput_vs_hf.py`'s W. The parts are timed by wrapping the engine's own
-calls: the layer and head linears (`PackedLinear.forward` and `.logits`), the attention backend (K/V
+calls: the layer and head linears (each linear class's `forward`, the head's `.logits`), the attention backend (K/V
 store, prefill and decode attention), `compute_logits` (the head, inside `linear` too),
 the sampler, schedule, prepare and commit; what is left of the forward is glue. Steps are
 grouped by shape: prefill-only, mixed (decode rows beside prefill chunks), decode-only
@@ -25,10 +25,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import torch
+from torch import nn
 from workload import make_workload
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.layers.packed_linear import PackedLinear
 
 PARTS = ("linear", "attention", "logits", "sample", "forward", "schedule", "prepare", "commit")
 # Below this many decode rows a decode-only step streams its weights more than it computes.
@@ -130,7 +131,7 @@ class PartClock:
         self._wrap(runner, "forward", "forward")
         self._wrap(runner, "prepare", "prepare")
         self._wrap(core.pipeline, "_commit", "commit")
-        self._wrap_linears()
+        self._wrap_linears(runner.model)
         schedule = core.scheduler.schedule
 
         def shaped():
@@ -160,9 +161,11 @@ class PartClock:
 
         setattr(owner, name, timed)
 
-    def _wrap_linears(self) -> None:
-        """PackedLinear's calls, the head's float32 logits (`logits`) among them; a call made
-        inside another (logits falling back on forward) counts once."""
+    def _wrap_linears(self, model: nn.Module) -> None:
+        """The calls of every linear class the model holds (nn.Linear, PackedLinear,
+        RowPaddedLinear, ...: `forward` and, where defined, the head's float32 `logits`),
+        wrapped where each class or its bases up to nn.Linear define them; a call made inside
+        another (logits falling back on forward, a subclass calling its base) counts once."""
         seconds, walls = self.seconds, self.wall
         depth = [0]
 
@@ -180,8 +183,13 @@ class PartClock:
 
             return timed
 
-        PackedLinear.forward = timing(PackedLinear.forward)
-        PackedLinear.logits = timing(PackedLinear.logits)
+        owners = set()
+        for linear in {type(m) for m in model.modules() if isinstance(m, nn.Linear)}:
+            owners.update(linear.__mro__[: linear.__mro__.index(nn.Linear) + 1])
+        for owner in owners:
+            for name in ("forward", "logits"):
+                if name in vars(owner):
+                    setattr(owner, name, timing(vars(owner)[name]))
 
 
 def main() -> None:
@@ -189,15 +197,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64, help="W's first N requests")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--tokens", help="write the greedy tokens here (JSON)")
-    args = parser.parse_args()
-    core = EngineCore(
-        EngineArgs(
-            enable_prefix_caching=False,
-            num_speculative_tokens=0,
-            num_threads=args.threads,
-            async_scheduling=False,
-        )
+    parser.add_argument(
+        "--dtype", default="auto", help="the engine's --dtype (float32 to compare trees alike)"
     )
+    args = parser.parse_args()
+    engine_args = EngineArgs(
+        dtype=args.dtype,
+        enable_prefix_caching=False,
+        num_speculative_tokens=0,
+        num_threads=args.threads,
+        async_scheduling=False,
+    )
+    core = EngineCore(engine_args)
     workload = make_workload(requests=args.requests)
     greedy = {"temperature": 0, "ignore_eos": True}
     core.add_request("warm", workload[0]["prompt_ids"][:64], SamplingParams(max_tokens=8, **greedy))
@@ -229,6 +240,7 @@ def main() -> None:
     output = sum(len(t) for t in tokens.values())
     print(
         f"W[:{args.requests}]: {output} tokens, {len(steps)} steps, {args.threads} threads, "
+        f"{engine_args.torch_dtype} at torch's {torch.backends.cpu.get_cpu_capability()}, "
         f"thread CPU {cpu:.2f} s ({output / cpu:.1f} tokens a CPU second), process CPU "
         f"{process:.2f} s, wall {wall:.1f} s, load average {os.getloadavg()[0]:.1f}"
     )

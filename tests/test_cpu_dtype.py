@@ -8,7 +8,14 @@ from deepwell import cpu_dtype
 from deepwell.cpu_dtype import cpu_flags, select_dtype
 from deepwell.engine import EngineArgs
 
+TORCH_LEVEL = "ATEN_CPU_CAPABILITY"
 AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f"})
+
+
+@pytest.fixture(autouse=True)
+def torch_level_uncapped(monkeypatch):
+    """The suite may itself run with AVX2 forced; each test sets the cap it is about."""
+    monkeypatch.delenv(TORCH_LEVEL, raising=False)
 
 
 @pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16", "bf16"])
@@ -56,3 +63,37 @@ def test_engine_args_resolve_auto_to_a_torch_dtype(monkeypatch):
     assert EngineArgs(dtype="bfloat16").torch_dtype is torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         EngineArgs(dtype="float16")
+
+
+@pytest.mark.parametrize("level", ["avx2", "AVX2", "default"])
+def test_auto_is_float32_where_torch_is_capped_below_avx512(level):
+    # An AMX Xeon run with ATEN_CPU_CAPABILITY=avx2: its bf16 instructions are AVX-512 ones.
+    choice = select_dtype("auto", AVX2_ONLY | {"avx512_bf16", "amx_bf16"}, {TORCH_LEVEL: level})
+    assert choice.dtype == "float32"
+    assert f"ATEN_CPU_CAPABILITY={level.lower()}" in choice.reason
+    assert "avx512_bf16" in choice.reason
+
+
+@pytest.mark.parametrize("environ", [{}, {"ATEN_CPU_CAPABILITY": "avx512"}])
+def test_auto_keeps_bf16_where_torch_may_use_avx512(environ):
+    assert select_dtype("auto", AVX2_ONLY | {"amx_bf16"}, environ).dtype == "bfloat16"
+
+
+def test_the_avx512_cap_leaves_arms_bf16_alone():
+    arm = frozenset({"fp", "asimd", "bf16"})
+    assert select_dtype("auto", arm, {TORCH_LEVEL: "default"}).dtype == "bfloat16"
+
+
+def test_without_cpuinfo_a_capped_torch_decides_float32(monkeypatch):
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: None)
+    monkeypatch.setattr(cpu_dtype, "_torch_has_native_bf16", lambda: True)
+    choice = select_dtype("auto", environ={TORCH_LEVEL: "avx2"})
+    assert choice.dtype == "float32" and "ATEN_CPU_CAPABILITY=avx2" in choice.reason
+
+
+def test_auto_reads_the_cap_from_the_process_environment(monkeypatch):
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: AVX2_ONLY | {"avx512_bf16"})
+    monkeypatch.setenv(TORCH_LEVEL, "avx2")
+    assert select_dtype("auto").dtype == "float32"
+    monkeypatch.delenv(TORCH_LEVEL)
+    assert select_dtype("auto").dtype == "bfloat16"

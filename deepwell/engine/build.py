@@ -30,6 +30,7 @@ from deepwell.engine.layers.batch_invariant import (
     tile_linears,
 )
 from deepwell.engine.layers.cpp_paged import paged_backend_class
+from deepwell.engine.layers.float32_linear import pad_small_calls
 from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.layers.packed_linear import pack_linears
 from deepwell.engine.layers.quant_linear import quantize_linears
@@ -133,8 +134,11 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
-    elif hooks.native_decode is not None:
-        hooks.native_decode(args.native_decode)
+    else:
+        # After int4, which takes plain linears; the batch-invariant mode has its own calls.
+        pad_small_calls(model)
+        if hooks.native_decode is not None:
+            hooks.native_decode(args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
 

@@ -57,7 +57,8 @@ class EngineArgs:
     dtype: str = setting(
         AUTO,
         "compute dtype; auto = bfloat16 where the CPU computes it natively (AVX512_BF16, "
-        "AMX-BF16, Arm BF16), float32 elsewhere (cpu_dtype.py); float32 for exact comparisons",
+        "AMX-BF16, Arm BF16) and torch may use it (not under ATEN_CPU_CAPABILITY=avx2), "
+        "float32 elsewhere (cpu_dtype.py); float32 for exact comparisons",
         group="model",
         flags="--dtype",
         choices=DTYPES,

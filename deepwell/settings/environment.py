@@ -138,6 +138,8 @@ for _name, _owner in {
     "ONEDNN_MAX_CPU_ISA": "oneDNN: the highest instruction set it may use; below AMX the bf16 "
     "decode linears take the panel kernel (layers/bf16_gemm.py)",
     "DNNL_MAX_CPU_ISA": "oneDNN: ONEDNN_MAX_CPU_ISA's older name",
+    "ATEN_CPU_CAPABILITY": "torch: the highest instruction set its CPU kernels use; below "
+    "avx512, `--dtype auto` is float32 (cpu_dtype.py)",
     # Models by name (settings/model_source.py), read as huggingface_hub reads them.
     "HF_HUB_OFFLINE": "huggingface_hub: never download; a model by name comes from the cache",
     "HF_HUB_CACHE": "huggingface_hub: the cache models by name are fetched into",

@@ -9,6 +9,7 @@ with one memcpy each. Each prefill chunk runs its own SDPA.
 import torch
 import torch.nn.functional as F
 
+from deepwell.engine.layers import cpu_sdpa
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, PrefillSpan
 
 # Scoring the pool in place reads `span` blocks once, with `depth` stacked queries each;
@@ -46,7 +47,7 @@ class TorchPagedAttention(AttentionBackend):
             values = _gather(value_cache, span.block_table, span.context_len)
         # 4-d inputs: torch's CPU flash kernel takes only those (3-d runs the unfused
         # math path, 2.5x slower on W's prefills).
-        return F.scaled_dot_product_attention(
+        return cpu_sdpa.attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),
             values.unsqueeze(0),
