@@ -9,7 +9,8 @@ calls: the layer and head linears (each linear class's `forward`, the head's `.l
 store, prefill and decode attention), `compute_logits` (the head, inside `linear` too),
 the sampler, schedule, prepare and commit; what is left of the forward is glue. Steps are
 grouped by shape: prefill-only, mixed (decode rows beside prefill chunks), decode-only
-with 32 rows or more, and fewer.
+with 32 rows or more, and fewer. The linears' oneDNN calls are also split by whether their
+(shape, row count) is new in the timed run: oneDNN creates a primitive for each new one.
 
     PYTHONPATH=. .venv/bin/python benchmarks/w_split.py [--requests 64] [--tokens W.json]
 
@@ -30,6 +31,7 @@ from torch import nn
 from workload import make_workload
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.layers.packed_linear import PackedLinear, takes_panels
 
 PARTS = ("linear", "attention", "logits", "sample", "forward", "schedule", "prepare", "commit")
 # Below this many decode rows a decode-only step streams its weights more than it computes.
@@ -117,12 +119,61 @@ def group_steps(shapes: list[StepShape], steps: list[StepClock]) -> dict[str, Ki
     return kinds
 
 
+@dataclass
+class ShapeCalls:
+    """One (linear shape, row count)'s oneDNN calls: the first's thread CPU, the repeats'."""
+
+    first_s: float
+    repeat_s: float = 0.0
+    repeats: int = 0
+
+
+class FirstCalls:
+    """The linears' oneDNN calls (not the panels') in the timed run, by (in, out) shape and
+    row count: oneDNN creates (JITs) a primitive for each new one and caches it, so a first
+    call costs more than a repeat. The warm-up request's row counts count as new here
+    although it made their primitives."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[int, int], dict[int, ShapeCalls]] = {}
+
+    def add(self, linear: PackedLinear, x: torch.Tensor, seconds: float) -> None:
+        if takes_panels(linear, x):
+            return
+        counts = self.calls.setdefault((linear.in_features, linear.out_features), {})
+        calls = counts.get(x.shape[0])
+        if calls is None:
+            counts[x.shape[0]] = ShapeCalls(seconds)
+        else:
+            calls.repeat_s += seconds
+            calls.repeats += 1
+
+    def lines(self) -> list[str]:
+        """Per shape: its row counts, and what their first calls cost above a repeat of the
+        same count (over the counts that repeat)."""
+        lines = []
+        for (fan_in, fan_out), counts in self.calls.items():
+            repeated = [c for c in counts.values() if c.repeats]
+            first = sum(c.first_s for c in repeated)
+            excess = first - sum(c.repeat_s / c.repeats for c in repeated)
+            calls = sum(1 + c.repeats for c in counts.values())
+            total = sum(c.first_s + c.repeat_s for c in counts.values())
+            lines.append(
+                f"oneDNN {fan_in}->{fan_out}: {calls} calls, CPU {total:.3f} s; {len(counts)} "
+                f"row counts ({min(counts)}..{max(counts)}); first calls of the "
+                f"{len(repeated)} that repeat: {first:.3f} s, {excess:.3f} s above a repeat "
+                f"({excess / max(len(repeated), 1) * 1e3:.2f} ms each)"
+            )
+        return lines
+
+
 class PartClock:
     """Thread CPU and wall seconds per part, by wrapping the engine's calls on one instance."""
 
     def __init__(self, core: EngineCore, shapes: list[StepShape]) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.wall = dict.fromkeys(PARTS, 0.0)
+        self.first_calls = FirstCalls()
         runner = core.runner
         backend = runner.model.layers[0].self_attn.backend  # one instance serves every layer
         self._wrap(backend, "forward", "attention")
@@ -166,7 +217,7 @@ class PartClock:
         RowPaddedLinear, ...: `forward` and, where defined, the head's float32 `logits`),
         wrapped where each class or its bases up to nn.Linear define them; a call made inside
         another (logits falling back on forward, a subclass calling its base) counts once."""
-        seconds, walls = self.seconds, self.wall
+        seconds, walls, first_calls = self.seconds, self.wall, self.first_calls
         depth = [0]
 
         def timing(call):
@@ -178,8 +229,11 @@ class PartClock:
                 finally:
                     depth[0] -= 1
                     if not depth[0]:
-                        seconds["linear"] += time.thread_time() - start
+                        cpu = time.thread_time() - start
+                        seconds["linear"] += cpu
                         walls["linear"] += time.perf_counter() - wall
+                        if isinstance(linear, PackedLinear):
+                            first_calls.add(linear, x, cpu)
 
             return timed
 
@@ -249,6 +303,7 @@ def main() -> None:
     for kind, totals in group_steps(shapes, steps).items():
         print(totals.line(kind))
         print(totals.wall_line(kind))
+    print("\n".join(clock.first_calls.lines()))
     if args.tokens:
         with open(args.tokens, "w", encoding="utf-8") as f:
             json.dump(tokens, f)

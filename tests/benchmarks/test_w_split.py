@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from w_split import PARTS, StepClock, StepShape, group_steps
+import torch
+from w_split import PARTS, FirstCalls, StepClock, StepShape, group_steps
 from workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,24 @@ def test_steps_are_grouped_by_shape_and_their_parts_summed():
     assert large.wall_s == pytest.approx(4.0 + 5.0)
     assert large.parts_wall["sample"] == pytest.approx(0.4 + 0.6)
     assert kinds["mixed"].prefill_tokens == 1019
+
+
+def test_first_calls_are_split_from_repeats_per_shape_and_row_count():
+    first_calls = FirstCalls()
+    linear = SimpleNamespace(in_features=8, out_features=4, panels=None)
+    for rows, seconds in ((100, 3.0), (100, 1.0), (200, 5.0), (100, 0.5), (200, 2.0)):
+        first_calls.add(linear, torch.empty(rows, 8), seconds)
+    # A call the panels take never reaches oneDNN: not counted.
+    first_calls.add(
+        SimpleNamespace(in_features=8, out_features=4, panels=object()), torch.empty(2, 8), 9.0
+    )
+    counts = first_calls.calls[(8, 4)]
+    assert set(counts) == {100, 200}
+    assert (counts[100].first_s, counts[100].repeat_s, counts[100].repeats) == (3.0, 1.5, 2)
+    (line,) = first_calls.lines()
+    # Above a repeat: (3.0 - 1.5 / 2) + (5.0 - 2.0) over the two counts.
+    assert line.startswith("oneDNN 8->4: 5 calls, CPU 11.500 s; 2 row counts (100..200)")
+    assert "first calls of the 2 that repeat: 8.000 s, 5.250 s above a repeat" in line
 
 
 @pytest.mark.slow
