@@ -23,8 +23,10 @@ PANEL = 32
 # oneDNN on AVX512_BF16 without AMX the kernel was 1.05-1.61x faster at every row count to 64
 # (measured to 64: W's decode steps). Where oneDNN has AMX tiles no panels are made: the
 # kernel won only at 1-4 rows there (1.08-1.37x; 0.56-0.63x at 16), W was level (33.00
-# against 33.24 CPU s), and oneDNN's AMX path gives the same bits at every row count, which a
-# seeded request repeated over a prefix-cache hit (fewer rows) relies on to sample alike.
+# against 33.24 CPU s), and a switch between kernels at 64 rows would add to the bf16 ulps by
+# which a row's result already moves with the row count on oneDNN's AMX path (at some counts
+# and shapes: benchmarks/onednn_row_counts.py); a seeded request repeated over a prefix-cache
+# hit samples alike only as far as its rows' bits agree (exactly: --batch-invariant).
 MAX_ROWS = 64
 
 
