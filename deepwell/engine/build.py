@@ -133,7 +133,9 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
     if args.batch_invariant:
         tile_linears(model)
-    elif hooks.native_decode is not None:
+    if hooks.native_decode is not None:
+        # After tile_linears: the batch-invariant mode keeps its own path, which the model's
+        # start-up log then says.
         hooks.native_decode(args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
