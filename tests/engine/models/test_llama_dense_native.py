@@ -9,14 +9,15 @@ import logging
 import pytest
 import torch
 
-from deepwell.engine import EngineArgs, EngineCore
+from deepwell.engine import EngineArgs, EngineCore, SamplingParams
+from deepwell.engine.layers import packed_linear
 from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
 from deepwell.engine.layers.bf16_gemm import can_use_panels
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
-from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.llama_native import DenseNativeDecode
 
+from ..tiny_llama import run_to_completion
 from .tiny_qwen import write_tiny_qwen
 
 BLOCK_SIZE = 16
@@ -33,6 +34,7 @@ def kernel():
 
 
 def core(model: str | None = None, **kwargs) -> EngineCore:
+    """An engine whose caches hold random keys and values (seeded)."""
     args = {
         "attention_backend": "cpp",
         "block_size": BLOCK_SIZE,
@@ -41,15 +43,18 @@ def core(model: str | None = None, **kwargs) -> EngineCore:
         "max_model_len": 512,
         "num_speculative_tokens": 0,
     }
-    return EngineCore(EngineArgs(model=model, **(args | kwargs)))
+    engine = EngineCore(EngineArgs(model=model, **(args | kwargs)))
+    gen = torch.Generator().manual_seed(0)
+    paged = engine.runner.kv_cache.paged
+    for cache in (*paged["key"], *paged["value"]):
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+    return engine
 
 
 def decode_step(rows: int, kv_cache, vocab: int, seed: int):
-    """A step of `rows` decode rows at contexts of 1-48 keys on random distinct blocks, over
-    caches of random keys and values: (input ids, positions, step metadata)."""
+    """A step of `rows` decode rows at contexts of 1-48 keys on random distinct blocks:
+    (input ids, positions, step metadata)."""
     gen = torch.Generator().manual_seed(seed)
-    for cache in (*kv_cache.paged["key"], *kv_cache.paged["value"]):
-        cache.copy_(torch.randn(cache.shape, generator=gen))
     num_blocks = kv_cache.paged["key"][0].shape[0]
     lens = torch.randint(1, 3 * BLOCK_SIZE + 1, (rows,), generator=gen).tolist()
     free = torch.randperm(num_blocks, generator=gen).tolist()
@@ -103,20 +108,22 @@ def native_equals_torch_path(engine: EngineCore, rows: int, seed: int) -> bool:
 def test_embedded_native_steps_equal_the_torch_path_to_the_bit(dtype, panels, monkeypatch, caplog):
     if panels:
         # The panels are made where oneDNN has no AMX tiles; capping its ISA name makes them
-        # here too (oneDNN itself read its cap at start-up and keeps its tiles).
+        # on an AMX CPU too (oneDNN itself read its cap at start-up and keeps its tiles).
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
         if not can_use_panels(torch.zeros(2, 2, dtype=torch.bfloat16)):
             pytest.skip("the bf16 panel kernel does not run here (no AVX512_BF16 build)")
+    else:
+        # oneDNN's linears at every row count, on CPUs where the panels would take the rows.
+        monkeypatch.setattr(packed_linear, "can_use_panels", lambda weight: False)
     with caplog.at_level(logging.INFO, logger=NATIVE_LOG):
         engine = core(dtype=dtype)
     assert "decode step: native" in caplog.text and "dense weights" in caplog.text
     qkv = engine.runner.model.layers[0].self_attn.qkv_proj
-    if dtype == "bfloat16" and isinstance(qkv, PackedLinear):
+    if dtype == "bfloat16" and isinstance(qkv, packed_linear.PackedLinear):
         assert (qkv.panels is not None) == panels
-    # 64 rows: W's decode steps, at the panels' row limit.
-    assert all(
-        native_equals_torch_path(engine, rows, seed) for seed, rows in enumerate((1, 3, 17, 64))
-    )
+    # 64 rows: W's decode steps, at the panels' row limit; 65 past it (oneDNN's linears).
+    steps = (1, 3, 17, 64, 65) if panels else (1, 3, 17, 64)
+    assert all(native_equals_torch_path(engine, rows, seed) for seed, rows in enumerate(steps))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -158,3 +165,28 @@ def test_qwen3_runs_the_torch_path_for_its_qk_norm(tmp_path, caplog):
         engine = core(str(write_tiny_qwen(tmp_path, "Qwen3ForCausalLM", seed=3)), dtype="bfloat16")
     assert engine.runner.model.native_decode is None
     assert "per-head q/k norm (Qwen3)" in caplog.text
+
+
+def test_speculative_verify_rows_decode_natively_with_the_torch_paths_tokens(make_core):
+    # Verify rows are decode rows of their sequence's blocks (paged_decode's sequence_starts):
+    # the native step passes them as the layers do, so the drafts are accepted alike.
+    prompts = [[5, 6, 7, 8] * 10, [9, 10, 11] * 12, [3, 4] * 9]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    outputs, verify_steps = [], []
+    for native in ("auto", "off"):
+        engine = make_core(attention_backend="cpp", native_decode=native, num_speculative_tokens=3)
+        model = engine.runner.model
+        if native == "auto":
+            takes = model.native_decode.takes
+
+            def counting_takes(input_ids, meta, takes=takes) -> bool:
+                taken = takes(input_ids, meta)
+                if taken and input_ids.shape[0] > len(meta.sequences):
+                    verify_steps.append(input_ids.shape[0])
+                return taken
+
+            model.native_decode.takes = counting_takes
+        for r, prompt in enumerate(prompts):
+            engine.add_request(str(r), prompt, params)
+        outputs.append(run_to_completion(engine))
+    assert verify_steps and outputs[0] == outputs[1]
