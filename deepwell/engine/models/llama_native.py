@@ -165,6 +165,8 @@ def _unsupported(model: LlamaForCausalLM) -> str | None:
         return "the C++ attention kernel did not load"
     if _on_blocks(model):
         return None
+    if model.embed_tokens.weight.device.type != "cpu":
+        return "the model is not on the CPU, where the C++ kernels run"
     linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
     if not all(type(m) in (PackedLinear, torch.nn.Linear) for m in linears):
         return "the layer linears are neither all on GGUF blocks nor all dense"
