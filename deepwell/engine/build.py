@@ -137,8 +137,10 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     else:
         # After int4, which takes plain linears; the batch-invariant mode has its own calls.
         pad_small_calls(model)
-        if hooks.native_decode is not None:
-            hooks.native_decode(args.native_decode)
+    if hooks.native_decode is not None:
+        # After tile_linears and pad_small_calls: the batch-invariant mode keeps its own path
+        # (the model's start-up log says so), and the native step pads as the linears do.
+        hooks.native_decode(args.native_decode)
     model.eval()
     return LoadedModel(model, checkpoint, method, experts)
 

@@ -114,9 +114,10 @@ class EngineArgs:
     )
     native_decode: str = setting(
         "auto",
-        "auto: Llama-family decode steps of a few rows run every layer in one C++ call "
-        "(models/llama_native.py) where the model has --quantization int4 linears and the "
-        "cpp attention; off: always the torch path",
+        "auto: Llama-family all-decode steps run every layer in one C++ call "
+        "(models/llama_native.py) where the model has the cpp attention and either "
+        "--quantization int4 linears (steps of a few rows) or dense ones (any row count); "
+        "off: always the torch path",
         flags="--native-decode",
         choices=NATIVE_DECODES,
         env="DEEPWELL_NATIVE_DECODE",

@@ -1,7 +1,8 @@
 """Builds and loads the C++ decode kernels (paged_decode.cpp: paged attention, with
 llama_glue.cpp's fused norms and activations beside it; quant_gemv.cpp:
-GGUF-block linears; llama_decode.cpp: a whole Llama decode step, compiled with the other two
-into one extension, one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
+GGUF-block linears; llama_decode.cpp: a whole Llama decode step on GGUF blocks, and
+llama_dense_decode.cpp: one on dense weights, compiled with the other two into one extension,
+one translation unit; blockscaled.cpp: linears on DeepSeek-V4.1's FP8 / MXFP4 / bf16
 weights; hyper_connection.cpp: V4.1's mHC per row; v41_cache_rows.cpp: V4.1's packed cache rows;
 v41_rotary.cpp: V4.1's rotary embedding; invariant_rows.cpp: the batch-invariant mode's row-wise
 products; prefill_attention.cpp: prefill chunks' attention; llama_rotary.cpp: the Llama
@@ -41,7 +42,13 @@ SOURCE = Path(__file__).with_name("paged_decode.cpp")
 # Rides in the attention extension, which the C++ backend builds anyway: no extra build.
 GLUE_SOURCE = Path(__file__).with_name("llama_glue.cpp")
 QUANT_SOURCE = Path(__file__).with_name("quant_gemv.cpp")
-LLAMA_SOURCES = (Path(__file__).with_name("llama_decode.cpp"), SOURCE, QUANT_SOURCE)
+# The dense decoder last: it calls paged_decode.cpp's entry points.
+LLAMA_SOURCES = (
+    Path(__file__).with_name("llama_decode.cpp"),
+    SOURCE,
+    QUANT_SOURCE,
+    Path(__file__).with_name("llama_dense_decode.cpp"),
+)
 BLOCKSCALED_SOURCE = Path(__file__).with_name("blockscaled.cpp")
 HYPER_CONNECTION_SOURCE = Path(__file__).with_name("hyper_connection.cpp")
 CACHE_ROWS_SOURCE = Path(__file__).with_name("v41_cache_rows.cpp")

@@ -451,6 +451,11 @@ class LlamaDecoder {
 
 }  // namespace
 
+namespace deepwell {
+// llama_dense_decode.cpp: the decoder of dense weights, in this module beside this one.
+void bind_dense_decoder(pybind11::module_& m);
+}  // namespace deepwell
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LlamaDecoder>(m, "LlamaDecoder")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor,
@@ -466,4 +471,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "the logits or None)")
       .def_property_readonly("num_layers", &LlamaDecoder::num_layers);
   m.attr("max_rows") = kMaxRows;
+  deepwell::bind_dense_decoder(m);
 }

@@ -1,16 +1,23 @@
-"""The native decode step of the Llama family: every layer of a small all-decode step in one
-C++ call (layers/llama_decode.cpp), and which models and steps it takes.
+"""The native decode step of the Llama family: every layer of an all-decode step in one C++
+call, and which models and steps it takes.
 
-A model qualifies with its layer linears on GGUF blocks (`--quantization int4`), decode
-attention on the C++ kernel and no per-head q/k norm (Qwen3); its head runs inside the step
-too where it is on GGUF blocks (the logits handed to compute_logits). A step qualifies when all its
-rows are decode rows and there are no more of them than the linears' cut-over to dense
-weights. Any other step runs the model's torch path.
+A model qualifies with decode attention on the C++ kernel and no per-head q/k norm (Qwen3),
+and either of two decoders:
+- its layer linears on GGUF blocks (`--quantization int4`): layers/llama_decode.cpp runs its
+  own kernels on steps up to the linears' cut-over to dense weights, its head inside the step
+  too where it is on GGUF blocks (the logits handed to compute_logits);
+- its layer linears dense (bf16 PackedLinear, float32 nn.Linear or RowPaddedLinear) with the fused glue and
+  rotary: layers/llama_dense_decode.cpp calls the very kernels the layers below call, in
+  their order, so its hidden state is theirs bit for bit; it takes steps of any row count
+  and leaves the head to compute_logits.
+A step qualifies when all its rows are decode rows (and, for the first, no more than the
+cut-over). Any other step runs the model's torch path.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -18,10 +25,15 @@ import torch
 
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.attention import AttentionMetadata
+from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
+from deepwell.engine.layers.bf16_gemm import MAX_ROWS as PANEL_ROWS
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
+from deepwell.engine.layers.float32_linear import GEMM_ROWS, MIN_PADDED_ROWS, RowPaddedLinear
+from deepwell.engine.layers.fused_glue import KernelGlue
+from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.quant_linear import QuantDecodeLinear
-from deepwell.engine.layers.rotary import RotaryEmbedding
+from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
@@ -83,6 +95,35 @@ class NativeDecode:
         return last[1]
 
 
+class DenseNativeDecode(NativeDecode):
+    """The C++ decoder of dense weights: steps of any number of decode rows, the hidden state
+    only (compute_logits runs the head)."""
+
+    def __init__(self, decoder) -> None:
+        super().__init__(decoder, sys.maxsize)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        paged: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        """The final-normed hidden state [rows, hidden], float32."""
+        return self.decoder.forward(
+            input_ids,
+            positions,
+            kv_cache.paged["key"],
+            kv_cache.paged["value"],
+            paged.slot_blocks,
+            paged.slot_offsets,
+            paged.decode_block_ids,
+            paged.decode_block_starts,
+            paged.decode_context_len_tensor,
+            paged.decode_sequence_starts,
+        )
+
+
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
     """The native step for `model` where `choice` (EngineArgs.native_decode: "auto" / "off")
     and the model allow it, else None; the start-up log says which path decodes and why."""
@@ -97,12 +138,19 @@ def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | No
     if reason is not None:
         logger.info("decode step: torch path, the native step does not apply: %s", reason)
         return None
-    native = build_native_decode(model, kernel.module)
+    if _on_blocks(model):
+        native = build_native_decode(model, kernel.module)
+        logger.info(
+            "decode step: native (all layers in one C++ call) for steps of up to %d decode "
+            "rows on GGUF blocks",
+            native.max_rows,
+        )
+        return native
     logger.info(
-        "decode step: native (all layers in one C++ call) for steps of up to %d decode rows",
-        native.max_rows,
+        "decode step: native (all layers in one C++ call) for decode steps of any row count "
+        "on dense weights"
     )
-    return native
+    return build_dense_native_decode(model, kernel.module)
 
 
 def _unsupported(model: LlamaForCausalLM) -> str | None:
@@ -110,14 +158,32 @@ def _unsupported(model: LlamaForCausalLM) -> str | None:
     if config.qk_norm:
         return "per-head q/k norm (Qwen3)"
     layer = model.layers[0]
+    if isinstance(layer.self_attn.backend, BatchInvariantAttention):
+        return "the batch-invariant mode's own path (its kernels compute each row alone)"
     if not isinstance(layer.self_attn.backend, CppPagedAttention):
         return "decode attention is not on the C++ kernel"
     if layer.self_attn.backend.kernel is None:
         return "the C++ attention kernel did not load"
+    if _on_blocks(model):
+        return None
+    if model.embed_tokens.weight.device.type != "cpu":
+        return "the model is not on the CPU, where the C++ kernels run"
     linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    if not all(type(m) is QuantDecodeLinear for m in linears):
-        return "the layer linears are not on GGUF blocks (--quantization int4)"
+    if not all(type(m) in (PackedLinear, RowPaddedLinear, torch.nn.Linear) for m in linears):
+        return "the layer linears are neither all on GGUF blocks nor all dense"
+    # The dense decoder calls the layers' fused kernels: where they fell back to torch ops,
+    # only the layers compute the same bits.
+    if model.glue is not KernelGlue:
+        return "the layers' glue is not the fused C++ kernel"
+    if layer.self_attn.rotate is apply_rotary:
+        return "the layers' rotary is not the fused C++ kernel"
     return None
+
+
+def _on_blocks(model: LlamaForCausalLM) -> bool:
+    """Whether the layer linears are on GGUF blocks (`--quantization int4`)."""
+    linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    return all(type(m) is QuantDecodeLinear for m in linears)
 
 
 @torch.no_grad()
@@ -159,6 +225,48 @@ def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDe
         decoder.set_head(_blocks(head), head.out_features, head.weight.dtype == torch.bfloat16)
         linears.append(head)
     return NativeDecode(decoder, min([kernel.max_rows, *(m.max_rows for m in linears)]))
+
+
+@torch.no_grad()
+def build_dense_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> DenseNativeDecode:
+    """The C++ decoder of dense weights over the model's own tensors (after build.py packed
+    them), with the layers' norms, rotary tables and attention scale."""
+    config, layer = model.config, model.layers[0]
+    decoder = kernel.LlamaDenseDecoder(
+        hidden=config.hidden_size,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate=config.intermediate_size,
+        eps=model.norm.eps,
+        scale=layer.self_attn.backend.scale,
+        panel_rows=PANEL_ROWS,
+        embedding=model.embed_tokens.weight.detach(),
+        cos=model.rotary.cos,
+        signed_sin=model.rotary.signed_sin,
+        final_norm=model.norm.weight.detach(),
+    )
+    for layer in model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        decoder.add_layer(
+            layer.input_layernorm.weight.detach(),
+            layer.post_attention_layernorm.weight.detach(),
+            _dense(attention.qkv_proj),
+            _dense(attention.o_proj),
+            _dense(mlp.gate_up_proj),
+            _dense(mlp.down_proj),
+        )
+    return DenseNativeDecode(decoder)
+
+
+def _dense(linear: torch.nn.Linear) -> tuple:
+    """(weight, oneDNN's packed weight, the panels, bias, the rows it pads from and to), None
+    where the linear has none, (0, 0) where it pads none."""
+    bias = None if linear.bias is None else linear.bias.detach()
+    if type(linear) is PackedLinear:
+        return linear.weight.detach(), linear.packed_weight, linear.panels, bias, (0, 0)
+    padding = (MIN_PADDED_ROWS, GEMM_ROWS) if type(linear) is RowPaddedLinear else (0, 0)
+    return linear.weight.detach(), None, None, bias, padding
 
 
 def _blocks(linear: QuantDecodeLinear) -> tuple[str, torch.Tensor]:
