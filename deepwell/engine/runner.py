@@ -342,11 +342,13 @@ class ModelRunner:
             return rows, meta
         # The rest describes paged full attention (AttentionMetadata).
         paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
-        for index, chunk in enumerate(chunks):
-            span = rows.add(chunk)
-            if paged is not None:
+        for chunk in chunks:
+            rows.add(chunk)
+        sequences = rows.sequences()
+        if paged is not None:
+            for index, (chunk, span) in enumerate(zip(chunks, sequences, strict=True)):
                 paged.add(chunk, span, decode=index < num_decode_chunks)
-        meta = StepMetadata(rows.sequences)
+        meta = StepMetadata(sequences)
         meta.images = rows.images()
         if paged is not None:
             meta.paged = paged.metadata()

@@ -39,9 +39,12 @@ class StepRows:
     history_depth: int
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    # Per chunk: its last row.
+    # Per chunk: its last row, and its span's (row, num_rows, start, slot, replay_start).
     last_rows: list[int] = field(default_factory=list)
-    sequences: list[SequenceSpan] = field(default_factory=list)
+    spans: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    # Per chunk, one after another: the block ids covering its positions.
+    table_ids: list[int] = field(default_factory=list)
+    table_lengths: list[int] = field(default_factory=list)
     # Per row: its earlier token ids, newest first (-1 before position 0).
     history: list[list[int]] = field(default_factory=list)
     # Rows holding a request's pending token, known only once the step before samples.
@@ -51,8 +54,8 @@ class StepRows:
     # The rows of image spans the chunks cover.
     image_pieces: list[ImagePiece] = field(default_factory=list)
 
-    def add(self, chunk: ScheduledChunk) -> SequenceSpan:
-        """The chunk's rows; returns its sequence span."""
+    def add(self, chunk: ScheduledChunk) -> None:
+        """The chunk's rows."""
         request, start = chunk.request, chunk.start
         end = start + chunk.num_rows
         row = len(self.input_ids)
@@ -73,10 +76,21 @@ class StepRows:
                 self.image_pieces.append(ImagePiece(row + lo - start, image, lo - first, hi - lo))
         self.last_rows.append(row + chunk.num_rows - 1)
         slot = -1 if request.slot is None else request.slot
-        table = torch.tensor(request.block_ids[: -(-end // self.block_size)], dtype=torch.long)
-        span = SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
-        self.sequences.append(span)
-        return span
+        self.spans.append((row, chunk.num_rows, start, slot, request.replay_start))
+        table = request.block_ids[: -(-end // self.block_size)]
+        self.table_ids += table
+        self.table_lengths.append(len(table))
+
+    def sequences(self) -> list[SequenceSpan]:
+        """The chunks' sequence spans. Their block tables are views of one tensor: a
+        `torch.tensor` call per chunk cost ~0.4 ms of a 64-row decode step's prepare."""
+        tables = torch.tensor(self.table_ids, dtype=torch.long).split(self.table_lengths)
+        return [
+            SequenceSpan(row, num_rows, start, slot, table, replay_start)
+            for (row, num_rows, start, slot, replay_start), table in zip(
+                self.spans, tables, strict=True
+            )
+        ]
 
     def images(self) -> StepImages | None:
         """The step's image rows; None without any."""
