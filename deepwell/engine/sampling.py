@@ -117,8 +117,9 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     only a block-wide window there searched with indices. Earlier tied maxima would lie in
     an earlier block, or earlier in the same window, so the answer is the first of the tied
     maxima. Past the amax, a step's greedy rows pay five small ops on tensors of `rows`
-    elements or one window each: after the forward has evicted them, each op costs tens
-    of microseconds, so none builds a [rows, block] index.
+    elements or one window each: after the forward has evicted their code and data, each
+    op's first call in a step costs ~30 µs, so the ops are few and none builds a
+    [rows, block] index.
     """
     rows, vocab = logits.shape
     if rows < _ARGMAX_BLOCKED_MIN_ROWS:
@@ -129,9 +130,12 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     maxima = logits[:, :full].view(rows, -1, width).amax(dim=-1)
     if full < vocab:
         maxima = torch.cat((maxima, logits[:, full:].amax(dim=-1, keepdim=True)), dim=1)
-    # A short last block's window starts `width` before the end: the columns it takes from
-    # the block before hold no tie, as that block's maximum is smaller or it would be picked.
-    starts = (maxima.max(dim=-1).indices * width).clamp_(max=vocab - width)
+    starts = maxima.max(dim=-1).indices * width
+    if full < vocab:
+        # A short last block's window starts `width` before the end: the columns it takes
+        # from the block before hold no tie, as that block's maximum is smaller or it
+        # would have been picked.
+        starts.clamp_(max=vocab - width)
     # unfold: every window of `width` columns as a view, one per start column.
     windows = logits.unfold(1, width, 1).gather(1, starts.view(rows, 1, 1).expand(-1, 1, width))
     return starts + windows.view(rows, width).max(dim=-1).indices
