@@ -42,6 +42,7 @@ from deepwell.engine.step_rows import (
     StepRows,
     fixed_decode_metadata,
     fixed_decode_plans,
+    long_tensor,
 )
 
 
@@ -195,9 +196,9 @@ class ModelRunner:
                     first_row = last_row - (c.num_tokens - 1)
                     logit_rows += range(first_row, first_row + end - c.start)
                     prompt_rows.append((c.request, c.start, end - c.start))
-        input_ids = torch.tensor(rows.input_ids, dtype=torch.long, device=HOST)
-        positions = torch.tensor(rows.positions, dtype=torch.long, device=HOST)
-        logit_ids = torch.tensor(logit_rows, dtype=torch.long, device=HOST)
+        input_ids = long_tensor(rows.input_ids)
+        positions = long_tensor(rows.positions)
+        logit_ids = long_tensor(logit_rows)
         if self.device != HOST:
             # On the host already otherwise: no walk over the metadata in the CPU hot path.
             input_ids, positions, meta, logit_ids = place(

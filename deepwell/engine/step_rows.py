@@ -5,6 +5,7 @@ needs of the same rows (`PagedRows` → `AttentionMetadata`; for a decode-graph 
 `fixed_decode_plans` → `FixedDecodePlans`).
 """
 
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,16 @@ from deepwell.engine.layers.step_metadata import (
 )
 from deepwell.engine.request import Request
 from deepwell.engine.scheduler import ScheduledChunk
+
+
+def long_tensor(values: list[int]) -> torch.Tensor:
+    """`torch.tensor(values, dtype=torch.long)` on the host, ~3x faster for a step's lists of
+    a thousand block ids (18 against 63 µs): `torch.tensor` reads a list an element at a
+    time, `array` converts it in C and the tensor takes the array's buffer without a copy."""
+    if not values:
+        # frombuffer refuses an empty buffer.
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array("q", values), dtype=torch.long)
 
 
 @dataclass
@@ -84,7 +95,7 @@ class StepRows:
     def sequences(self) -> list[SequenceSpan]:
         """The chunks' sequence spans. Their block tables are views of one tensor: a
         `torch.tensor` call per chunk cost ~0.4 ms of a 64-row decode step's prepare."""
-        tables = torch.tensor(self.table_ids, dtype=torch.long).split(self.table_lengths)
+        tables = long_tensor(self.table_ids).split(self.table_lengths)
         return [
             SequenceSpan(row, num_rows, start, slot, table, replay_start)
             for (row, num_rows, start, slot, replay_start), table in zip(
@@ -184,24 +195,24 @@ class PagedRows:
     def metadata(self) -> AttentionMetadata:
         bs = self.block_size
         # Decode rows are the first rows of the step, so a row index is its decode index.
-        valid = bs - torch.tensor(self.decode_padding, dtype=torch.long)
+        valid = bs - long_tensor(self.decode_padding)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
-        slot_tensor = torch.tensor(self.slots, dtype=torch.long)
+        slot_tensor = long_tensor(self.slots)
         ranks, depth, span = stack_decode_blocks(self.decode_blocks)
         return AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
             num_decodes=len(self.decode_lens),
             decode_context_lens=self.decode_lens,
-            decode_block_ids=torch.tensor(self.decode_blocks, dtype=torch.long),
-            decode_block_rows=torch.tensor(self.decode_rows, dtype=torch.long),
+            decode_block_ids=long_tensor(self.decode_blocks),
+            decode_block_rows=long_tensor(self.decode_rows),
             decode_block_padding=padding[:, None, None],
             decode_block_ranks=ranks,
             decode_stack_depth=depth,
             decode_block_span=span,
             prefills=self.prefills,
-            seq_slots=torch.tensor(self.seq_slots, dtype=torch.long),
-            seq_starts=torch.tensor(self.seq_starts, dtype=torch.long),
+            seq_slots=long_tensor(self.seq_slots),
+            seq_starts=long_tensor(self.seq_starts),
             query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
             row_block_lists=row_block_lists(self.spans, bs) if self.batch_invariant else None,
             decode_sequence_rows=self.decode_sequence_rows,
