@@ -42,6 +42,7 @@ from deepwell.engine.step_rows import (
     StepRows,
     fixed_decode_metadata,
     fixed_decode_plans,
+    long_tensor,
 )
 
 
@@ -195,9 +196,9 @@ class ModelRunner:
                     first_row = last_row - (c.num_tokens - 1)
                     logit_rows += range(first_row, first_row + end - c.start)
                     prompt_rows.append((c.request, c.start, end - c.start))
-        input_ids = torch.tensor(rows.input_ids, dtype=torch.long, device=HOST)
-        positions = torch.tensor(rows.positions, dtype=torch.long, device=HOST)
-        logit_ids = torch.tensor(logit_rows, dtype=torch.long, device=HOST)
+        input_ids = long_tensor(rows.input_ids)
+        positions = long_tensor(rows.positions)
+        logit_ids = long_tensor(logit_rows)
         if self.device != HOST:
             # On the host already otherwise: no walk over the metadata in the CPU hot path.
             input_ids, positions, meta, logit_ids = place(
@@ -342,11 +343,13 @@ class ModelRunner:
             return rows, meta
         # The rest describes paged full attention (AttentionMetadata).
         paged = PagedRows(self.block_size, self.batch_invariant) if self.full_attention else None
-        for index, chunk in enumerate(chunks):
-            span = rows.add(chunk)
-            if paged is not None:
+        for chunk in chunks:
+            rows.add(chunk)
+        sequences = rows.sequences()
+        if paged is not None:
+            for index, (chunk, span) in enumerate(zip(chunks, sequences, strict=True)):
                 paged.add(chunk, span, decode=index < num_decode_chunks)
-        meta = StepMetadata(rows.sequences)
+        meta = StepMetadata(sequences)
         meta.images = rows.images()
         if paged is not None:
             meta.paged = paged.metadata()

@@ -5,6 +5,7 @@ needs of the same rows (`PagedRows` → `AttentionMetadata`; for a decode-graph 
 `fixed_decode_plans` → `FixedDecodePlans`).
 """
 
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,16 @@ from deepwell.engine.request import Request
 from deepwell.engine.scheduler import ScheduledChunk
 
 
+def long_tensor(values: list[int]) -> torch.Tensor:
+    """`torch.tensor(values, dtype=torch.long)` on the host, ~3x faster for a step's lists of
+    a thousand block ids (18 against 63 µs): `torch.tensor` reads a list an element at a
+    time, `array` converts it in C and the tensor takes the array's buffer without a copy."""
+    if not values:
+        # frombuffer refuses an empty buffer.
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array("q", values), dtype=torch.long)
+
+
 @dataclass
 class StepRows:
     """The step's input rows, a chunk's rows after the chunk before."""
@@ -39,9 +50,12 @@ class StepRows:
     history_depth: int
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    # Per chunk: its last row.
+    # Per chunk: its last row, and its span's (row, num_rows, start, slot, replay_start).
     last_rows: list[int] = field(default_factory=list)
-    sequences: list[SequenceSpan] = field(default_factory=list)
+    spans: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    # Per chunk, one after another: the block ids covering its positions.
+    table_ids: list[int] = field(default_factory=list)
+    table_lengths: list[int] = field(default_factory=list)
     # Per row: its earlier token ids, newest first (-1 before position 0).
     history: list[list[int]] = field(default_factory=list)
     # Rows holding a request's pending token, known only once the step before samples.
@@ -51,8 +65,8 @@ class StepRows:
     # The rows of image spans the chunks cover.
     image_pieces: list[ImagePiece] = field(default_factory=list)
 
-    def add(self, chunk: ScheduledChunk) -> SequenceSpan:
-        """The chunk's rows; returns its sequence span."""
+    def add(self, chunk: ScheduledChunk) -> None:
+        """The chunk's rows."""
         request, start = chunk.request, chunk.start
         end = start + chunk.num_rows
         row = len(self.input_ids)
@@ -73,10 +87,21 @@ class StepRows:
                 self.image_pieces.append(ImagePiece(row + lo - start, image, lo - first, hi - lo))
         self.last_rows.append(row + chunk.num_rows - 1)
         slot = -1 if request.slot is None else request.slot
-        table = torch.tensor(request.block_ids[: -(-end // self.block_size)], dtype=torch.long)
-        span = SequenceSpan(row, chunk.num_rows, start, slot, table, request.replay_start)
-        self.sequences.append(span)
-        return span
+        self.spans.append((row, chunk.num_rows, start, slot, request.replay_start))
+        table = request.block_ids[: -(-end // self.block_size)]
+        self.table_ids += table
+        self.table_lengths.append(len(table))
+
+    def sequences(self) -> list[SequenceSpan]:
+        """The chunks' sequence spans. Their block tables are views of one tensor: a
+        `torch.tensor` call per chunk cost ~0.4 ms of a 64-row decode step's prepare."""
+        tables = long_tensor(self.table_ids).split(self.table_lengths)
+        return [
+            SequenceSpan(row, num_rows, start, slot, table, replay_start)
+            for (row, num_rows, start, slot, replay_start), table in zip(
+                self.spans, tables, strict=True
+            )
+        ]
 
     def images(self) -> StepImages | None:
         """The step's image rows; None without any."""
@@ -170,24 +195,24 @@ class PagedRows:
     def metadata(self) -> AttentionMetadata:
         bs = self.block_size
         # Decode rows are the first rows of the step, so a row index is its decode index.
-        valid = bs - torch.tensor(self.decode_padding, dtype=torch.long)
+        valid = bs - long_tensor(self.decode_padding)
         padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
-        slot_tensor = torch.tensor(self.slots, dtype=torch.long)
+        slot_tensor = long_tensor(self.slots)
         ranks, depth, span = stack_decode_blocks(self.decode_blocks)
         return AttentionMetadata(
             slot_blocks=slot_tensor // bs,
             slot_offsets=slot_tensor % bs,
             num_decodes=len(self.decode_lens),
             decode_context_lens=self.decode_lens,
-            decode_block_ids=torch.tensor(self.decode_blocks, dtype=torch.long),
-            decode_block_rows=torch.tensor(self.decode_rows, dtype=torch.long),
+            decode_block_ids=long_tensor(self.decode_blocks),
+            decode_block_rows=long_tensor(self.decode_rows),
             decode_block_padding=padding[:, None, None],
             decode_block_ranks=ranks,
             decode_stack_depth=depth,
             decode_block_span=span,
             prefills=self.prefills,
-            seq_slots=torch.tensor(self.seq_slots, dtype=torch.long),
-            seq_starts=torch.tensor(self.seq_starts, dtype=torch.long),
+            seq_slots=long_tensor(self.seq_slots),
+            seq_starts=long_tensor(self.seq_starts),
             query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
             row_block_lists=row_block_lists(self.spans, bs) if self.batch_invariant else None,
             decode_sequence_rows=self.decode_sequence_rows,
