@@ -43,6 +43,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def step_arguments(
+    input_ids: torch.Tensor, positions: torch.Tensor, paged: AttentionMetadata, kv_cache: KVCache
+) -> tuple:
+    """What both C++ decoders' `forward` take first: the step's rows, the caches, where each
+    row's K/V goes and which blocks it reads."""
+    return (
+        input_ids,
+        positions,
+        kv_cache.paged["key"],
+        kv_cache.paged["value"],
+        paged.slot_blocks,
+        paged.slot_offsets,
+        paged.decode_block_ids,
+        paged.decode_block_starts,
+        paged.decode_context_len_tensor,
+    )
+
+
 class NativeDecode:
     """The model's C++ decoder (its weights referenced, not copied) and its row limit; with
     the head inside, the logits of its last step, for compute_logits to hand back."""
@@ -73,15 +91,7 @@ class NativeDecode:
     ) -> torch.Tensor:
         """The final-normed hidden state [rows, hidden], float32."""
         hidden, logits = self.decoder.forward(
-            input_ids,
-            positions,
-            kv_cache.paged["key"],
-            kv_cache.paged["value"],
-            paged.slot_blocks,
-            paged.slot_offsets,
-            paged.decode_block_ids,
-            paged.decode_block_starts,
-            paged.decode_context_len_tensor,
+            *step_arguments(input_ids, positions, paged, kv_cache)
         )
         self._last = None if logits is None else (hidden, logits)
         return hidden
@@ -110,18 +120,8 @@ class DenseNativeDecode(NativeDecode):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         """The final-normed hidden state [rows, hidden], float32."""
-        return self.decoder.forward(
-            input_ids,
-            positions,
-            kv_cache.paged["key"],
-            kv_cache.paged["value"],
-            paged.slot_blocks,
-            paged.slot_offsets,
-            paged.decode_block_ids,
-            paged.decode_block_starts,
-            paged.decode_context_len_tensor,
-            paged.decode_sequence_starts,
-        )
+        arguments = step_arguments(input_ids, positions, paged, kv_cache)
+        return self.decoder.forward(*arguments, paged.decode_sequence_starts)
 
 
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
