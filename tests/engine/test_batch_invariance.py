@@ -5,9 +5,15 @@ tiny DeepSeek-V4.1 in fp32), with speculation on."""
 import random
 
 import pytest
+from torch import nn
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
-from deepwell.engine.layers.batch_invariant import RowTiledLinear
+from deepwell.engine.layers.batch_invariant import (
+    AmxTileLinear,
+    RowTiledLinear,
+    RowwiseLinear,
+    rowwise_kernel,
+)
 from deepwell.engine.models import registry
 from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
 
@@ -176,8 +182,13 @@ def test_the_environment_switch_turns_it_on(monkeypatch):
 def test_batch_invariant_core_tiles_every_linear(make_core):
     core = make_core(batch_invariant=True)
     model = core.runner.model
-    linears = [m for m in model.modules() if isinstance(m, RowTiledLinear)]
+    invariant = (RowTiledLinear, RowwiseLinear, AmxTileLinear)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == 1 + 4 * core.model_config.num_hidden_layers
+    assert all(isinstance(m, invariant) for m in linears)
+    if rowwise_kernel(linears[0].weight) is not None:
+        # A row-wise kernel serves this dtype: no call is padded to ROW_TILE rows.
+        assert not any(isinstance(m, RowTiledLinear) for m in linears)
 
 
 def test_a_ring_model_without_invariant_ring_layers_is_refused(tmp_path, monkeypatch):

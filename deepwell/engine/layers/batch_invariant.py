@@ -163,10 +163,11 @@ class RowTiledPackedLinear(RowTiledLinear, PackedLinear):
 
 
 class RowwiseLinear(nn.Linear):
-    """A bf16 CPU linear on blockscaled.cpp's bf16 kernel, all rows in one call, unpadded.
+    """A bf16 or float32 CPU linear on blockscaled.cpp's row-wise kernel of its dtype
+    (`bf16_linear`, `f32_linear`), all rows in one call, unpadded.
 
     Each output is one float32 dot product in a fixed order, whatever the row count (the
-    kernel's rows never mix), rounded once to bf16 after the bias. Padding every call to
+    kernel's rows never mix), rounded once to x's dtype after the bias. Padding every call to
     ROW_TILE rows cost 3.2x in tok/s on an AVX-512 EPYC without AMX, where oneDNN computes
     the padding rows at full price (a lone decode's linears and lm_head 64 times over);
     docs/benchmarks-log.md, "Batch invariance on AVX-512 without AMX".
@@ -175,7 +176,9 @@ class RowwiseLinear(nn.Linear):
     kernel: ModuleType
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.kernel.bf16_linear(x.reshape(-1, self.in_features), self.weight)
+        kernel = self.kernel
+        linear = kernel.f32_linear if self.weight.dtype == torch.float32 else kernel.bf16_linear
+        out = linear(x.reshape(-1, self.in_features), self.weight)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -208,7 +211,8 @@ class AmxTileLinear(nn.Linear):
 def tile_linears(model: nn.Module) -> None:
     """Make the model's linears batch invariant in place (weights untouched): bf16 CPU ones
     run AmxTileLinear where the CPU has AMX tiles and amx_linear.cpp builds, else
-    RowwiseLinear where blockscaled.cpp builds; every other one runs ROW_TILE-row calls."""
+    RowwiseLinear where blockscaled.cpp builds, as float32 CPU ones do; every other one runs
+    ROW_TILE-row calls (a lone decode's linears 64 times over)."""
     tiled = {nn.Linear: RowTiledLinear, PackedLinear: RowTiledPackedLinear}
     for module in model.modules():
         if type(module) not in tiled:
@@ -220,7 +224,7 @@ def tile_linears(model: nn.Module) -> None:
         # The packed copies of the weight are no longer read.
         module._buffers.pop("packed_weight", None)
         module._buffers.pop("panels", None)
-        if amx_kernel_ready():
+        if module.weight.dtype == torch.bfloat16 and amx_kernel_ready():
             module.__class__ = AmxTileLinear
             module.retile()
             continue
@@ -229,8 +233,9 @@ def tile_linears(model: nn.Module) -> None:
 
 
 def rowwise_kernel(weight: torch.Tensor) -> ModuleType | None:
-    """blockscaled.cpp where `weight` is a bf16 CPU matrix its kernel takes, else None."""
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+    """blockscaled.cpp where `weight` is a bf16 or float32 CPU matrix its kernel takes, else
+    None."""
+    if weight.dtype not in (torch.bfloat16, torch.float32) or weight.device.type != "cpu":
         return None
     if not weight.is_contiguous():
         return None

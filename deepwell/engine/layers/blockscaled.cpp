@@ -4,6 +4,7 @@
 //
 //   fp8_block_linear  x @ W.T, W float8_e4m3fn [out, in] with an e8m0 scale per 32×32 block;
 //   bf16_linear       x @ W.T, W bfloat16 [out, in];
+//   f32_linear        x @ W.T, W float32 [out, in] (the batch-invariant mode's float32 linears);
 //   mxfp4_experts     one MoE layer's routed experts, W1/W3/W2 as int8 pairs of E2M1 codes
 //                     [out, in / 2] with an e8m0 scale per output row and 32 inputs, each
 //                     expert's six tensors reached through int64 pointer tables.
@@ -76,18 +77,18 @@ constexpr int64_t kExpertTaskRows = 32;
 alignas(64) constexpr float kE2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                          -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
-enum class Format { kFp8, kBf16, kMxFp4 };
+enum class Format { kFp8, kBf16, kMxFp4, kF32 };
 
 // Bytes of one block of 32 weights of one row.
 template <Format F>
 constexpr int64_t block_bytes() {
-  return F == Format::kFp8 ? 32 : (F == Format::kBf16 ? 64 : 16);
+  return F == Format::kFp8 ? 32 : F == Format::kBf16 ? 64 : F == Format::kF32 ? 128 : 16;
 }
 
 // Bytes of `columns` weights of one row (even for MXFP4, checked by the callers).
 template <Format F>
 constexpr int64_t bytes_of(int64_t columns) {
-  return F == Format::kFp8 ? columns : (F == Format::kBf16 ? 2 * columns : columns / 2);
+  return F == Format::kFp8 ? columns : F == Format::kBf16 ? 2 * columns : F == Format::kF32 ? 4 * columns : columns / 2;
 }
 
 int64_t padded(int64_t columns) { return (columns + kBlock - 1) / kBlock * kBlock; }
@@ -141,6 +142,9 @@ inline void decode_block(const uint8_t* w, float scale, __m512& first, __m512& s
     h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
     first = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
     second = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  } else if constexpr (F == Format::kF32) {
+    first = _mm512_loadu_ps(w);
+    second = _mm512_loadu_ps(w + 64);
   } else if constexpr (F == Format::kBf16) {
     const auto* p = reinterpret_cast<const __m256i*>(w);
     first = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
@@ -215,6 +219,8 @@ inline void accumulate_block(const uint8_t* const* w, const float* scale, const 
       e4m3_scaled(w[o] + 16, v[2], v[3]);
     } else if constexpr (F == Format::kBf16) {
       for (int i = 0; i < 4; ++i) v[i] = bf16_of(w[o] + 16 * i);
+    } else if constexpr (F == Format::kF32) {
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(w[o] + 32 * i));
     } else {
       const __m256 table = _mm256_mul_ps(_mm256_load_ps(kE2M1), _mm256_set1_ps(scale[o]));
       e2m1_of(w[o], table, v[0], v[1]);
@@ -253,6 +259,10 @@ template <Format F>
 inline float weight_at(const uint8_t* w, float scale, int64_t k) {
   if constexpr (F == Format::kFp8) {
     return e4m3_scaled(w[k]);
+  } else if constexpr (F == Format::kF32) {
+    float value;
+    std::memcpy(&value, w + 4 * k, sizeof value);
+    return value;
   } else if constexpr (F == Format::kBf16) {
     const uint32_t bits = static_cast<uint32_t>(w[2 * k] | (w[2 * k + 1] << 8)) << 16;
     float value;
@@ -596,6 +606,28 @@ at::Tensor fp8_block_linear(const at::Tensor& x_in, const at::Tensor& weight, co
   return out;
 }
 
+// out = x @ weight.T for float32 rows `x` and a bf16 or float32 `weight` [out, in], each
+// output one dot product in blocks of 32 (dot_tile), outputs split across threads in blocks.
+template <Format F>
+void plain_linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
+  const int64_t out_features = weight.size(0), columns = weight.size(1), rows = x.size(0);
+  const int64_t stride = padded(columns);
+  // Zero-padded to whole blocks (a copy only where the width is not one already).
+  const at::Tensor xp = stride == columns ? x : at::constant_pad_nd(x, {0, stride - columns}, 0);
+  const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
+  const float* xs = xp.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t row_blocks = (out_features + kBlock - 1) / kBlock;
+  at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t ob = begin; ob < end; ++ob) {
+      for (int64_t first = 0; first < rows; first += kRowChunk) {
+        output_rows<F>(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock), xs + first * stride,
+                       stride, std::min(kRowChunk, rows - first), first, out_features, o);
+      }
+    }
+  });
+}
+
 at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& weight) {
   check_weight(weight, at::kBFloat16, "bf16_linear");
   const int64_t out_features = weight.size(0), columns = weight.size(1);
@@ -625,22 +657,15 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& weight) {
     return out;
   }
 #endif
-  const int64_t stride = padded(columns);
-  // Zero-padded to whole blocks (a copy only where the width is not one already).
-  const at::Tensor xp = stride == columns ? x : at::constant_pad_nd(x, {0, stride - columns}, 0);
-  const auto* w = static_cast<const uint8_t*>(weight.data_ptr());
-  const float* xs = xp.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const int64_t row_blocks = (out_features + kBlock - 1) / kBlock;
-  at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t ob = begin; ob < end; ++ob) {
-      for (int64_t first = 0; first < rows; first += kRowChunk) {
-        output_rows<Format::kBf16>(w, columns, ob * kBlock, std::min(out_features, (ob + 1) * kBlock),
-                                   xs + first * stride, stride, std::min(kRowChunk, rows - first), first,
-                                   out_features, o);
-      }
-    }
-  });
+  plain_linear<Format::kBf16>(x, weight, out);
+  return out;
+}
+
+at::Tensor f32_linear(const at::Tensor& x_in, const at::Tensor& weight) {
+  check_weight(weight, at::kFloat, "f32_linear");
+  const at::Tensor x = float_rows(x_in, weight.size(1), "f32_linear");
+  auto out = at::empty({x.size(0), weight.size(0)}, x.options());
+  if (x.size(0) > 0 && weight.size(0) > 0) plain_linear<Format::kF32>(x, weight, out);
   return out;
 }
 
@@ -805,6 +830,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("scale"));
   m.def("bf16_linear", &bf16_linear, "float32 x @ bf16 weight.T, float32 accumulation (CPU)", py::arg("x"),
         py::arg("weight"));
+  m.def("f32_linear", &f32_linear, "float32 x @ float32 weight.T, each output one dot product in a fixed order (CPU)", py::arg("x"), py::arg("weight"));
   m.def("mxfp4_experts", &mxfp4_experts,
         "routed MXFP4 experts of one MoE layer over (token, expert) pairs; the tables are int64 addresses of "
         "tensors the caller keeps alive (layers/blockscaled.py MxFp4Experts)",

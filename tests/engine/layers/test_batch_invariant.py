@@ -16,6 +16,7 @@ from deepwell.engine.layers.batch_invariant import (
     AmxTileLinear,
     BatchInvariantAttention,
     BatchInvariantSinkAttention,
+    RowTiledLinear,
     RowwiseLinear,
     row_block_lists,
     rowwise_kernel,
@@ -83,6 +84,15 @@ def test_tile_linears_puts_bf16_linears_on_amx_tiles_where_they_run():
     model = nn.Sequential(nn.Linear(64, 32)).to(torch.bfloat16)
     tile_linears(model)
     assert type(model[0]) is (AmxTileLinear if amx_kernel_ready() else RowwiseLinear)
+
+
+def test_tile_linears_puts_float32_linears_on_the_rowwise_kernel_where_it_builds():
+    # Not ROW_TILE-row calls: those computed a lone decode's linears 64 times over (3.8x a
+    # batch-1 step with AVX2 forced, where --dtype auto is float32).
+    model = nn.Sequential(nn.Linear(64, 32))
+    tile_linears(model)
+    expected = RowTiledLinear if rowwise_kernel(model[0].weight) is None else RowwiseLinear
+    assert type(model[0]) is expected
 
 
 @pytest.mark.parametrize("kind", [RowwiseLinear, AmxTileLinear], ids=["rowwise", "amx"])

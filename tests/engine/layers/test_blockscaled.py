@@ -120,6 +120,16 @@ def test_bf16_linear_matches_float_matmul(kernel, shape, rows, dtype):
     assert_within(out, x.double() @ weight.double().T, linear_bound(x, weight))
 
 
+@pytest.mark.parametrize("rows", [0, 1, 5])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_f32_linear_matches_float_matmul(kernel, shape, rows):
+    gen = torch.Generator().manual_seed(shape[0])
+    weight = torch.randn(*shape, generator=gen)
+    x = rows_of(rows, shape[1], torch.float32, seed=rows)
+    out = kernel.f32_linear(x, weight)
+    assert_within(out, x.double() @ weight.double().T, linear_bound(x, weight))
+
+
 def expert_tensors(experts: int, hidden: int, intermediate: int, seed: int) -> dict[str, list]:
     """Each matrix quantised from its own random values; rows scaled apart so that every
     expert row has its own e8m0 scales."""
@@ -212,12 +222,14 @@ def test_rows_are_independent_of_the_call(kernel):
         batch = (
             kernel.fp8_block_linear(x, weight, scale),
             kernel.bf16_linear(x, dense),
+            kernel.f32_linear(x.float(), dense.float()),
             call_experts(kernel, pairs, slots, weights, experts),
         )
         for row in (0, 3, 4, 16):
             alone = (
                 kernel.fp8_block_linear(x[row : row + 1], weight, scale),
                 kernel.bf16_linear(x[row : row + 1], dense),
+                kernel.f32_linear(x[row : row + 1].float(), dense.float()),
                 call_experts(
                     kernel,
                     pairs[row : row + 1],
