@@ -10,6 +10,7 @@ prefill chunks need this: decode rows are one query each and 3-d inputs (the V4.
 tower's) never reach the flash kernel.
 """
 
+import contextlib
 import functools
 
 import torch
@@ -37,11 +38,9 @@ def attention(
 ) -> torch.Tensor:
     """`F.scaled_dot_product_attention` with its default scale, on the math backend where
     the flash kernel would fail on these inputs' dtype."""
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and flash_packs_without_avx512():
-        with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
-            )
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
-    )
+    math_only = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+    math_only = math_only and flash_packs_without_avx512()
+    with sdpa_kernel(SDPBackend.MATH) if math_only else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
+        )

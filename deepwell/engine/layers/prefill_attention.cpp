@@ -134,6 +134,25 @@ inline void score_tile(const int32_t* const* q, const uint32_t* keys, int64_t pa
   }
 }
 
+// acc[r][v] += a_odd[r * stride] × the odd halves of the 32 pairs at `row` (16v.. 16v + 15),
+// then + a_even[r * stride] × their even halves: one bf16 pair product of VDPBF16PS's, as two
+// FMAs in its order (see Products), for R rows at once.
+template <int R>
+inline void fma_pairs(const uint32_t* row, const float* a_odd, const float* a_even, int64_t stride,
+                      __m512 (&acc)[R][2]) {
+  const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
+  const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
+  const __m512 even[2] = {even_halves(first), even_halves(second)};
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    const __m512 a_o = _mm512_set1_ps(a_odd[r * stride]);
+    const __m512 a_e = _mm512_set1_ps(a_even[r * stride]);
+    for (int v = 0; v < 2; ++v) {
+      acc[r][v] = _mm512_fmadd_ps(a_e, even[v], _mm512_fmadd_ps(a_o, odd[v], acc[r][v]));
+    }
+  }
+}
+
 // score_tile as FMAs: the R rows' head dims widened ahead, [R][pairs] floats of each pair's
 // odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
 // vectors' halves and the rows' query broadcasts fit the 32 registers, where a whole block
@@ -145,18 +164,7 @@ __attribute__((noinline)) void score_tile_fma(
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      const uint32_t* row = keys + p * kKeys + 32 * half;
-      const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
-      const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
-      const __m512 even[2] = {even_halves(first), even_halves(second)};
-#pragma GCC unroll 6
-      for (int r = 0; r < R; ++r) {
-        const __m512 q_o = _mm512_set1_ps(q_odd[r * pairs + p]);
-        const __m512 q_e = _mm512_set1_ps(q_even[r * pairs + p]);
-        for (int v = 0; v < 2; ++v) {
-          acc[r][v] = _mm512_fmadd_ps(q_e, even[v], _mm512_fmadd_ps(q_o, odd[v], acc[r][v]));
-        }
-      }
+      fma_pairs<R>(keys + p * kKeys + 32 * half, q_odd + p, q_even + p, pairs, acc);
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) {
@@ -212,18 +220,7 @@ __attribute__((noinline)) void value_tile_fma(
       for (int v = 0; v < 2; ++v) acc[r][v] = _mm512_loadu_ps(o + r * dim + c + 16 * v);
     }
     for (int64_t m = 0; m < key_pairs; ++m) {
-      const uint32_t* row = values + m * dim + c;
-      const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
-      const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
-      const __m512 even[2] = {even_halves(first), even_halves(second)};
-#pragma GCC unroll 6
-      for (int r = 0; r < R; ++r) {
-        const __m512 w_o = _mm512_set1_ps(w_odd[r * key_pairs + m]);
-        const __m512 w_e = _mm512_set1_ps(w_even[r * key_pairs + m]);
-        for (int v = 0; v < 2; ++v) {
-          acc[r][v] = _mm512_fmadd_ps(w_e, even[v], _mm512_fmadd_ps(w_o, odd[v], acc[r][v]));
-        }
-      }
+      fma_pairs<R>(values + m * dim + c, w_odd + m, w_even + m, key_pairs, acc);
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
