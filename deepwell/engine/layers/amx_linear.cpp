@@ -78,7 +78,10 @@ void load_tile_config() {
     config.bytes_per_row[t] = 64;
     config.rows[t] = kTileRows;
   }
-  _tile_loadconfig(&config);
+  // The whole configuration as the operand: gcc 12's _tile_loadconfig names only its first 8
+  // bytes, so the stores of the rest may be dropped as dead (they were in
+  // benchmarks/amx_tile_rounding.py's check, and ldtilecfg faulted).
+  asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
 // RowTiles × 16 rows of x (row stride x_bytes) times OutTiles × 16 outputs of the packed weight

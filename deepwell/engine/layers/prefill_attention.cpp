@@ -73,6 +73,12 @@ inline __m512bh as_bf16(__m512i v) {
 // (checked bit for bit on 12.6M lanes with exponents across float32's whole range, denormals
 // and overflows included). On the AMX Xeon (Sapphire Rapids) VDPBF16PS issues one every two
 // cycles and FMA two a cycle: 16 against 32 products a cycle, less the widening.
+// Its AMX tiles (TDPBF16PS) cannot give these bits in any packing: a tile product sums its
+// even products in order from zero and its odd ones apart, each sum rounded, then adds the
+// two to the accumulator last. One product an output a tile product, the only packing in
+// this order, still rounds an overflowing product to infinity and flushes a denormal one
+// before the sum, at half the FMAs' rate (benchmarks/amx_tile_rounding.py;
+// docs/benchmarks-log.md, "AMX tile products do not round as VDPBF16PS").
 enum class Products { kDotBf16, kFma };
 
 #if defined(__AMX_BF16__)
