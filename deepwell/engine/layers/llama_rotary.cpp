@@ -6,9 +6,10 @@
 //
 // Torch runs those ops over a strided bf16 view with a broadcast cos: on a 2,048-row prefill
 // chunk of SmolLM2 they took about 14 ms a layer on two threads, as much as a third of the
-// chunk's attention; one pass reads each head once. Heads of whole vector pairs (SmolLM2's
-// 64) run in registers (rotate_rows_vectors): at W's shapes on one AMX Xeon thread 0.29 ms
-// a 1,000-token chunk against the scratch-buffer pass's 0.57 (benchmarks/glue_kernels.py).
+// chunk's attention; one pass reads each head once. Heads of two whole vector pairs
+// (SmolLM2's 64 on AVX-512) run in registers (rotate_rows_vectors): 0.19 ms a 1,000-token
+// chunk of SmolLM2's 12 q and k heads on one AMX Xeon thread, against 0.57 for the portable
+// pass through scratch (benchmarks/glue_kernels.py).
 
 #include <torch/library.h>
 
@@ -28,7 +29,7 @@ using Vec = at::vec::Vectorized<float>;
 
 // Elements per parallel task: a decode step's few rows stay on the calling thread.
 constexpr int64_t kGrainElements = 32768;
-// Widest head the vector pass holds (widened to float) on the stack; wider ones go portable.
+// Widest head whose cos and sin the vector pass holds (widened) on the stack.
 constexpr int64_t kMaxVectorDim = 512;
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -65,21 +66,39 @@ void round_through(Vec& lo, Vec& hi) {
   }
 }
 
-// Stores lo, hi (2 * Vec::size() values) to out as T.
+// Two vectors of src[0, 2 * Vec::size()) as float: bf16 widens exactly.
 template <typename T>
-void store_pair(const Vec& lo, const Vec& hi, T* out) {
+std::tuple<Vec, Vec> load_pair(const T* src) {
   if constexpr (std::is_same_v<T, float>) {
-    lo.store(out);
-    hi.store(out + Vec::size());
+    return {Vec::loadu(src), Vec::loadu(src + Vec::size())};
   } else {
-    at::vec::convert_from_float<T>(lo, hi).store(out);
+    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(src));
   }
 }
 
-// The pass in registers, for head_dim a multiple of two vectors (the roll by half a head is
-// then a whole number of vectors): the same products, roundings and sum, element by element,
-// as the portable pass below, without its five trips through scratch per head. cos and sin
-// are widened once a token, each head once (widening is exact).
+// out[0, 2 * Vec::size()) = x * cos + rolled * sin, each product rounded through T, then the
+// sum: the portable pass's operations on the same elements, in registers.
+template <typename T>
+void rotate_pair(const std::tuple<Vec, Vec>& x, const std::tuple<Vec, Vec>& rolled,
+                 const float* cos, const float* sin, T* out) {
+  const auto& [x_lo, x_hi] = x;
+  const auto& [r_lo, r_hi] = rolled;
+  Vec a_lo = x_lo * Vec::loadu(cos), a_hi = x_hi * Vec::loadu(cos + Vec::size());
+  Vec b_lo = r_lo * Vec::loadu(sin), b_hi = r_hi * Vec::loadu(sin + Vec::size());
+  round_through<T>(a_lo, a_hi);
+  round_through<T>(b_lo, b_hi);
+  const Vec sum_lo = a_lo + b_lo, sum_hi = a_hi + b_hi;
+  if constexpr (std::is_same_v<T, float>) {
+    sum_lo.store(out);
+    sum_hi.store(out + Vec::size());
+  } else {
+    at::vec::convert_from_float<T>(sum_lo, sum_hi).store(out);
+  }
+}
+
+// The pass in registers, for half a head a multiple of two vectors: the roll is then a swap
+// of whole vector pairs, each pair of the head loaded (and widened) once and used twice.
+// cos and sin are widened once a token (exactly).
 template <typename T>
 void rotate_rows_vectors(
     const T* x,
@@ -93,26 +112,20 @@ void rotate_rows_vectors(
   constexpr int64_t kPair = 2 * Vec::size();
   const int64_t half = dim / 2;
   const int64_t grain = std::max<int64_t>(1, kGrainElements / (heads * dim));
-  // Where the rolled head's vector at d starts: x[d + half] in the first half, x[d - half]
-  // after (half is a whole number of vectors, so no vector straddles the two).
-  auto rolled = [half](int64_t d) { return d < half ? d + half : d - half; };
   at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
-    alignas(64) float c[kMaxVectorDim], s[kMaxVectorDim], xf[kMaxVectorDim];
+    alignas(64) float c[kMaxVectorDim], s[kMaxVectorDim];
     for (int64_t t = begin; t < end; ++t) {
       at::vec::convert(cos + t * dim, c, dim);
       at::vec::convert(sin + t * dim, s, dim);
       for (int64_t h = 0; h < heads; ++h) {
-        at::vec::convert(x + t * x_row + h * dim, xf, dim);
+        const T* head = x + t * x_row + h * dim;
         T* o = out + (t * heads + h) * dim;
-        for (int64_t d = 0; d < dim; d += kPair) {
-          const int64_t e = d + Vec::size();
-          Vec a_lo = Vec::loadu(xf + d) * Vec::loadu(c + d);
-          Vec a_hi = Vec::loadu(xf + e) * Vec::loadu(c + e);
-          Vec b_lo = Vec::loadu(xf + rolled(d)) * Vec::loadu(s + d);
-          Vec b_hi = Vec::loadu(xf + rolled(e)) * Vec::loadu(s + e);
-          round_through<T>(a_lo, a_hi);
-          round_through<T>(b_lo, b_hi);
-          store_pair(a_lo + b_lo, a_hi + b_hi, o + d);
+        for (int64_t d = 0; d < half; d += kPair) {
+          // Element d's rolled partner is d + half, and d + half's is d.
+          const auto first = load_pair(head + d);
+          const auto second = load_pair(head + d + half);
+          rotate_pair(first, second, c + d, s + d, o + d);
+          rotate_pair(second, first, c + d + half, s + d + half, o + d + half);
         }
       }
     }
@@ -129,7 +142,7 @@ void rotate_rows(
     int64_t tokens,
     int64_t heads,
     int64_t dim) {
-  if (dim % (2 * Vec::size()) == 0 && dim <= kMaxVectorDim) {
+  if (dim % (4 * Vec::size()) == 0 && dim <= kMaxVectorDim) {
     rotate_rows_vectors(x, x_row, cos, sin, out, tokens, heads, dim);
     return;
   }

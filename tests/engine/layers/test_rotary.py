@@ -45,9 +45,11 @@ def rotate():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-# 64 and 128: the vector path; 96: half a head is not a whole vector pair on AVX-512; 40:
-# not a whole vector pair at all, the portable path.
-@pytest.mark.parametrize(("tokens", "head_dim"), [(1, 64), (37, 64), (300, 128), (5, 96), (5, 40)])
+# 64, 128 and 192: the vector path; 96: the vector path at AVX2, not at AVX-512 (half a head
+# is not two whole vectors of 16); 40: the portable path.
+@pytest.mark.parametrize(
+    ("tokens", "head_dim"), [(1, 64), (37, 64), (300, 128), (5, 192), (5, 96), (5, 40)]
+)
 def test_the_cpp_pass_gives_the_torch_ops_bits(rotate, dtype, tokens, head_dim):
     rotary = RotaryEmbedding(head_dim, 10000.0, 8192, dtype)
     gen = torch.Generator().manual_seed(tokens)
