@@ -156,8 +156,9 @@ def test_add_rms_norm_of_whole_vector_rows_has_the_kernels_exact_bits(rows, delt
 
 
 def test_silu_mul_of_whole_vector_rows_matches_the_scratch_pass_bit_for_bit():
-    """Rows of 1,536 (whole vector pairs) take the register pass, rows of 1,537 the scratch
-    pass: the same values give the same bits, NaN, inf and saturating gates included."""
+    """Rows of 1,536 (whole vector pairs) take the register pass (on AVX-512 builds), rows
+    of 1,537 the scratch pass: the same values give the same bits, NaN, inf and saturating
+    gates included."""
     gen = torch.Generator().manual_seed(5)
     # Enough values that a reordered product (a float ulp) shows through the bf16 rounding.
     rows, width = 1000, 1536
