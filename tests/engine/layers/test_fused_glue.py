@@ -1,7 +1,14 @@
 """The fused glue (llama_glue.cpp) against the torch ops it replaces: residual add + RMSNorm
 and silu(gate) * up, float32 and bf16, odd widths, row counts across the parallel grain; a
-row's result independent of its neighbours; and which glue a model gets per backend."""
+row's result independent of its neighbours; the register passes' exact bits (at torch's
+level and forced to AVX2); and which glue a model gets per backend."""
 
+import os
+import platform
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
 
@@ -106,6 +113,89 @@ def test_a_rows_glue_does_not_depend_on_its_neighbours(dtype):
     assert torch.equal(many[123:124], one)
     gate_up = torch.randn(300, 2 * 1536, generator=gen).to(dtype)
     assert torch.equal(KernelGlue.silu_mul(gate_up)[7:8], KernelGlue.silu_mul(gate_up[7:8]))
+
+
+def kernel_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """The kernel's RMSNorm of float32 rows, bit for bit, for widths of whole vectors: the
+    squares summed in one accumulator of the build's vector (the first square, then a fused
+    multiply-add a vector), its lanes folded by halves, then x * inverse * weight."""
+    lanes = {"AVX512": 16, "AVX2": 8}[torch.backends.cpu.get_cpu_capability()]
+    chunks = x.view(x.shape[0], -1, lanes).double()
+    accumulator = chunks[:, 0].square().float()
+    for chunk in chunks.unbind(1)[1:]:
+        # The float64 sum of the exact product, rounded to float32: a fused multiply-add
+        # (a double rounding could differ, about once in 2**29 sums).
+        accumulator = (chunk.square() + accumulator.double()).float()
+    step = lanes // 2
+    while step:
+        accumulator = accumulator + accumulator[:, torch.arange(lanes) ^ step]
+        step //= 2
+    total = accumulator[:, 0].numpy()
+    width, epsilon = np.float32(x.shape[1]), np.float32(eps)
+    inverse = np.float32(1) / np.sqrt(total / width + epsilon)
+    return (x * torch.from_numpy(inverse)[:, None] * weight).to(dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 55, 300])
+@pytest.mark.parametrize("delta_dtype", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_of_whole_vector_rows_has_the_kernels_exact_bits(rows, delta_dtype, out_dtype):
+    gen = torch.Generator().manual_seed(rows)
+    width = 576
+    x = torch.randn(rows, width, generator=gen) * 3
+    delta = None
+    if delta_dtype is not None:
+        delta = torch.randn(rows, width, generator=gen).to(delta_dtype)
+    weight = 1 + 0.1 * torch.randn(width, generator=gen)
+    residual = x if delta is None else x + delta.float()
+    got_x, got = KernelGlue.add_rms_norm(x.clone(), delta, weight, 1e-5, out_dtype)
+    assert torch.equal(got_x, residual)
+    assert torch.equal(got, kernel_rms_norm(residual, weight, 1e-5, out_dtype))
+
+
+def test_silu_mul_of_whole_vector_rows_matches_the_scratch_pass_bit_for_bit():
+    """Rows of 1,536 (whole vector pairs) take the register pass (on AVX-512 builds), rows
+    of 1,537 the scratch pass: the same values give the same bits, NaN, inf and saturating
+    gates included."""
+    gen = torch.Generator().manual_seed(5)
+    # Enough values that a reordered product (a float ulp) shows through the bf16 rounding.
+    rows, width = 1000, 1536
+    gate_up = torch.randn(rows, 2, width, generator=gen) * 6
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 88.7, -88.7, -1e4, 0.0])
+    where = torch.rand(gate_up.shape, generator=gen) < 0.05
+    picks = specials[torch.randint(0, len(specials), gate_up.shape, generator=gen)]
+    gate_up = torch.where(where, picks, gate_up).bfloat16()
+    wider = torch.cat((gate_up, torch.ones(rows, 2, 1, dtype=torch.bfloat16)), dim=2)
+    got = KernelGlue.silu_mul(gate_up.view(rows, -1))
+    scratch = KernelGlue.silu_mul(wider.view(rows, -1))[:, :width]
+    assert torch.equal(got.view(torch.int16), scratch.view(torch.int16))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's AVX2 level")
+def test_the_register_passes_keep_their_bits_with_torch_forced_to_avx2():
+    """The exact-bits checks in a process whose torch (and so the kernel's build) runs at
+    AVX2: vectors of 8 lanes, another fold."""
+    environ = os.environ | {"ATEN_CPU_CAPABILITY": "avx2"}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            __file__,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "exact_bits or bit_for_bit",
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def test_bad_input_is_a_clear_error():

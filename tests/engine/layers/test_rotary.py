@@ -1,5 +1,11 @@
 """Rotary embedding: the roll-and-signed-sin form gives HF's rotate_half result bit for bit,
-and the C++ pass (llama_rotary.cpp) gives the roll form's bits."""
+and the C++ pass (llama_rotary.cpp) gives the roll form's bits, on its vector and portable
+paths, at torch's own level and with torch forced to AVX2."""
+
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,7 +45,11 @@ def rotate():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize(("tokens", "head_dim"), [(1, 64), (37, 64), (300, 128)])
+# 64, 128 and 192: the vector path; 96: the vector path at AVX2, not at AVX-512 (half a head
+# is not two whole vectors of 16); 40: the portable path.
+@pytest.mark.parametrize(
+    ("tokens", "head_dim"), [(1, 64), (37, 64), (300, 128), (5, 192), (5, 96), (5, 40)]
+)
 def test_the_cpp_pass_gives_the_torch_ops_bits(rotate, dtype, tokens, head_dim):
     rotary = RotaryEmbedding(head_dim, 10000.0, 8192, dtype)
     gen = torch.Generator().manual_seed(tokens)
@@ -50,6 +60,62 @@ def test_the_cpp_pass_gives_the_torch_ops_bits(rotate, dtype, tokens, head_dim):
     qk = fused[:, :12]
     expected = apply_rotary(qk, *rotary.lookup(positions))
     assert torch.equal(rotate(qk, *rotary.lookup(positions)), expected)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 40])
+def test_the_cpp_pass_keeps_the_torch_ops_bits_at_special_values(rotate, head_dim):
+    rotary = RotaryEmbedding(head_dim, 10000.0, 8192, torch.bfloat16)
+    gen = torch.Generator().manual_seed(head_dim)
+    tokens, heads = 9, 12
+    x = torch.randn(tokens, heads, head_dim, generator=gen)
+    specials = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 1e-39, -1e-39, 0.0, -0.0]
+    )
+    # Sprinkled over the heads: NaNs, overflowing products, inf - inf sums, subnormals, zeros.
+    where = torch.rand(x.shape, generator=gen) < 0.2
+    picks = specials[torch.randint(0, len(specials), x.shape, generator=gen)]
+    x = torch.where(where, picks, x).bfloat16()
+    cos, sin = rotary.lookup(torch.randint(0, 8192, (tokens,), generator=gen))
+    got, want = rotate(x, cos, sin).view(torch.int16), apply_rotary(x, cos, sin).view(torch.int16)
+    if head_dim % 32 == 0:
+        # Whole vectors: both sides round every NaN to 0xffff, so every bit pattern matches.
+        assert torch.equal(got, want)
+    else:
+        # The portable path's scalar tail rounds a NaN to 0x7fc0 where torch's vector loop
+        # gives 0xffff (as before the vector path existed): a NaN either way.
+        differ = got != want
+        assert torch.equal(differ, differ & rotate(x, cos, sin).isnan())
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's AVX2 level")
+def test_the_cpp_pass_keeps_the_bits_with_torch_forced_to_avx2():
+    """The same checks in a process whose torch (and so the kernel's build) runs at AVX2."""
+    environ = os.environ | {"ATEN_CPU_CAPABILITY": "avx2"}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            __file__,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "cpp_pass and not forced_to_avx2 or builds_at_torchs_level",
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_the_cpp_pass_builds_at_torchs_level():
+    loaded = load_llama_rotary_kernel()
+    if loaded.module is None and loaded.reason.startswith("no "):
+        pytest.skip(f"Llama rotary kernel unavailable: {loaded.reason}")
+    assert loaded.reason.startswith(torch.backends.cpu.get_cpu_capability()), loaded.reason
 
 
 def test_the_cpp_pass_refuses_mismatched_tables(rotate):
