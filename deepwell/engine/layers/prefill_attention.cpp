@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -82,6 +83,15 @@ constexpr Products kNativeProducts = Products::kFma;
 constexpr Products kNativeProducts = Products::kDotBf16;
 #endif
 
+// A packed block's element: a bf16 pair for VDPBF16PS; for the FMAs each pair's halves
+// widened to two floats ahead (`widen_rows`), so that their loops issue nothing but FMAs and
+// loads: once a block for every query row, where widening in the loop cost 4 ops beside 24 FMAs
+// on the same two ports.
+template <Products P>
+using Packed = std::conditional_t<P == Products::kFma, float, uint32_t>;
+template <Products P>
+constexpr int64_t kPackedPerPair = P == Products::kFma ? 2 : 1;
+
 // VDPBF16PS's fixed modes for the FMA form (round to nearest even, DAZ, FTZ, no exception
 // raised: all masked) while it lives; the caller's MXCSR after, flags included, so the
 // softmax between the products keeps the caller's modes and the products leave no flags, as
@@ -134,37 +144,39 @@ inline void score_tile(const int32_t* const* q, const uint32_t* keys, int64_t pa
   }
 }
 
-// acc[r][v] += a_odd[r * stride] × the odd halves of the 32 pairs at `row` (16v.. 16v + 15),
-// then + a_even[r * stride] × their even halves: one bf16 pair product of VDPBF16PS's, as two
-// FMAs in its order (see Products), for R rows at once.
+// acc[r][v] += a_odd[r * stride] × odd[16v .. 16v + 15], then + a_even[r * stride] ×
+// even[16v .. 16v + 15]: 32 bf16 pair products of VDPBF16PS's, as two FMAs each in its order
+// (see Products), for R rows at once, on pairs widened ahead (`widen_rows`) so that the loop
+// issues nothing but FMAs beside its loads.
 template <int R>
-inline void fma_pairs(const uint32_t* row, const float* a_odd, const float* a_even, int64_t stride,
-                      __m512 (&acc)[R][2]) {
-  const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
-  const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
-  const __m512 even[2] = {even_halves(first), even_halves(second)};
+inline void fma_pairs(const float* odd, const float* even, const float* a_odd,
+                      const float* a_even, int64_t stride, __m512 (&acc)[R][2]) {
+  const __m512 o[2] = {_mm512_loadu_ps(odd), _mm512_loadu_ps(odd + 16)};
+  const __m512 e[2] = {_mm512_loadu_ps(even), _mm512_loadu_ps(even + 16)};
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
     const __m512 a_o = _mm512_set1_ps(a_odd[r * stride]);
     const __m512 a_e = _mm512_set1_ps(a_even[r * stride]);
     for (int v = 0; v < 2; ++v) {
-      acc[r][v] = _mm512_fmadd_ps(a_e, even[v], _mm512_fmadd_ps(a_o, odd[v], acc[r][v]));
+      acc[r][v] = _mm512_fmadd_ps(a_e, e[v], _mm512_fmadd_ps(a_o, o[v], acc[r][v]));
     }
   }
 }
 
-// score_tile as FMAs: the R rows' head dims widened ahead, [R][pairs] floats of each pair's
-// odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
+// score_tile as FMAs on a widened key block ([pairs][2][kKeys] floats: each pair's odd
+// dims, then its even ones), the R rows' head dims widened too, [R][pairs] floats of each
+// pair's odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
 // vectors' halves and the rows' query broadcasts fit the 32 registers, where a whole block
 // spilled the accumulators to the stack.
 template <int R>
 __attribute__((noinline)) void score_tile_fma(
-    const float* q_odd, const float* q_even, const uint32_t* keys, int64_t pairs, float* s) {
+    const float* q_odd, const float* q_even, const float* keys, int64_t pairs, float* s) {
   for (int half = 0; half < 2; ++half) {
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      fma_pairs<R>(keys + p * kKeys + 32 * half, q_odd + p, q_even + p, pairs, acc);
+      const float* odd = keys + 2 * p * kKeys + 32 * half;
+      fma_pairs<R>(odd, odd + kKeys, q_odd + p, q_even + p, pairs, acc);
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) {
@@ -207,12 +219,14 @@ inline void value_tile(
   }
 }
 
-// value_tile as FMAs, on rows of o already rescaled (outside DotBf16Modes, as value_tile
-// rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key pair's odd
-// key and of its even one. 32 head dims at a time, for the registers as in score_tile_fma.
+// value_tile as FMAs on a widened value block ([kKeys / 2][2][dim] floats: each key pair's
+// odd key, then its even one), on rows of o already rescaled (outside DotBf16Modes, as
+// value_tile rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key
+// pair's odd key and of its even one. 32 head dims at a time, for the registers as in
+// score_tile_fma.
 template <int R>
 __attribute__((noinline)) void value_tile_fma(
-    const float* w_odd, const float* w_even, const uint32_t* values, int64_t dim, float* o) {
+    const float* w_odd, const float* w_even, const float* values, int64_t dim, float* o) {
   constexpr int64_t key_pairs = kKeys / 2;
   for (int64_t c = 0; c < dim; c += 32) {
     __m512 acc[R][2];
@@ -220,7 +234,8 @@ __attribute__((noinline)) void value_tile_fma(
       for (int v = 0; v < 2; ++v) acc[r][v] = _mm512_loadu_ps(o + r * dim + c + 16 * v);
     }
     for (int64_t m = 0; m < key_pairs; ++m) {
-      fma_pairs<R>(values + m * dim + c, w_odd + m, w_even + m, key_pairs, acc);
+      const float* odd = values + 2 * m * dim + c;
+      fma_pairs<R>(odd, odd + dim, w_odd + m, w_even + m, key_pairs, acc);
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
@@ -279,6 +294,18 @@ void pack_block(const Chunk& c, int64_t h, int64_t b, uint32_t* keys, uint32_t* 
   }
 }
 
+// The FMA form's packed block: each row of `width` bf16 pairs as `width` floats of their odd
+// halves, then `width` of their even ones.
+void widen_rows(const uint32_t* pairs, int64_t rows, int64_t width, float* wide) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < width; i += 16) {
+      const __m512i v = _mm512_loadu_si512(pairs + r * width + i);
+      _mm512_storeu_ps(wide + 2 * r * width + i, odd_halves(v));
+      _mm512_storeu_ps(wide + (2 * r + 1) * width + i, even_halves(v));
+    }
+  }
+}
+
 // Per-thread working memory of a task: its rows' output, running max and sum, one tile's
 // scores and weights; for the FMA form its queries and weights widened to float halves.
 struct Scratch {
@@ -307,8 +334,8 @@ void tile_step(
     int64_t group,
     int64_t first_position,
     int64_t block,
-    const uint32_t* keys,
-    const uint32_t* values) {
+    const Packed<P>* keys,
+    const Packed<P>* values) {
   // Scores in base 2: softmax(s * scale) = 2^(s * scale * log2(e) - max) / sum.
   const __m512 scale = _mm512_set1_ps(c.scale * 1.4426950408889634f);
   const int64_t pairs = c.dim / 2;
@@ -369,10 +396,12 @@ void tile_step(
   }
 }
 
-using TileStep = void (*)(
-    const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const uint32_t*, const uint32_t*);
 template <Products P>
-constexpr TileStep kTileSteps[kTileRows + 1] = {
+using TileStep = void (*)(
+    const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const Packed<P>*,
+    const Packed<P>*);
+template <Products P>
+constexpr TileStep<P> kTileSteps[kTileRows + 1] = {
     nullptr,
     tile_step<P, 1>,
     tile_step<P, 2>,
@@ -401,8 +430,8 @@ void run_task(
     int64_t h,
     int64_t begin,
     int64_t end,
-    const uint32_t* packed_keys,
-    const uint32_t* packed_values,
+    const Packed<P>* packed_keys,
+    const Packed<P>* packed_values,
     int64_t key_blocks) {
   const int64_t group = c.heads / c.kv_heads;
   const int64_t rows = (end - begin) * group;
@@ -417,12 +446,12 @@ void run_task(
   std::fill(w.out.begin(), w.out.begin() + rows * c.dim, 0.f);
   std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
-  const int64_t key_block_size = (c.dim / 2) * kKeys;
-  const int64_t value_block_size = (kKeys / 2) * c.dim;
+  const int64_t key_block_size = (c.dim / 2) * kKeys * kPackedPerPair<P>;
+  const int64_t value_block_size = (kKeys / 2) * c.dim * kPackedPerPair<P>;
   const int64_t last_block = (offset + end - 1) / kKeys;
   for (int64_t b = 0; b <= last_block; ++b) {
-    const uint32_t* keys = packed_keys + (h * key_blocks + b) * key_block_size;
-    const uint32_t* values = packed_values + (h * key_blocks + b) * value_block_size;
+    const Packed<P>* keys = packed_keys + (h * key_blocks + b) * key_block_size;
+    const Packed<P>* values = packed_values + (h * key_blocks + b) * value_block_size;
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int n = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
       // Every key of a block past a tile's last position is masked for all its rows.
@@ -447,19 +476,31 @@ void run_task(
 template <Products P>
 void attend(const Chunk& c) {
   const int64_t key_blocks = (c.context_len + kKeys - 1) / kKeys;
-  const int64_t key_block_size = (c.dim / 2) * kKeys;
-  const int64_t value_block_size = (kKeys / 2) * c.dim;
-  std::vector<uint32_t> keys(c.kv_heads * key_blocks * key_block_size);
-  std::vector<uint32_t> values(c.kv_heads * key_blocks * value_block_size);
+  const int64_t pairs = c.dim / 2;
+  const int64_t key_block_size = pairs * kKeys * kPackedPerPair<P>;
+  const int64_t value_block_size = (kKeys / 2) * c.dim * kPackedPerPair<P>;
+  std::vector<Packed<P>> keys(c.kv_heads * key_blocks * key_block_size);
+  std::vector<Packed<P>> values(c.kv_heads * key_blocks * value_block_size);
   at::parallel_for(0, c.kv_heads * key_blocks, 8, [&](int64_t first, int64_t last) {
+    std::vector<uint32_t> key_pairs, value_pairs;
+    if constexpr (P == Products::kFma) {
+      key_pairs.resize(pairs * kKeys);
+      value_pairs.resize((kKeys / 2) * c.dim);
+    }
     for (int64_t t = first; t < last; ++t) {
       const int64_t h = t / key_blocks, b = t % key_blocks;
-      pack_block(
-          c,
-          h,
-          b,
-          keys.data() + t * key_block_size,
-          values.data() + t * value_block_size);
+      if constexpr (P == Products::kFma) {
+        pack_block(c, h, b, key_pairs.data(), value_pairs.data());
+        widen_rows(key_pairs.data(), pairs, kKeys, keys.data() + t * key_block_size);
+        widen_rows(value_pairs.data(), kKeys / 2, c.dim, values.data() + t * value_block_size);
+      } else {
+        pack_block(
+            c,
+            h,
+            b,
+            keys.data() + t * key_block_size,
+            values.data() + t * value_block_size);
+      }
     }
   });
   // Later query blocks see more keys: handed out latest first, from one shared counter, so
