@@ -167,11 +167,13 @@ inline void fma_pairs(const float* odd, const float* even, const float* a_odd,
 // dims, then its even ones), the R rows' head dims widened too, [R][pairs] floats of each
 // pair's odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
 // vectors' halves and the rows' query broadcasts fit the 32 registers, where a whole block
-// spilled the accumulators to the stack.
+// spilled the accumulators to the stack. `halves`: 1 where the rows see none of the block's
+// last 32 keys (their scores are not read).
 template <int R>
 __attribute__((noinline)) void score_tile_fma(
-    const float* q_odd, const float* q_even, const float* keys, int64_t pairs, float* s) {
-  for (int half = 0; half < 2; ++half) {
+    const float* q_odd, const float* q_even, const float* keys, int64_t pairs, int halves,
+    float* s) {
+  for (int half = 0; half < halves; ++half) {
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
@@ -315,10 +317,12 @@ struct Scratch {
   std::vector<float> q_odd, q_even, weights_odd, weights_even;
 };
 
-// o[R][dim] *= alpha per row, as value_tile scales its accumulators.
+// o[R][dim] *= alpha per row, as value_tile scales its accumulators; rows scaled by 1 are left
+// as they are (o holds no denormals: the FMAs flush their results, so x * 1 is x).
 template <int R>
 inline void rescale_rows(float* o, int64_t dim, const float* alpha) {
   for (int r = 0; r < R; ++r) {
+    if (alpha[r] == 1.f) continue;
     const __m512 a = _mm512_set1_ps(alpha[r]);
     for (int64_t d = 0; d < dim; d += 16) {
       _mm512_storeu_ps(o + r * dim + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * dim + d), a));
@@ -341,33 +345,45 @@ void tile_step(
   const int64_t pairs = c.dim / 2;
   float* s = w.scores.data();
   if constexpr (P == Products::kFma) {
+    // The tile's last row sees furthest.
+    const int64_t last = first_position + (first_row + R - 1) / group - block * kKeys;
     const DotBf16Modes modes;
     score_tile_fma<R>(
-        w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs, s);
+        w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs,
+        last < 32 ? 1 : 2, s);
   } else {
     score_tile<R>(w.q.data() + first_row, keys, pairs, s);
   }
   for (int r = 0; r < R; ++r) {
     const int64_t row = first_row + r;
     const int64_t last = first_position + row / group - block * kKeys;
+    // Key vectors wholly past the row's last key weigh +0 whatever their scores: neither
+    // read nor exponentiated (a +0 added to the sum leaves it).
+    const int seen = last < 0 ? 0 : static_cast<int>(std::min<int64_t>(last / 16 + 1, 4));
     __m512 t[4];
     __mmask16 lanes[4];
     __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < seen; ++v) {
       lanes[v] = visible_lanes(last, v);
       t[v] = _mm512_mul_ps(_mm512_loadu_ps(s + r * kKeys + 16 * v), scale);
       top = _mm512_mask_max_ps(top, lanes[v], top, t[v]);
     }
     const float old_max = w.max[row];
     const float new_max = std::max(old_max, _mm512_reduce_max_ps(top));
-    // The first block (key 0, seen by every row) leaves every row a finite max.
-    const float alpha = std::exp2(old_max - new_max);
+    // The first block (key 0, seen by every row) leaves every row a finite max. A block that
+    // does not raise it scales by exp2(0) = 1: no call (the common case past a few blocks).
+    const float alpha =
+        new_max == old_max && std::isfinite(old_max) ? 1.f : std::exp2(old_max - new_max);
     const __m512 shift = _mm512_set1_ps(new_max);
     __m512 total = _mm512_setzero_ps();
     __m512 p[4];
     for (int v = 0; v < 4; ++v) {
-      p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
-      total = _mm512_add_ps(total, p[v]);
+      if (v < seen) {
+        p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
+        total = _mm512_add_ps(total, p[v]);
+      } else {
+        p[v] = _mm512_setzero_ps();
+      }
     }
     const auto first = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
     const auto second = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[3], p[2]));
