@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -225,11 +226,14 @@ inline void value_tile(
 // odd key, then its even one), on rows of o already rescaled (outside DotBf16Modes, as
 // value_tile rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key
 // pair's odd key and of its even one. 32 head dims at a time, for the registers as in
-// score_tile_fma.
+// score_tile_fma. With `tail` (`masked_tail`), the block's last kKeys / 2 keys, which no row
+// sees, are left out and their effect on a -0 sum put in its place.
 template <int R>
 __attribute__((noinline)) void value_tile_fma(
-    const float* w_odd, const float* w_even, const float* values, int64_t dim, float* o) {
-  constexpr int64_t key_pairs = kKeys / 2;
+    const float* w_odd, const float* w_even, const float* values, int64_t dim,
+    const float* tail, float* o) {
+  const int64_t key_pairs = tail ? kKeys / 4 : kKeys / 2;
+  const __m512i negative_zero = _mm512_set1_epi32(std::numeric_limits<int32_t>::min());
   for (int64_t c = 0; c < dim; c += 32) {
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) {
@@ -237,7 +241,16 @@ __attribute__((noinline)) void value_tile_fma(
     }
     for (int64_t m = 0; m < key_pairs; ++m) {
       const float* odd = values + 2 * m * dim + c;
-      fma_pairs<R>(odd, odd + dim, w_odd + m, w_even + m, key_pairs, acc);
+      fma_pairs<R>(odd, odd + dim, w_odd + m, w_even + m, kKeys / 2, acc);
+    }
+    if (tail) {
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < 2; ++v) {
+          const __mmask16 zero = _mm512_cmpeq_epi32_mask(
+              _mm512_castps_si512(acc[r][v]), negative_zero);
+          acc[r][v] = _mm512_mask_loadu_ps(acc[r][v], zero, tail + c + 16 * v);
+        }
+      }
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
@@ -308,6 +321,29 @@ void widen_rows(const uint32_t* pairs, int64_t rows, int64_t width, float* wide)
   }
 }
 
+// The FMA form's masked tail of a value block, its last kKeys / 2 keys: where a tile's rows
+// see none of them, their products all weigh +0 and are left out. Each would add +0 × value,
+// which leaves a sum as it is but a -0 one, turned +0 by a value whose sign is clear (a
+// denormal counts as its signed zero, DAZ), and turns any sum NaN where the value is not
+// finite. `zeros[d]`: what a -0 sum in dim d ends at, -0 where every value there has its sign
+// set, else +0. False where a value is not finite: that block's tail is then computed.
+bool masked_tail(const uint32_t* value_pairs, int64_t dim, float* zeros) {
+  const __m512i exponents = _mm512_set1_epi16(0x7F80);
+  const __m512i signs = _mm512_set1_epi32(static_cast<int32_t>(0x80008000u));
+  for (int64_t d = 0; d < dim; d += 16) {
+    __m512i all_negative = _mm512_set1_epi32(-1);
+    for (int64_t m = kKeys / 4; m < kKeys / 2; ++m) {
+      const __m512i pairs = _mm512_loadu_si512(value_pairs + m * dim + d);
+      if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponents), exponents)) return false;
+      all_negative = _mm512_and_si512(all_negative, pairs);
+    }
+    const __mmask16 negative = _mm512_cmpeq_epi32_mask(_mm512_and_si512(all_negative, signs), signs);
+    _mm512_storeu_ps(zeros + d, _mm512_mask_blend_ps(negative, _mm512_set1_ps(0.f),
+                                                     _mm512_set1_ps(-0.f)));
+  }
+  return true;
+}
+
 // Per-thread working memory of a task: its rows' output, running max and sum, one tile's
 // scores and weights; for the FMA form its queries and weights widened to float halves.
 struct Scratch {
@@ -339,18 +375,19 @@ void tile_step(
     int64_t first_position,
     int64_t block,
     const Packed<P>* keys,
-    const Packed<P>* values) {
+    const Packed<P>* values,
+    const float* tail) {
   // Scores in base 2: softmax(s * scale) = 2^(s * scale * log2(e) - max) / sum.
   const __m512 scale = _mm512_set1_ps(c.scale * 1.4426950408889634f);
   const int64_t pairs = c.dim / 2;
   float* s = w.scores.data();
+  // The tile's last key in the block: its last row sees furthest.
+  const int64_t tile_last = first_position + (first_row + R - 1) / group - block * kKeys;
   if constexpr (P == Products::kFma) {
-    // The tile's last row sees furthest.
-    const int64_t last = first_position + (first_row + R - 1) / group - block * kKeys;
     const DotBf16Modes modes;
     score_tile_fma<R>(
         w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs,
-        last < 32 ? 1 : 2, s);
+        tile_last < kKeys / 2 ? 1 : 2, s);
   } else {
     score_tile<R>(w.q.data() + first_row, keys, pairs, s);
   }
@@ -406,7 +443,8 @@ void tile_step(
   if constexpr (P == Products::kFma) {
     rescale_rows<R>(o, c.dim, w.alpha.data());
     const DotBf16Modes modes;
-    value_tile_fma<R>(w.weights_odd.data(), w.weights_even.data(), values, c.dim, o);
+    value_tile_fma<R>(w.weights_odd.data(), w.weights_even.data(), values, c.dim,
+                      tile_last < kKeys / 2 ? tail : nullptr, o);
   } else {
     value_tile<R>(w.weights.data(), values, c.dim, w.alpha.data(), o);
   }
@@ -415,7 +453,7 @@ void tile_step(
 template <Products P>
 using TileStep = void (*)(
     const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const Packed<P>*,
-    const Packed<P>*);
+    const Packed<P>*, const float*);
 template <Products P>
 constexpr TileStep<P> kTileSteps[kTileRows + 1] = {
     nullptr,
@@ -448,6 +486,7 @@ void run_task(
     int64_t end,
     const Packed<P>* packed_keys,
     const Packed<P>* packed_values,
+    const float* const* tails,
     int64_t key_blocks) {
   const int64_t group = c.heads / c.kv_heads;
   const int64_t rows = (end - begin) * group;
@@ -473,7 +512,7 @@ void run_task(
       // Every key of a block past a tile's last position is masked for all its rows.
       const int64_t last_position = offset + begin + (r + n - 1) / group;
       if (b * kKeys > last_position) continue;
-      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values);
+      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values, tails[h * key_blocks + b]);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -495,8 +534,14 @@ void attend(const Chunk& c) {
   const int64_t pairs = c.dim / 2;
   const int64_t key_block_size = pairs * kKeys * kPackedPerPair<P>;
   const int64_t value_block_size = (kKeys / 2) * c.dim * kPackedPerPair<P>;
-  std::vector<Packed<P>> keys(c.kv_heads * key_blocks * key_block_size);
-  std::vector<Packed<P>> values(c.kv_heads * key_blocks * value_block_size);
+  // Left unzeroed (new[] of a trivial type): the packing writes every element.
+  const std::unique_ptr<Packed<P>[]> keys(new Packed<P>[c.kv_heads * key_blocks * key_block_size]);
+  const std::unique_ptr<Packed<P>[]> values(
+      new Packed<P>[c.kv_heads * key_blocks * value_block_size]);
+  // The FMA form's masked tails (`masked_tail`), by block: null where not skippable.
+  const std::unique_ptr<float[]> tail_zeros(
+      new float[P == Products::kFma ? c.kv_heads * key_blocks * c.dim : 0]);
+  std::vector<const float*> tails(c.kv_heads * key_blocks, nullptr);
   at::parallel_for(0, c.kv_heads * key_blocks, 8, [&](int64_t first, int64_t last) {
     std::vector<uint32_t> key_pairs, value_pairs;
     if constexpr (P == Products::kFma) {
@@ -507,15 +552,17 @@ void attend(const Chunk& c) {
       const int64_t h = t / key_blocks, b = t % key_blocks;
       if constexpr (P == Products::kFma) {
         pack_block(c, h, b, key_pairs.data(), value_pairs.data());
-        widen_rows(key_pairs.data(), pairs, kKeys, keys.data() + t * key_block_size);
-        widen_rows(value_pairs.data(), kKeys / 2, c.dim, values.data() + t * value_block_size);
+        widen_rows(key_pairs.data(), pairs, kKeys, keys.get() + t * key_block_size);
+        widen_rows(value_pairs.data(), kKeys / 2, c.dim, values.get() + t * value_block_size);
+        float* zeros = tail_zeros.get() + t * c.dim;
+        if (masked_tail(value_pairs.data(), c.dim, zeros)) tails[t] = zeros;
       } else {
         pack_block(
             c,
             h,
             b,
-            keys.data() + t * key_block_size,
-            values.data() + t * value_block_size);
+            keys.get() + t * key_block_size,
+            values.get() + t * value_block_size);
       }
     }
   });
@@ -550,8 +597,9 @@ void attend(const Chunk& c) {
           h,
           begin,
           std::min(c.length, begin + kPositions),
-          keys.data(),
-          values.data(),
+          keys.get(),
+          values.get(),
+          tails.data(),
           key_blocks);
     }
   });

@@ -133,6 +133,32 @@ def test_fma_products_give_the_bits_of_dpbf16(
     assert outs["fma"].isfinite().all()
 
 
+def test_fma_products_keep_a_zero_sums_sign_through_the_masked_keys(kernel):
+    """Rows that see none of a block's last 32 keys leave their value products out in the FMA
+    form: a sum flushed to -0 must still end as VDPBF16PS's +0-weighted products leave it,
+    -0 where the unseen values are all negative, +0 where one is positive."""
+    length = context = 64
+    heads, kv_heads, dim = 9, 3, 64
+    q = torch.zeros(length, heads, dim, dtype=torch.bfloat16)  # every seen key weighs 1
+    keys = torch.zeros(1, kv_heads, length, dim, dtype=torch.bfloat16)
+    values = torch.full((1, kv_heads, length, dim), -0.0)
+    # Key 1 then key 0 (a pair's odd product first): -(2^-120 + 2^-127) + 2^-120 flushes to -0.
+    values[:, :, 0] = 2.0**-120
+    values[:, :, 1] = -(2.0**-120 + 2.0**-127)
+    values[:, :, 32:, 0::2] = -1.0
+    values[:, :, 32:, 1::2] = 1.0
+    values = values.bfloat16()
+    table = torch.tensor([0])
+    outs = {}
+    for products in ("dpbf16", "fma"):
+        outs[products] = torch.empty(length, heads, dim, dtype=torch.bfloat16)
+        kernel.chunk_attention(q, keys, values, table, context, 0.125, outs[products], products)
+    assert torch.equal(outs["fma"].view(torch.int16), outs["dpbf16"].view(torch.int16))
+    zeros = outs["fma"][1:32].float()  # rows that see key 1 but no key past 31
+    assert (zeros == 0).all()
+    assert zeros[..., 0::2].signbit().all() and not zeros[..., 1::2].signbit().any()
+
+
 def test_fma_products_leave_the_callers_denormals_alone(kernel):
     """The FMA form flushes denormals only while it multiplies: after a call on this thread,
     float32 arithmetic keeps its denormals."""
