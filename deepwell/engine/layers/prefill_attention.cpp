@@ -10,7 +10,10 @@
 // keys, skipping the blocks past their last position. Scores, softmax and the output
 // accumulate in float32; the softmax weights are rounded to bf16 for the value product, as
 // torch's CPU flash kernel rounds them. The bf16 products run as VDPBF16PS or, where that
-// instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`).
+// instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`),
+// the blocks widened once a call. What the causal mask zeroes is skipped where the bits allow:
+// key vectors past every row of a tile in the scores and the softmax, and in the FMA form the
+// value products of a block's last 32 keys (`masked_tail`).
 
 #include <torch/library.h>
 
