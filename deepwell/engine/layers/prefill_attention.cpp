@@ -340,9 +340,10 @@ bool masked_tail(const uint32_t* value_pairs, int64_t dim, float* zeros) {
       if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponents), exponents)) return false;
       all_negative = _mm512_and_si512(all_negative, pairs);
     }
-    const __mmask16 negative = _mm512_cmpeq_epi32_mask(_mm512_and_si512(all_negative, signs), signs);
-    _mm512_storeu_ps(zeros + d, _mm512_mask_blend_ps(negative, _mm512_set1_ps(0.f),
-                                                     _mm512_set1_ps(-0.f)));
+    const __mmask16 negative =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(all_negative, signs), signs);
+    _mm512_storeu_ps(
+        zeros + d, _mm512_mask_blend_ps(negative, _mm512_set1_ps(0.f), _mm512_set1_ps(-0.f)));
   }
   return true;
 }
@@ -510,12 +511,13 @@ void run_task(
   for (int64_t b = 0; b <= last_block; ++b) {
     const Packed<P>* keys = packed_keys + (h * key_blocks + b) * key_block_size;
     const Packed<P>* values = packed_values + (h * key_blocks + b) * value_block_size;
+    const float* tail = tails[h * key_blocks + b];
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int n = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
       // Every key of a block past a tile's last position is masked for all its rows.
       const int64_t last_position = offset + begin + (r + n - 1) / group;
       if (b * kKeys > last_position) continue;
-      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values, tails[h * key_blocks + b]);
+      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values, tail);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
