@@ -10,7 +10,10 @@
 // keys, skipping the blocks past their last position. Scores, softmax and the output
 // accumulate in float32; the softmax weights are rounded to bf16 for the value product, as
 // torch's CPU flash kernel rounds them. The bf16 products run as VDPBF16PS or, where that
-// instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`).
+// instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`),
+// the blocks widened once a call. What the causal mask zeroes is skipped where the bits allow:
+// key vectors past every row of a tile in the scores and the softmax, and in the FMA form the
+// value products of a block's last 32 keys (`masked_tail`).
 
 #include <torch/library.h>
 
@@ -24,6 +27,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -88,6 +93,15 @@ constexpr Products kNativeProducts = Products::kFma;
 constexpr Products kNativeProducts = Products::kDotBf16;
 #endif
 
+// A packed block's element: a bf16 pair for VDPBF16PS; for the FMAs each pair's halves
+// widened to two floats ahead (`widen_rows`), so that their loops issue nothing but FMAs and
+// loads: once a block for every query row, where widening in the loop cost 4 ops beside 24 FMAs
+// on the same two ports.
+template <Products P>
+using Packed = std::conditional_t<P == Products::kFma, float, uint32_t>;
+template <Products P>
+constexpr int64_t kPackedPerPair = P == Products::kFma ? 2 : 1;
+
 // VDPBF16PS's fixed modes for the FMA form (round to nearest even, DAZ, FTZ, no exception
 // raised: all masked) while it lives; the caller's MXCSR after, flags included, so the
 // softmax between the products keeps the caller's modes and the products leave no flags, as
@@ -140,37 +154,41 @@ inline void score_tile(const int32_t* const* q, const uint32_t* keys, int64_t pa
   }
 }
 
-// acc[r][v] += a_odd[r * stride] × the odd halves of the 32 pairs at `row` (16v.. 16v + 15),
-// then + a_even[r * stride] × their even halves: one bf16 pair product of VDPBF16PS's, as two
-// FMAs in its order (see Products), for R rows at once.
+// acc[r][v] += a_odd[r * stride] × odd[16v .. 16v + 15], then + a_even[r * stride] ×
+// even[16v .. 16v + 15]: 32 bf16 pair products of VDPBF16PS's, as two FMAs each in its order
+// (see Products), for R rows at once, on pairs widened ahead (`widen_rows`) so that the loop
+// issues nothing but FMAs beside its loads.
 template <int R>
-inline void fma_pairs(const uint32_t* row, const float* a_odd, const float* a_even, int64_t stride,
-                      __m512 (&acc)[R][2]) {
-  const __m512i first = _mm512_loadu_si512(row), second = _mm512_loadu_si512(row + 16);
-  const __m512 odd[2] = {odd_halves(first), odd_halves(second)};
-  const __m512 even[2] = {even_halves(first), even_halves(second)};
+inline void fma_pairs(const float* odd, const float* even, const float* a_odd,
+                      const float* a_even, int64_t stride, __m512 (&acc)[R][2]) {
+  const __m512 o[2] = {_mm512_loadu_ps(odd), _mm512_loadu_ps(odd + 16)};
+  const __m512 e[2] = {_mm512_loadu_ps(even), _mm512_loadu_ps(even + 16)};
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
     const __m512 a_o = _mm512_set1_ps(a_odd[r * stride]);
     const __m512 a_e = _mm512_set1_ps(a_even[r * stride]);
     for (int v = 0; v < 2; ++v) {
-      acc[r][v] = _mm512_fmadd_ps(a_e, even[v], _mm512_fmadd_ps(a_o, odd[v], acc[r][v]));
+      acc[r][v] = _mm512_fmadd_ps(a_e, e[v], _mm512_fmadd_ps(a_o, o[v], acc[r][v]));
     }
   }
 }
 
-// score_tile as FMAs: the R rows' head dims widened ahead, [R][pairs] floats of each pair's
-// odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
+// score_tile as FMAs on a widened key block ([pairs][2][kKeys] floats: each pair's odd
+// dims, then its even ones), the R rows' head dims widened too, [R][pairs] floats of each
+// pair's odd dim and of its even one. Half a block's keys at a time: 2R accumulators, two key
 // vectors' halves and the rows' query broadcasts fit the 32 registers, where a whole block
-// spilled the accumulators to the stack.
+// spilled the accumulators to the stack. `halves`: 1 where the rows see none of the block's
+// last 32 keys (their scores are not read).
 template <int R>
 __attribute__((noinline)) void score_tile_fma(
-    const float* q_odd, const float* q_even, const uint32_t* keys, int64_t pairs, float* s) {
-  for (int half = 0; half < 2; ++half) {
+    const float* q_odd, const float* q_even, const float* keys, int64_t pairs, int halves,
+    float* s) {
+  for (int half = 0; half < halves; ++half) {
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-      fma_pairs<R>(keys + p * kKeys + 32 * half, q_odd + p, q_even + p, pairs, acc);
+      const float* odd = keys + 2 * p * kKeys + 32 * half;
+      fma_pairs<R>(odd, odd + kKeys, q_odd + p, q_even + p, pairs, acc);
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) {
@@ -213,20 +231,35 @@ inline void value_tile(
   }
 }
 
-// value_tile as FMAs, on rows of o already rescaled (outside DotBf16Modes, as value_tile
-// rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key pair's odd
-// key and of its even one. 32 head dims at a time, for the registers as in score_tile_fma.
+// value_tile as FMAs on a widened value block ([kKeys / 2][2][dim] floats: each key pair's
+// odd key, then its even one), on rows of o already rescaled (outside DotBf16Modes, as
+// value_tile rescales them): the R rows' weights widened, [R][kKeys / 2] floats of each key
+// pair's odd key and of its even one. 32 head dims at a time, for the registers as in
+// score_tile_fma. With `tail` (`masked_tail`), the block's last kKeys / 2 keys, which no row
+// sees, are left out and their effect on a -0 sum put in its place.
 template <int R>
 __attribute__((noinline)) void value_tile_fma(
-    const float* w_odd, const float* w_even, const uint32_t* values, int64_t dim, float* o) {
-  constexpr int64_t key_pairs = kKeys / 2;
+    const float* w_odd, const float* w_even, const float* values, int64_t dim,
+    const float* tail, float* o) {
+  const int64_t key_pairs = tail ? kKeys / 4 : kKeys / 2;
+  const __m512i negative_zero = _mm512_set1_epi32(std::numeric_limits<int32_t>::min());
   for (int64_t c = 0; c < dim; c += 32) {
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) acc[r][v] = _mm512_loadu_ps(o + r * dim + c + 16 * v);
     }
     for (int64_t m = 0; m < key_pairs; ++m) {
-      fma_pairs<R>(values + m * dim + c, w_odd + m, w_even + m, key_pairs, acc);
+      const float* odd = values + 2 * m * dim + c;
+      fma_pairs<R>(odd, odd + dim, w_odd + m, w_even + m, kKeys / 2, acc);
+    }
+    if (tail) {
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < 2; ++v) {
+          const __mmask16 zero = _mm512_cmpeq_epi32_mask(
+              _mm512_castps_si512(acc[r][v]), negative_zero);
+          acc[r][v] = _mm512_mask_loadu_ps(acc[r][v], zero, tail + c + 16 * v);
+        }
+      }
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < 2; ++v) _mm512_storeu_ps(o + r * dim + c + 16 * v, acc[r][v]);
@@ -285,6 +318,42 @@ void pack_block(const Chunk& c, int64_t h, int64_t b, uint32_t* keys, uint32_t* 
   }
 }
 
+// The FMA form's packed block: each row of `width` bf16 pairs as `width` floats of their odd
+// halves, then `width` of their even ones.
+void widen_rows(const uint32_t* pairs, int64_t rows, int64_t width, float* wide) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < width; i += 16) {
+      const __m512i v = _mm512_loadu_si512(pairs + r * width + i);
+      _mm512_storeu_ps(wide + 2 * r * width + i, odd_halves(v));
+      _mm512_storeu_ps(wide + (2 * r + 1) * width + i, even_halves(v));
+    }
+  }
+}
+
+// The FMA form's masked tail of a value block, its last kKeys / 2 keys: where a tile's rows
+// see none of them, their products all weigh +0 and are left out. Each would add +0 × value,
+// which leaves a sum as it is but a -0 one, turned +0 by a value whose sign is clear (a
+// denormal counts as its signed zero, DAZ), and turns any sum NaN where the value is not
+// finite. `zeros[d]`: what a -0 sum in dim d ends at, -0 where every value there has its sign
+// set, else +0. False where a value is not finite: that block's tail is then computed.
+bool masked_tail(const uint32_t* value_pairs, int64_t dim, float* zeros) {
+  const __m512i exponents = _mm512_set1_epi16(0x7F80);
+  const __m512i signs = _mm512_set1_epi32(static_cast<int32_t>(0x80008000u));
+  for (int64_t d = 0; d < dim; d += 16) {
+    __m512i all_negative = _mm512_set1_epi32(-1);
+    for (int64_t m = kKeys / 4; m < kKeys / 2; ++m) {
+      const __m512i pairs = _mm512_loadu_si512(value_pairs + m * dim + d);
+      if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponents), exponents)) return false;
+      all_negative = _mm512_and_si512(all_negative, pairs);
+    }
+    const __mmask16 negative =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(all_negative, signs), signs);
+    _mm512_storeu_ps(
+        zeros + d, _mm512_mask_blend_ps(negative, _mm512_set1_ps(0.f), _mm512_set1_ps(-0.f)));
+  }
+  return true;
+}
+
 // Per-thread working memory of a task: its rows' output, running max and sum, one tile's
 // scores and weights; for the FMA form its queries and weights widened to float halves.
 struct Scratch {
@@ -294,10 +363,12 @@ struct Scratch {
   std::vector<float> q_odd, q_even, weights_odd, weights_even;
 };
 
-// o[R][dim] *= alpha per row, as value_tile scales its accumulators.
+// o[R][dim] *= alpha per row, as value_tile scales its accumulators; rows scaled by 1 are left
+// as they are (o holds no denormals: the FMAs flush their results, so x * 1 is x).
 template <int R>
 inline void rescale_rows(float* o, int64_t dim, const float* alpha) {
   for (int r = 0; r < R; ++r) {
+    if (alpha[r] == 1.f) continue;
     const __m512 a = _mm512_set1_ps(alpha[r]);
     for (int64_t d = 0; d < dim; d += 16) {
       _mm512_storeu_ps(o + r * dim + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * dim + d), a));
@@ -313,40 +384,53 @@ void tile_step(
     int64_t group,
     int64_t first_position,
     int64_t block,
-    const uint32_t* keys,
-    const uint32_t* values) {
+    const Packed<P>* keys,
+    const Packed<P>* values,
+    const float* tail) {
   // Scores in base 2: softmax(s * scale) = 2^(s * scale * log2(e) - max) / sum.
   const __m512 scale = _mm512_set1_ps(c.scale * 1.4426950408889634f);
   const int64_t pairs = c.dim / 2;
   float* s = w.scores.data();
+  // The tile's last key in the block: its last row sees furthest.
+  const int64_t tile_last = first_position + (first_row + R - 1) / group - block * kKeys;
   if constexpr (P == Products::kFma) {
     const DotBf16Modes modes;
     score_tile_fma<R>(
-        w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs, s);
+        w.q_odd.data() + first_row * pairs, w.q_even.data() + first_row * pairs, keys, pairs,
+        tile_last < kKeys / 2 ? 1 : 2, s);
   } else {
     score_tile<R>(w.q.data() + first_row, keys, pairs, s);
   }
   for (int r = 0; r < R; ++r) {
     const int64_t row = first_row + r;
     const int64_t last = first_position + row / group - block * kKeys;
+    // Key vectors wholly past the row's last key weigh +0 whatever their scores: neither
+    // read nor exponentiated (a +0 added to the sum leaves it).
+    const int seen = last < 0 ? 0 : static_cast<int>(std::min<int64_t>(last / 16 + 1, 4));
     __m512 t[4];
     __mmask16 lanes[4];
     __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < seen; ++v) {
       lanes[v] = visible_lanes(last, v);
       t[v] = _mm512_mul_ps(_mm512_loadu_ps(s + r * kKeys + 16 * v), scale);
       top = _mm512_mask_max_ps(top, lanes[v], top, t[v]);
     }
     const float old_max = w.max[row];
     const float new_max = std::max(old_max, _mm512_reduce_max_ps(top));
-    // The first block (key 0, seen by every row) leaves every row a finite max.
-    const float alpha = std::exp2(old_max - new_max);
+    // The first block (key 0, seen by every row) leaves every row a finite max. A block that
+    // does not raise it scales by exp2(0) = 1: no call (the common case past a few blocks).
+    const float alpha =
+        new_max == old_max && std::isfinite(old_max) ? 1.f : std::exp2(old_max - new_max);
     const __m512 shift = _mm512_set1_ps(new_max);
     __m512 total = _mm512_setzero_ps();
     __m512 p[4];
     for (int v = 0; v < 4; ++v) {
-      p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
-      total = _mm512_add_ps(total, p[v]);
+      if (v < seen) {
+        p[v] = _mm512_maskz_mov_ps(lanes[v], exp2_ps(_mm512_sub_ps(t[v], shift)));
+        total = _mm512_add_ps(total, p[v]);
+      } else {
+        p[v] = _mm512_setzero_ps();
+      }
     }
     const auto first = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
     const auto second = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[3], p[2]));
@@ -369,16 +453,19 @@ void tile_step(
   if constexpr (P == Products::kFma) {
     rescale_rows<R>(o, c.dim, w.alpha.data());
     const DotBf16Modes modes;
-    value_tile_fma<R>(w.weights_odd.data(), w.weights_even.data(), values, c.dim, o);
+    value_tile_fma<R>(w.weights_odd.data(), w.weights_even.data(), values, c.dim,
+                      tile_last < kKeys / 2 ? tail : nullptr, o);
   } else {
     value_tile<R>(w.weights.data(), values, c.dim, w.alpha.data(), o);
   }
 }
 
-using TileStep = void (*)(
-    const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const uint32_t*, const uint32_t*);
 template <Products P>
-constexpr TileStep kTileSteps[kTileRows + 1] = {
+using TileStep = void (*)(
+    const Chunk&, Scratch&, int64_t, int64_t, int64_t, int64_t, const Packed<P>*,
+    const Packed<P>*, const float*);
+template <Products P>
+constexpr TileStep<P> kTileSteps[kTileRows + 1] = {
     nullptr,
     tile_step<P, 1>,
     tile_step<P, 2>,
@@ -407,8 +494,9 @@ void run_task(
     int64_t h,
     int64_t begin,
     int64_t end,
-    const uint32_t* packed_keys,
-    const uint32_t* packed_values,
+    const Packed<P>* packed_keys,
+    const Packed<P>* packed_values,
+    const float* const* tails,
     int64_t key_blocks) {
   const int64_t group = c.heads / c.kv_heads;
   const int64_t rows = (end - begin) * group;
@@ -423,18 +511,19 @@ void run_task(
   std::fill(w.out.begin(), w.out.begin() + rows * c.dim, 0.f);
   std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
-  const int64_t key_block_size = (c.dim / 2) * kKeys;
-  const int64_t value_block_size = (kKeys / 2) * c.dim;
+  const int64_t key_block_size = (c.dim / 2) * kKeys * kPackedPerPair<P>;
+  const int64_t value_block_size = (kKeys / 2) * c.dim * kPackedPerPair<P>;
   const int64_t last_block = (offset + end - 1) / kKeys;
   for (int64_t b = 0; b <= last_block; ++b) {
-    const uint32_t* keys = packed_keys + (h * key_blocks + b) * key_block_size;
-    const uint32_t* values = packed_values + (h * key_blocks + b) * value_block_size;
+    const Packed<P>* keys = packed_keys + (h * key_blocks + b) * key_block_size;
+    const Packed<P>* values = packed_values + (h * key_blocks + b) * value_block_size;
+    const float* tail = tails[h * key_blocks + b];
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int n = static_cast<int>(std::min<int64_t>(kTileRows, rows - r));
       // Every key of a block past a tile's last position is masked for all its rows.
       const int64_t last_position = offset + begin + (r + n - 1) / group;
       if (b * kKeys > last_position) continue;
-      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values);
+      kTileSteps<P>[n](c, w, r, group, offset + begin, b, keys, values, tail);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -453,19 +542,39 @@ void run_task(
 template <Products P>
 void attend(const Chunk& c) {
   const int64_t key_blocks = (c.context_len + kKeys - 1) / kKeys;
-  const int64_t key_block_size = (c.dim / 2) * kKeys;
-  const int64_t value_block_size = (kKeys / 2) * c.dim;
-  std::vector<uint32_t> keys(c.kv_heads * key_blocks * key_block_size);
-  std::vector<uint32_t> values(c.kv_heads * key_blocks * value_block_size);
+  const int64_t pairs = c.dim / 2;
+  const int64_t key_block_size = pairs * kKeys * kPackedPerPair<P>;
+  const int64_t value_block_size = (kKeys / 2) * c.dim * kPackedPerPair<P>;
+  // Left unzeroed (new[] of a trivial type): the packing writes every element.
+  const std::unique_ptr<Packed<P>[]> keys(new Packed<P>[c.kv_heads * key_blocks * key_block_size]);
+  const std::unique_ptr<Packed<P>[]> values(
+      new Packed<P>[c.kv_heads * key_blocks * value_block_size]);
+  // The FMA form's masked tails (`masked_tail`), by block: null where not skippable.
+  const std::unique_ptr<float[]> tail_zeros(
+      new float[P == Products::kFma ? c.kv_heads * key_blocks * c.dim : 0]);
+  std::vector<const float*> tails(c.kv_heads * key_blocks, nullptr);
   at::parallel_for(0, c.kv_heads * key_blocks, 8, [&](int64_t first, int64_t last) {
+    std::vector<uint32_t> key_pairs, value_pairs;
+    if constexpr (P == Products::kFma) {
+      key_pairs.resize(pairs * kKeys);
+      value_pairs.resize((kKeys / 2) * c.dim);
+    }
     for (int64_t t = first; t < last; ++t) {
       const int64_t h = t / key_blocks, b = t % key_blocks;
-      pack_block(
-          c,
-          h,
-          b,
-          keys.data() + t * key_block_size,
-          values.data() + t * value_block_size);
+      if constexpr (P == Products::kFma) {
+        pack_block(c, h, b, key_pairs.data(), value_pairs.data());
+        widen_rows(key_pairs.data(), pairs, kKeys, keys.get() + t * key_block_size);
+        widen_rows(value_pairs.data(), kKeys / 2, c.dim, values.get() + t * value_block_size);
+        float* zeros = tail_zeros.get() + t * c.dim;
+        if (masked_tail(value_pairs.data(), c.dim, zeros)) tails[t] = zeros;
+      } else {
+        pack_block(
+            c,
+            h,
+            b,
+            keys.get() + t * key_block_size,
+            values.get() + t * value_block_size);
+      }
     }
   });
   // Later query blocks see more keys: handed out latest first, from one shared counter, so
@@ -499,8 +608,9 @@ void attend(const Chunk& c) {
           h,
           begin,
           std::min(c.length, begin + kPositions),
-          keys.data(),
-          values.data(),
+          keys.get(),
+          values.get(),
+          tails.data(),
           key_blocks);
     }
   });

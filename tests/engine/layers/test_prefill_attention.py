@@ -1,7 +1,10 @@
 """The C++ prefill attention (prefill_attention.cpp) against exact attention and torch's SDPA:
 chunks alone and after a cached prefix, paged through shuffled block tables, GQA groups,
-head dims, strided query rows; its two forms of the bf16 products bit for bit; through the
-C++ backend beside decode rows; bad inputs refused by name; float32 left to the torch path."""
+head dims, strided query rows; its two forms of the bf16 products bit for bit, and main's
+bits on W-like chunks; through the C++ backend beside decode rows; bad inputs refused by
+name; float32 left to the torch path."""
+
+import hashlib
 
 import pytest
 import torch
@@ -131,6 +134,65 @@ def test_fma_products_give_the_bits_of_dpbf16(
         kernel.chunk_attention(q, keys, values, table, context, dim**-0.5, outs[products], products)
     assert torch.equal(outs["fma"].view(torch.int16), outs["dpbf16"].view(torch.int16))
     assert outs["fma"].isfinite().all()
+
+
+def test_fma_products_keep_a_zero_sums_sign_through_the_masked_keys(kernel):
+    """Rows that see none of a block's last 32 keys leave their value products out in the FMA
+    form: a sum flushed to -0 must still end as VDPBF16PS's +0-weighted products leave it,
+    -0 where the unseen values are all negative, +0 where one is positive."""
+    length = context = 64
+    heads, kv_heads, dim = 9, 3, 64
+    q = torch.zeros(length, heads, dim, dtype=torch.bfloat16)  # every seen key weighs 1
+    keys = torch.zeros(1, kv_heads, length, dim, dtype=torch.bfloat16)
+    values = torch.full((1, kv_heads, length, dim), -0.0)
+    # Key 1 then key 0 (a pair's odd product first): -(2^-120 + 2^-127) + 2^-120 flushes to -0.
+    values[:, :, 0] = 2.0**-120
+    values[:, :, 1] = -(2.0**-120 + 2.0**-127)
+    values[:, :, 32:, 0::2] = -1.0
+    values[:, :, 32:, 1::2] = 1.0
+    values = values.bfloat16()
+    table = torch.tensor([0])
+    outs = {}
+    for products in ("dpbf16", "fma"):
+        outs[products] = torch.empty(length, heads, dim, dtype=torch.bfloat16)
+        kernel.chunk_attention(q, keys, values, table, context, 0.125, outs[products], products)
+    assert torch.equal(outs["fma"].view(torch.int16), outs["dpbf16"].view(torch.int16))
+    zeros = outs["fma"][1:32].float()  # rows that see key 1 but no key past 31
+    assert (zeros == 0).all()
+    assert zeros[..., 0::2].signbit().all() and not zeros[..., 1::2].signbit().any()
+
+
+# sha256 of `w_like_digest`'s outputs from main's kernel at cc758ef, before the FMA form's
+# blocks were widened ahead and the masked keys skipped: W's greedy tokens rest on these bits.
+# A change meant to move them must say so and record the new digest.
+W_LIKE_DIGEST = "b40b68d6746057bb0bd0c31f9b64bea1286c9f203c20d20f3af0a578c63fcb6e"
+
+
+def w_like_digest(kernel, products):
+    """sha256 of the kernel's bf16 outputs on W-like chunks (9 heads over 3 KV heads of 64):
+    first chunks on and off the 64-key blocks, chunks after a prefix, one token after a long
+    prefix, and inputs over a wide range of exponents."""
+    digest = hashlib.sha256()
+    shapes = [(64, 64, 1), (70, 70, 1), (200, 200, 1), (100, 300, 1), (1, 500, 1), (129, 129, 70)]
+    for seed, (length, context, spread) in enumerate(shapes):
+        gen = torch.Generator().manual_seed(seed)
+        block_size = 16 if seed % 2 else 128
+        num_blocks = -(-context // block_size) + 2
+        keys = wide_exponents((num_blocks, 3, block_size, 64), spread, gen)
+        values = wide_exponents((num_blocks, 3, block_size, 64), spread, gen)
+        table = torch.randperm(num_blocks, generator=gen)[: -(-context // block_size)]
+        q = wide_exponents((length, 9, 64), spread, gen)
+        out = torch.empty(length, 9, 64, dtype=torch.bfloat16)
+        kernel.chunk_attention(q, keys, values, table, context, 0.125, out, products)
+        digest.update(out.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("products", ["dpbf16", "fma"])
+def test_kernel_keeps_mains_bits_on_w_like_chunks(kernel, products):
+    """Both forms give, bit for bit, what main's kernel gave before the softmax skipped the
+    masked keys and the unchanged maxima (the digest above)."""
+    assert w_like_digest(kernel, products) == W_LIKE_DIGEST
 
 
 def test_fma_products_leave_the_callers_denormals_alone(kernel):
