@@ -95,7 +95,10 @@ def greedy(core: EngineCore, request_id: str, prompt: list[int], tokens: int):
     captured = []
     compute_logits = core.runner.model.compute_logits
 
-    def record(hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def record(
+        hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
+    ) -> torch.Tensor:
+        # float32 even where the greedy step would take the head's dtype: for the drift.
         logits = compute_logits(hidden, rows)
         captured.append(logits.clone())
         return logits

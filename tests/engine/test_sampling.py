@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from deepwell.engine import LLM, SamplingParams
+from deepwell.engine import LLM, SamplingParams, sampling
 from deepwell.engine.errors import InvalidRequestError
 from deepwell.engine.request import Request
 from deepwell.engine.sampling import Sampler, first_argmax
@@ -44,11 +44,24 @@ def test_greedy_takes_the_first_of_tied_maxima_in_a_wide_batch():
     assert tokens[3] == 0 and tokens[5] == 0
 
 
+@pytest.fixture(params=["native", "torch"])
+def argmax_path(request, monkeypatch):
+    """first_argmax's native scan, or (as off the CPU) its blocked search in torch ops."""
+    if request.param == "torch":
+        monkeypatch.setattr(sampling, "_native_sampling", lambda: False)
+    else:
+        assert sampling._native_sampling()
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_rows", [5, 16], ids=["one-max", "blocked"])
-@pytest.mark.parametrize("vocab", [3, 1024, 1025, 3000, 49152, 151936])
-def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(vocab, num_rows):
+@pytest.mark.parametrize("vocab", [3, 17, 1024, 1025, 3000, 49152, 151936])
+def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(
+    vocab, num_rows, dtype, argmax_path
+):
     gen = torch.Generator().manual_seed(vocab)
-    rows = torch.round(torch.randn(num_rows, vocab, generator=gen) * 2) / 2
+    rows = (torch.round(torch.randn(num_rows, vocab, generator=gen) * 2) / 2).to(dtype)
     top = rows.max() + 1
     rows[1, -1] = top  # the maximum in the last, maybe short, block
     rows[2, vocab // 2 :] = top  # tied maxima over several blocks: the first one wins
@@ -56,6 +69,24 @@ def test_first_argmax_is_argmax_across_blocks_and_a_short_last_block(vocab, num_
     rows[4, 0] = rows[4, vocab - 1] = top
     assert first_argmax(rows).tolist() == rows.argmax(dim=-1).tolist()
     assert first_argmax(rows)[[1, 3, 4]].tolist() == [vocab - 1, 0, 0]
+    # bf16 logits give the argmax of their float32 widening (the head's float32 copy).
+    assert first_argmax(rows).tolist() == first_argmax(rows.float()).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_argmax_takes_a_rows_first_nan_and_ties_minus_zero_with_zero(dtype, argmax_path):
+    rows = torch.full((3, 100), float("-inf"), dtype=dtype)
+    rows[0, [7, 40, 90]] = float("nan")
+    rows[0, 3] = 1.0
+    rows[1, 20], rows[1, 60] = -0.0, 0.0
+    rows[2, 20], rows[2, 99] = 0.0, float("nan")
+    assert first_argmax(rows).tolist() == rows.argmax(dim=-1).tolist() == [7, 20, 99]
+
+
+def test_first_argmax_reads_rows_with_a_stride():
+    wide = torch.randn(6, 3000).to(torch.bfloat16)
+    rows = wide[::2, :2048]
+    assert first_argmax(rows).tolist() == rows.argmax(dim=-1).tolist()
 
 
 def test_top_k_one_top_p_tiny_and_min_p_one_all_reduce_to_the_argmax():

@@ -747,6 +747,10 @@ at::Tensor paged_decode(
 // block slot_blocks[i] at offset slot_offsets[i]. One copy per (token, KV head) row;
 // advanced-indexing assignment (cache[blocks, :, offsets] = k) measured ~0.2 ms a call in
 // W's decode steps for 64 rows.
+// Below this many tokens a store runs on the calling thread: a decode step's rows are a few
+// KB, less than waking the other threads costs.
+constexpr int64_t kStoreGrainTokens = 256;
+
 void paged_store(
     const at::Tensor& k,
     const at::Tensor& v,
@@ -781,13 +785,17 @@ void paged_store(
   char* key_data = static_cast<char*>(key_cache.data_ptr());
   char* value_data = static_cast<char*>(value_cache.data_ptr());
   const int64_t element = k.element_size();
-  for (int64_t i = 0; i < tokens; ++i) {
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t row = ((block[i] * kv_heads + h) * block_size + offset[i]) * row_bytes;
-      std::memcpy(key_data + row, k_data + (i * k.stride(0) + h * k.stride(1)) * element, row_bytes);
-      std::memcpy(value_data + row, v_data + (i * v.stride(0) + h * v.stride(1)) * element, row_bytes);
+  // A prefill chunk's rows are the first writes to fresh blocks, whose pages fault in as they
+  // are touched (kv/cache.py): long chunks split them over the threads.
+  at::parallel_for(0, tokens, kStoreGrainTokens, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t row = ((block[i] * kv_heads + h) * block_size + offset[i]) * row_bytes;
+        std::memcpy(key_data + row, k_data + (i * k.stride(0) + h * k.stride(1)) * element, row_bytes);
+        std::memcpy(value_data + row, v_data + (i * v.stride(0) + h * v.stride(1)) * element, row_bytes);
+      }
     }
-  }
+  });
 }
 
 // In the one extension of several sources (decode_kernel.py), llama_decode.cpp's module is

@@ -243,9 +243,10 @@ class LlamaForCausalLM(nn.Module):
         return self.glue.add_rms_norm(x, delta, norm.weight, norm.eps, torch.float32)[1]
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
     ) -> torch.Tensor:
-        """The logits of `hidden`'s rows `rows` (every row when None)."""
+        """The logits of `hidden`'s rows `rows` (every row when None); with `float32=False`
+        in the head's dtype, without the float32 copy (StepModel.compute_logits)."""
         if self.native_decode is not None:
             # A native step with the head inside made this hidden state's logits already.
             logits = self.native_decode.logits_of(hidden)
@@ -255,6 +256,8 @@ class LlamaForCausalLM(nn.Module):
             hidden = hidden[rows]
         head = self.lm_head
         hidden = hidden.to(head.weight.dtype)
+        if not float32:
+            return head(hidden)
         if isinstance(head, PackedLinear):
             return head.logits(hidden)
         return head(hidden).float()

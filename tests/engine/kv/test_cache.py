@@ -32,25 +32,59 @@ def test_a_kv_budget_becomes_resident_only_as_blocks_are_written():
     cache = KVCache.allocate(layout, 512, 16, 1, torch.uint8)
     allocated = resident_bytes()
     cache.clear_blocks(list(range(64)))
+    cleared = resident_bytes()
+    cache.paged["kv"][0][:64].fill_(1)
     written = resident_bytes()
     assert allocated - before < 32 * MIB  # 512 MiB asked, nothing touched
-    assert written - allocated >= 60 * MIB  # the 64 MiB cleared are now resident
+    assert cleared - allocated < 8 * MIB  # blocks never handed out are zero untouched
+    assert written - cleared >= 60 * MIB  # the 64 MiB written are now resident
 
 
-def test_blocks_and_slots_are_cleared_as_they_are_handed_out():
+def request(request_id: str) -> Request:
+    return Request(
+        request_id, [1] * 40, SamplingParams(max_tokens=1), frozenset(), torch.Generator()
+    )
+
+
+def test_blocks_never_handed_out_come_zero_and_are_marked_as_they_go():
     cache = KVCache.allocate(LAYOUT, 8, 16, 3, torch.float32)
+    manager = KVCacheManager(LAYOUT, 8, 16, 3, cache=cache)
+    first = request("r")
+    manager.allocate(first, 40)
+    assert len(first.block_ids) == 3
+    assert list(cache.holds_rows) == [int(b in first.block_ids) for b in range(8)]
+    for tensor in cache.block_tensors():
+        assert not tensor.any()
+
+
+def test_blocks_and_slots_are_cleared_as_they_are_handed_out_again():
+    cache = KVCache.allocate(LAYOUT, 8, 16, 3, torch.float32)
+    manager = KVCacheManager(LAYOUT, 8, 16, 3, cache=cache)
+    first = request("first")
+    manager.allocate(first, 40)
+    used = list(first.block_ids)
+    # What an earlier request may leave: anything, NaN included.
     for tensors in (*cache.paged.values(), *cache.rings.values(), *cache.states.values()):
         for tensor in tensors:
             tensor.fill_(float("nan"))
-    manager = KVCacheManager(LAYOUT, 8, 16, 3, cache=cache)
-    request = Request("r", [1] * 40, SamplingParams(max_tokens=1), frozenset(), torch.Generator())
-    manager.allocate(request, 40)
-    given = request.block_ids
-    assert len(given) == 3
+    manager.free(first)
+    second = request("second")
+    manager.allocate(second, 40)
+    given = second.block_ids
+    assert sorted(given) == sorted(used)
     others = [block for block in range(8) if block not in given]
     for tensor in cache.block_tensors():
         assert not tensor[given].any()  # zero, not NaN
         assert tensor[others].isnan().all()
     for tensor in (*cache.rings["window"], *cache.states["tail"]):
-        assert not tensor[request.slot].any()
-        assert tensor[[s for s in range(3) if s != request.slot]].isnan().all()
+        assert not tensor[second.slot].any()
+        assert tensor[[s for s in range(3) if s != second.slot]].isnan().all()
+
+
+def test_blocks_filled_from_the_store_are_cleared_when_handed_out_again():
+    cache = KVCache.allocate(LAYOUT, 8, 16, 3, torch.float32)
+    block = [torch.full(t.shape[1:], float("nan")) for t in cache.block_tensors()]
+    cache.write_blocks([5], [block])
+    cache.clear_blocks([5, 6])
+    for tensor in cache.block_tensors():
+        assert not tensor[[5, 6]].any()

@@ -64,7 +64,10 @@ def test_logits_of_chunked_prefill_and_decodes_match_transformers(llm, hf_model,
     rows: list[torch.Tensor] = []
     compute = model.compute_logits
 
-    def recording(hidden: torch.Tensor, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def recording(
+        hidden: torch.Tensor, logit_rows: torch.Tensor | None = None, float32: bool = True
+    ) -> torch.Tensor:
+        # float32 even where the greedy step would take the head's dtype: compared below.
         logits = compute(hidden, logit_rows)
         rows.append(logits.clone())
         return logits

@@ -90,9 +90,9 @@ class ContextParallelModel:
         return hidden
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
     ) -> torch.Tensor:
-        return self.model.compute_logits(hidden, rows)
+        return self.model.compute_logits(hidden, rows, float32)
 
     def close(self) -> None:
         self.group.close()
