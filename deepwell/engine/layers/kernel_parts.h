@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #if defined(__AVX512F__)
@@ -16,6 +18,19 @@
 #endif
 
 namespace deepwell {
+
+// Two float vectors of src[0, 2 * Vectorized<float>::size()): bf16 widens exactly (at::vec's
+// own conversion), float loads. The register passes of llama_glue.cpp and llama_rotary.cpp.
+template <typename T>
+inline std::tuple<at::vec::Vectorized<float>, at::vec::Vectorized<float>> load_pair(
+    const T* src) {
+  using Vec = at::vec::Vectorized<float>;
+  if constexpr (std::is_same_v<T, float>) {
+    return {Vec::loadu(src), Vec::loadu(src + Vec::size())};
+  } else {
+    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(src));
+  }
+}
 
 // paged_decode.cpp. Every row's block list against a cache of num_blocks blocks: a bad one
 // is an error before any is read, never a read outside the cache.

@@ -64,16 +64,7 @@ constexpr bool kSiluInRegisters = true;
 constexpr bool kSiluInRegisters = false;
 #endif
 
-// Two vectors of src[0, kPair) as float: bf16 widens exactly (at::vec::convert's own
-// conversion), float loads.
-template <typename T>
-std::tuple<Vec, Vec> load_pair(const T* src) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {Vec::loadu(src), Vec::loadu(src + Vec::size())};
-  } else {
-    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(src));
-  }
-}
+using deepwell::load_pair;
 
 // lo, hi to dst[0, kPair) as T: bf16 rounds as at::vec::convert does whole vectors.
 template <typename T>

@@ -23,6 +23,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernel_parts.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -66,15 +68,7 @@ void round_through(Vec& lo, Vec& hi) {
   }
 }
 
-// Two vectors of src[0, 2 * Vec::size()) as float: bf16 widens exactly.
-template <typename T>
-std::tuple<Vec, Vec> load_pair(const T* src) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {Vec::loadu(src), Vec::loadu(src + Vec::size())};
-  } else {
-    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(src));
-  }
-}
+using deepwell::load_pair;
 
 // out[0, 2 * Vec::size()) = x * cos + rolled * sin, each product rounded through T, then the
 // sum: the portable pass's operations on the same elements, in registers.

@@ -3,10 +3,7 @@ and silu(gate) * up, float32 and bf16, odd widths, row counts across the paralle
 row's result independent of its neighbours; the register passes' exact bits (at torch's
 level and forced to AVX2); and which glue a model gets per backend."""
 
-import os
 import platform
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +14,8 @@ from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import KernelGlue, TorchGlue, kernel_glue
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.models.llama import LlamaConfig, LlamaForCausalLM
+
+from .avx2_rerun import rerun_at_avx2
 
 # float32 results: the kernel and torch sum a row's squares in different orders.
 FLOAT_RTOL = 2e-6
@@ -177,24 +176,7 @@ def test_silu_mul_of_whole_vector_rows_matches_the_scratch_pass_bit_for_bit():
 def test_the_register_passes_keep_their_bits_with_torch_forced_to_avx2():
     """The exact-bits checks in a process whose torch (and so the kernel's build) runs at
     AVX2: vectors of 8 lanes, another fold."""
-    environ = os.environ | {"ATEN_CPU_CAPABILITY": "avx2"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            __file__,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "exact_bits or bit_for_bit",
-        ],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = rerun_at_avx2(__file__, "exact_bits or bit_for_bit")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 

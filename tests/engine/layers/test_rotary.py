@@ -2,16 +2,15 @@
 and the C++ pass (llama_rotary.cpp) gives the roll form's bits, on its vector and portable
 paths, at torch's own level and with torch forced to AVX2."""
 
-import os
 import platform
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from deepwell.engine.layers.decode_kernel import load_llama_rotary_kernel
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
+
+from .avx2_rerun import rerun_at_avx2
 
 
 def hf_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,24 +89,7 @@ def test_the_cpp_pass_keeps_the_torch_ops_bits_at_special_values(rotate, head_di
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's AVX2 level")
 def test_the_cpp_pass_keeps_the_bits_with_torch_forced_to_avx2():
     """The same checks in a process whose torch (and so the kernel's build) runs at AVX2."""
-    environ = os.environ | {"ATEN_CPU_CAPABILITY": "avx2"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            __file__,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "cpp_pass and not forced_to_avx2 or builds_at_torchs_level",
-        ],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = rerun_at_avx2(__file__, "cpp_pass and not forced_to_avx2 or builds_at_torchs_level")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
