@@ -16,11 +16,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from trees_in_turn import medians_in_turn
 
 PHASES = ("schedule", "prepare", "sample", "commit")
 
@@ -70,14 +70,6 @@ def measure(steps: int) -> dict[str, float]:
     return {phase: statistics.median(seconds[phase]) * 1e3 for phase in PHASES}
 
 
-def run_tree(tree: Path, steps: int) -> dict[str, float]:
-    """`measure` in a fresh process importing `tree`'s deepwell."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, __file__, "--measure", "--steps", str(steps)]
-    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="the tree to compare against")
@@ -88,17 +80,10 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(args.steps)))
         return
-    trees = {"baseline": args.baseline.resolve(), "this": Path(__file__).resolve().parents[1]}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for round_index in range(args.rounds):
-        order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
-        for name in order:
-            results[name].append(run_tree(trees[name], args.steps))
+    medians = medians_in_turn(
+        __file__, args.baseline, args.rounds, PHASES, ["--steps", str(args.steps)]
+    )
     print(f"load average {os.getloadavg()[0]:.2f}; median thread CPU ms of {args.steps} steps")
-    medians = {
-        name: {p: statistics.median(r[p] for r in rounds) for p in PHASES}
-        for name, rounds in results.items()
-    }
     for name, phases in medians.items():
         total = sum(phases.values())
         row = ", ".join(f"{p} {v:.3f}" for p, v in phases.items())

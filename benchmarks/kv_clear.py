@@ -15,11 +15,10 @@ the median thread CPU seconds of the clears (the schedule phase's share) and of 
 import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from trees_in_turn import medians_in_turn
 
 BLOCK_SIZE = 128
 PARTS = ("clear", "write", "sum")
@@ -70,14 +69,6 @@ def measure() -> dict[str, float]:
     return {"clear": clear, "write": write, "sum": clear + write}
 
 
-def run_tree(tree: Path) -> dict[str, float]:
-    """`measure` in a fresh process importing `tree`'s deepwell."""
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{Path(__file__).parent}"}
-    command = [sys.executable, __file__, "--measure"]
-    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="the tree to compare against")
@@ -87,17 +78,8 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure()))
         return
-    trees = {"baseline": args.baseline.resolve(), "this": Path(__file__).resolve().parents[1]}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for round_index in range(args.rounds):
-        order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
-        for name in order:
-            results[name].append(run_tree(trees[name]))
+    medians = medians_in_turn(__file__, args.baseline, args.rounds, PARTS, [])
     print(f"load average {os.getloadavg()[0]:.2f}; median thread CPU s of {args.rounds} rounds")
-    medians = {
-        name: {p: statistics.median(r[p] for r in rounds) for p in PARTS}
-        for name, rounds in results.items()
-    }
     for name, parts in medians.items():
         print(f"  {name:8} " + ", ".join(f"{p} {v:.3f}" for p, v in parts.items()))
     ratios = ", ".join(f"{p} {medians['this'][p] / medians['baseline'][p]:.2f}" for p in PARTS)
