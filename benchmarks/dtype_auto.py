@@ -8,12 +8,12 @@ each keeps its fastest. A configuration that takes longer than `--timeout` is re
 not done (bf16 without native support can take tens of minutes).
 
 On a CPU with native bf16, an AVX2-only one can be imitated (root; torch's and oneDNN's
-kernels limited to AVX2, /proc/cpuinfo without the AVX-512 and AMX flags, so `auto` sees what
-it would see there; deepwell's own C++ kernels still use this CPU's instructions):
+kernels limited to AVX2, MKL's too (benchmarks/forced_avx2.py), /proc/cpuinfo without the
+AVX-512 and AMX flags, so `auto` sees what it would see there):
 
     sed -E '/^flags/ s/ (avx512[a-z0-9_]*|amx[a-z0-9_]*|avx_vnni)//g' /proc/cpuinfo > /tmp/cpuinfo
     unshare -m sh -c 'mount --bind /tmp/cpuinfo /proc/cpuinfo && \\
-        ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \\
+        ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python benchmarks/dtype_auto.py --threads 2'
 
     .venv/bin/python benchmarks/dtype_auto.py [--threads N] [--requests 64] [--rounds 2]

@@ -3,9 +3,10 @@ layers/float32_linear.py) against plain nn.Linear, on SmolLM2-135M's shapes, in 
 
 Each shape and row count times both, interleaved, `--rounds` times, and keeps each one's
 best thread CPU time per call (wall time with more than one thread); the ratio is plain over
-padded (above 1: padding is faster). Run it as W runs, e.g. with AVX2 forced:
+padded (above 1: padding is faster). Run it as W runs, e.g. with AVX2 forced
+(benchmarks/forced_avx2.py):
 
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=. \\
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 PYTHONPATH=. \\
         .venv/bin/python benchmarks/float32_linears.py [--threads 1] [--rounds 5]
 """
 

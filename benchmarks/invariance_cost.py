@@ -8,7 +8,9 @@ and CPU (process) milliseconds a step. CPU time is the figure to read on a share
 the medians over rounds:
 
     .venv/bin/python benchmarks/invariance_cost.py [--batch 1 16] [--rounds 2] [--v41 tiny]
-    ATEN_CPU_CAPABILITY=avx2 .venv/bin/python benchmarks/invariance_cost.py  # AVX2 forced
+    # AVX2 forced (benchmarks/forced_avx2.py: torch, oneDNN, MKL and our kernels):
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        .venv/bin/python benchmarks/invariance_cost.py
 
 Goal (issue 33 item 6): invariant ≤ 1.2× the default at batch 1 and 16.
 """

@@ -10,9 +10,9 @@ The embedding row, norms and the KV cache (a few MB at these lengths) are left o
 deepwell's decode tok/s: `LLM.generate` of a 64-token prompt (W's first), speculation off,
 greedy, EOS ignored: (time of n + 1 tokens - time of 1) / n, the mean of `--repetitions`.
 Each measurement runs in its own process. Issue 33's goal: >= 85 % of the limit, on
-AVX-512 and with AVX2 forced: `--force-avx2` runs deepwell's processes with
-ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 (torch's, oneDNN's and, through
-decode_kernel.py's flags, deepwell's own kernels at AVX2; llama.cpp keeps its build's).
+AVX-512 and with AVX2 forced: `--force-avx2` runs deepwell's processes with torch's,
+oneDNN's, MKL's and deepwell's own kernels at AVX2 (benchmarks/forced_avx2.py; llama.cpp
+keeps its build's).
 Each deepwell row names the instruction sets it ran: torch's dispatch level and the int4
 kernel's path.
 
@@ -34,13 +34,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp_peer as llama_cpp
+from forced_avx2 import AVX2_ENVIRONMENT
 from workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 64
 GOAL_FRACTION = 0.85
-# What --force-avx2 sets in deepwell's processes.
-AVX2_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 @dataclass(frozen=True)

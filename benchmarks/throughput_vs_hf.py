@@ -21,9 +21,8 @@ about half its own speed after deepwell's engine had started its threads).
 
 `--dtype` takes one or more compute dtypes (comma-separated); with two, every engine runs in
 each and its faster one is its best, so `--force-avx2 --dtype bfloat16,float32` compares each
-engine at its best with AVX2 forced: ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 in
-every child (torch's and oneDNN's kernels, and deepwell's own through decode_kernel.py's
-flags, at AVX2; each child reports the dispatch level it ran).
+engine at its best with AVX2 forced: torch's, oneDNN's, MKL's and deepwell's own kernels at
+AVX2 in every child (benchmarks/forced_avx2.py; each child reports the dispatch level it ran).
 
 Rounds alternate the configurations and each keeps its fastest. Prints
 `throughput ratio, speculation off (deepwell/transformers best): X` and the same for on,
@@ -47,6 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import llama_cpp_peer as llama_cpp
+from forced_avx2 import AVX2_ENVIRONMENT
 from workload import make_workload, workload_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +62,6 @@ KNOWN_BASELINES = {
 BASELINE_FLOOR = 0.7
 LLAMA_CPP = "llama.cpp"
 DTYPES = ("bfloat16", "float32")
-# What --force-avx2 sets in every child (as benchmarks/memory_limit.py does).
-AVX2_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def load_workload() -> tuple[list[dict], str]:
@@ -416,7 +414,8 @@ def main() -> None:
     parser.add_argument(
         "--force-avx2",
         action="store_true",
-        help="run every engine with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2",
+        help="run every engine with torch, oneDNN, MKL and deepwell's kernels at AVX2 "
+        "(benchmarks/forced_avx2.py)",
     )
     parser.add_argument("--k", type=int, default=5, help="deepwell's draft tokens when on")
     parser.add_argument("--quantization", default="none", help=argparse.SUPPRESS)

@@ -5,7 +5,7 @@ One torch thread and synchronous steps, so every part of a step runs on the call
 and its thread CPU time (`time.thread_time`) counts it alone: on a shared machine that
 moves far less with the neighbours' load than wall time. Speculation and the prefix cache
 are off, as in `throughput_vs_hf.py`'s W. The parts are timed by wrapping the engine's own
-calls: the layer and head linears (each linear class's `forward`, the head's `.logits`), the attention backend (K/V
+calls: the layer and head linears (each linear class's `forward`), the attention backend (K/V
 store, prefill and decode attention), `compute_logits` (the head, inside `linear` too),
 the sampler, schedule, prepare and commit; what is left of the forward is glue. Steps are
 grouped by shape: prefill-only, mixed (decode rows beside prefill chunks), decode-only
@@ -213,10 +213,10 @@ class PartClock:
         setattr(owner, name, timed)
 
     def _wrap_linears(self, model: nn.Module) -> None:
-        """The calls of every linear class the model holds (nn.Linear, PackedLinear,
-        RowPaddedLinear, ...: `forward` and, where defined, the head's float32 `logits`),
-        wrapped where each class or its bases up to nn.Linear define them; a call made inside
-        another (logits falling back on forward, a subclass calling its base) counts once."""
+        """The `forward` of every linear class the model holds (nn.Linear, PackedLinear,
+        RowPaddedLinear, Float32Head, ...), wrapped where each class or its bases up to
+        nn.Linear define it; a call made inside another (a subclass calling its base) counts
+        once."""
         seconds, walls, first_calls = self.seconds, self.wall, self.first_calls
         depth = [0]
 
@@ -241,9 +241,8 @@ class PartClock:
         for linear in {type(m) for m in model.modules() if isinstance(m, nn.Linear)}:
             owners.update(linear.__mro__[: linear.__mro__.index(nn.Linear) + 1])
         for owner in owners:
-            for name in ("forward", "logits"):
-                if name in vars(owner):
-                    setattr(owner, name, timing(vars(owner)[name]))
+            if "forward" in vars(owner):
+                owner.forward = timing(vars(owner)["forward"])
 
 
 def main() -> None:

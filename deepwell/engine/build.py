@@ -30,6 +30,7 @@ from deepwell.engine.layers.batch_invariant import (
     tile_linears,
 )
 from deepwell.engine.layers.cpp_paged import paged_backend_class
+from deepwell.engine.layers.float32_head import can_take_float32_head, to_float32_head
 from deepwell.engine.layers.float32_linear import pad_small_calls
 from deepwell.engine.layers.forced_routing import ForcedRouting
 from deepwell.engine.layers.packed_linear import pack_linears
@@ -132,6 +133,9 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
             model, hooks.output_head, checkpoint.blocks
         ):
             raise ValueError("int4 quantization found no linear whose inputs come in blocks of 32")
+        if hooks.output_head is not None and can_take_float32_head(hooks.output_head):
+            # After int4, whose blocks it keeps; batch invariant in every mode.
+            to_float32_head(hooks.output_head)
     if args.batch_invariant:
         tile_linears(model)
     else:

@@ -84,9 +84,6 @@ class PreparedStep:
     snapshots: dict[str, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
     # A decode step padded to this batch size for its graph (decode_graphs.py); None: eager.
     graph_size: int | None = None
-    # The step reads only its sampling rows' first argmax: their logits may stay in the head's
-    # dtype (StepModel.compute_logits), sparing a float32 copy of [rows, vocab].
-    argmax_only: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -199,15 +196,6 @@ class ModelRunner:
                     first_row = last_row - (c.num_tokens - 1)
                     logit_rows += range(first_row, first_row + end - c.start)
                     prompt_rows.append((c.request, c.start, end - c.start))
-        # Decided before the forward from what cannot change until sampling: the requests'
-        # parameters and grammars, the engine's filter and sums.
-        argmax_only = (
-            not verifying
-            and not prompt_rows
-            and self.logit_filter is None
-            and not self.sum_smaller_probs
-            and self.sampler.reads_argmax_only([c.request for _, c in sampling])
-        )
         input_ids = long_tensor(rows.input_ids)
         positions = long_tensor(rows.positions)
         logit_ids = long_tensor(logit_rows)
@@ -229,7 +217,6 @@ class ModelRunner:
             prompt_rows=prompt_rows,
             snapshot_points=snapshot_points,
             graph_size=graph_size,
-            argmax_only=argmax_only,
         )
 
     @torch.inference_mode()
@@ -254,7 +241,7 @@ class ModelRunner:
             step.snapshots[request_id] = (boundary, tensors)
         if not step.logit_rows.numel():
             return None
-        return self.model.compute_logits(hidden, step.logit_rows, float32=not step.argmax_only)
+        return self.model.compute_logits(hidden, step.logit_rows)
 
     def fill_image_embeddings(self, meta: StepMetadata) -> None:
         """The embeddings of the step's image rows, from the encoder cache (encoding the

@@ -43,18 +43,6 @@ class Sampler:
         sampled = self.sample(logits, requests)
         return sampled.token_ids, sampled.logprobs
 
-    def reads_argmax_only(self, requests: list[Request]) -> bool:
-        """Whether sampling these requests reads nothing of their logits but each row's first
-        argmax (`first_argmax`), which bf16 logits give as exactly as their float32 copy:
-        greedy rows with no logprobs, no logit adjustments and no grammar to mask."""
-        return all(
-            r.params.greedy
-            and not r.params.logprobs
-            and not r.params.adjusts_logits
-            and r.matcher is None
-            for r in requests
-        )
-
     def sample(
         self, logits: torch.Tensor, requests: list[Request], sum_smaller: bool = False
     ) -> SampledTokens:
@@ -121,13 +109,10 @@ _ARGMAX_BLOCKED_MIN_ROWS = 8
 
 
 def first_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Per row, the index of the first of its tied maxima (argmax's answer), of float32 or
-    bf16 logits (a bf16 value's float32 widening is exact: the same answer as on the head's
-    float32 copy).
+    """Per row, the index of the first of its tied maxima (argmax's answer).
 
     On the CPU one native scan a row (sampling_ops.cpp): for 64 rows of SmolLM2's 49,152
-    logits, one thread, 0.57 ms on float32 against the blocked search's 0.75, 0.42 ms on bf16
-    (where torch's reductions run ~2x slower than on float32). Elsewhere, by blocks: on CPU
+    float32 logits, one thread, 0.57 ms against the blocked search's 0.75. Elsewhere, by blocks: on CPU
     `max(dim)` with indices runs ~4x slower than `amax` (2.1 against 0.5 ms for 64 rows of
     SmolLM2's 49,152 logits, one thread; argmax is slower still): so the row maxima
     are found per block with amax, the first block holding the row's maximum picked, and
@@ -138,7 +123,7 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     op's first call in a step costs ~30 µs, so the ops are few and none builds a
     [rows, block] index.
     """
-    if _native_rows(logits, (torch.float32, torch.bfloat16)):
+    if _native_rows(logits):
         return torch.ops.deepwell_sampling.first_argmax(logits)
     rows, vocab = logits.shape
     if rows < _ARGMAX_BLOCKED_MIN_ROWS:

@@ -1,5 +1,5 @@
-"""ModelRunner: which steps take the head's logits in its own dtype, and that greedy tokens
-are the same either way."""
+"""ModelRunner: every step samples float32 logits, a bf16 head's float32 sums, whatever its
+requests read of them, and greedy tokens do not depend on what the other rows read."""
 
 import torch
 
@@ -31,20 +31,18 @@ def bf16_core(make_core):
     return make_core(dtype="bfloat16", num_speculative_tokens=0)
 
 
-def test_greedy_steps_sample_the_heads_bf16_logits_with_the_same_tokens(make_core):
+def test_every_step_samples_float32_logits_and_greedy_tokens_are_the_same_either_way(
+    make_core,
+):
     greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     with_logprobs = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)
-    bf16, tokens = logit_dtypes(bf16_core(make_core), [greedy] * 3)
-    float32, reference = logit_dtypes(bf16_core(make_core), [with_logprobs] * 3)
-    assert bf16 == {torch.bfloat16}
-    assert float32 == {torch.float32}
-    assert tokens == reference
-
-
-def test_a_step_with_one_request_that_reads_logits_takes_float32(make_core):
-    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     penalised = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, presence_penalty=1)
     drawn = SamplingParams(max_tokens=6, temperature=0.8, seed=1, ignore_eos=True)
+    dtypes, tokens = logit_dtypes(bf16_core(make_core), [greedy] * 3)
+    assert dtypes == {torch.float32}
+    dtypes, reference = logit_dtypes(bf16_core(make_core), [with_logprobs] * 3)
+    assert dtypes == {torch.float32}
+    assert tokens == reference
     for other in (penalised, drawn):
         dtypes, _ = logit_dtypes(bf16_core(make_core), [greedy, other, greedy])
-        assert torch.float32 in dtypes
+        assert dtypes == {torch.float32}

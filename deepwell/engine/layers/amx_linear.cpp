@@ -1,7 +1,8 @@
-// The batch-invariant mode's bf16 linears on AMX tiles: x [rows, in] bf16 times a weight packed
-// once at load (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout,
-// plus a bias, rounded once to bf16 [rows, out]. Built by decode_kernel.py (only where the
-// CPU and torch's level have AMX), registered as torch.ops.deepwell_amx_linear.
+// The batch-invariant mode's bf16 linears, and the bf16 output head's float32 logits
+// (layers/float32_head.py), on AMX tiles: x [rows, in] bf16 times a weight packed once at load
+// (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout, plus a bias,
+// rounded once to bf16 [rows, out] or kept as the float32 sums. Built by decode_kernel.py
+// (only where the CPU and torch's level have AMX), registered as torch.ops.deepwell_amx_linear.
 //
 // Why the bits are a row's own: a tile product (tdpbf16ps) computes each row of its 16 × 16
 // float32 result from that row of its input tile only, and every output here is one result
@@ -130,14 +131,19 @@ inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
 
-// out[0..valid) = bf16(sums + bias), round to nearest even (torch's `.to(torch.bfloat16)`
-// of the float32 sum plus the bias, as RowwiseLinear rounds).
-void store_row(const float* sums, const float* bias, int64_t valid, uint16_t* out) {
+// out[0..valid) = sums + bias: as float32 (Float32Out), or rounded to bf16, to nearest even
+// (torch's `.to(torch.bfloat16)` of the float32 sum plus the bias, as RowwiseLinear rounds).
+template <bool Float32Out>
+void store_row(const float* sums, const float* bias, int64_t valid, void* out) {
   for (int64_t o = 0; o < valid; o += 16) {
     const __mmask16 mask = lanes(valid - o);
     __m512 v = _mm512_maskz_loadu_ps(mask, sums + o);
     if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + o));
-    _mm256_mask_storeu_epi16(out + o, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    if constexpr (Float32Out) {
+      _mm512_mask_storeu_ps(static_cast<float*>(out) + o, mask, v);
+    } else {
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + o, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
   }
 }
 
@@ -152,12 +158,14 @@ at::Tensor padded_input(const at::Tensor& x, int64_t padded_rows, int64_t padded
 #endif  // AMX_LINEAR
 
 // x [rows, in] bf16; tiles bf16 [ceil(out / 16), ceil(in / 32), 16, 16, 2] (tile_layout).
-// bias float32 [out] or none. Returns bf16 [rows, out] = x @ weight.T + bias.
+// bias float32 [out] or none. Returns [rows, out] = x @ weight.T + bias: bf16, or with
+// float32_out the float32 sums (plus the bias) unrounded.
 at::Tensor linear(
     const at::Tensor& x,
     const at::Tensor& tiles,
     const c10::optional<at::Tensor>& bias,
-    int64_t out_features) {
+    int64_t out_features,
+    bool float32_out) {
 #if defined(AMX_LINEAR)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "amx linear: x must be bf16 [rows, in], got ", x.sizes());
@@ -178,13 +186,16 @@ at::Tensor linear(
     bias_data = bias->data_ptr<float>();
   }
   TORCH_CHECK(tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
-  at::Tensor out = at::empty({rows, out_features}, x.options());
+  at::Tensor out =
+      at::empty({rows, out_features}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
   if (rows == 0 || out_features == 0) return out;
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const at::Tensor input = padded_input(x, row_tiles * kTileRows, blocks * kBlockInputs);
   const auto* xs = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>());
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
-  auto* result = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  char* result = static_cast<char*>(out.data_ptr());
+  const int64_t element = out.element_size();
+  const auto store = float32_out ? &store_row<true> : &store_row<false>;
   const int64_t x_bytes = blocks * kBlockInputs * 2, w_tile_step = blocks * kWeightTile;
   const int64_t out_pairs = (out_tiles + 1) / 2;
   // Threads take pairs of output tiles; rows go kChunkTiles row tiles at a time, whose inputs
@@ -208,8 +219,8 @@ at::Tensor linear(
           const int64_t scratch_row = out_count * kTileOutputs;
           const float* b = bias_data == nullptr ? nullptr : bias_data + first_out;
           for (int64_t r = 0; r < valid_rows; ++r)
-            store_row(&scratch[0][0] + r * scratch_row, b, valid_out,
-                      result + (first_row + r) * out_features + first_out);
+            store(&scratch[0][0] + r * scratch_row, b, valid_out,
+                  result + ((first_row + r) * out_features + first_out) * element);
         }
       }
     }
@@ -232,7 +243,9 @@ std::string instruction_set() {
 }  // namespace
 
 TORCH_LIBRARY(deepwell_amx_linear, m) {
-  m.def("linear(Tensor x, Tensor tiles, Tensor? bias, int out_features) -> Tensor");
+  m.def(
+      "linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, bool float32_out) -> "
+      "Tensor");
   m.def("instruction_set() -> str", &instruction_set);
 }
 

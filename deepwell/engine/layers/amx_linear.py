@@ -1,5 +1,6 @@
-"""The batch-invariant mode's bf16 linears on AMX tiles (amx_linear.cpp): the weight packed
-once into the kernel's tile layout, and the call that multiplies rows by it.
+"""bf16 linears on AMX tiles (amx_linear.cpp): the batch-invariant mode's, and the bf16 output
+head's float32 logits (layers/float32_head.py). The weight packed once into the kernel's tile
+layout, and the call that multiplies rows by it.
 
 Where the CPU, torch's level or the build lacks AMX tiles nothing is packed and the mode keeps
 blockscaled.cpp's row-wise kernel (layers/batch_invariant.py, RowwiseLinear).
@@ -47,11 +48,16 @@ def tile_layout(weight: torch.Tensor) -> torch.Tensor:
 
 
 def amx_linear(
-    x: torch.Tensor, tiles: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    x: torch.Tensor,
+    tiles: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+    float32_out: bool = False,
 ) -> torch.Tensor:
     """bf16 [rows, out] = x [rows, in] bf16 @ weight.T (+ bias), from the weight's
-    tile_layout: the float32 sum plus the bias rounded once, each row's bits its own whatever
-    the rows beside it (amx_kernel_ready must hold)."""
+    tile_layout: the float32 sum plus the bias rounded once (with `float32_out`, not rounded:
+    float32 [rows, out]), each row's bits its own whatever the rows beside it
+    (amx_kernel_ready must hold)."""
     return torch.ops.deepwell_amx_linear.linear(
-        x, tiles, None if bias is None else bias.float().contiguous(), out_features
+        x, tiles, None if bias is None else bias.float().contiguous(), out_features, float32_out
     )

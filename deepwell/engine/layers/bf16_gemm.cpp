@@ -12,8 +12,9 @@
 // read from memory once and from cache for the other row blocks; threads split the panels.
 //
 // Every output is one float32 accumulator over the input pairs in order from zero, rounded
-// once to bf16 after the bias: a row's result depends on that row alone, never on the row
-// count or the threads (the same bits in any batch). oneDNN blocks its sums by the CPU's
+// once to bf16 after the bias (or kept in float32: the bf16 output head's logits,
+// layers/float32_head.py): a row's result depends on that row alone, never on the row count or
+// the threads (the same bits in any batch). oneDNN blocks its sums by the CPU's
 // caches, so its bits differ from these in the last place for ~1e-4 of the outputs.
 //
 // Without AVX512_BF16 in the build (an AVX2 build, ATEN_CPU_CAPABILITY=avx2) only
@@ -55,10 +56,10 @@ inline __mmask16 lanes(int64_t count) {
   return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
 
-// out[r][0..valid) = bias + Σ_p x[r] pair p · panel pair p for R rows, rounded to bf16; stored
-// as bf16, or (Widen) as the float32 of that bf16. `ahead` is the next panel's bytes, prefetched
-// into L2 line by line as this one is read.
-template <int R, bool Widen>
+// out[r][0..valid) = bias + Σ_p x[r] pair p · panel pair p for R rows: rounded to bf16, or
+// (Float32Out) stored as the float32 sum. `ahead` is the next panel's bytes, prefetched into L2
+// line by line as this one is read.
+template <int R, bool Float32Out>
 void multiply_panel(
     const int32_t* x,
     int64_t x_row,
@@ -89,30 +90,27 @@ void multiply_panel(
       const __mmask16 mask = masks[half];
       __m512 v = acc[r][half];
       if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + 16 * half));
-      const __m256i rounded = to_bf16(v);
-      if constexpr (Widen) {
-        float* row = static_cast<float*>(out) + r * out_row + 16 * half;
-        const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16);
-        _mm512_mask_storeu_ps(row, mask, _mm512_castsi512_ps(bits));
+      if constexpr (Float32Out) {
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + r * out_row + 16 * half, mask, v);
       } else {
         uint16_t* row = static_cast<uint16_t*>(out) + r * out_row + 16 * half;
-        _mm256_mask_storeu_epi16(row, mask, rounded);
+        _mm256_mask_storeu_epi16(row, mask, to_bf16(v));
       }
     }
   }
 }
 
-template <bool Widen>
+template <bool Float32Out>
 using PanelFn = void (*)(const int32_t*, int64_t, const __m512i*, int64_t, const char*,
                          const float*, void*, int64_t, int64_t);
 
-template <bool Widen, int... R>
-constexpr PanelFn<Widen> kByRows[] = {multiply_panel<R, Widen>...};
+template <bool Float32Out, int... R>
+constexpr PanelFn<Float32Out> kByRows[] = {multiply_panel<R, Float32Out>...};
 
 // One panel into every row, in as few row blocks as hold them, of sizes differing by one at
 // most: 13 rows go as 7 + 6, not 8 + 5, since a block of few rows has too few accumulator
 // chains to hide vdpbf16ps's latency.
-template <bool Widen>
+template <bool Float32Out>
 void panel_into_rows(
     const int32_t* x,
     int64_t x_row,
@@ -125,7 +123,7 @@ void panel_into_rows(
     int64_t out_row,
     int64_t element,
     int64_t valid) {
-  constexpr PanelFn<Widen> const* by_rows = kByRows<Widen, 1, 2, 3, 4, 5, 6, 7, 8>;
+  constexpr PanelFn<Float32Out> const* by_rows = kByRows<Float32Out, 1, 2, 3, 4, 5, 6, 7, 8>;
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   const int64_t base = rows / blocks, longer = rows % blocks;
   for (int64_t b = 0, r = 0; b < blocks; ++b) {
@@ -140,13 +138,13 @@ void panel_into_rows(
 
 // x [rows, in] bf16 (rows any stride, inputs contiguous, in even); panels bf16
 // [ceil(out / 32), in / 2, 32, 2] (panel_layout); bias float32 [out] or none. Returns
-// [rows, out]: bf16, or with widen the float32 of those bf16 values (the logits).
+// [rows, out]: bf16, or with float32_out the float32 sums (plus the bias) unrounded.
 at::Tensor linear(
     const at::Tensor& x,
     const at::Tensor& panels,
     const c10::optional<at::Tensor>& bias,
     int64_t out_features,
-    bool widen) {
+    bool float32_out) {
 #if defined(BF16_GEMM_AVX512)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "bf16 gemm: x must be bf16 [rows, in] with contiguous inputs, got ", x.sizes());
@@ -166,7 +164,7 @@ at::Tensor linear(
                 "bf16 gemm: bias must be contiguous float32 [", out_features, "]");
     bias_data = bias->data_ptr<float>();
   }
-  const auto dtype = widen ? at::kFloat : at::kBFloat16;
+  const auto dtype = float32_out ? at::kFloat : at::kBFloat16;
   at::Tensor out = at::empty({rows, out_features}, x.options().dtype(dtype));
   if (rows == 0 || out_features == 0) return out;
   const auto* xs = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
@@ -174,7 +172,7 @@ at::Tensor linear(
   char* out_base = static_cast<char*>(out.data_ptr());
   const int64_t panel_bytes = pairs * kPairBytes, element = out.element_size();
   const int64_t x_row = x.stride(0) / 2;  // in input pairs
-  const auto into_rows = widen ? &panel_into_rows<true> : &panel_into_rows<false>;
+  const auto into_rows = float32_out ? &panel_into_rows<true> : &panel_into_rows<false>;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const char* panel = base + i * panel_bytes;
@@ -204,7 +202,9 @@ std::string instruction_set() {
 }  // namespace
 
 TORCH_LIBRARY(deepwell_bf16_gemm, m) {
-  m.def("linear(Tensor x, Tensor panels, Tensor? bias, int out_features, bool widen) -> Tensor");
+  m.def(
+      "linear(Tensor x, Tensor panels, Tensor? bias, int out_features, bool float32_out) -> "
+      "Tensor");
   m.def("instruction_set() -> str", &instruction_set);
 }
 

@@ -79,12 +79,12 @@ def panel_linear(
     panels: torch.Tensor,
     bias: torch.Tensor | None,
     out_features: int,
-    widen: bool = False,
+    float32_out: bool = False,
 ) -> torch.Tensor:
-    """x [rows, in] bf16 @ weight.T (+ bias) in bf16 [rows, out]; with `widen` the float32
-    of those bf16 values, as `.float()` of the bf16 result would give."""
+    """x [rows, in] bf16 @ weight.T (+ bias) in bf16 [rows, out]; with `float32_out` the
+    float32 sums (plus the bias), unrounded."""
     if x.stride(-1) != 1 or x.stride(0) % 2:
         x = x.contiguous()
     return torch.ops.deepwell_bf16_gemm.linear(
-        x, panels, None if bias is None else bias.float(), out_features, widen
+        x, panels, None if bias is None else bias.float(), out_features, float32_out
     )

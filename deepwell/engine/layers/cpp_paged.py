@@ -5,7 +5,8 @@ The kernel walks each sequence's block list once per KV head with an online soft
 its decode rows (a draft's verify rows share their blocks): no gather, no per-block GEMM
 calls, no padded scores; it also stores the step's K/V rows (one copy per row). Prefill
 chunks in bf16 run prefill_attention.cpp (flash-style over the paged cache, no gather, no
-mask), other dtypes and head sizes the torch path.
+mask), except where ATen's flash kernel multiplies on AMX tiles, which is faster there
+(cpu_sdpa.flash_uses_amx); other dtypes and head sizes the torch path.
 """
 
 import functools
@@ -14,9 +15,10 @@ from types import ModuleType
 
 import torch
 
+from deepwell.engine.layers import cpu_sdpa
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, PrefillSpan
 from deepwell.engine.layers.decode_kernel import load_decode_kernel, load_prefill_kernel
-from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.engine.layers.torch_paged import TorchPagedAttention, gather
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,12 @@ logger = logging.getLogger(__name__)
 MAX_GROUP = 8
 # prefill_attention.cpp's value tiles: head dims in whole runs of 64.
 PREFILL_DIM_MULTIPLE = 64
+# Chunk rows from which a bf16 chunk takes ATen's flash kernel where it multiplies on AMX
+# tiles (cpu_sdpa.flash_uses_amx). On the AMX Xeon, SmolLM2, in the engine: 2,048-row chunks
+# 2.4x faster than prefill_attention.cpp, W's chunks of up to 512 rows level (first chunks)
+# or ~1.8x slower (continued ones, which take two calls and a merge there);
+# docs/benchmarks-log.md, "Prefill attention on AMX tiles".
+AMX_FLASH_MIN_ROWS = 1024
 
 
 class CppPagedAttention(TorchPagedAttention):
@@ -36,6 +44,7 @@ class CppPagedAttention(TorchPagedAttention):
         if self.kernel is not None and self.group > MAX_GROUP:
             _log_group_fallback(self.group)
             self.kernel = None
+        self.prefill_on_amx = cpu_sdpa.flash_uses_amx()
         self.prefill_kernel = _prefill_kernel() if head_dim % PREFILL_DIM_MULTIPLE == 0 else None
 
     def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
@@ -47,7 +56,21 @@ class CppPagedAttention(TorchPagedAttention):
             )
 
     def _prefill(self, q, k, v, key_cache, value_cache, span: PrefillSpan) -> torch.Tensor:
-        if self.prefill_kernel is None or not q.dtype == key_cache.dtype == torch.bfloat16:
+        bf16 = q.dtype == key_cache.dtype == torch.bfloat16
+        on_amx = self.prefill_on_amx and bf16 and span.length >= AMX_FLASH_MIN_ROWS
+        if on_amx and span.mask is not None:
+            prior = span.context_len - span.length
+            out = cpu_sdpa.continued_chunk_attention(
+                q.transpose(0, 1).contiguous(),
+                gather(key_cache, span.block_table, prior),
+                gather(value_cache, span.block_table, prior),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                self.scale,
+            )
+            return out.transpose(0, 1)
+        if self.prefill_kernel is None or not bf16 or on_amx:
+            # A long first chunk on AMX too: one causal flash call.
             return super()._prefill(q, k, v, key_cache, value_cache, span)
         out = torch.empty(q.shape, dtype=q.dtype)
         self.prefill_kernel.chunk_attention(

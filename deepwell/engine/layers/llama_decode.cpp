@@ -263,8 +263,9 @@ class LlamaDecoder {
     return {out, logits};
   }
 
-  // The output head (its quant_weight, like a layer's linears) over `vocab` outputs, the
-  // logits rounded through bfloat16 where the engine computes in it.
+  // The output head (its quant_weight, like a layer's linears) over `vocab` outputs, its
+  // input rounded through bfloat16 where the engine computes in it; the logits are the
+  // float32 sums (layers/float32_head.py).
   void set_head(const Weight& head, int64_t vocab, bool bf16) {
     head_ = make_linear(head.first, head.second, hidden_, vocab, std::nullopt);
     head_bf16_ = bf16;
@@ -320,14 +321,10 @@ class LlamaDecoder {
     rms_norm(x_.data(), final_norm_.data_ptr<float>(), rows, hidden_, eps_, input.data());
     if (part == 0) std::memcpy(step.hidden, input.data(), rows * hidden_ * sizeof(float));
     if (!head_.has_value()) return;
-    const int64_t vocab = head_->view.out_features;
-    // The head called from Python takes the hidden state in the engine's dtype and gives its
-    // logits in it (models/llama.py compute_logits): round alike, for equal values.
+    // The head called from Python takes the hidden state in the engine's dtype (Float32Head):
+    // round alike, for equal logits.
     if (head_bf16_) round_to_bf16(input.data(), rows * hidden_);
-    const auto [first, last] =
-        deepwell::block_linear_share(input.data(), rows, hidden_, head_->view, share(*head_), false, step.logits);
-    if (!head_bf16_) return;
-    for (int64_t r = 0; r < rows; ++r) round_to_bf16(step.logits + r * vocab + first, last - first);
+    deepwell::block_linear_share(input.data(), rows, hidden_, head_->view, share(*head_), false, step.logits);
   }
 
   // This thread's share of a linear's outputs (plus its bias), stored or added to out.

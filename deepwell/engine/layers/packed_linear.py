@@ -49,12 +49,6 @@ class PackedLinear(nn.Linear):
             x, self.packed_weight, self.bias, "none", [None], ""
         )
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 of forward's bf16 result: the panel kernel stores it so, with no cast."""
-        if takes_panels(self, x):
-            return panel_linear(x, self.panels, self.bias, self.out_features, widen=True)
-        return self.forward(x).float()
-
 
 @torch.no_grad()
 def repack(module: nn.Linear) -> None:

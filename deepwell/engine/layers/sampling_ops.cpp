@@ -1,9 +1,8 @@
 // The sampler's row scans (engine/sampling.py) that torch ops make several whole-vocabulary
 // passes of. Built by layers/decode_kernel.py, registered as torch.ops.deepwell_sampling.*.
 //
-//   first_argmax(logits f32 or bf16 [rows, vocab]) → i64 [rows]
-//       Per row, torch's argmax: the first of its tied maxima, or its first NaN. A bf16
-//       logit's float32 widening is exact, so bf16 rows give the argmax of their widening.
+//   first_argmax(logits f32 [rows, vocab]) → i64 [rows]
+//       Per row, torch's argmax: the first of its tied maxima, or its first NaN.
 //
 //   ranked_prefix(scaled f32 [rows, vocab], probs f32 [rows, vocab] or empty,
 //                 need_count i64 [rows], need_mass f64 [rows])
@@ -200,16 +199,6 @@ std::tuple<at::Tensor, at::Tensor> ranked_prefix(
   return {ids, count};
 }
 
-float widen(float x) { return x; }
-
-// Exact: a bf16 value is the high half of its float32's bits.
-float widen(at::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
 // Pass two's blocks: a block-wide vector compare says whether the block holds the answer,
 // then a scalar walk finds it there.
 constexpr int64_t kArgmaxBlock = 64;
@@ -218,39 +207,37 @@ constexpr int64_t kArgmaxBlock = 64;
 // row that stays in L2 (196 KB at most for 49,152 float32 logits): the maximum and whether
 // there is a NaN, then the first element equal to it (-0 equals +0, as in torch). `omp simd`
 // reductions let the compiler vectorise both at any instruction-set level.
-template <typename T>
-int64_t row_first_argmax(const T* row, int64_t vocab) {
+int64_t row_first_argmax(const float* row, int64_t vocab) {
   float top = -INFINITY;
   int nan = 0;
 #pragma omp simd reduction(max : top) reduction(| : nan)
   for (int64_t j = 0; j < vocab; ++j) {
-    const float x = widen(row[j]);
+    const float x = row[j];
     nan |= x != x;
     top = x > top ? x : top;
   }
   if (nan) {
     for (int64_t j = 0; j < vocab; ++j) {
-      if (std::isnan(widen(row[j]))) return j;
+      if (std::isnan(row[j])) return j;
     }
   }
   for (int64_t block = 0; block < vocab; block += kArgmaxBlock) {
     const int64_t end = std::min(block + kArgmaxBlock, vocab);
     int hit = 0;
 #pragma omp simd reduction(| : hit)
-    for (int64_t j = block; j < end; ++j) hit |= widen(row[j]) == top;
+    for (int64_t j = block; j < end; ++j) hit |= row[j] == top;
     if (!hit) continue;
     for (int64_t j = block; j < end; ++j) {
-      if (widen(row[j]) == top) return j;
+      if (row[j] == top) return j;
     }
   }
   return 0;  // not reached: the maximum is some element's
 }
 
-template <typename T>
 void rows_first_argmax(const at::Tensor& logits, int64_t* out) {
   const int64_t vocab = logits.size(1);
   const int64_t stride = logits.stride(0);
-  const T* data = logits.data_ptr<T>();
+  const float* data = logits.data_ptr<float>();
   at::parallel_for(0, logits.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       out[row] = row_first_argmax(data + row * stride, vocab);
@@ -260,16 +247,11 @@ void rows_first_argmax(const at::Tensor& logits, int64_t* out) {
 
 at::Tensor first_argmax(const at::Tensor& logits) {
   TORCH_CHECK(
-      logits.dim() == 2 && logits.size(1) > 0 &&
-          (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
-      "deepwell_sampling.first_argmax: logits are float32 or bf16 [rows, vocab > 0]");
+      logits.dim() == 2 && logits.size(1) > 0 && logits.scalar_type() == at::kFloat,
+      "deepwell_sampling.first_argmax: logits are float32 [rows, vocab > 0]");
   const at::Tensor rows = logits.stride(1) == 1 ? logits : logits.contiguous();
   at::Tensor tokens = at::empty({rows.size(0)}, rows.options().dtype(at::kLong));
-  if (rows.scalar_type() == at::kFloat) {
-    rows_first_argmax<float>(rows, tokens.data_ptr<int64_t>());
-  } else {
-    rows_first_argmax<at::BFloat16>(rows, tokens.data_ptr<int64_t>());
-  }
+  rows_first_argmax(rows, tokens.data_ptr<int64_t>());
   return tokens;
 }
 

@@ -43,8 +43,8 @@ class TorchPagedAttention(AttentionBackend):
         if span.mask is None:
             keys, values = k.transpose(0, 1), v.transpose(0, 1)
         else:
-            keys = _gather(key_cache, span.block_table, span.context_len)
-            values = _gather(value_cache, span.block_table, span.context_len)
+            keys = gather(key_cache, span.block_table, span.context_len)
+            values = gather(value_cache, span.block_table, span.context_len)
         # 4-d inputs: torch's CPU flash kernel takes only those (3-d runs the unfused
         # math path, 2.5x slower on W's prefills).
         return cpu_sdpa.attention(
@@ -72,8 +72,8 @@ class TorchPagedAttention(AttentionBackend):
             # Latency path: one sequence needs no cross-row reductions, and a third of the
             # ops matter at batch 1, where every op's fixed cost shows.
             context = meta.decode_context_lens[0]
-            keys = _gather(key_cache, ids, context)
-            values = _gather(value_cache, ids, context)
+            keys = gather(key_cache, ids, context)
+            values = gather(value_cache, ids, context)
             grouped = q.view(kv_heads, group, self.head_dim)
             out = F.scaled_dot_product_attention(grouped, keys, values)
             return out.view(1, self.num_heads, self.head_dim)
@@ -138,7 +138,7 @@ def _scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return scores.to(torch.float32, memory_format=torch.contiguous_format)
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+def gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
     """[kv_heads, context_len, head_dim] of one sequence."""
     blocks = cache.index_select(0, block_table)  # [blocks, kv_heads, block_size, head_dim]
     return blocks.transpose(0, 1).flatten(1, 2)[:, :context_len]

@@ -47,11 +47,9 @@ class StepModel(Protocol):
     ) -> torch.Tensor: ...
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The logits of `hidden`'s rows `rows` (every row when None), float32; with
-        `float32=False` the caller reads only each row's first argmax, so they may stay in
-        the head's dtype (a bf16 logit's float32 widening is exact: the same argmax)."""
+        """The logits of `hidden`'s rows `rows` (every row when None), float32."""
         ...
 
 

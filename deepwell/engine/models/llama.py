@@ -23,7 +23,6 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
-from deepwell.engine.layers.packed_linear import PackedLinear
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary, fused_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.contract import ModelHooks
@@ -243,10 +242,10 @@ class LlamaForCausalLM(nn.Module):
         return self.glue.add_rms_norm(x, delta, norm.weight, norm.eps, torch.float32)[1]
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The logits of `hidden`'s rows `rows` (every row when None); with `float32=False`
-        in the head's dtype, without the float32 copy (StepModel.compute_logits)."""
+        """The float32 logits of `hidden`'s rows `rows` (every row when None): a bf16 CPU
+        head's are its float32 sums (Float32Head), never rounded to bf16."""
         if self.native_decode is not None:
             # A native step with the head inside made this hidden state's logits already.
             logits = self.native_decode.logits_of(hidden)
@@ -255,12 +254,7 @@ class LlamaForCausalLM(nn.Module):
         if rows is not None:
             hidden = hidden[rows]
         head = self.lm_head
-        hidden = hidden.to(head.weight.dtype)
-        if not float32:
-            return head(hidden)
-        if isinstance(head, PackedLinear):
-            return head.logits(hidden)
-        return head(hidden).float()
+        return head(hidden.to(head.weight.dtype)).float()
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:

@@ -29,6 +29,7 @@ from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS as PANEL_ROWS
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
+from deepwell.engine.layers.float32_head import Float32Head
 from deepwell.engine.layers.float32_linear import GEMM_ROWS, MIN_PADDED_ROWS, RowPaddedLinear
 from deepwell.engine.layers.fused_glue import KernelGlue
 from deepwell.engine.layers.packed_linear import PackedLinear
@@ -220,8 +221,8 @@ def build_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> NativeDe
         )
     linears = [m for m in model.layers.modules() if isinstance(m, QuantDecodeLinear)]
     head = model.lm_head
-    # A float head (not on GGUF blocks) stays in Python, in compute_logits.
-    if type(head) is QuantDecodeLinear:
+    # A head without GGUF blocks stays in Python, in compute_logits.
+    if getattr(head, "quant_weight", None) is not None:
         decoder.set_head(_blocks(head), head.out_features, head.weight.dtype == torch.bfloat16)
         linears.append(head)
     return NativeDecode(decoder, min([kernel.max_rows, *(m.max_rows for m in linears)]))
@@ -269,5 +270,5 @@ def _dense(linear: torch.nn.Linear) -> tuple:
     return linear.weight.detach(), None, None, bias, padding
 
 
-def _blocks(linear: QuantDecodeLinear) -> tuple[str, torch.Tensor]:
+def _blocks(linear: QuantDecodeLinear | Float32Head) -> tuple[str, torch.Tensor]:
     return linear.kind, linear.quant_weight

@@ -89,3 +89,37 @@ def test_math_backend_only_where_flash_would_pack_below_avx512(monkeypatch, leve
         assert flash_allowed == [not math, True]
     finally:
         cpu_sdpa.flash_packs_without_avx512.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "prior", "length"),
+    [(9, 3, 40, 72), (6, 2, 1, 5), (4, 4, 300, 64), (8, 1, 128, 200)],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_continued_chunk_in_two_flash_calls_is_the_masked_attention(
+    heads, kv_heads, prior, length, dtype
+):
+    """The prior keys seen whole and the chunk's own causally, merged by log-sum-exp: the
+    attention of one call with the chunk's [length, prior + length] mask."""
+    gen = torch.Generator().manual_seed(prior + length)
+    context, dim, scale = prior + length, 64, 0.17
+    q = torch.randn(heads, length, dim, generator=gen)
+    keys = torch.randn(kv_heads, context, dim, generator=gen)
+    values = torch.randn(kv_heads, context, dim, generator=gen)
+    q, keys, values = (t.to(dtype) for t in (q, keys, values))
+    got = cpu_sdpa.continued_chunk_attention(
+        q, keys[:, :prior], values[:, :prior], keys[:, prior:], values[:, prior:], scale
+    )
+    group = heads // kv_heads
+    mask = torch.ones(length, context, dtype=torch.bool).tril(prior)
+    exact = F.scaled_dot_product_attention(
+        q.double(),
+        keys.double().repeat_interleave(group, 0),
+        values.double().repeat_interleave(group, 0),
+        attn_mask=mask,
+        scale=scale,
+    )
+    assert got.dtype == dtype and got.shape == q.shape
+    # bf16: the two calls' outputs and the merge each round to 2^-9 of their size.
+    tolerance = 1.5e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.double(), exact, rtol=tolerance, atol=tolerance)

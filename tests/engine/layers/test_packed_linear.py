@@ -10,6 +10,7 @@ from torch import nn
 from deepwell.engine.layers.amx_linear import amx_kernel_ready
 from deepwell.engine.layers.batch_invariant import AmxTileLinear, RowwiseLinear
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS
+from deepwell.engine.layers.float32_head import Float32Head
 from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(
@@ -68,6 +69,9 @@ def test_the_core_packs_bf16_linears_and_runs_them_rowwise_when_invariant(
 ):
     if expected is None:
         expected = AmxTileLinear if amx_kernel_ready() else RowwiseLinear
-    core = make_core(**kwargs)
-    linears = [m for m in core.runner.model.modules() if isinstance(m, nn.Linear)]
+    model = make_core(**kwargs).runner.model
+    linears = [m for m in model.layers.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is expected for m in linears)
+    # A bf16 head gives float32 sums, batch invariant in either mode.
+    head = Float32Head if kwargs["dtype"] == "bfloat16" else nn.Linear
+    assert type(model.lm_head) is head

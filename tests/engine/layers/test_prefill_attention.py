@@ -9,8 +9,10 @@ import hashlib
 import pytest
 import torch
 
+from deepwell.engine.layers import cpp_paged, cpu_sdpa
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
+from deepwell.engine.layers.cpu_sdpa import continued_chunk_attention
 from deepwell.engine.layers.decode_kernel import load_prefill_kernel
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 
@@ -205,9 +207,22 @@ def test_fma_products_leave_the_callers_denormals_alone(kernel):
     assert denormal.item() == 2.0**-140
 
 
-def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kernel):
+@pytest.mark.parametrize("on_amx", [False, True], ids=["kernel", "flash-on-amx"])
+def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(
+    kernel, on_amx, monkeypatch
+):
     """A mixed step through forward: one decode row, then a continued chunk and a first
-    chunk of two other sequences; the step's keys are stored before anyone attends."""
+    chunk of two other sequences; the step's keys are stored before anyone attends. Where
+    ATen's flash kernel runs on AMX tiles, long chunks (here: all) take it instead of the
+    C++ kernel (a continued one in two calls merged by log-sum-exp)."""
+    monkeypatch.setattr(cpu_sdpa, "flash_uses_amx", lambda: on_amx)
+    monkeypatch.setattr(cpp_paged, "AMX_FLASH_MIN_ROWS", 1)
+    flash_calls = []
+    monkeypatch.setattr(
+        cpu_sdpa,
+        "continued_chunk_attention",
+        lambda *args: flash_calls.append(args) or continued_chunk_attention(*args),
+    )
     heads, kv_heads, dim, bs = 6, 2, 64, 16
     gen = torch.Generator().manual_seed(7)
     num_blocks = 40
@@ -251,6 +266,7 @@ def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kern
         key_cache, value_cache = cache[0].clone(), cache[1].clone()
         results.append(backend(heads, kv_heads, dim).forward(q, k, v, key_cache, value_cache, meta))
     assert CppPagedAttention(heads, kv_heads, dim).prefill_kernel is kernel
+    assert len(flash_calls) == on_amx
     torch.testing.assert_close(results[0], results[1], rtol=TORCH_TOLERANCE, atol=TORCH_TOLERANCE)
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from deepwell.engine import LLM, EngineArgs, SamplingParams
 from deepwell.engine.layers.decode_kernel import load_quant_kernel
+from deepwell.engine.layers.float32_head import Float32Head
 from deepwell.engine.layers.packed_linear import can_pack, pack_linears
 from deepwell.engine.layers.quant_linear import (
     QUANT_MAX_ROWS,
@@ -260,7 +261,9 @@ def test_int4_refuses_batch_invariance_and_takes_float32():
 def test_the_core_quantizes_layers_q4_1_and_the_head_q8_0(make_core, dtype):
     core = make_core(dtype=dtype, quantization="int4")
     model = core.runner.model
-    assert type(model.lm_head) is QuantDecodeLinear and model.lm_head.kind == "Q8_0"
+    # A bf16 head keeps its blocks inside a Float32Head (float32 sums, not rounded).
+    head = QuantDecodeLinear if dtype == "float32" else Float32Head
+    assert type(model.lm_head) is head and model.lm_head.kind == "Q8_0"
     layers = [m for m in model.layers.modules() if isinstance(m, nn.Linear)]
     assert layers and all(type(m) is QuantDecodeLinear and m.kind == "Q4_1" for m in layers)
     core.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0))

@@ -90,9 +90,9 @@ class ContextParallelModel:
         return hidden
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.model.compute_logits(hidden, rows, float32)
+        return self.model.compute_logits(hidden, rows)
 
     def close(self) -> None:
         self.group.close()

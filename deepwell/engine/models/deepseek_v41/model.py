@@ -328,10 +328,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         )
 
     def compute_logits(
-        self, hidden: torch.Tensor, rows: torch.Tensor | None = None, float32: bool = True
+        self, hidden: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The logits of `hidden`'s rows `rows` (every row when None), float32 whatever
-        `float32` allows: the head computes in float32."""
+        """The logits of `hidden`'s rows `rows` (every row when None), float32: the head
+        computes in float32."""
         return self.head((hidden if rows is None else hidden[rows]).float())
 
     @torch.no_grad()
