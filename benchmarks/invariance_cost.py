@@ -12,6 +12,11 @@ the medians over rounds:
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         .venv/bin/python benchmarks/invariance_cost.py
 
+ATEN_CPU_CAPABILITY caps torch's own kernels and ours (decode_kernel.py builds at its level),
+but not MKL, which runs the default path's float32 linears and head at its own best (AVX-512
+and AMX here): with avx2 asked, the runs also get MKL_ENABLE_INSTRUCTIONS=AVX2 and
+ONEDNN_MAX_CPU_ISA=AVX2 unless set, so that both sides run what an AVX2-only CPU runs.
+
 Goal (issue 33 item 6): invariant ≤ 1.2× the default at batch 1 and 16.
 """
 
@@ -30,6 +35,8 @@ FIRST_ID = 100
 V41_MAX_MODEL_LEN = 1024
 V41_MEMORY_GIB = 0.5
 WARMUP_STEPS = 5
+# What an AVX2-only CPU gives the libraries that pick their instructions themselves.
+AVX2_LIBRARY_LEVELS = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def one_run(model: str | None, invariant: bool, batch: int, steps: int) -> dict:
@@ -95,8 +102,18 @@ def main() -> None:
         measure(args, model)
 
 
+def run_environment() -> dict[str, str]:
+    """This process's environment, with the libraries capped at AVX2 where torch is."""
+    environ = dict(os.environ)
+    if environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
+        environ = AVX2_LIBRARY_LEVELS | environ
+    return environ
+
+
 def measure(args: argparse.Namespace, model: str | None) -> None:
-    print(f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '(unset)')}")
+    environ = run_environment()
+    levels = ("ATEN_CPU_CAPABILITY", *AVX2_LIBRARY_LEVELS)
+    print(" ".join(f"{name}={environ.get(name, '(unset)')}" for name in levels))
     for batch in args.batch:
         runs: dict[bool, list[dict]] = {False: [], True: []}
         for _ in range(args.rounds):
@@ -105,6 +122,7 @@ def measure(args: argparse.Namespace, model: str | None) -> None:
                 done = subprocess.run(
                     [sys.executable, __file__, "--steps", str(args.steps), "--child", spec],
                     check=True,
+                    env=environ,
                     capture_output=True,
                     text=True,
                 )

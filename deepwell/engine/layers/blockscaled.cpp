@@ -12,7 +12,8 @@
 // Every output is one dot product over the input in blocks of 32: the block's 32 weights are
 // decoded to float32 exactly in registers and multiplied into float32 accumulators
 // (AVX-512: one 16-lane one per output and activation row, in tiles of 4 outputs × 4 rows;
-// AVX2: two 8-lane ones; scalar: one running sum), which are summed across lanes at the end.
+// AVX2: two 8-lane ones, one output at a time, 4 for a lone row of a bf16 or float32 weight;
+// scalar: one running sum), which are summed across lanes at the end.
 // Decoding:
 //   e4m3 byte b → fp16 bits (b & 0x80) << 8 | (b & 0x7F) << 7, which is the value × 2^-8
 //     exactly, subnormals included, and never inf/NaN (e4m3fn's NaN byte reads as 480), then
@@ -178,7 +179,8 @@ inline __m512 zero() { return _mm512_setzero_ps(); }
 
 #elif defined(BLOCKSCALED_AVX2)
 
-// One output at a time (16 registers leave no room for more), two 8-lane accumulators a row:
+// One output at a time (16 registers leave no room for more rows of a group; a lone row
+// takes kLoneRowOutputs), two 8-lane accumulators a row:
 // the block's vectors 0 and 2 into the first, 1 and 3 into the second.
 constexpr int kOutputs = 1;
 constexpr int kChains = 2;
@@ -308,8 +310,10 @@ void dot_tile(const uint8_t* const* w, const uint8_t* const* scales, int64_t col
   };
   for (int64_t b = 0; b < full; ++b) {
     for (int o = 0; o < O; ++o) at[o] = w[o] + b * block_bytes<F>();
+    // Every line of the block (float32's is two), once per line where blocks are shorter.
     if (b * block_bytes<F>() % kLine == 0)
-      for (int o = 0; o < O; ++o) prefetch_line(at[o] + ahead);
+      for (int64_t line = 0; line < block_bytes<F>(); line += kLine)
+        for (int o = 0; o < O; ++o) prefetch_line(at[o] + line + ahead);
     scales_of(b);
     accumulate_block<F, O, R>(at, scale, x, b * kBlock, acc);
   }
@@ -356,11 +360,42 @@ struct RowTile {
   int count;
 };
 
+#if defined(BLOCKSCALED_AVX2)
+// A lone activation row leaves the registers for more outputs a pass than kOutputs: their
+// weight rows stream side by side, and each output still runs its own two accumulators in
+// the same order as alone (dot_tile), so the same bits.
+constexpr int kLoneRowOutputs = 4;
+
+// output_rows for one activation row of a bf16 or float32 weight.
+template <Format F>
+void lone_row_outputs(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_t o_end, const float* x,
+                      float* out) {
+  const int64_t row_bytes = bytes_of<F>(columns);
+  const float* row[1] = {x};
+  const uint8_t* no_scales[kLoneRowOutputs] = {};
+  int64_t o = o_begin;
+  for (; o + kLoneRowOutputs <= o_end; o += kLoneRowOutputs) {
+    const uint8_t* rows[kLoneRowOutputs];
+    for (int j = 0; j < kLoneRowOutputs; ++j) rows[j] = weight + (o + j) * row_bytes;
+    dot_tile<F, kLoneRowOutputs, 1>(rows, no_scales, columns, row, kLoneRowOutputs * row_bytes, out + o);
+  }
+  for (; o < o_end; ++o) {
+    const uint8_t* rows[1] = {weight + o * row_bytes};
+    dot_tile<F, 1, 1>(rows, no_scales, columns, row, row_bytes, out + o);
+  }
+}
+#endif
+
 // out[first + r][o] for o in [o_begin, o_end) and the `rows` rows of `x` (each `stride`
 // floats, zero-padded): each row is its own dot product.
 template <Format F>
 void output_rows(const uint8_t* weight, int64_t columns, int64_t o_begin, int64_t o_end, const float* x,
                  int64_t stride, int64_t rows, int64_t first, int64_t out_features, float* out) {
+#if defined(BLOCKSCALED_AVX2)
+  if constexpr (F == Format::kF32 || F == Format::kBf16) {
+    if (rows == 1) return lone_row_outputs<F>(weight, columns, o_begin, o_end, x, out + first * out_features);
+  }
+#endif
   const int64_t row_bytes = bytes_of<F>(columns);
   for (int64_t o = o_begin; o < o_end; o += kOutputs) {
     RowTile tile{};

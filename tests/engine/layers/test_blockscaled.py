@@ -2,7 +2,8 @@
 path against dequantise-then-matmul in float64 of weights made by weight_formats.quantize_*:
 partial blocks, 0 / 1 / several rows, float32 and bfloat16 inputs; every e4m3 and E2M1 code
 decoded exactly; experts over pairs in random order with idle experts and the end slots; each
-row's bits independent of the rest of the call; bad input named; the torch fallback.
+row's bits independent of the rest of the call, a lone row's too; bad input named; the torch
+fallback.
 
 Tolerance: the kernels sum each output block by block in their own order (vector lanes, then
 a lane sum), not one matmul's order, so results differ from the reference by float32 rounding
@@ -240,6 +241,22 @@ def test_rows_are_independent_of_the_call(kernel):
             )
             for together, single in zip(batch, alone, strict=True):
                 assert torch.equal(together[row], single[0])
+
+
+@pytest.mark.parametrize("shape", [(70, 33), (5, 576), (131, 100)])
+def test_a_lone_row_has_its_bits_in_every_call(kernel, shape):
+    """A one-row call of bf16_linear and f32_linear (AVX2: several outputs a pass, tails of
+    1-3 outputs) gives the row's bits in calls of 5, 17 and 33 rows (the last 32-row chunk
+    of 33 is a lone row again): outputs not a multiple of 4, partial column blocks."""
+    gen = torch.Generator().manual_seed(shape[0])
+    weight = torch.randn(*shape, generator=gen)
+    for dense in (weight, weight.bfloat16()):
+        linear = kernel.f32_linear if dense.dtype == torch.float32 else kernel.bf16_linear
+        x = rows_of(33, shape[1], torch.float32, seed=shape[1])
+        for count in (5, 17, 33):
+            together = linear(x[:count], dense)
+            for row in (0, count - 1):
+                assert torch.equal(linear(x[row : row + 1], dense)[0], together[row])
 
 
 def test_slots_outside_the_experts_are_refused(kernel):
