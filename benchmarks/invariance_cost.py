@@ -8,14 +8,13 @@ and CPU (process) milliseconds a step. CPU time is the figure to read on a share
 the medians over rounds:
 
     .venv/bin/python benchmarks/invariance_cost.py [--batch 1 16] [--rounds 2] [--v41 tiny]
-    # AVX2 forced (benchmarks/forced_avx2.py: torch, oneDNN, MKL and our kernels):
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
-        .venv/bin/python benchmarks/invariance_cost.py
+    ATEN_CPU_CAPABILITY=avx2 .venv/bin/python benchmarks/invariance_cost.py  # AVX2 forced
 
 ATEN_CPU_CAPABILITY caps torch's own kernels and ours (decode_kernel.py builds at its level),
 but not MKL, which runs the default path's float32 linears and head at its own best (AVX-512
-and AMX here): with avx2 asked, the runs also get MKL_ENABLE_INSTRUCTIONS=AVX2 and
-ONEDNN_MAX_CPU_ISA=AVX2 unless set, so that both sides run what an AVX2-only CPU runs.
+and AMX here): with avx2 asked, the runs also get the rest of benchmarks/forced_avx2.py's
+environment (MKL and oneDNN at AVX2) unless set, so that both sides run what an AVX2-only
+CPU runs.
 
 Goal (issue 33 item 6): invariant ≤ 1.2× the default at batch 1 and 16.
 """
@@ -29,14 +28,14 @@ import sys
 import tempfile
 import time
 
+from forced_avx2 import AVX2_ENVIRONMENT
+
 PROMPT_TOKENS = 64
 # Past the prompt's ids, ordinary text ids of SmolLM2 and bytes of V4.1's vocabulary.
 FIRST_ID = 100
 V41_MAX_MODEL_LEN = 1024
 V41_MEMORY_GIB = 0.5
 WARMUP_STEPS = 5
-# What an AVX2-only CPU gives the libraries that pick their instructions themselves.
-AVX2_LIBRARY_LEVELS = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def one_run(model: str | None, invariant: bool, batch: int, steps: int) -> dict:
@@ -106,13 +105,13 @@ def run_environment() -> dict[str, str]:
     """This process's environment, with the libraries capped at AVX2 where torch is."""
     environ = dict(os.environ)
     if environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
-        environ = AVX2_LIBRARY_LEVELS | environ
+        environ = AVX2_ENVIRONMENT | environ
     return environ
 
 
 def measure(args: argparse.Namespace, model: str | None) -> None:
     environ = run_environment()
-    levels = ("ATEN_CPU_CAPABILITY", *AVX2_LIBRARY_LEVELS)
+    levels = tuple(AVX2_ENVIRONMENT)
     print(" ".join(f"{name}={environ.get(name, '(unset)')}" for name in levels))
     for batch in args.batch:
         runs: dict[bool, list[dict]] = {False: [], True: []}
