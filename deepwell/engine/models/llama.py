@@ -90,9 +90,10 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.backend = backend
-        # The C++ rotary rides with the C++ attention backend, as the fused glue does; the
-        # torch backend compiles nothing.
-        fused = fused_rotary() if isinstance(backend, CppPagedAttention) else None
+        # The C++ rotary rides with the C++ and batch-invariant backends, as the fused glue
+        # does (its bits are the torch ops', row by row); the torch backend compiles nothing.
+        kernel_backends = (CppPagedAttention, BatchInvariantAttention)
+        fused = fused_rotary() if isinstance(backend, kernel_backends) else None
         self.rotate = fused or apply_rotary
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta, kv_cache):
