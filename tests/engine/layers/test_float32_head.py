@@ -18,6 +18,7 @@ from deepwell.engine.layers.float32_head import (
 from deepwell.engine.layers.packed_linear import can_pack, pack_linears
 from deepwell.engine.layers.quant_linear import load_kernel, quantize_q8_0, to_decode_linear
 from deepwell.engine.llm import LLM
+from deepwell.engine.sampling_params import SamplingParams
 
 LAYOUTS = {
     "tiles": pytest.param(
@@ -134,3 +135,21 @@ def test_the_embedded_models_bf16_head_gives_float32_sums(options):
         if head.quant_weight is None:
             exact, bound = exact_bound(hidden.bfloat16(), head.weight, None)
             assert ((logits.double() - exact).abs() <= bound).all()
+
+
+def test_the_question_make_run_prints_is_answered_in_the_default_dtype_as_in_float32():
+    """`make run` prints a curl line asking this. In bf16 (the default dtype where the CPU
+    multiplies bf16 natively) with bf16-rounded logits its first token tied ("L" and "The"
+    both -1.924 on the AMX Xeon) and the lower id began "L'Étoile, la Marseillaise"; the
+    float32 sums keep "The" ahead (-1.883 against -1.972). (bf16 forced onto AVX2, not its
+    default there, still flips it: its linears round elsewhere.)"""
+    prompt = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    for dtype in ("auto", "float32"):
+        with LLM(None, dtype=dtype) as llm:
+            answer = llm.generate([prompt], greedy, use_tqdm=False)[0]
+        assert answer.startswith("The capital of France is Paris"), (dtype, answer)
