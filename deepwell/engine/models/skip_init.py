@@ -26,7 +26,7 @@ class _SkipRandomInit(TorchFunctionMode):
 def skip_random_init() -> Iterator[None]:
     """Within it (this thread only: a torch function mode), torch.nn.init's random
     initialisers leave their tensor as allocated: uninitialised memory, for load_weights to
-    overwrite. The embedded SmolLM2-135M drew 0.55 s of random numbers it never used; the
-    global random generator is left as it was, too."""
+    overwrite (or, on the meta device, bind in place). The embedded SmolLM2-135M drew 0.55 s
+    of random numbers it never used; the global random generator is left as it was, too."""
     with _SkipRandomInit():
         yield

@@ -2,6 +2,8 @@
 holds the checkpoint's values exactly as a randomly initialised one did, and a checkpoint
 that leaves a parameter unset is still refused."""
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -78,3 +80,26 @@ def test_skipping_leaves_the_random_generator_and_other_threads_alone():
     assert not torch.equal(torch.get_rng_state(), before)
     torch.manual_seed(0)
     assert torch.equal(drawn_elsewhere[0].weight, nn.Linear(64, 64).weight)
+
+
+def test_building_deepseek_v41_does_not_import_dynamo(tmp_path):
+    """On the meta device nn.Embedding's normal_ runs torch._refs, whose first call imports
+    torch._dynamo: ~1 s of a process's first V4.1 load that skipping the draw avoids. A fresh
+    process, as any earlier test may have imported it."""
+    script = f"""
+import sys
+from pathlib import Path
+import torch
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
+from deepwell.engine.models.deepseek_v41.writer import write_tiny_checkpoint
+from deepwell.engine.models.loader import load_checkpoint
+from deepwell.engine.models.registry import ModelOptions, build_model
+path = write_tiny_checkpoint(Path({str(tmp_path)!r}), seed=0).path
+assert "torch._dynamo" not in sys.modules, "imported before the build"
+build_model(load_checkpoint(str(path)), ModelOptions(torch.bfloat16, TorchPagedAttention))
+print("torch._dynamo" in sys.modules)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False", result.stdout + result.stderr
