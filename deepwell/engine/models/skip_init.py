@@ -27,6 +27,8 @@ def skip_random_init() -> Iterator[None]:
     """Within it (this thread only: a torch function mode), torch.nn.init's random
     initialisers leave their tensor as allocated: uninitialised memory, for load_weights to
     overwrite (or, on the meta device, bind in place). The embedded SmolLM2-135M drew 0.55 s
-    of random numbers it never used; the global random generator is left as it was, too."""
+    of random numbers it never used; on the meta device (DeepSeek-V4.1) nn.Embedding's
+    normal_ runs torch._refs, whose first call imports torch._dynamo, ~0.9 s of a process's
+    first load. The global random generator is left as it was, too."""
     with _SkipRandomInit():
         yield

@@ -112,10 +112,8 @@ class DeepseekV41ForCausalLM(nn.Module):
                 raise ModelLoadError(
                     f"dspark_target_layer_ids {dspark_targets} must be increasing backbone layers"
                 )
-        # Parameters on the meta device: the checkpoint's tensors are bound in their place
-        # (load_weights), so building the model allocates no weights. Nor draws them: on the
-        # meta device nn.Embedding's normal_ goes through torch._refs, whose first call
-        # imports torch._dynamo (~1 s of the first load in a process).
+        # Parameters on the meta device, undrawn (skip_init.py): the checkpoint's tensors are
+        # bound in their place (load_weights), so building the model allocates no weights.
         with torch.device("meta"), skip_random_init():
             self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(
