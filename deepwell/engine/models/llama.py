@@ -27,6 +27,7 @@ from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary, fused_r
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.contract import ModelHooks
 from deepwell.engine.models.llama_native import native_decode_for
+from deepwell.engine.models.skip_init import skip_random_init
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,12 @@ class LlamaForCausalLM(nn.Module):
             from deepwell.engine.layers.triton.paged_attention import TritonPagedAttention
             from deepwell.engine.layers.triton.rms_norm import TritonGlue
 
-            return cls(config, TritonPagedAttention, options.dtype, TritonGlue)
-        return cls(config, options.backend_class, options.dtype)
+            backend_class, glue = TritonPagedAttention, TritonGlue
+        else:
+            backend_class, glue = options.backend_class, None
+        # load_weights sets every parameter: drawing them at random first is time wasted.
+        with skip_random_init():
+            return cls(config, backend_class, options.dtype, glue)
 
     def kv_layout(self) -> KVLayout:
         c = self.config

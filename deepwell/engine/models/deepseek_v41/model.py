@@ -62,6 +62,7 @@ from deepwell.engine.models.deepseek_v41.schema import (
     tensor_schema,
 )
 from deepwell.engine.models.deepseek_v41.vision import ImageEncoder, VisionConfig
+from deepwell.engine.models.skip_init import skip_random_init
 from deepwell.engine.parallel.expert import ExpertParallel, ExpertSharding
 
 
@@ -111,9 +112,9 @@ class DeepseekV41ForCausalLM(nn.Module):
                 raise ModelLoadError(
                     f"dspark_target_layer_ids {dspark_targets} must be increasing backbone layers"
                 )
-        # Parameters on the meta device: the checkpoint's tensors are bound in their place
-        # (load_weights), so building the model allocates no weights.
-        with torch.device("meta"):
+        # Parameters on the meta device, undrawn (skip_init.py): the checkpoint's tensors are
+        # bound in their place (load_weights), so building the model allocates no weights.
+        with torch.device("meta"), skip_random_init():
             self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(
                 DeepseekV41Block(
