@@ -201,7 +201,10 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def from_checkpoint(cls, checkpoint, options) -> "LlamaForCausalLM":
         config = cls.read_config(checkpoint.hf_config)
-        if options.kernels == "triton":
+        # load_weights sets every parameter: drawing them at random first is time wasted.
+        with skip_random_init():
+            if options.kernels != "triton":
+                return cls(config, options.backend_class, options.dtype)
             if options.batch_invariant:
                 raise ValueError(
                     "--kernels triton and batch-invariant mode each choose the kernels: pick one"
@@ -210,12 +213,7 @@ class LlamaForCausalLM(nn.Module):
             from deepwell.engine.layers.triton.paged_attention import TritonPagedAttention
             from deepwell.engine.layers.triton.rms_norm import TritonGlue
 
-            backend_class, glue = TritonPagedAttention, TritonGlue
-        else:
-            backend_class, glue = options.backend_class, None
-        # load_weights sets every parameter: drawing them at random first is time wasted.
-        with skip_random_init():
-            return cls(config, backend_class, options.dtype, glue)
+            return cls(config, TritonPagedAttention, options.dtype, TritonGlue)
 
     def kv_layout(self) -> KVLayout:
         c = self.config
