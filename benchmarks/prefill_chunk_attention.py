@@ -61,14 +61,16 @@ def w_chunks() -> list[tuple[int, int]]:
     return calls
 
 
-def time_w(kernel, repeats: int) -> None:
-    """W's chunks of one layer per repeat, the two forms interleaved; W's seconds are 30
-    layers' worth."""
-    cases = []
-    for seed, (length, context) in enumerate(w_chunks()):
-        q, keys, values, table = chunk_inputs(length, context, seed)
-        outs = {form: torch.empty(length, HEADS, HEAD_DIM, dtype=torch.bfloat16) for form in FORMS}
-        cases.append((q, keys, values, table, context, outs))
+def case(length: int, context: int, seed: int) -> tuple:
+    """One call's inputs and an output per form."""
+    q, keys, values, table = chunk_inputs(length, context, seed)
+    outs = {form: torch.empty(length, HEADS, HEAD_DIM, dtype=torch.bfloat16) for form in FORMS}
+    return q, keys, values, table, context, outs
+
+
+def time_forms(kernel, cases: list[tuple], repeats: int) -> tuple[dict[str, float], bool]:
+    """The two forms over `cases` (as one unit), interleaved `repeats` times: each form's
+    median thread CPU seconds, and whether their outputs are equal bit for bit."""
     cpu: dict[str, list[float]] = {form: [] for form in FORMS}
     for _ in range(repeats):
         for form in FORMS:
@@ -82,16 +84,29 @@ def time_w(kernel, repeats: int) -> None:
         torch.equal(outs["dpbf16"].view(torch.int16), outs["fma"].view(torch.int16))
         for *_, outs in cases
     )
-    median = {form: statistics.median(times) for form, times in cpu.items()}
+    return {form: statistics.median(times) for form, times in cpu.items()}, same
+
+
+def comparison(median: dict[str, float], same: bool) -> str:
+    return (
+        f"; fma / dpbf16 {median['fma'] / median['dpbf16']:.3f}x, bits "
+        + ("equal" if same else "DIFFER")
+        + f"; load {os.getloadavg()[0]:.2f}"
+    )
+
+
+def time_w(kernel, repeats: int) -> None:
+    """W's chunks of one layer per repeat, the two forms interleaved; W's seconds are 30
+    layers' worth."""
+    cases = [case(length, context, seed) for seed, (length, context) in enumerate(w_chunks())]
+    median, same = time_forms(kernel, cases, repeats)
     print(
         f"  W's {len(cases)} chunks of a layer: "
         + ", ".join(
             f"{form} {median[form] * 1e3:.2f} ms ({median[form] * W_LAYERS:.3f} s for W)"
             for form in FORMS
         )
-        + f"; fma / dpbf16 {median['fma'] / median['dpbf16']:.3f}x, bits "
-        + ("equal" if same else "DIFFER")
-        + f"; load {os.getloadavg()[0]:.2f}"
+        + comparison(median, same)
     )
 
 
@@ -118,28 +133,15 @@ def main() -> None:
         return
     for seed, shape in enumerate(args.shapes.split(",")):
         length, context = (int(n) for n in shape.split(":"))
-        q, keys, values, table = chunk_inputs(length, context, seed)
-        outs = {form: torch.empty(length, HEADS, HEAD_DIM, dtype=torch.bfloat16) for form in FORMS}
-        cpu: dict[str, list[float]] = {form: [] for form in FORMS}
-        for _ in range(args.repeats):
-            for form in FORMS:
-                started = time.thread_time()
-                kernel.module.chunk_attention(
-                    q, keys, values, table, context, HEAD_DIM**-0.5, outs[form], form
-                )
-                cpu[form].append(time.thread_time() - started)
-        same = torch.equal(outs["dpbf16"].view(torch.int16), outs["fma"].view(torch.int16))
+        median, same = time_forms(kernel.module, [case(length, context, seed)], args.repeats)
         visible = HEADS * (length * (context - length) + length * (length + 1) // 2)
-        median = {form: statistics.median(times) for form, times in cpu.items()}
         print(
             f"  {length:4d} tokens after {context - length:4d}: "
             + ", ".join(
                 f"{form} {median[form] * 1e3:.3f} ms ({median[form] * 1e9 / visible:.2f} ns)"
                 for form in FORMS
             )
-            + f"; fma / dpbf16 {median['fma'] / median['dpbf16']:.3f}x, bits "
-            + ("equal" if same else "DIFFER")
-            + f"; load {os.getloadavg()[0]:.2f}"
+            + comparison(median, same)
         )
 
 
