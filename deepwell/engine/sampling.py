@@ -112,9 +112,9 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Per row, the index of the first of its tied maxima (argmax's answer).
 
     On the CPU one native scan a row (sampling_ops.cpp): for 64 rows of SmolLM2's 49,152
-    float32 logits, one thread, 0.57 ms against the blocked search's 0.75. Elsewhere, by blocks: on CPU
-    `max(dim)` with indices runs ~4x slower than `amax` (2.1 against 0.5 ms for 64 rows of
-    SmolLM2's 49,152 logits, one thread; argmax is slower still): so the row maxima
+    float32 logits, one thread, 0.57 ms against the blocked search's 0.75. Elsewhere, by
+    blocks: on CPU `max(dim)` with indices runs ~4x slower than `amax` (2.1 against 0.5 ms for
+    64 rows of SmolLM2's 49,152 logits, one thread; argmax is slower still): so the row maxima
     are found per block with amax, the first block holding the row's maximum picked, and
     only a block-wide window there searched with indices. Earlier tied maxima would lie in
     an earlier block, or earlier in the same window, so the answer is the first of the tied
@@ -316,10 +316,9 @@ def _native_sampling() -> bool:
     return loaded.module is not None
 
 
-def _native_rows(tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
-    """Whether the native sampling ops take these rows (of `dtypes`, on the CPU, the kernel
-    built)."""
-    return tensor.device.type == "cpu" and tensor.dtype in dtypes and _native_sampling()
+def _native_rows(tensor: torch.Tensor) -> bool:
+    """Whether the native sampling ops take these rows (float32 on the CPU, the kernel built)."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and _native_sampling()
 
 
 def ranked_prefix(

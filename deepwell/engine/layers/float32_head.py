@@ -32,6 +32,7 @@ from deepwell.engine.layers.bf16_gemm import (
     panel_linear,
 )
 from deepwell.engine.layers.blockscaled import bf16_linear
+from deepwell.engine.layers.quant_linear import QuantDecodeLinear
 
 
 class Float32Head(nn.Linear):
@@ -57,11 +58,9 @@ class Float32Head(nn.Linear):
 
     def _sums(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_weight is not None and 0 < x.shape[0] <= self.max_rows:
-            # The kernel's float32 input gives float32 sums out, of the same (exactly
-            # widened) values: the block kernel quantises either alike.
-            products = self.kernel.q8_0_linear if self.kind == "Q8_0" else self.kernel.q4_1_linear
-            out = products(x.float().contiguous(), self.quant_weight, self.out_features)
-            return out if self.bias is None else out + self.bias
+            # The block kernel's call, asked in float32: its float32 input gives float32 sums
+            # out, of the same (exactly widened) values, which it quantises alike.
+            return QuantDecodeLinear.forward(self, x.float())
         if self.tiles is not None:
             return amx_linear(x, self.tiles, self.bias, self.out_features, float32_out=True)
         if self.panels is not None:
@@ -77,7 +76,7 @@ class Float32Head(nn.Linear):
             ]
             return parts[0] if len(parts) == 1 else torch.cat(parts)
         out = bf16_linear(x.contiguous(), self.weight)
-        return out if self.bias is None else out + self.bias.float()
+        return out if self.bias is None else out + self.bias
 
 
 def can_take_float32_head(module: nn.Module) -> bool:

@@ -139,6 +139,9 @@ def _scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def gather(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """[kv_heads, context_len, head_dim] of one sequence."""
-    blocks = cache.index_select(0, block_table)  # [blocks, kv_heads, block_size, head_dim]
+    """[kv_heads, context_len, head_dim] of one sequence, from the blocks that hold them (a
+    table may run past: a continued chunk's prior keys are its context's first ones)."""
+    needed = -(-context_len // cache.shape[2])
+    # [blocks, kv_heads, block_size, head_dim]
+    blocks = cache.index_select(0, block_table[:needed])
     return blocks.transpose(0, 1).flatten(1, 2)[:, :context_len]
