@@ -101,6 +101,10 @@ def test_a_continued_chunk_in_two_flash_calls_is_the_masked_attention(
 ):
     """The prior keys seen whole and the chunk's own causally, merged by log-sum-exp: the
     attention of one call with the chunk's [length, prior + length] mask."""
+    if dtype == torch.bfloat16 and cpu_sdpa.flash_packs_without_avx512():
+        # The state where ATen's flash kernel raises on bf16 (above); the engine calls this
+        # only where flash_uses_amx holds, never there.
+        pytest.skip("bf16 flash attention fails with torch below AVX-512 and oneDNN on AMX")
     gen = torch.Generator().manual_seed(prior + length)
     context, dim, scale = prior + length, 64, 0.17
     q = torch.randn(heads, length, dim, generator=gen)
