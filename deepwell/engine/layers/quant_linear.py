@@ -57,6 +57,9 @@ TILE = 16
 # instantiations stop; an engine decoding 8 sequences at once ran 874 tok/s on it against
 # 296 on packed bf16 (docs/benchmarks.md, "Decode at each batch size").
 QUANT_MAX_ROWS = 8
+# Load's check that a checkpoint's blocks are the weight the model loaded reads every
+# GUARD_ROW_STRIDE-th row (_stored_weight).
+GUARD_ROW_STRIDE = 16
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class BlockWeight:
         if self.m is not None:
             values = values + self.m.unsqueeze(-1)
         return values.flatten(1)
+
+    def rows(self, index: torch.Tensor) -> "BlockWeight":
+        """The weight's rows at `index`, in that order."""
+        m = None if self.m is None else self.m[index]
+        return BlockWeight(self.kind, self.q[index], self.d[index], m)
 
 
 def blocks_from_gguf(blocks: GGUFBlocks) -> BlockWeight:
@@ -220,11 +228,13 @@ def quantize_linears(
     Q4_1 / Q8_0 blocks where `blocks` holds them, else from the float weights, Q4_1 for
     layers and Q8_0 for the output `head`. Returns how many it turned."""
     kernel = load_kernel()
+    holders = _weight_holders(model)
     count = 0
     for name, module in model.named_modules():
         if not can_quantize(module):
             continue
-        stored = _stored_weight(model, name, module, blocks)
+        sources = _source_names(model, name, holders[id(module.weight)])
+        stored = _stored_weight(name, module, [_checkpoint_blocks(n, blocks) for n in sources])
         if stored is None:
             stored = (quantize_q8_0 if module is head else quantize_q4_1)(module.weight)
         to_decode_linear(module, stored, kernel)
@@ -233,26 +243,40 @@ def quantize_linears(
 
 
 def _stored_weight(
-    model: nn.Module, name: str, module: nn.Module, blocks: Mapping[str, GGUFBlocks]
+    name: str, module: nn.Module, parts: list[GGUFBlocks | None]
 ) -> BlockWeight | None:
-    """The module's weight from the checkpoint's blocks, or None where they do not hold all
-    of it in one kept format."""
-    parts = [_checkpoint_blocks(n, blocks) for n in _source_names(model, name, module)]
+    """The module's weight from the checkpoint's blocks of its sources, or None where they
+    do not hold all of it in one kept format."""
     if not parts or any(p is None for p in parts) or len({p.kind for p in parts}) != 1:
         return None
     weight = concatenate([blocks_from_gguf(p) for p in parts])
     # The float weight the model loaded came from the same blocks: a mismatch means the
-    # name mapping is wrong, which must not pass silently.
-    if not torch.equal(weight.dequantize().to(module.weight.dtype), module.weight):
+    # name mapping is wrong, which must not pass silently. A wrong mapping changes every
+    # row, so rows spread over the weight (each part of a fused projection among them) show
+    # it for a fraction of a whole dequantisation's cost (0.6 s of the embedded model's load).
+    sample = torch.arange(0, module.weight.shape[0], GUARD_ROW_STRIDE)
+    expected = weight.rows(sample).dequantize().to(module.weight.dtype)
+    if not torch.equal(expected, module.weight[sample]):
         raise ModelLoadError(f"{name}: the checkpoint's blocks do not match its loaded weight")
     return weight
 
 
-def _source_names(model: nn.Module, name: str, module: nn.Module) -> list[str]:
-    """Checkpoint names whose rows make up the module's weight: its own, a fused
-    projection's parts, or for a tied head the embedding it shares."""
-    for other_name, other in model.named_modules():
-        if other is not module and getattr(other, "weight", None) is module.weight:
+def _weight_holders(model: nn.Module) -> dict[int, list[str]]:
+    """The names of the modules holding each weight tensor (by id), in module order."""
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            holders.setdefault(id(weight), []).append(name)
+    return holders
+
+
+def _source_names(model: nn.Module, name: str, weight_holders: list[str]) -> list[str]:
+    """Checkpoint names whose rows make up the weight of module `name`, which
+    `weight_holders` hold: its own, a fused projection's parts, or for a tied head the
+    embedding it shares."""
+    for other_name in weight_holders:
+        if other_name != name:
             return [other_name]
     # The model's fused projections (models/llama.py's `fused_projections`), if it has any.
     for target, parts in getattr(model, "fused_projections", {}).items():

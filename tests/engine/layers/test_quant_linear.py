@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from deepwell.engine import LLM, EngineArgs, SamplingParams
+from deepwell.engine import LLM, EngineArgs, SamplingParams, build
+from deepwell.engine.errors import ModelLoadError
 from deepwell.engine.layers.decode_kernel import load_quant_kernel
 from deepwell.engine.layers.float32_head import Float32Head
 from deepwell.engine.layers.packed_linear import can_pack, pack_linears
@@ -247,6 +248,25 @@ def test_the_embedded_checkpoint_keeps_its_blocks_permuted_like_its_values():
     ):
         dequantized = blocks_from_gguf(checkpoint.blocks[name]).dequantize()
         assert torch.equal(dequantized, checkpoint.tensors[name]), name
+
+
+def test_int4_load_refuses_blocks_that_are_not_the_loaded_weight(monkeypatch):
+    # Layer 5's k and v blocks swapped: the same shape and kind, so only the load's check of
+    # the blocks against the float weight (a sample of rows) can tell.
+    real_checkpoint = build._checkpoint
+
+    def swapped(*args):
+        checkpoint = real_checkpoint(*args)
+        k, v = (f"model.layers.5.self_attn.{p}_proj.weight" for p in "kv")
+        checkpoint.blocks[k], checkpoint.blocks[v] = checkpoint.blocks[v], checkpoint.blocks[k]
+        return checkpoint
+
+    args = EngineArgs(quantization="int4", dtype="float32", num_kv_blocks=8)
+    monkeypatch.setattr(build, "_checkpoint", swapped)
+    with pytest.raises(ModelLoadError, match=r"layers\.5\.self_attn\.qkv_proj: .* do not match"):
+        build.load_model(args)
+    monkeypatch.setattr(build, "_checkpoint", real_checkpoint)
+    assert build.load_model(args).model.layers[5].self_attn.qkv_proj.kind == "Q4_1"
 
 
 def test_int4_refuses_batch_invariance_and_takes_float32():
