@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -148,6 +148,83 @@ void block_scores(
     }
   }
 }
+
+#if defined(CPU_CAPABILITY_AVX2)
+// AVX2: the portable loop's bits, 8 keys at a time. Each key's products accumulate in one
+// vector as there (same lanes, same order: head_dim in runs of 8), with the group's query
+// heads in the outer loop so that 8 keys' sums stay in registers (the portable loop's,
+// indexed by a runtime group size, live on the stack, every fmadd a store and a reload);
+// the 8 vectors are then summed across lanes together in three shuffle rounds, in the
+// order of ATen's vec_reduce_all, for about the cost of three of its horizontal sums.
+
+inline bool avx2_scores_fit(int64_t head_dim) { return head_dim % kChunk == 0; }
+
+inline __m256 load8(const float* src) { return _mm256_loadu_ps(src); }
+// bf16 widens exactly (its bits are a float's top half), as load_chunk's conversion does.
+inline __m256 load8(const at::BFloat16* src) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
+// Lane j of the result: v[j]'s 8 lanes summed as vec_reduce_all sums them, lane i with
+// i + 4 first, then i with i + 2, then the two: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
+inline __m256 sum_lanes8(const __m256* v) {
+  __m256 halves[4];
+  for (int j = 0; j < 4; ++j) {
+    // Low 128 bits: v[j]'s lanes i + (i + 4); high: v[j + 4]'s.
+    halves[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[j], v[j + 4], 0x20),
+                              _mm256_permute2f128_ps(v[j], v[j + 4], 0x31));
+  }
+  __m256 quads[2];
+  for (int j = 0; j < 2; ++j) {
+    // Per 128 bits: (x0+x2, x1+x3) of halves[2j]'s vector, then of halves[2j + 1]'s.
+    const __m256 a = halves[2 * j], b = halves[2 * j + 1];
+    quads[j] = _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  return _mm256_add_ps(_mm256_shuffle_ps(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+template <typename T>
+void block_scores_avx2(
+    const float* query,  // [group, head_dim], scaled
+    const T* keys,
+    const T* values,  // prefetched as the keys are scored
+    int64_t n,
+    int64_t head_dim,
+    int64_t group,
+    float* scores,  // [group, block_size]
+    int64_t block_size) {
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int64_t m = std::min<int64_t>(8, n - t0);
+    prefetch_rows(values, t0, t0 + m, head_dim);
+    // Past the block's last key the last one is read again (its sum is not stored): the
+    // tile may end before 8 more rows do.
+    const T* rows[8];
+    for (int64_t j = 0; j < 8; ++j) rows[j] = keys + (t0 + std::min(j, m - 1)) * head_dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* q = query + g * head_dim;
+      __m256 dot[8];
+      for (int j = 0; j < 8; ++j) dot[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) dot[j] = _mm256_fmadd_ps(qd, load8(rows[j] + d), dot[j]);
+      }
+      const __m256 sums = sum_lanes8(dot);
+      float* out = scores + g * block_size + t0;
+      if (m == 8) {
+        _mm256_storeu_ps(out, sums);
+      } else {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, sums);
+        std::copy_n(lanes, m, out);
+      }
+    }
+  }
+}
+#endif
 
 #if defined(CPU_CAPABILITY_AVX512)
 // AVX-512: 16 keys at a time, their 16 product vectors summed across lanes together in four
@@ -411,6 +488,11 @@ void attend_block(
         row.q, q_head_stride, keys, values, n, head_dim, group, scale, scores, block_size);
   } else
 #endif
+#if defined(CPU_CAPABILITY_AVX2)
+  if (fast_scores) {
+    block_scores_avx2(row.query, keys, values, n, head_dim, group, scores, block_size);
+  } else
+#endif
   {
     block_scores(row.query, keys, values, n, head_dim, group, scores, block_size);
   }
@@ -603,6 +685,8 @@ template <typename T>
 bool use_fast_scores(int64_t head_dim, bool portable) {
 #if defined(CPU_CAPABILITY_AVX512)
   return !portable && fast_scores_fit(static_cast<const T*>(nullptr), head_dim);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return !portable && avx2_scores_fit(head_dim);
 #else
   return false;
 #endif

@@ -3,6 +3,7 @@ block tables, ragged contexts, GQA ratios, bf16 and float32 caches; in the engin
 tokens as the torch path, the fallback where no compiler exists, and the switch."""
 
 import dataclasses
+import platform
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from deepwell.serve.messages import WorkerConfig
 from deepwell.serve.worker import EngineCoreAdapter
 
 from ..tiny_llama import run_to_completion
+from .avx2_rerun import rerun_at_avx2
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -193,15 +195,47 @@ def test_a_row_does_not_depend_on_its_batch():
         assert torch.equal(backend._decode(q[row : row + 1], keys, values, alone)[0], together[row])
 
 
-def test_avx512_machines_run_the_fast_score_loop(kernel):
+def test_vector_machines_run_a_fast_score_loop(kernel):
     """Where torch dispatches AVX-512, the native cases above are the AVX-512 loop (bf16
-    where the CPU has AVX512_BF16), so both loops are covered."""
+    where the CPU has AVX512_BF16); where it dispatches AVX2, the AVX2 loop (head_dim in
+    whole 16s), so every loop is covered."""
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text().split() if cpuinfo.exists() else []
-    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
-    assert kernel.fast_scores(False, 64) == avx512
-    assert kernel.fast_scores(True, 64) == (avx512 and "avx512_bf16" in flags)
-    assert not kernel.fast_scores(True, 48) and not kernel.fast_scores(False, 40)
+    capability = torch.backends.cpu.get_cpu_capability()
+    avx512, avx2 = capability == "AVX512", capability == "AVX2"
+    assert kernel.fast_scores(False, 64) == (avx512 or avx2)
+    assert kernel.fast_scores(True, 64) == (avx512 and "avx512_bf16" in flags or avx2)
+    assert kernel.fast_scores(False, 48) == (avx512 or avx2)
+    assert kernel.fast_scores(True, 48) == avx2
+    assert not kernel.fast_scores(False, 40) and not kernel.fast_scores(True, 40)
+
+
+@pytest.mark.parametrize(("lens", "block_size", "heads", "kv_heads", "dim"), CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_avx2_score_loop_keeps_the_portable_loops_bits(
+    kernel, lens, block_size, heads, kv_heads, dim, dtype
+):
+    """The AVX2 loop scores 8 keys at once but sums each key's products in the portable
+    loop's order: the same bits, rows read together as one sequence too (so W's float32
+    tokens under AVX2 stay as they were)."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        pytest.skip("the AVX2 score loop runs where torch dispatches AVX2 (the rerun below)")
+    num_blocks = sum(-(-n // block_size) for n in lens) + 5
+    keys, values, tables, meta = decode_case(
+        lens, block_size, num_blocks, kv_heads, dim, dtype, seed=len(lens) + dim, shared=True
+    )
+    q = torch.randn(len(lens), heads, dim, generator=torch.Generator().manual_seed(9)).to(dtype)
+    together = dataclasses.replace(meta, decode_sequence_rows=[len(lens)])
+    for case in (meta, together):
+        native = kernel_decode(q, keys, values, case, portable=False)
+        assert torch.equal(native, kernel_decode(q, keys, values, case, portable=True))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's AVX2 level")
+def test_the_score_loops_with_torch_forced_to_avx2():
+    """The loop checks in a process whose torch (and so the kernel's build) runs at AVX2."""
+    run = rerun_at_avx2(__file__, "avx2_score_loop or fast_score_loop or exact_attention")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def test_bad_shapes_are_refused_with_a_message(kernel):
