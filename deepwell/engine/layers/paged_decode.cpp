@@ -390,6 +390,50 @@ void weigh_two_chunks(const T* values, int64_t n, const float* weights, int64_t 
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// AVX2, a group of up to 3 query heads: head_dim in chunks of 32, the group's 4 accumulators
+// a chunk in registers (12 of the 16), where the portable loop's chunks of 16 walk the block
+// twice as often, each key's weights broadcast once a chunk. Each accumulator lane takes its
+// fmadds in the portable loop's order: the same bits.
+constexpr int64_t kAvx2ValueChunk = 32;
+
+inline bool avx2_values_fit(int64_t head_dim, int64_t group) {
+  return head_dim % kAvx2ValueChunk == 0 && group <= 3;
+}
+
+template <typename T, int64_t G>
+void weigh_values_avx2(const T* values, int64_t n, int64_t head_dim, const float* weights,
+                       int64_t block_size, float* acc, const T* next_keys,
+                       const T* next_values) {
+  for (int64_t d = 0; d < head_dim; d += kAvx2ValueChunk) {
+    __m256 sums[G][4];
+#pragma GCC unroll 3
+    for (int64_t g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+      for (int64_t i = 0; i < 4; ++i) sums[g][i] = _mm256_loadu_ps(acc + g * head_dim + d + 8 * i);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      if (d == 0 && next_keys != nullptr) {
+        prefetch_rows(next_keys, t, t + 1, head_dim);
+        prefetch_rows_l2(next_values, t, t + 1, head_dim);
+      }
+      const T* row = values + t * head_dim + d;
+#pragma GCC unroll 3
+      for (int64_t g = 0; g < G; ++g) {
+        const __m256 w = _mm256_broadcast_ss(weights + g * block_size + t);
+#pragma GCC unroll 4
+        for (int64_t i = 0; i < 4; ++i) sums[g][i] = _mm256_fmadd_ps(w, load8(row + 8 * i), sums[g][i]);
+      }
+    }
+#pragma GCC unroll 3
+    for (int64_t g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+      for (int64_t i = 0; i < 4; ++i) _mm256_storeu_ps(acc + g * head_dim + d + 8 * i, sums[g][i]);
+    }
+  }
+}
+#endif
+
 template <typename T, int64_t G>
 void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* weights,
                   int64_t block_size, float* acc, const T* next_keys, const T* next_values) {
@@ -397,6 +441,14 @@ void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* wei
   if constexpr (G <= 4) {
     if (two_chunk_values(head_dim, G)) {
       weigh_two_chunks<T, G>(values, n, weights, block_size, acc, next_keys, next_values);
+      return;
+    }
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (G <= 3) {
+    if (avx2_values_fit(head_dim, G)) {
+      weigh_values_avx2<T, G>(values, n, head_dim, weights, block_size, acc, next_keys,
+                              next_values);
       return;
     }
   }
