@@ -422,7 +422,9 @@ void weigh_values_avx2(const T* values, int64_t n, int64_t head_dim, const float
       for (int64_t g = 0; g < G; ++g) {
         const __m256 w = _mm256_broadcast_ss(weights + g * block_size + t);
 #pragma GCC unroll 4
-        for (int64_t i = 0; i < 4; ++i) sums[g][i] = _mm256_fmadd_ps(w, load8(row + 8 * i), sums[g][i]);
+        for (int64_t i = 0; i < 4; ++i) {
+          sums[g][i] = _mm256_fmadd_ps(w, load8(row + 8 * i), sums[g][i]);
+        }
       }
     }
 #pragma GCC unroll 3
@@ -434,9 +436,12 @@ void weigh_values_avx2(const T* values, int64_t n, int64_t head_dim, const float
 }
 #endif
 
+// fast: the AVX2 pass may run (off with the portable score loop, so that the tests compare
+// both AVX2 loops' bits with the portable ones'; AVX-512's, other bits, run either way).
 template <typename T, int64_t G>
 void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* weights,
-                  int64_t block_size, float* acc, const T* next_keys, const T* next_values) {
+                  int64_t block_size, float* acc, const T* next_keys, const T* next_values,
+                  bool fast) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (G <= 4) {
     if (two_chunk_values(head_dim, G)) {
@@ -446,7 +451,7 @@ void weigh_values(const T* values, int64_t n, int64_t head_dim, const float* wei
   }
 #elif defined(CPU_CAPABILITY_AVX2)
   if constexpr (G <= 3) {
-    if (avx2_values_fit(head_dim, G)) {
+    if (fast && avx2_values_fit(head_dim, G)) {
       weigh_values_avx2<T, G>(values, n, head_dim, weights, block_size, acc, next_keys,
                               next_values);
       return;
@@ -561,15 +566,20 @@ void attend_block(
       at::vec::map([rescale](Vec x) { return x * Vec(rescale); }, a, a, head_dim);
     }
   }
+  // The group size as a template argument: weigh_values keeps its accumulators in registers.
+  const auto weigh = [&](auto size) {
+    weigh_values<T, decltype(size)::value>(values, n, head_dim, scores, block_size, acc,
+                                           next_keys, next_values, fast_scores);
+  };
   switch (group) {
-    case 1: weigh_values<T, 1>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 2: weigh_values<T, 2>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 3: weigh_values<T, 3>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 4: weigh_values<T, 4>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 5: weigh_values<T, 5>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 6: weigh_values<T, 6>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    case 7: weigh_values<T, 7>(values, n, head_dim, scores, block_size, acc, next_keys, next_values); break;
-    default: weigh_values<T, kMaxGroup>(values, n, head_dim, scores, block_size, acc, next_keys, next_values);
+    case 1: weigh(std::integral_constant<int64_t, 1>{}); break;
+    case 2: weigh(std::integral_constant<int64_t, 2>{}); break;
+    case 3: weigh(std::integral_constant<int64_t, 3>{}); break;
+    case 4: weigh(std::integral_constant<int64_t, 4>{}); break;
+    case 5: weigh(std::integral_constant<int64_t, 5>{}); break;
+    case 6: weigh(std::integral_constant<int64_t, 6>{}); break;
+    case 7: weigh(std::integral_constant<int64_t, 7>{}); break;
+    default: weigh(std::integral_constant<int64_t, kMaxGroup>{});
   }
 }
 
@@ -811,7 +821,8 @@ void deepwell::paged_decode_heads(
 }
 
 // portable: the portable score loop even where the AVX-512 one fits (so that tests on an
-// AVX-512 machine cover the path other CPUs run).
+// AVX-512 machine cover the path other CPUs run), and the portable value pass where the
+// AVX2 loops would run (so that tests compare their bits).
 // q [rows, heads, head_dim] (head_dim contiguous); caches contiguous
 // [num_blocks, kv_heads, block_size, head_dim]; block_ids: every row's blocks, row by row;
 // block_starts [rows + 1]: where each row's blocks begin in block_ids; context_lens [rows];

@@ -212,12 +212,12 @@ def test_vector_machines_run_a_fast_score_loop(kernel):
 
 @pytest.mark.parametrize(("lens", "block_size", "heads", "kv_heads", "dim"), CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_the_avx2_score_loop_keeps_the_portable_loops_bits(
+def test_the_avx2_score_loop_and_value_pass_keep_the_portable_loops_bits(
     kernel, lens, block_size, heads, kv_heads, dim, dtype
 ):
-    """The AVX2 loop scores 8 keys at once but sums each key's products in the portable
-    loop's order: the same bits, rows read together as one sequence too (so W's float32
-    tokens under AVX2 stay as they were)."""
+    """The AVX2 loops score 8 keys at once and weigh values 32 dims at a time, but sum in
+    the portable loops' order: the same bits, rows read together as one sequence too (so
+    W's float32 tokens under AVX2 stay as they were)."""
     if torch.backends.cpu.get_cpu_capability() != "AVX2":
         pytest.skip("the AVX2 score loop runs where torch dispatches AVX2 (the rerun below)")
     num_blocks = sum(-(-n // block_size) for n in lens) + 5
