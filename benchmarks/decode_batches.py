@@ -128,7 +128,8 @@ def main() -> None:
         sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
     print(
         f"{args.threads} threads, batches {args.batch_sizes}, {PROMPT_TOKENS}-token prompts,"
-        f" {args.tokens} decode steps; load average {os.getloadavg()[0]:.2f}",
+        f" {args.tokens} decode steps; {llama_cpp.describe(llama)};"
+        f" load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     engines: dict[str, dict[int, float]] = {}

@@ -432,8 +432,11 @@ def main() -> None:
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
-    if LLAMA_SERVER in args.engines and llama_cpp.find_llama_cpp(args.llama_cpp_cache) is None:
-        sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
+    if LLAMA_SERVER in args.engines:
+        llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
+        if llama is None:
+            sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
+        print(f"llama-server: {llama_cpp.describe(llama)}, weights repacked", flush=True)
     # Stopped with SIGTERM, the servers still stop (their `with` exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))
     # deepwell serve runs from this tree, offline.
