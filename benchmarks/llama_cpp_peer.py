@@ -4,8 +4,8 @@ built once into a cache, run on deepwell's embedded GGUF (the very same Q4_1 wei
 `ensure_llama_cpp` downloads the sdist (from the package registry, the only step that needs
 the network), applies PATCHES (a miscompile of llama.cpp's AMX path by gcc 12) and builds
 `llama-bench`, `llama-server` and `llama-batched-bench` (about 15 minutes on 2 cores; a build
-from before a patch rebuilds only what it touches); `find_llama_cpp` only looks. `tg128` is llama-bench's batch-1 decode figure;
-`batched_decode` is llama-batched-bench's decode tok/s at several batch sizes; `serve_w`
+from before a patch rebuilds only what it touches); `find_llama_cpp` only looks. `tg128` is
+llama-bench's batch-1 decode figure; `batched_decode` is llama-batched-bench's decode tok/s at several batch sizes; `serve_w`
 submits workload W (benchmarks/workload.py) at t = 0 to `llama-server -np 16`
 (continuous batching, no prompt cache) as token ids and reports output tok/s over wall time,
 as benchmarks/throughput_vs_hf.py does. As a script: tg128 (and pp, with --n-prompt) at each

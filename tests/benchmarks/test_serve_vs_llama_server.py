@@ -3,6 +3,7 @@ figures and the goal; (slow) deepwell serve under W's first requests through its
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,20 +91,34 @@ def test_poisson_patterns_carry_no_goal_however_fast():
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_a_servers_cpu_counts_its_children_and_only_them():
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # A sleeping server whose child spins, in a session of their own: no other process's
+    # exit can move this tree's sum (a descendant of pytest that exits between two reads
+    # takes its ticks out of pytest's tree).
+    spawn_spinner = (
+        "import subprocess, sys, time;"
+        " subprocess.Popen([sys.executable, '-c', 'while True: pass']); time.sleep(600)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", spawn_spinner], start_new_session=True)
     try:
-        before = serve.tree_cpu_seconds(os.getpid()), serve.tree_cpu_seconds(child.pid)
         deadline = time.monotonic() + 30
-        while serve.tree_cpu_seconds(child.pid) - before[1] < 0.2:
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
+        while not children.read_text().split():
+            assert time.monotonic() < deadline, "the server never started its child"
+            time.sleep(0.05)
+        (spinner,) = children.read_text().split()
+        while serve.tree_cpu_seconds(int(spinner)) < 0.5:
             assert time.monotonic() < deadline, "the busy child's CPU never showed"
             time.sleep(0.05)
-        # The busy child's CPU shows in its parent's tree too.
-        child_used = serve.tree_cpu_seconds(child.pid) - before[1]
-        assert serve.tree_cpu_seconds(os.getpid()) - before[0] >= child_used
+        spinner_s = serve.tree_cpu_seconds(int(spinner))
+        server_tree_s = serve.tree_cpu_seconds(server.pid)
+        # The child's CPU shows in its parent's tree; beside it only the parent's own start-up,
+        # nothing of this test process (the parent's parent).
+        assert server_tree_s >= spinner_s >= 0.5
+        assert server_tree_s - spinner_s < 0.5
     finally:
-        child.kill()
-        child.wait()
-    assert serve.tree_cpu_seconds(child.pid) is None
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert serve.tree_cpu_seconds(server.pid) is None
     row = LoadResult("deepwell", None, 4, 500, 10.0, 1.0, 2.0, 1.0, 2.0, 0.5, server_cpu_s=2.0)
     assert row.cpu_ms_per_token == pytest.approx(4.0)
     assert "server CPU 4.0 ms/token" in serve.describe(row)
