@@ -50,10 +50,10 @@ def attention(
 @functools.cache
 def flash_uses_amx() -> bool:
     """Whether ATen's flash kernel multiplies bf16 on AMX tiles here: torch runs its AVX-512
-    kernels, which pack for them, and oneDNN's level has them. On the AMX Xeon it then ran a
-    bf16 prefill chunk's causal attention 1.2-2.4x faster than prefill_attention.cpp's
-    AVX512_BF16 products (64 to 2,048 rows; docs/benchmarks-log.md, "Prefill attention on
-    AMX tiles")."""
+    kernels, which pack for them, and oneDNN's level has them. On the AMX Xeon, in the
+    engine, it ran a 2,048-row bf16 chunk's causal attention 2.4x faster than
+    prefill_attention.cpp's AVX512_BF16 products and a 512-row one level with them
+    (cpp_paged.AMX_FLASH_MIN_ROWS; docs/benchmarks-log.md, "Prefill attention on AMX tiles")."""
     return torch.backends.cpu.get_cpu_capability() == "AVX512" and onednn_uses_amx()
 
 
