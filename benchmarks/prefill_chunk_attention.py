@@ -1,12 +1,15 @@
-"""Prefill attention of one chunk (prefill_attention.cpp) on W-like shapes: the kernel's two
-forms of the bf16 products, VDPBF16PS and FMAs on the widened halves, in the same process.
+"""Prefill attention of one chunk (prefill_attention.cpp) on W-like shapes: the kernel's
+forms of the bf16 products, VDPBF16PS, FMAs on the widened halves and, where they run, AMX
+tiles, in the same process.
 
 SmolLM2-135M's heads (9 query heads over 3 KV heads of 64 dims) on 128-token cache blocks;
 a chunk of `length` prompt tokens ending a context of `context` keys, for W's prompts of
-64-512 tokens. The two forms run interleaved, `--repeats` times each on the same inputs,
-and their medians of thread CPU time (which a busy machine inflates less than wall time)
-are compared; their outputs must be equal bit for bit. Prints ns a (query head, visible key)
-pair, the ratio FMA / VDPBF16PS and the load average. `--shapes w` runs W's own chunks instead,
+64-512 tokens. The forms run interleaved, `--repeats` times each on the same inputs, and
+their medians of thread CPU time (which a busy machine inflates less than wall time) are
+compared; the two vector forms' outputs must be equal bit for bit, the tiles' (which round
+their sums their own way) are compared by their largest difference from the FMA form's.
+Prints ns a (query head, visible key) pair, the ratios FMA / VDPBF16PS and AMX / FMA, and
+the load average. `--shapes w` runs W's own chunks instead,
 one layer's 84 calls as one unit (what W's mixed steps ask of each of its 30 layers).
 
     PYTHONPATH=. .venv/bin/python benchmarks/prefill_chunk_attention.py [--repeats 40]
@@ -23,7 +26,7 @@ import torch
 from deepwell.engine.layers.decode_kernel import load_prefill_kernel
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 128
-FORMS = ("dpbf16", "fma")
+VECTOR_FORMS = ("dpbf16", "fma")
 # W's chunk attention calls in one layer, length:context[xcount], recorded from
 # benchmarks/w_split.py --threads 1 at cc758ef (2,520 calls over 30 layers, 2.38 s).
 W_CHUNKS = (
@@ -61,19 +64,20 @@ def w_chunks() -> list[tuple[int, int]]:
     return calls
 
 
-def case(length: int, context: int, seed: int) -> tuple:
+def case(length: int, context: int, seed: int, forms: tuple[str, ...]) -> tuple:
     """One call's inputs and an output per form."""
     q, keys, values, table = chunk_inputs(length, context, seed)
-    outs = {form: torch.empty(length, HEADS, HEAD_DIM, dtype=torch.bfloat16) for form in FORMS}
+    outs = {form: torch.empty(length, HEADS, HEAD_DIM, dtype=torch.bfloat16) for form in forms}
     return q, keys, values, table, context, outs
 
 
-def time_forms(kernel, cases: list[tuple], repeats: int) -> tuple[dict[str, float], bool]:
-    """The two forms over `cases` (as one unit), interleaved `repeats` times: each form's
-    median thread CPU seconds, and whether their outputs are equal bit for bit."""
-    cpu: dict[str, list[float]] = {form: [] for form in FORMS}
+def time_forms(kernel, cases: list[tuple], repeats: int) -> tuple[dict[str, float], str]:
+    """The forms over `cases` (as one unit), interleaved `repeats` times: each form's median
+    thread CPU seconds, and how their outputs compare."""
+    forms = tuple(cases[0][-1])
+    cpu: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(repeats):
-        for form in FORMS:
+        for form in forms:
             started = time.thread_time()
             for q, keys, values, table, context, outs in cases:
                 kernel.chunk_attention(
@@ -84,29 +88,35 @@ def time_forms(kernel, cases: list[tuple], repeats: int) -> tuple[dict[str, floa
         torch.equal(outs["dpbf16"].view(torch.int16), outs["fma"].view(torch.int16))
         for *_, outs in cases
     )
-    return {form: statistics.median(times) for form, times in cpu.items()}, same
+    verdict = "vector bits " + ("equal" if same else "DIFFER")
+    if "amx" in forms:
+        largest = max(
+            (outs["amx"].float() - outs["fma"].float()).abs().max().item() for *_, outs in cases
+        )
+        verdict += f", amx within {largest:.2g} of fma"
+    return {form: statistics.median(times) for form, times in cpu.items()}, verdict
 
 
-def comparison(median: dict[str, float], same: bool) -> str:
-    return (
-        f"; fma / dpbf16 {median['fma'] / median['dpbf16']:.3f}x, bits "
-        + ("equal" if same else "DIFFER")
-        + f"; load {os.getloadavg()[0]:.2f}"
-    )
+def comparison(median: dict[str, float], verdict: str) -> str:
+    ratios = f"; fma / dpbf16 {median['fma'] / median['dpbf16']:.3f}x"
+    if "amx" in median:
+        ratios += f", amx / fma {median['amx'] / median['fma']:.3f}x"
+    return f"{ratios}; {verdict}; load {os.getloadavg()[0]:.2f}"
 
 
-def time_w(kernel, repeats: int) -> None:
-    """W's chunks of one layer per repeat, the two forms interleaved; W's seconds are 30
-    layers' worth."""
-    cases = [case(length, context, seed) for seed, (length, context) in enumerate(w_chunks())]
-    median, same = time_forms(kernel, cases, repeats)
+def time_w(kernel, forms: tuple[str, ...], repeats: int) -> None:
+    """W's chunks of one layer per repeat, the forms interleaved; W's seconds are 30 layers'
+    worth."""
+    calls = enumerate(w_chunks())
+    cases = [case(length, context, seed, forms) for seed, (length, context) in calls]
+    median, verdict = time_forms(kernel, cases, repeats)
     print(
         f"  W's {len(cases)} chunks of a layer: "
         + ", ".join(
             f"{form} {median[form] * 1e3:.2f} ms ({median[form] * W_LAYERS:.3f} s for W)"
-            for form in FORMS
+            for form in forms
         )
-        + comparison(median, same)
+        + comparison(median, verdict)
     )
 
 
@@ -124,24 +134,26 @@ def main() -> None:
     kernel = load_prefill_kernel()
     if kernel.module is None or not kernel.module.vectorised():
         raise SystemExit(f"prefill attention kernel unavailable here: {kernel.reason}")
+    forms = VECTOR_FORMS + (("amx",) if kernel.module.on_tiles() else ())
     print(
         f"chunk attention, {HEADS} heads over {KV_HEADS} KV heads of {HEAD_DIM}, "
         f"{args.threads} thread(s), {args.repeats} interleaved repeats; thread CPU medians"
     )
     if args.shapes == "w":
-        time_w(kernel.module, args.repeats)
+        time_w(kernel.module, forms, args.repeats)
         return
     for seed, shape in enumerate(args.shapes.split(",")):
         length, context = (int(n) for n in shape.split(":"))
-        median, same = time_forms(kernel.module, [case(length, context, seed)], args.repeats)
+        cases = [case(length, context, seed, forms)]
+        median, verdict = time_forms(kernel.module, cases, args.repeats)
         visible = HEADS * (length * (context - length) + length * (length + 1) // 2)
         print(
             f"  {length:4d} tokens after {context - length:4d}: "
             + ", ".join(
                 f"{form} {median[form] * 1e3:.3f} ms ({median[form] * 1e9 / visible:.2f} ns)"
-                for form in FORMS
+                for form in forms
             )
-            + comparison(median, same)
+            + comparison(median, verdict)
         )
 
 

@@ -15,8 +15,8 @@
 // took 3x this for SmolLM2's linears at 16 rows (docs/benchmarks-log.md, "Batch invariance
 // on AMX tiles").
 //
-// Linux hands out the tile state only to a process that asked (arch_prctl
-// ARCH_REQ_XCOMP_PERM): asked once here before the first tile instruction, whatever oneDNN did.
+// The tile state is asked of Linux before the first tile instruction (kernel_parts.h's
+// amx_tiles_permitted).
 
 #include <torch/library.h>
 
@@ -33,9 +33,9 @@
     defined(__AVX512VL__) && defined(__linux__)
 #define AMX_LINEAR 1
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
+
+#include "kernel_parts.h"
 
 namespace {
 
@@ -52,42 +52,10 @@ constexpr int64_t kChunkTiles = 8;
 // bf16 elements of one packed weight tile.
 constexpr int64_t kWeightTile = kBlockInputs * kTileOutputs;
 
-// linux/arch/x86/include/uapi/asm/prctl.h and the XSAVE feature number of the tile data.
-constexpr int kArchReqXcompPerm = 0x1023;
-constexpr int kXfeatureXtiledata = 18;
-
-bool tiles_permitted() {
-  static const bool permitted =
-      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return permitted;
-}
-
-// Palette 1, every tile 16 rows × 64 bytes: tmm0-3 results (2 row tiles × 2 output tiles),
-// tmm4-5 inputs, tmm6-7 weights.
-struct alignas(64) TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-};
-
-void load_tile_config() {
-  TileConfig config{};
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = kTileRows;
-  }
-  // The whole configuration as the operand: gcc 12's _tile_loadconfig names only its first 8
-  // bytes, so the stores of the rest may be dropped as dead (they were in
-  // benchmarks/amx_tile_rounding.py's check, and ldtilecfg faulted).
-  asm volatile("ldtilecfg %0" : : "m"(config));
-}
-
 // RowTiles × 16 rows of x (row stride x_bytes) times OutTiles × 16 outputs of the packed weight
 // (w: the first output tile's block 0; the next output tile is w_tile_step elements on), over
 // `blocks` input blocks in order; results into scratch [RowTiles × 16][OutTiles × 16].
+// tmm0-3 hold the results (2 row tiles × 2 output tiles), tmm4-5 the inputs, tmm6-7 weights.
 template <int RowTiles, int OutTiles>
 void multiply_tiles(
     const uint16_t* x,
@@ -185,7 +153,7 @@ at::Tensor linear(
                 "amx linear: bias must be contiguous float32 [", out_features, "]");
     bias_data = bias->data_ptr<float>();
   }
-  TORCH_CHECK(tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
+  TORCH_CHECK(deepwell::amx_tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
   at::Tensor out =
       at::empty({rows, out_features}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
   if (rows == 0 || out_features == 0) return out;
@@ -201,7 +169,7 @@ at::Tensor linear(
   // Threads take pairs of output tiles; rows go kChunkTiles row tiles at a time, whose inputs
   // stay in L2 while every pair's weights stream past them once.
   at::parallel_for(0, out_pairs, 1, [&](int64_t begin, int64_t end) {
-    load_tile_config();
+    deepwell::load_full_tile_config();
     alignas(64) float scratch[2 * kTileRows][2 * kTileOutputs];
     for (int64_t chunk = 0; chunk < row_tiles; chunk += kChunkTiles) {
       const int64_t chunk_end = std::min(row_tiles, chunk + kChunkTiles);
@@ -234,7 +202,7 @@ at::Tensor linear(
 
 std::string instruction_set() {
 #if defined(AMX_LINEAR)
-  return tiles_permitted() ? "amx_bf16" : "none";
+  return deepwell::amx_tiles_permitted() ? "amx_bf16" : "none";
 #else
   return "none";
 #endif

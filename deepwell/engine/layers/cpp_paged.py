@@ -15,10 +15,9 @@ from types import ModuleType
 
 import torch
 
-from deepwell.engine.layers import cpu_sdpa
 from deepwell.engine.layers.attention import AttentionBackend, AttentionMetadata, PrefillSpan
 from deepwell.engine.layers.decode_kernel import load_decode_kernel, load_prefill_kernel
-from deepwell.engine.layers.torch_paged import TorchPagedAttention, gather
+from deepwell.engine.layers.torch_paged import TorchPagedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +25,6 @@ logger = logging.getLogger(__name__)
 MAX_GROUP = 8
 # prefill_attention.cpp's value tiles: head dims in whole runs of 64.
 PREFILL_DIM_MULTIPLE = 64
-# Chunk rows from which a bf16 chunk takes ATen's flash kernel where it multiplies on AMX
-# tiles (cpu_sdpa.flash_uses_amx). On the AMX Xeon, SmolLM2, in the engine: 2,048-row chunks
-# 2.4x faster than prefill_attention.cpp, W's chunks of up to 512 rows level (first chunks)
-# or ~1.8x slower (continued ones, which take two calls and a merge there);
-# docs/benchmarks-log.md, "Prefill attention on AMX tiles".
-AMX_FLASH_MIN_ROWS = 1024
 
 
 class CppPagedAttention(TorchPagedAttention):
@@ -44,7 +37,6 @@ class CppPagedAttention(TorchPagedAttention):
         if self.kernel is not None and self.group > MAX_GROUP:
             _log_group_fallback(self.group)
             self.kernel = None
-        self.prefill_on_amx = cpu_sdpa.flash_uses_amx()
         self.prefill_kernel = _prefill_kernel() if head_dim % PREFILL_DIM_MULTIPLE == 0 else None
 
     def _store(self, k, v, key_cache, value_cache, meta: AttentionMetadata) -> None:
@@ -57,20 +49,7 @@ class CppPagedAttention(TorchPagedAttention):
 
     def _prefill(self, q, k, v, key_cache, value_cache, span: PrefillSpan) -> torch.Tensor:
         bf16 = q.dtype == key_cache.dtype == torch.bfloat16
-        on_amx = self.prefill_on_amx and bf16 and span.length >= AMX_FLASH_MIN_ROWS
-        if on_amx and span.mask is not None:
-            prior = span.context_len - span.length
-            out = cpu_sdpa.continued_chunk_attention(
-                q.transpose(0, 1).contiguous(),
-                gather(key_cache, span.block_table, prior),
-                gather(value_cache, span.block_table, prior),
-                k.transpose(0, 1),
-                v.transpose(0, 1),
-                self.scale,
-            )
-            return out.transpose(0, 1)
-        if self.prefill_kernel is None or not bf16 or on_amx:
-            # A long first chunk on AMX too: one causal flash call.
+        if self.prefill_kernel is None or not bf16:
             return super()._prefill(q, k, v, key_cache, value_cache, span)
         out = torch.empty(q.shape, dtype=q.dtype)
         self.prefill_kernel.chunk_attention(
@@ -119,7 +98,8 @@ def _prefill_kernel() -> ModuleType | None:
     if not kernel.module.vectorised():
         logger.info("prefill attention: torch SDPA (the C++ kernel needs AVX512_BF16)")
         return None
-    logger.info("prefill attention: C++ kernel for bf16 (%s)", kernel.reason)
+    form = "AMX tiles" if kernel.module.on_tiles() else "AVX512_BF16"
+    logger.info("prefill attention: C++ kernel for bf16 on %s (%s)", form, kernel.reason)
     return kernel.module
 
 

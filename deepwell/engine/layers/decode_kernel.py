@@ -266,8 +266,9 @@ def load_invariant_rows_kernel() -> DecodeKernel:
 def load_prefill_kernel() -> DecodeKernel:
     """Prefill chunks' causal attention over the paged cache (prefill_attention.cpp,
     registered as torch.ops.deepwell_prefill), built on the first call in a process if the
-    cache lacks it."""
-    return _load((PREFILL_SOURCE,), "prefill attention kernel", [], ops="deepwell_prefill")
+    cache lacks it; with its AMX form where amx_tiles_lacking finds no reason against."""
+    flags = AMX_FLAGS if amx_tiles_lacking() is None else []
+    return _load((PREFILL_SOURCE,), "prefill attention kernel", flags, ops="deepwell_prefill")
 
 
 @functools.cache

@@ -17,6 +17,11 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AMX_TILE__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace deepwell {
 
 // Two float vectors of src[0, 2 * Vectorized<float>::size()): bf16 widens exactly (at::vec's
@@ -145,5 +150,31 @@ inline void rms_norm_row(const float* x, const float* weight, int64_t n, float e
   const float inverse = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
   at::vec::map2<float>([inverse](Vec v, Vec w) { return v * Vec(inverse) * w; }, out, x, weight, n);
 }
+
+#if defined(__AMX_TILE__) && defined(__linux__)
+// Linux hands out the tile state only to a process that asked (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 0x1023 and 18 in its uapi headers): asked once
+// before the first tile instruction, whatever oneDNN did. amx_linear.cpp, prefill_attention.cpp.
+inline bool amx_tiles_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return permitted;
+}
+
+// Palette 1 with every tile 16 rows of 64 bytes, on the calling thread (a thread's tile
+// configuration is its own, and oneDNN loads its own between our calls).
+inline void load_full_tile_config() {
+  struct alignas(64) {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  // The whole configuration as the operand: gcc 12's _tile_loadconfig names only its first 8
+  // bytes, so the stores of the rest may be dropped as dead (they were in
+  // benchmarks/amx_tile_rounding.py's check, and ldtilecfg faulted).
+  asm volatile("ldtilecfg %0" : : "m"(config));
+}
+#endif
 
 }  // namespace deepwell

@@ -35,6 +35,13 @@
 #define DEEPWELL_PREFILL_BF16 1
 #include <immintrin.h>
 #endif
+// The AMX form (`attend_on_tiles`): built where decode_kernel.py passes the tile flags.
+#if defined(DEEPWELL_PREFILL_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__linux__)
+#define DEEPWELL_PREFILL_AMX 1
+#endif
+
+#include "kernel_parts.h"
 
 namespace {
 
@@ -51,19 +58,21 @@ constexpr int kTileRows = 6;
 constexpr int64_t kDimChunk = 64;
 
 // 2^x, for x <= 0 (masked lanes are zeroed by the caller): x = n + f with |f| <= 1/2,
-// 2^f by its Taylor series to degree 7 (relative error under 1e-8), scaled by 2^n exactly.
+// 2^f by its Taylor series to degree `Degree`, scaled by 2^n exactly. Degree 7 (the vector
+// forms): relative error under 1e-8; 5 (the AMX form, whose weights round to bf16's 2^-9
+// and whose sums the tile products round anyway): under 3e-6.
+template <int Degree = 7>
 inline __m512 exp2_ps(__m512 x) {
+  // (ln 2)^k / k!, k = 7 .. 0.
+  constexpr float kTaylor[8] = {1.525273380405984e-05f, 1.5403530393381606e-04f,
+                                1.3333558146428443e-03f, 9.618129107628477e-03f,
+                                5.550410866482158e-02f,  2.402265069591007e-01f,
+                                6.931471805599453e-01f,  1.f};
   x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  __m512 p = _mm512_set1_ps(kTaylor[7 - Degree]);
+  for (int k = 8 - Degree; k < 8; ++k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kTaylor[k]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -293,22 +302,25 @@ struct Chunk {
   float scale;
 };
 
+// Key (or value) `key` of KV head h in a paged cache, or null past the context.
+const uint16_t* cache_row(const Chunk& c, const uint16_t* cache, int64_t h, int64_t key) {
+  if (key >= c.context_len) return nullptr;
+  const int64_t block = c.table[key / c.block_size];
+  return cache + ((block * c.kv_heads + h) * c.block_size + key % c.block_size) * c.dim;
+}
+
 // Packs key block b of KV head h: keys [pairs][kKeys] as (dim 2p, dim 2p + 1) pairs, values
 // [kKeys / 2][dim] as (key 2m, key 2m + 1) pairs; keys past the context are zeros.
 void pack_block(const Chunk& c, int64_t h, int64_t b, uint32_t* keys, uint32_t* values) {
   const int64_t pairs = c.dim / 2;
-  auto row = [&](const uint16_t* cache, int64_t key) -> const uint16_t* {
-    if (key >= c.context_len) return nullptr;
-    const int64_t block = c.table[key / c.block_size];
-    return cache + ((block * c.kv_heads + h) * c.block_size + key % c.block_size) * c.dim;
-  };
   for (int64_t j = 0; j < kKeys; ++j) {
-    const auto* k = reinterpret_cast<const uint32_t*>(row(c.key_cache, b * kKeys + j));
+    const auto* k =
+        reinterpret_cast<const uint32_t*>(cache_row(c, c.key_cache, h, b * kKeys + j));
     for (int64_t p = 0; p < pairs; ++p) keys[p * kKeys + j] = k ? k[p] : 0u;
   }
   for (int64_t m = 0; m < kKeys / 2; ++m) {
-    const uint16_t* even = row(c.value_cache, b * kKeys + 2 * m);
-    const uint16_t* odd = row(c.value_cache, b * kKeys + 2 * m + 1);
+    const uint16_t* even = cache_row(c, c.value_cache, h, b * kKeys + 2 * m);
+    const uint16_t* odd = cache_row(c, c.value_cache, h, b * kKeys + 2 * m + 1);
     uint32_t* dst = values + m * c.dim;
     for (int64_t d = 0; d < c.dim; ++d) {
       const uint32_t lo = even ? even[d] : 0u;
@@ -616,11 +628,296 @@ void attend(const Chunk& c) {
   });
 }
 
+#if defined(DEEPWELL_PREFILL_AMX)
+
+// The AMX form: the scores and the value products as tile products (TDPBF16PS), the softmax
+// between them on vectors, spans of kSpanKeys keys at a time. A tile product rounds its sums
+// its own way (see Products), so this form's bits are not the other two's; its outputs are as
+// close to exact attention as theirs (the tests hold all forms to the same bound). On the AMX
+// Xeon, one thread, a 512-token first chunk of SmolLM2's heads: see the docstring of
+// benchmarks/prefill_chunk_attention.py for the figures.
+//
+// Every tile is 16 rows of 64 bytes: queries 16 rows × 32 head dims (bf16), keys 16 head-dim
+// pairs × 16 keys, scores 16 rows × 16 keys (float32); weights 16 rows × 32 keys (bf16), values
+// 16 key pairs × 16 head dims, outputs 16 rows × 16 head dims (float32). tmm0-3 accumulate,
+// tmm4 holds the queries or the weights, tmm6-7 the keys or the values, one loading while the
+// other multiplies.
+constexpr int64_t kTile = 16;
+// bf16 pairs of a key or value tile.
+constexpr int64_t kTileElements = kTile * kTile;
+// Keys of one value product: a weight tile's row.
+constexpr int64_t kValueStep = 32;
+// Keys per softmax span: the scores and weights of a span for a pair of row tiles (32 and 16
+// KiB) stay near from the score products through the softmax to the value products, and a
+// row's output is rescaled at most once a span.
+constexpr int64_t kSpanKeys = 256;
+
+// Accumulator tile (tmm0-3) of row tile r and column tile n of a 2 × 2 block.
+constexpr int acc(int r, int n) { return 2 * r + n; }
+
+// tmm(acc) = 0 for R × N accumulators.
+template <int R, int N>
+inline void zero_tiles() {
+  _tile_zero(0);
+  if constexpr (N > 1) _tile_zero(1);
+  if constexpr (R > 1) _tile_zero(2);
+  if constexpr (R > 1 && N > 1) _tile_zero(3);
+}
+
+// R × N accumulators from (Load) or to float32 rows at c, `c_bytes` apart: row tiles 16 rows
+// apart, column tiles 16 floats.
+template <int R, int N, bool Load>
+inline void move_tiles(float* c, int64_t c_bytes) {
+  const int64_t down = kTile * c_bytes / 4;
+  if constexpr (Load) {
+    _tile_loadd(0, c, c_bytes);
+    if constexpr (N > 1) _tile_loadd(1, c + kTile, c_bytes);
+    if constexpr (R > 1) _tile_loadd(2, c + down, c_bytes);
+    if constexpr (R > 1 && N > 1) _tile_loadd(3, c + down + kTile, c_bytes);
+  } else {
+    _tile_stored(0, c, c_bytes);
+    if constexpr (N > 1) _tile_stored(1, c + kTile, c_bytes);
+    if constexpr (R > 1) _tile_stored(2, c + down, c_bytes);
+    if constexpr (R > 1 && N > 1) _tile_stored(3, c + down + kTile, c_bytes);
+  }
+}
+
+// The accumulators += R row tiles of bf16 (a, rows a_bytes apart, the second tile 16 rows
+// on) times N packed tiles (b, the second `b_step` elements on): tmm4-5 hold the rows,
+// tmm6-7 the packed tiles, each loaded once for the two products it takes part in.
+template <int R, int N>
+inline void add_products(const uint16_t* a, int64_t a_bytes, const uint32_t* b,
+                         int64_t b_step) {
+  _tile_loadd(4, a, a_bytes);
+  if constexpr (R > 1) _tile_loadd(5, a + kTile * a_bytes / 2, a_bytes);
+  _tile_loadd(6, b, 64);
+  if constexpr (N > 1) _tile_loadd(7, b + b_step, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (N > 1) _tile_dpbf16ps(1, 4, 7);
+  if constexpr (R > 1) _tile_dpbf16ps(2, 5, 6);
+  if constexpr (R > 1 && N > 1) _tile_dpbf16ps(3, 5, 7);
+}
+
+// The scores of R row tiles of queries (q, rows q_bytes apart) against N key tiles (keys:
+// the first one's head-dim pairs 0-15, the next key_tile elements on), over dim_steps runs
+// of 32 head dims, stored side by side at s (rows s_bytes apart).
+template <int R, int N>
+void score_tiles(const uint16_t* q, int64_t q_bytes, const uint32_t* keys, int64_t key_tile,
+                 int64_t dim_steps, float* s, int64_t s_bytes) {
+  zero_tiles<R, N>();
+  for (int64_t d = 0; d < dim_steps; ++d) {
+    add_products<R, N>(q + d * 2 * kTile, q_bytes, keys + d * kTileElements, key_tile);
+  }
+  move_tiles<R, N, false>(s, s_bytes);
+}
+
+// The outputs of R row tiles (o, rows o_bytes apart; N output tiles of 16 head dims) += the
+// rows' weights (w, rows w_bytes apart) times the values of `steps` runs of 32 keys (values:
+// the first run's first output tile, the next run step_size elements on, the next output
+// tile kTileElements on).
+template <int R, int N>
+void value_tiles(const uint16_t* w, int64_t w_bytes, const uint32_t* values, int64_t step_size,
+                 int64_t steps, float* o, int64_t o_bytes) {
+  move_tiles<R, N, true>(o, o_bytes);
+  for (int64_t st = 0; st < steps; ++st) {
+    add_products<R, N>(w + st * kValueStep, w_bytes, values + st * step_size, kTileElements);
+  }
+  move_tiles<R, N, false>(o, o_bytes);
+}
+
+using TileProducts = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t,
+                              float*, int64_t);
+// By [row tiles - 1][column tiles - 1].
+constexpr TileProducts kScoreTiles[2][2] = {
+    {score_tiles<1, 1>, score_tiles<1, 2>}, {score_tiles<2, 1>, score_tiles<2, 2>}};
+constexpr TileProducts kValueTiles[2][2] = {
+    {value_tiles<1, 1>, value_tiles<1, 2>}, {value_tiles<2, 1>, value_tiles<2, 2>}};
+
+// Packs 32-key run `step` of KV head h into tiles: its two key tiles ([pairs][16 keys] each)
+// and its value tiles ([dim / 16][16 key pairs][16 dims]); keys past the context are zeros.
+void pack_tile_step(const Chunk& c, int64_t h, int64_t step, uint32_t* keys, uint32_t* values) {
+  const int64_t pairs = c.dim / 2;
+  for (int64_t j = 0; j < kValueStep; ++j) {
+    const auto* k = reinterpret_cast<const uint32_t*>(
+        cache_row(c, c.key_cache, h, step * kValueStep + j));
+    uint32_t* tile = keys + (j / kTile) * pairs * kTile + j % kTile;
+    for (int64_t p = 0; p < pairs; ++p) tile[p * kTile] = k ? k[p] : 0u;
+  }
+  for (int64_t m = 0; m < kTile; ++m) {
+    const uint16_t* even = cache_row(c, c.value_cache, h, step * kValueStep + 2 * m);
+    const uint16_t* odd = cache_row(c, c.value_cache, h, step * kValueStep + 2 * m + 1);
+    for (int64_t d = 0; d < c.dim; ++d) {
+      const uint32_t lo = even ? even[d] : 0u;
+      const uint32_t hi = odd ? odd[d] : 0u;
+      values[(d / kTile) * kTileElements + m * kTile + d % kTile] = lo | (hi << 16);
+    }
+  }
+}
+
+// One row's softmax step over a span: its scores s[0, visible) (visible >= 1) scaled to base 2
+// join the running max and sum; its weights, rounded to bf16, go to w[0, width) with zeros past
+// `visible`. Returns the factor the row's output so far is to be scaled by.
+float span_softmax(const float* s, int64_t visible, int64_t width, float scale, float& max,
+                   float& sum, uint16_t* w) {
+  // The raw scores' max, scaled after: rounding keeps the order, so it is the scaled scores'.
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t k = 0;
+  for (; k + 16 <= visible; k += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + k));
+  if (k < visible) {
+    top = _mm512_mask_max_ps(top, visible_lanes(visible - 1 - k, 0), top, _mm512_loadu_ps(s + k));
+  }
+  const float old_max = max;
+  max = std::max(old_max, _mm512_reduce_max_ps(top) * scale);
+  const float alpha = max == old_max && std::isfinite(old_max) ? 1.f : std::exp2(old_max - max);
+  const __m512 factor = _mm512_set1_ps(scale), shift = _mm512_set1_ps(max);
+  auto weight = [&](int64_t first) {
+    return exp2_ps<5>(_mm512_fmsub_ps(_mm512_loadu_ps(s + first), factor, shift));
+  };
+  __m512 total = _mm512_setzero_ps();
+  for (k = 0; k + 32 <= visible; k += 32) {
+    const __m512 low = weight(k), high = weight(k + 16);
+    total = _mm512_add_ps(total, _mm512_add_ps(low, high));
+    _mm512_storeu_si512(w + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low)));
+  }
+  for (; k < width; k += 32) {
+    __m512 p[2];
+    for (int v = 0; v < 2; ++v) {
+      const int64_t first = k + 16 * v;
+      p[v] = first < visible
+                 ? _mm512_maskz_mov_ps(visible_lanes(visible - 1 - first, 0), weight(first))
+                 : _mm512_setzero_ps();
+      total = _mm512_add_ps(total, p[v]);
+    }
+    _mm512_storeu_si512(w + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0])));
+  }
+  sum = sum * alpha + _mm512_reduce_add_ps(total);
+  return alpha;
+}
+
+// Per-thread working memory of a task on tiles: its query rows (zero past them, to whole
+// tiles), a span's scores and weights, its output, running maxima and sums.
+struct TileScratch {
+  std::vector<uint16_t> q, weights;
+  std::vector<float> scores, out, max, sum;
+};
+
+// One task on tiles: KV head h, query positions [begin, end), every query head of the group,
+// over the packed keys and values of that head.
+void run_tile_task(const Chunk& c, TileScratch& w, int64_t h, int64_t begin, int64_t end,
+                   const uint32_t* keys, const uint32_t* values) {
+  const int64_t group = c.heads / c.kv_heads;
+  const int64_t rows = (end - begin) * group;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const int64_t offset = c.context_len - c.length;  // position of row 0 of the chunk
+  const int64_t dim = c.dim, pairs = dim / 2, dim_tiles = dim / kTile;
+  for (int64_t r = 0; r < row_tiles * kTile; ++r) {
+    uint16_t* dst = w.q.data() + r * dim;
+    if (r < rows) {
+      const int64_t i = begin + r / group, head = h * group + r % group;
+      std::memcpy(dst, c.q + i * c.q_row + head * dim, dim * sizeof(uint16_t));
+    } else {
+      std::fill(dst, dst + dim, uint16_t{0});
+    }
+  }
+  std::fill(w.out.begin(), w.out.begin() + row_tiles * kTile * dim, 0.f);
+  std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
+  const float scale = c.scale * 1.4426950408889634f;  // base 2, as tile_step's
+  const int64_t last_key = offset + end - 1;
+  for (int64_t span = 0; span <= last_key; span += kSpanKeys) {
+    for (int64_t t = 0; t < row_tiles; t += 2) {
+      const int pair = static_cast<int>(std::min<int64_t>(2, row_tiles - t));
+      const int64_t first = t * kTile, count = std::min(pair * kTile, rows - first);
+      const int64_t tile_last = offset + begin + (first + count - 1) / group;
+      if (tile_last < span) continue;  // causal: the tiles' rows see none of the span
+      const int64_t seen = std::min(tile_last + 1, span + kSpanKeys) - span;
+      const int64_t key_tiles = (seen + kTile - 1) / kTile;
+      const int64_t steps = (seen + kValueStep - 1) / kValueStep;
+      float* s = w.scores.data() + first * kSpanKeys;
+      for (int64_t k = 0; k < key_tiles; k += 2) {
+        const int n = static_cast<int>(std::min<int64_t>(2, key_tiles - k));
+        kScoreTiles[pair - 1][n - 1](w.q.data() + first * dim, dim * 2,
+                                     keys + (span / kTile + k) * pairs * kTile, pairs * kTile,
+                                     dim / (2 * kTile), s + k * kTile, kSpanKeys * 4);
+      }
+      uint16_t* weights = w.weights.data() + first * kSpanKeys;
+      for (int64_t r = 0; r < pair * kTile; ++r) {
+        uint16_t* row_weights = weights + r * kSpanKeys;
+        const int64_t row = first + r;
+        const int64_t visible =
+            r < count ? std::min(offset + begin + row / group + 1, span + kSpanKeys) - span : 0;
+        if (visible <= 0) {
+          std::fill(row_weights, row_weights + steps * kValueStep, uint16_t{0});
+          continue;
+        }
+        const float alpha = span_softmax(s + r * kSpanKeys, visible, steps * kValueStep, scale,
+                                         w.max[row], w.sum[row], row_weights);
+        if (alpha != 1.f) rescale_rows<1>(w.out.data() + row * dim, dim, &alpha);
+      }
+      for (int64_t d = 0; d < dim_tiles; d += 2) {
+        kValueTiles[pair - 1][1](weights, kSpanKeys * 2,
+                                 values + (span / kValueStep * dim_tiles + d) * kTileElements,
+                                 dim_tiles * kTileElements, steps,
+                                 w.out.data() + first * dim + d * kTile, dim * 4);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = begin + r / group, head = h * group + r % group;
+    const __m512 inverse = _mm512_set1_ps(1.f / w.sum[r]);
+    const float* src = w.out.data() + r * dim;
+    uint16_t* dst = c.out + i * c.out_row + head * dim;
+    for (int64_t d = 0; d < dim; d += 32) {
+      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + d), inverse);
+      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + d + 16), inverse);
+      _mm512_storeu_si512(dst + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+void attend_on_tiles(const Chunk& c) {
+  // A 32-key run of a KV head packs into 16 * dim key pairs and as many value pairs.
+  const int64_t steps = (c.context_len + kValueStep - 1) / kValueStep;
+  const int64_t run = kTile * c.dim;
+  const std::unique_ptr<uint32_t[]> keys(new uint32_t[c.kv_heads * steps * run]);
+  const std::unique_ptr<uint32_t[]> values(new uint32_t[c.kv_heads * steps * run]);
+  at::parallel_for(0, c.kv_heads * steps, 16, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      pack_tile_step(c, t / steps, t % steps, keys.get() + t * run, values.get() + t * run);
+    }
+  });
+  const int64_t query_blocks = (c.length + kPositions - 1) / kPositions;
+  const int64_t tasks = c.kv_heads * query_blocks;
+  const int64_t rows = kPositions * (c.heads / c.kv_heads);
+  const int64_t padded = (rows + kTile - 1) / kTile * kTile;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    deepwell::load_full_tile_config();
+    TileScratch w;
+    w.q.resize(padded * c.dim);
+    w.out.resize(padded * c.dim);
+    w.scores.resize(padded * kSpanKeys);
+    w.weights.resize(padded * kSpanKeys);
+    w.max.resize(rows);
+    w.sum.resize(rows);
+    // Latest query blocks first, as attend hands them out.
+    for (int64_t t = next++; t < tasks; t = next++) {
+      const int64_t qb = query_blocks - 1 - t / c.kv_heads, h = t % c.kv_heads;
+      const int64_t begin = qb * kPositions;
+      run_tile_task(c, w, h, begin, std::min(c.length, begin + kPositions),
+                    keys.get() + h * steps * run, values.get() + h * steps * run);
+    }
+    _tile_release();
+  });
+}
+
+#endif  // DEEPWELL_PREFILL_AMX
+
 Products products_named(c10::string_view name) {
   if (name == "native") return kNativeProducts;
   if (name == "dpbf16") return Products::kDotBf16;
-  TORCH_CHECK(name == "fma", "prefill attention: products must be native, dpbf16 or fma, not ",
-              name);
+  TORCH_CHECK(name == "fma", "prefill attention: products must be native, amx, dpbf16 or fma, "
+              "not ", name);
   return Products::kFma;
 }
 
@@ -634,11 +931,22 @@ bool vectorised() {
 #endif
 }
 
+// Whether the AMX form runs here: built with the tile flags, and Linux gave this process the
+// tile state.
+bool on_tiles() {
+#if defined(DEEPWELL_PREFILL_AMX)
+  return deepwell::amx_tiles_permitted();
+#else
+  return false;
+#endif
+}
+
 // out [length, heads, dim] = causal attention of q [length, heads, dim] (the chunk's rows,
 // any row stride) over the first context_len keys of the paged caches
 // [num_blocks, kv_heads, block_size, dim] through block_table; all bfloat16. products: the
-// form of the bf16 products (`Products`), this CPU's faster one unless named (the tests run
-// both and compare their bits).
+// form of the bf16 products, "amx" (`attend_on_tiles`) or one of `Products`; unless named,
+// tiles where they run (on_tiles), else this CPU's faster vector form (the tests run the
+// vector forms both and compare their bits).
 void chunk_attention(
     const at::Tensor& q,
     const at::Tensor& key_cache,
@@ -701,6 +1009,15 @@ void chunk_attention(
       block_size,
       dim,
       static_cast<float>(scale)};
+  if (products == "amx" || (products == "native" && on_tiles())) {
+    TORCH_CHECK(on_tiles(), "prefill attention: products amx need AMX tiles, which this build "
+                "or this process lacks (decode_kernel.py builds them where torch runs AVX-512 "
+                "on a CPU with amx_bf16)");
+#if defined(DEEPWELL_PREFILL_AMX)
+    attend_on_tiles(chunk);
+#endif
+    return;
+  }
   switch (products_named(products)) {
     case Products::kDotBf16:
       attend<Products::kDotBf16>(chunk);
@@ -716,6 +1033,7 @@ void chunk_attention(
 
 TORCH_LIBRARY(deepwell_prefill, m) {
   m.def("vectorised() -> bool", &vectorised);
+  m.def("on_tiles() -> bool", &on_tiles);
   m.def(
       "chunk_attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_table, "
       "int context_len, float scale, Tensor(a!) out, str products=\"native\") -> ()");

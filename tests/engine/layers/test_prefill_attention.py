@@ -1,18 +1,17 @@
 """The C++ prefill attention (prefill_attention.cpp) against exact attention and torch's SDPA:
 chunks alone and after a cached prefix, paged through shuffled block tables, GQA groups,
-head dims, strided query rows; its two forms of the bf16 products bit for bit, and main's
-bits on W-like chunks; through the C++ backend beside decode rows; bad inputs refused by
-name; float32 left to the torch path."""
+head dims, strided query rows, in each form of the bf16 products (AMX tiles where they run);
+its two vector forms bit for bit, and main's bits on W-like chunks; the tiles beside
+oneDNN's; through the C++ backend beside decode rows; bad inputs refused by name; float32
+left to the torch path."""
 
 import hashlib
 
 import pytest
 import torch
 
-from deepwell.engine.layers import cpp_paged, cpu_sdpa
 from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
-from deepwell.engine.layers.cpu_sdpa import continued_chunk_attention
 from deepwell.engine.layers.decode_kernel import load_prefill_kernel
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 
@@ -32,6 +31,21 @@ def kernel():
     if not loaded.module.vectorised():
         pytest.skip("prefill attention kernel: this CPU has no AVX512_BF16")
     return loaded.module
+
+
+def forms(kernel):
+    """The product forms this kernel runs here: the vector ones, and the tiles where they run."""
+    return ["dpbf16", "fma"] + (["amx"] if kernel.on_tiles() else [])
+
+
+# Each test that takes a form runs each one; the tiles skip where they do not run.
+FORMS = ["native", "dpbf16", "fma", "amx"]
+
+
+def form_or_skip(kernel, products):
+    if products == "amx" and not kernel.on_tiles():
+        pytest.skip("no AMX tiles here (their refusal is tested instead)")
+    return products
 
 
 def paged_case(context, heads, kv_heads, dim, block_size, seed, dtype=torch.bfloat16):
@@ -71,6 +85,7 @@ def masked_span(length, context, table, row=0):
     return PrefillSpan(row, length, context, table, causal_mask(context - length, context))
 
 
+@pytest.mark.parametrize("products", FORMS)
 @pytest.mark.parametrize(
     ("length", "context", "heads", "kv_heads", "dim", "block_size"),
     [
@@ -79,18 +94,21 @@ def masked_span(length, context, table, row=0):
         (37, 300, 9, 3, 64, 16),  # after a prefix, small cache blocks
         (129, 129, 8, 8, 64, 32),  # no GQA, a remainder tile
         (96, 1000, 4, 1, 128, 128),  # one KV head, head_dim 128, a long prefix
+        (300, 557, 9, 3, 64, 16),  # chunk rows across the tiles' spans of 256 keys
+        (17, 17, 6, 1, 192, 128),  # a group of 6, head_dim 192: a lone output tile pair
     ],
 )
 def test_kernel_matches_exact_attention_and_torch_sdpa(
-    kernel, length, context, heads, kv_heads, dim, block_size
+    kernel, products, length, context, heads, kv_heads, dim, block_size
 ):
+    products = form_or_skip(kernel, products)
     keys, values, table = paged_case(context, heads, kv_heads, dim, block_size, seed=length)
     gen = torch.Generator().manual_seed(context)
     # Query rows inside a wider fused projection, as the model's qkv split leaves them.
     fused = torch.randn(length, heads + 2 * kv_heads, dim, generator=gen).bfloat16()
     q = fused[:, :heads]
     out = torch.full((length, heads, dim), float("nan"), dtype=torch.bfloat16)
-    kernel.chunk_attention(q, keys, values, table, context, dim**-0.5, out)
+    kernel.chunk_attention(q, keys, values, table, context, dim**-0.5, out, products)
     expected = exact_attention(q, keys, values, table, context)
     torch.testing.assert_close(out.double(), expected, rtol=EXACT_TOLERANCE, atol=EXACT_TOLERANCE)
     torch_path = TorchPagedAttention(heads, kv_heads, dim)._prefill(
@@ -207,22 +225,9 @@ def test_fma_products_leave_the_callers_denormals_alone(kernel):
     assert denormal.item() == 2.0**-140
 
 
-@pytest.mark.parametrize("on_amx", [False, True], ids=["kernel", "flash-on-amx"])
-def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(
-    kernel, on_amx, monkeypatch
-):
+def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kernel):
     """A mixed step through forward: one decode row, then a continued chunk and a first
-    chunk of two other sequences; the step's keys are stored before anyone attends. Where
-    ATen's flash kernel runs on AMX tiles, long chunks (here: all) take it instead of the
-    C++ kernel (a continued one in two calls merged by log-sum-exp)."""
-    monkeypatch.setattr(cpu_sdpa, "flash_uses_amx", lambda: on_amx)
-    monkeypatch.setattr(cpp_paged, "AMX_FLASH_MIN_ROWS", 1)
-    flash_calls = []
-    monkeypatch.setattr(
-        cpu_sdpa,
-        "continued_chunk_attention",
-        lambda *args: flash_calls.append(args) or continued_chunk_attention(*args),
-    )
+    chunk of two other sequences; the step's keys are stored before anyone attends."""
     heads, kv_heads, dim, bs = 6, 2, 64, 16
     gen = torch.Generator().manual_seed(7)
     num_blocks = 40
@@ -266,7 +271,6 @@ def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(
         key_cache, value_cache = cache[0].clone(), cache[1].clone()
         results.append(backend(heads, kv_heads, dim).forward(q, k, v, key_cache, value_cache, meta))
     assert CppPagedAttention(heads, kv_heads, dim).prefill_kernel is kernel
-    assert len(flash_calls) == on_amx
     torch.testing.assert_close(results[0], results[1], rtol=TORCH_TOLERANCE, atol=TORCH_TOLERANCE)
 
 
@@ -298,5 +302,43 @@ def test_bad_inputs_are_refused_by_name(kernel, table, context, message):
 def test_unknown_products_are_refused_by_name(kernel):
     keys, values, table = paged_case(20, 4, 2, 64, 16, seed=1)
     q = torch.zeros(20, 4, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="products must be native, dpbf16 or fma, not amx"):
-        kernel.chunk_attention(q, keys, values, table, 20, 0.125, torch.empty_like(q), "amx")
+    with pytest.raises(RuntimeError, match="products must be native, amx, dpbf16 or fma, not x"):
+        kernel.chunk_attention(q, keys, values, table, 20, 0.125, torch.empty_like(q), "x")
+
+
+def test_native_products_take_the_tiles_where_they_run_and_amx_is_refused_elsewhere(kernel):
+    """Unnamed, the form is the tiles where they run (their bits), else a vector form (the
+    vector forms' bits); asked for where they do not run, the tiles are refused by name."""
+    keys, values, table = paged_case(100, 9, 3, 64, 16, seed=2)
+    q = torch.randn(60, 9, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    outs = {}
+    for products in ["native", *forms(kernel)]:
+        outs[products] = torch.empty_like(q)
+        kernel.chunk_attention(q, keys, values, table, 100, 0.125, outs[products], products)
+    expected = "amx" if kernel.on_tiles() else "fma"
+    assert torch.equal(outs["native"].view(torch.int16), outs[expected].view(torch.int16))
+    if kernel.on_tiles():
+        # Tile products round their sums their own way: the forms differ somewhere.
+        assert not torch.equal(outs["amx"], outs["fma"])
+    else:
+        with pytest.raises(RuntimeError, match="products amx need AMX tiles"):
+            kernel.chunk_attention(q, keys, values, table, 100, 0.125, outs["fma"], "amx")
+
+
+def test_tiles_and_onednns_amx_matmuls_leave_each_other_correct(kernel):
+    """Each sets the thread's tile configuration its own way: calls alternating on the same
+    threads still give each one's own results."""
+    if not kernel.on_tiles():
+        pytest.skip("no AMX tiles here")
+    keys, values, table = paged_case(300, 9, 3, 64, 16, seed=4)
+    q = torch.randn(300, 9, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    a = torch.randn(200, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
+    b = torch.randn(576, 960, generator=torch.Generator().manual_seed(6)).bfloat16()
+    first, again = torch.empty_like(q), torch.empty_like(q)
+    kernel.chunk_attention(q, keys, values, table, 300, 0.125, first, "amx")
+    product = a @ b
+    kernel.chunk_attention(q, keys, values, table, 300, 0.125, again, "amx")
+    assert torch.equal(first, again)
+    torch.testing.assert_close((a @ b).float(), product.float())
+    exact = a.double() @ b.double()
+    torch.testing.assert_close(product.double(), exact, rtol=2e-2, atol=0.5)
