@@ -358,7 +358,11 @@ class _Server(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        handled = (signal.SIGINT, signal.SIGTERM)
+        handled = [signal.SIGINT, signal.SIGTERM]
+        # A closed terminal's SIGHUP reaches this process alone (the workers lead sessions of
+        # their own): it stops the server too, unless it was told to ignore it (nohup).
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            handled.append(signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._signalled) for sig in handled}
         try:
             yield

@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from servers import (
     DEEPWELL,
     MODEL_ARGS,
@@ -136,7 +137,13 @@ def test_ready_is_503_until_the_worker_is_up_and_503_again_once_it_dies(tmp_path
     assert not is_running(worker)
 
 
-def test_sigterm_while_the_worker_compiles_ends_it_and_its_compiler_at_once(tmp_path):
+# SIGHUP: a closed terminal's, which reaches the server alone.
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_stop_signal_while_the_worker_compiles_ends_it_and_its_compiler_at_once(
+    tmp_path, stop_signal
+):
+    if signal.getsignal(stop_signal) is signal.SIG_IGN:
+        pytest.skip("this run ignores SIGHUP (nohup), and so would the server it starts")
     # An empty kernel cache: the worker compiles its C++ kernels as it loads, and never reads
     # its inbox (and so its Shutdown) until the model is up.
     cache = tmp_path / "kernels"
@@ -156,7 +163,7 @@ def test_sigterm_while_the_worker_compiles_ends_it_and_its_compiler_at_once(tmp_
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop_signal)
         code = process.wait(60)
         stopped_in = time.monotonic() - signalled
         left = processes_carrying(marker)
