@@ -86,7 +86,7 @@ def _signal_session(session: int, sig: signal.Signals) -> None:
 
 def _session_members(session: int) -> list[int]:
     """The processes of `session` that still run (zombies aside), from Linux's /proc; none
-    where there is no /proc. A session id is not reused while any member lives."""
+    where there is no /proc."""
     if not _PROC.is_dir():
         return []
     members = []
