@@ -2,7 +2,8 @@
 up, stop it all cleanly.
 
 SIGINT / SIGTERM drain (serve/graceful_shutdown.py), tell the workers to exit and wait for
-them: no orphan processes.
+them; a worker still loading is terminated at once (serve/worker_processes.py): no orphan
+processes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,10 +32,10 @@ from deepwell.serve.cluster.assembly import Cluster, assemble_cluster
 from deepwell.serve.cluster.inference_errors import EngineUnavailable
 from deepwell.serve.cluster.options import worker_roles
 from deepwell.serve.cluster.routing import POLICIES
-from deepwell.serve.cluster.worker_pool import WorkerPool, WorkerRole
+from deepwell.serve.cluster.worker_pool import Worker, WorkerPool, WorkerRole
 from deepwell.serve.graceful_shutdown import GracefulShutdown
 from deepwell.serve.log_format import configure_logging
-from deepwell.serve.messages import WorkerConfig, encode_message
+from deepwell.serve.messages import WorkerConfig
 from deepwell.serve.model import (
     ServedModel,
     UnsupportedModel,
@@ -51,6 +51,7 @@ from deepwell.serve.settings import (
     model_path,
 )
 from deepwell.serve.start_gate import StartGate
+from deepwell.serve.worker_processes import kill_worker, start_worker, stop_worker
 from deepwell.settings.flags import engine_args_from, given
 from deepwell.settings.parallel import ParallelConfig
 
@@ -58,7 +59,6 @@ logger = logging.getLogger("deepwell.serve")
 
 # Loading a model from a cold disk and building its KV cache can take a while on CPU.
 WORKER_READY_TIMEOUT_S = 600.0
-WORKER_EXIT_TIMEOUT_S = 10.0
 # After the drain, how long uvicorn waits for open connections before closing them.
 HTTP_CLOSE_TIMEOUT_S = 5.0
 # A killed worker is noticed within this (its heartbeats would take a second).
@@ -192,7 +192,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
             workers = []
             watcher = None
         else:
-            workers = [_start_worker(config) for config in configs]
+            workers = [start_worker(config) for config in configs]
             logger.info("starting %d engine worker(s): loading %s", len(workers), _model_name(args))
             watcher = asyncio.create_task(_watch_workers(cluster.pool, configs, workers, serving))
 
@@ -221,9 +221,15 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         finally:
             if watcher is not None:
                 watcher.cancel()
+            known = cluster.pool.workers
+            reading = [_reads_inbox(known[worker_id]) for worker_id in range(len(workers))]
             await cluster.pool.close()
-            for worker in workers:
-                await asyncio.to_thread(_stop_process, worker)
+            await asyncio.gather(
+                *(
+                    asyncio.to_thread(stop_worker, worker, reads)
+                    for worker, reads in zip(workers, reading, strict=True)
+                )
+            )
             if on_ray:
                 await asyncio.to_thread(actors.stop)
                 ray_workers.disconnect()
@@ -306,12 +312,6 @@ def worker_config(
     )
 
 
-def _start_worker(config: WorkerConfig) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "deepwell.serve.worker", encode_message(config).hex()]
-    )
-
-
 async def _watch_workers(
     pool: WorkerPool,
     configs: list[WorkerConfig],
@@ -328,7 +328,7 @@ async def _watch_workers(
             known = pool.workers[worker_id]
             if worker.poll() is None:
                 if serving.is_set() and known.failure is not None and not known.draining:
-                    worker.kill()
+                    kill_worker(worker)
                 continue
             if known.draining:
                 continue  # drained on purpose: it stays out
@@ -336,18 +336,15 @@ async def _watch_workers(
             pool.remove(worker_id, f"process exited with code {worker.returncode}", failed=True)
             if serving.is_set():
                 logger.warning("restarting engine worker %d", worker_id)
-                workers[worker_id] = _start_worker(configs[worker_id])
+                workers[worker_id] = start_worker(configs[worker_id])
                 pool.restarted(worker_id)
         await asyncio.sleep(WORKER_WATCH_INTERVAL_S)
 
 
-def _stop_process(worker: subprocess.Popen) -> None:
-    try:
-        worker.wait(WORKER_EXIT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        logger.warning("worker %s did not exit; killing it", worker.pid)
-        worker.kill()
-        worker.wait()
+def _reads_inbox(worker: Worker) -> bool:
+    """Whether a worker takes its `Shutdown` (a drained one has it already, and may still
+    be writing out its KV store blocks)."""
+    return worker.live or worker.draining
 
 
 class _Server(uvicorn.Server):
@@ -361,7 +358,11 @@ class _Server(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        handled = (signal.SIGINT, signal.SIGTERM)
+        handled = [signal.SIGINT, signal.SIGTERM]
+        # A closed terminal's SIGHUP reaches this process alone (the workers lead sessions of
+        # their own): it stops the server too, unless it was told to ignore it (nohup).
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            handled.append(signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._signalled) for sig in handled}
         try:
             yield

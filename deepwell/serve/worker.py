@@ -251,11 +251,20 @@ def send_heartbeats(
         socket.close()
 
 
+def _exit_on_sigterm(_sig: int, _frame: object) -> None:
+    """SIGTERM (the launcher's, to a worker that is not reading its inbox) as an exception,
+    not the default exit on the spot: a kernel build under way releases its build locks on
+    the way out (engine/layers/kernel_build_lock.py), and what its compiler left half-written
+    has no entry in ninja's log, so the next build redoes it."""
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def main(config: WorkerConfig) -> None:
     """Process entry point: load the engine, then serve it until told to stop."""
     # The parent owns shutdown: it finishes or aborts in-flight requests, then sends
     # `Shutdown`. A Ctrl-C reaching the whole process group must not kill us first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     configure_logging(config.log_level, config.log_format)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)

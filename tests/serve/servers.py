@@ -58,6 +58,25 @@ def is_running(pid: int) -> bool:
         return False
 
 
+def processes_carrying(variable: str) -> dict[int, str]:
+    """The running processes whose environment holds `variable` (NAME=value), by PID, with
+    their command names: every process a server started inherits its environment, whatever
+    session or process group it moved to."""
+    wanted = variable.encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or not is_running(int(entry)):
+            continue
+        try:
+            environment = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            name = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            continue
+        if wanted in environment:
+            found[int(entry)] = name
+    return found
+
+
 @dataclass
 class Server:
     process: subprocess.Popen

@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from servers import (
     DEEPWELL,
     MODEL_ARGS,
@@ -18,8 +19,12 @@ from servers import (
     children_of,
     free_port,
     is_running,
+    processes_carrying,
     start_server,
 )
+
+from deepwell.engine.layers.kernel_build_lock import LOCK_NAME, TORCH_LOCK_NAME
+from deepwell.serve.worker_processes import WORKER_EXIT_TIMEOUT_S
 
 
 def test_sigint_stops_a_mock_server(tmp_path):
@@ -130,6 +135,49 @@ def test_ready_is_503_until_the_worker_is_up_and_503_again_once_it_dies(tmp_path
     finally:
         assert server.stop() == 0
     assert not is_running(worker)
+
+
+# SIGHUP: a closed terminal's, which reaches the server alone.
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_stop_signal_while_the_worker_compiles_ends_it_and_its_compiler_at_once(
+    tmp_path, stop_signal
+):
+    if signal.getsignal(stop_signal) is signal.SIG_IGN:
+        pytest.skip("this run ignores SIGHUP (nohup), and so would the server it starts")
+    # An empty kernel cache: the worker compiles its C++ kernels as it loads, and never reads
+    # its inbox (and so its Shutdown) until the model is up.
+    cache = tmp_path / "kernels"
+    marker = f"TORCH_EXTENSIONS_DIR={cache}"
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [DEEPWELL, "serve", "--port", str(free_port()), *MODEL_ARGS],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(cache)},
+        )
+    try:
+        deadline = time.monotonic() + MODEL_LOAD_TIMEOUT_S
+        while "cc1plus" not in processes_carrying(marker).values():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        process.send_signal(stop_signal)
+        code = process.wait(60)
+        stopped_in = time.monotonic() - signalled
+        left = processes_carrying(marker)
+    finally:
+        process.kill()
+        for pid in processes_carrying(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert code == 0, log.read_text()
+    assert stopped_in < WORKER_EXIT_TIMEOUT_S / 2, log.read_text()
+    assert not left, f"processes left behind: {left}"
+    # The build was cut short: no kernel in the cache, and no lock to wait on or take over.
+    assert not list(cache.glob("*/*.so"))
+    assert not list(cache.glob(f"*/{LOCK_NAME}"))
+    assert not list(cache.glob(f"*/{TORCH_LOCK_NAME}"))
 
 
 def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
