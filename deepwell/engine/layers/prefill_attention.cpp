@@ -13,7 +13,8 @@
 // instruction is slow, as FMAs on the widened halves that round to the same bits (`Products`),
 // the blocks widened once a call. What the causal mask zeroes is skipped where the bits allow:
 // key vectors past every row of a tile in the scores and the softmax, and in the FMA form the
-// value products of a block's last 32 keys (`masked_tail`).
+// value products of a block's last 32 keys (`masked_tail`). Where AMX tiles run, both products
+// run on them instead (`attend_on_tiles`), with bits of their own.
 
 #include <torch/library.h>
 
@@ -631,281 +632,317 @@ void attend(const Chunk& c) {
 #if defined(DEEPWELL_PREFILL_AMX)
 
 // The AMX form: the scores and the value products as tile products (TDPBF16PS), the softmax
-// between them on vectors, spans of kSpanKeys keys at a time. A tile product rounds its sums
-// its own way (see Products), so this form's bits are not the other two's; its outputs are as
-// close to exact attention as theirs (the tests hold all forms to the same bound). On the AMX
-// Xeon, one thread, a 512-token first chunk of SmolLM2's heads: see the docstring of
-// benchmarks/prefill_chunk_attention.py for the figures.
+// between them on vectors. A tile product rounds its sums its own way (see Products), so this
+// form's bits are not the other two's; its outputs are as close to exact attention as theirs
+// (the tests hold every form to the same bound).
 //
-// Every tile is 16 rows of 64 bytes: queries 16 rows × 32 head dims (bf16), keys 16 head-dim
-// pairs × 16 keys, scores 16 rows × 16 keys (float32); weights 16 rows × 32 keys (bf16), values
-// 16 key pairs × 16 head dims, outputs 16 rows × 16 head dims (float32). tmm0-3 accumulate,
-// tmm4 holds the queries or the weights, tmm6-7 the keys or the values, one loading while the
-// other multiplies.
+// It computes the transposes, keys × query rows, so that a vector holds one key's scores of
+// 16 query rows: the softmax's max, sum and rescale are then lane-wise, with no reduction
+// across a vector and nothing per row. A task's rows go 16 at a time (a row tile), each over
+// spans of kSpanKeys keys:
+//   scores^T [16 keys × 16 rows] = keys [16 × 32 head dims] · queries^T (pairs of dims × rows),
+//   outputs^T [16 dims × 16 rows] += values^T [16 dims × 32 keys] · weights^T (key pairs × rows).
+// Every tile is 16 rows of 64 bytes; tmm0-3 accumulate, tmm4-5 hold keys or values (one
+// loading while the other multiplies), tmm6 the queries or the weights.
 constexpr int64_t kTile = 16;
-// bf16 pairs of a key or value tile.
-constexpr int64_t kTileElements = kTile * kTile;
-// Keys of one value product: a weight tile's row.
+// bf16 elements of a tile.
+constexpr int64_t kTileBf16 = 2 * kTile * kTile;
+// Keys of one value product: a values^T tile's row.
 constexpr int64_t kValueStep = 32;
-// Keys per softmax span: the scores and weights of a span for a pair of row tiles (32 and 16
-// KiB) stay near from the score products through the softmax to the value products, and a
-// row's output is rescaled at most once a span.
+// Keys per softmax span: a row tile's scores and weights of a span (16 and 8 KiB) stay in L1
+// from the score products through the softmax to the value products, and the output is
+// rescaled at most once a span.
 constexpr int64_t kSpanKeys = 256;
+// Accumulator tiles a pass: key tiles of scores, or dim tiles of outputs.
+constexpr int64_t kAccumulators = 4;
 
-// Accumulator tile (tmm0-3) of row tile r and column tile n of a 2 × 2 block.
-constexpr int acc(int r, int n) { return 2 * r + n; }
+// tmm0 .. tmm(N-1) += N tiles at a (the next `a_step` elements on, rows a_bytes apart) times
+// tmm6.
+template <int N>
+inline void add_products(const uint16_t* a, int64_t a_bytes, int64_t a_step) {
+  _tile_loadd(4, a, a_bytes);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (N > 1) {
+    _tile_loadd(5, a + a_step, a_bytes);
+    _tile_dpbf16ps(1, 5, 6);
+  }
+  if constexpr (N > 2) {
+    _tile_loadd(4, a + 2 * a_step, a_bytes);
+    _tile_dpbf16ps(2, 4, 6);
+  }
+  if constexpr (N > 3) {
+    _tile_loadd(5, a + 3 * a_step, a_bytes);
+    _tile_dpbf16ps(3, 5, 6);
+  }
+}
 
-// tmm(acc) = 0 for R × N accumulators.
-template <int R, int N>
-inline void zero_tiles() {
+// N accumulators from (Load) or to float32 tiles at c, `step` floats apart, rows 64 bytes.
+template <int N, bool Load>
+inline void move_tiles(float* c, int64_t step) {
+  if constexpr (Load) {
+    _tile_loadd(0, c, 64);
+    if constexpr (N > 1) _tile_loadd(1, c + step, 64);
+    if constexpr (N > 2) _tile_loadd(2, c + 2 * step, 64);
+    if constexpr (N > 3) _tile_loadd(3, c + 3 * step, 64);
+  } else {
+    _tile_stored(0, c, 64);
+    if constexpr (N > 1) _tile_stored(1, c + step, 64);
+    if constexpr (N > 2) _tile_stored(2, c + 2 * step, 64);
+    if constexpr (N > 3) _tile_stored(3, c + 3 * step, 64);
+  }
+}
+
+// scores^T of N key tiles (keys: the first one's first row, rows dim apart, the next tile
+// 16 rows on) against a row tile's queries^T (dim / 32 tiles from queries), stored key by
+// key at s (16 floats a key).
+template <int N>
+void score_tiles(const uint16_t* keys, int64_t dim, const uint32_t* queries, float* s) {
   _tile_zero(0);
   if constexpr (N > 1) _tile_zero(1);
-  if constexpr (R > 1) _tile_zero(2);
-  if constexpr (R > 1 && N > 1) _tile_zero(3);
-}
-
-// R × N accumulators from (Load) or to float32 rows at c, `c_bytes` apart: row tiles 16 rows
-// apart, column tiles 16 floats.
-template <int R, int N, bool Load>
-inline void move_tiles(float* c, int64_t c_bytes) {
-  const int64_t down = kTile * c_bytes / 4;
-  if constexpr (Load) {
-    _tile_loadd(0, c, c_bytes);
-    if constexpr (N > 1) _tile_loadd(1, c + kTile, c_bytes);
-    if constexpr (R > 1) _tile_loadd(2, c + down, c_bytes);
-    if constexpr (R > 1 && N > 1) _tile_loadd(3, c + down + kTile, c_bytes);
-  } else {
-    _tile_stored(0, c, c_bytes);
-    if constexpr (N > 1) _tile_stored(1, c + kTile, c_bytes);
-    if constexpr (R > 1) _tile_stored(2, c + down, c_bytes);
-    if constexpr (R > 1 && N > 1) _tile_stored(3, c + down + kTile, c_bytes);
+  if constexpr (N > 2) _tile_zero(2);
+  if constexpr (N > 3) _tile_zero(3);
+  for (int64_t d = 0; d < dim / (2 * kTile); ++d) {
+    _tile_loadd(6, queries + d * kTile * kTile, 64);
+    add_products<N>(keys + d * 2 * kTile, dim * 2, kTile * dim);
   }
+  move_tiles<N, false>(s, kTile * kTile);
 }
 
-// The accumulators += R row tiles of bf16 (a, rows a_bytes apart, the second tile 16 rows
-// on) times N packed tiles (b, the second `b_step` elements on): tmm4-5 hold the rows,
-// tmm6-7 the packed tiles, each loaded once for the two products it takes part in.
-template <int R, int N>
-inline void add_products(const uint16_t* a, int64_t a_bytes, const uint32_t* b,
-                         int64_t b_step) {
-  _tile_loadd(4, a, a_bytes);
-  if constexpr (R > 1) _tile_loadd(5, a + kTile * a_bytes / 2, a_bytes);
-  _tile_loadd(6, b, 64);
-  if constexpr (N > 1) _tile_loadd(7, b + b_step, 64);
-  _tile_dpbf16ps(0, 4, 6);
-  if constexpr (N > 1) _tile_dpbf16ps(1, 4, 7);
-  if constexpr (R > 1) _tile_dpbf16ps(2, 5, 6);
-  if constexpr (R > 1 && N > 1) _tile_dpbf16ps(3, 5, 7);
-}
-
-// The scores of R row tiles of queries (q, rows q_bytes apart) against N key tiles (keys:
-// the first one's head-dim pairs 0-15, the next key_tile elements on), over dim_steps runs
-// of 32 head dims, stored side by side at s (rows s_bytes apart).
-template <int R, int N>
-void score_tiles(const uint16_t* q, int64_t q_bytes, const uint32_t* keys, int64_t key_tile,
-                 int64_t dim_steps, float* s, int64_t s_bytes) {
-  zero_tiles<R, N>();
-  for (int64_t d = 0; d < dim_steps; ++d) {
-    add_products<R, N>(q + d * 2 * kTile, q_bytes, keys + d * kTileElements, key_tile);
-  }
-  move_tiles<R, N, false>(s, s_bytes);
-}
-
-// The outputs of R row tiles (o, rows o_bytes apart; N output tiles of 16 head dims) += the
-// rows' weights (w, rows w_bytes apart) times the values of `steps` runs of 32 keys (values:
-// the first run's first output tile, the next run step_size elements on, the next output
-// tile kTileElements on).
-template <int R, int N>
-void value_tiles(const uint16_t* w, int64_t w_bytes, const uint32_t* values, int64_t step_size,
-                 int64_t steps, float* o, int64_t o_bytes) {
-  move_tiles<R, N, true>(o, o_bytes);
+// outputs^T of N dim tiles (o: the first one, the next 256 floats on) += values^T (values:
+// the first dim tile's first 32-key run, the next run kTileBf16 elements on, the next dim tile
+// `dim_tile` on) times the weights^T of `steps` runs of 32 keys (weights: 16 key pairs × 16
+// rows a run).
+template <int N>
+void value_tiles(const uint16_t* values, int64_t dim_tile, const uint32_t* weights,
+                 int64_t steps, float* o) {
+  move_tiles<N, true>(o, kTile * kTile);
   for (int64_t st = 0; st < steps; ++st) {
-    add_products<R, N>(w + st * kValueStep, w_bytes, values + st * step_size, kTileElements);
+    _tile_loadd(6, weights + st * kTile * kTile, 64);
+    add_products<N>(values + st * kTileBf16, 64, dim_tile);
   }
-  move_tiles<R, N, false>(o, o_bytes);
+  move_tiles<N, false>(o, kTile * kTile);
 }
 
-using TileProducts = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t,
-                              float*, int64_t);
-// By [row tiles - 1][column tiles - 1].
-constexpr TileProducts kScoreTiles[2][2] = {
-    {score_tiles<1, 1>, score_tiles<1, 2>}, {score_tiles<2, 1>, score_tiles<2, 2>}};
-constexpr TileProducts kValueTiles[2][2] = {
-    {value_tiles<1, 1>, value_tiles<1, 2>}, {value_tiles<2, 1>, value_tiles<2, 2>}};
+using ScoreTiles = void (*)(const uint16_t*, int64_t, const uint32_t*, float*);
+constexpr ScoreTiles kScoreTiles[kAccumulators + 1] = {
+    nullptr, score_tiles<1>, score_tiles<2>, score_tiles<3>, score_tiles<4>};
+using ValueTiles = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, float*);
+constexpr ValueTiles kValueTiles[kAccumulators + 1] = {
+    nullptr, value_tiles<1>, value_tiles<2>, value_tiles<3>, value_tiles<4>};
 
-// Packs 32-key run `step` of KV head h into tiles: its two key tiles ([pairs][16 keys] each)
-// and its value tiles ([dim / 16][16 key pairs][16 dims]); keys past the context are zeros.
-void pack_tile_step(const Chunk& c, int64_t h, int64_t step, uint32_t* keys, uint32_t* values) {
-  const int64_t pairs = c.dim / 2;
+// A KV head's keys and values for the tiles, from 32-key run `step`: keys as rows [32][dim],
+// values^T as [dim / 16][16 dims][32 keys] (each a tile, runs kTileBf16 apart within a dim
+// tile: `dim_tile` = steps * kTileBf16); keys past the context are zeros.
+void pack_tile_run(const Chunk& c, int64_t h, int64_t step, int64_t dim_tile, uint16_t* keys,
+                   uint16_t* values) {
   for (int64_t j = 0; j < kValueStep; ++j) {
-    const auto* k = reinterpret_cast<const uint32_t*>(
-        cache_row(c, c.key_cache, h, step * kValueStep + j));
-    uint32_t* tile = keys + (j / kTile) * pairs * kTile + j % kTile;
-    for (int64_t p = 0; p < pairs; ++p) tile[p * kTile] = k ? k[p] : 0u;
-  }
-  for (int64_t m = 0; m < kTile; ++m) {
-    const uint16_t* even = cache_row(c, c.value_cache, h, step * kValueStep + 2 * m);
-    const uint16_t* odd = cache_row(c, c.value_cache, h, step * kValueStep + 2 * m + 1);
+    const int64_t key = step * kValueStep + j;
+    const uint16_t* k = cache_row(c, c.key_cache, h, key);
+    const uint16_t* v = cache_row(c, c.value_cache, h, key);
+    uint16_t* row = keys + j * c.dim;
+    if (k == nullptr) {
+      std::fill(row, row + c.dim, uint16_t{0});
+    } else {
+      std::memcpy(row, k, c.dim * sizeof(uint16_t));
+    }
     for (int64_t d = 0; d < c.dim; ++d) {
-      const uint32_t lo = even ? even[d] : 0u;
-      const uint32_t hi = odd ? odd[d] : 0u;
-      values[(d / kTile) * kTileElements + m * kTile + d % kTile] = lo | (hi << 16);
+      values[(d / kTile) * dim_tile + (d % kTile) * kValueStep + j] = v ? v[d] : uint16_t{0};
     }
   }
 }
 
-// One row's softmax step over a span: its scores s[0, visible) (visible >= 1) scaled to base 2
-// join the running max and sum; its weights, rounded to bf16, go to w[0, width) with zeros past
-// `visible`. Returns the factor the row's output so far is to be scaled by.
-float span_softmax(const float* s, int64_t visible, int64_t width, float scale, float& max,
-                   float& sum, uint16_t* w) {
-  // The raw scores' max, scaled after: rounding keeps the order, so it is the scaled scores'.
-  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t k = 0;
-  for (; k + 16 <= visible; k += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + k));
-  if (k < visible) {
-    top = _mm512_mask_max_ps(top, visible_lanes(visible - 1 - k, 0), top, _mm512_loadu_ps(s + k));
-  }
-  const float old_max = max;
-  max = std::max(old_max, _mm512_reduce_max_ps(top) * scale);
-  const float alpha = max == old_max && std::isfinite(old_max) ? 1.f : std::exp2(old_max - max);
-  const __m512 factor = _mm512_set1_ps(scale), shift = _mm512_set1_ps(max);
-  auto weight = [&](int64_t first) {
-    return exp2_ps<5>(_mm512_fmsub_ps(_mm512_loadu_ps(s + first), factor, shift));
-  };
-  __m512 total = _mm512_setzero_ps();
-  for (k = 0; k + 32 <= visible; k += 32) {
-    const __m512 low = weight(k), high = weight(k + 16);
-    total = _mm512_add_ps(total, _mm512_add_ps(low, high));
-    _mm512_storeu_si512(w + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low)));
-  }
-  for (; k < width; k += 32) {
-    __m512 p[2];
-    for (int v = 0; v < 2; ++v) {
-      const int64_t first = k + 16 * v;
-      p[v] = first < visible
-                 ? _mm512_maskz_mov_ps(visible_lanes(visible - 1 - first, 0), weight(first))
-                 : _mm512_setzero_ps();
-      total = _mm512_add_ps(total, p[v]);
-    }
-    _mm512_storeu_si512(w + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0])));
-  }
-  sum = sum * alpha + _mm512_reduce_add_ps(total);
-  return alpha;
-}
-
-// Per-thread working memory of a task on tiles: its query rows (zero past them, to whole
-// tiles), a span's scores and weights, its output, running maxima and sums.
+// Per-thread working memory of a task: per row tile its queries^T ([dim / 32] tiles of 16
+// dim pairs × 16 rows), outputs^T ([dim][16] floats), running max and sum and each row's
+// position (16 lanes); a span's scores^T ([kSpanKeys][16]) and weights^T ([kSpanKeys / 2][16]
+// pairs); each row's output.
 struct TileScratch {
-  std::vector<uint16_t> q, weights;
+  std::vector<uint32_t> queries, weights;
   std::vector<float> scores, out, max, sum;
+  std::vector<int32_t> positions;
+  std::vector<uint16_t*> rows;
 };
 
+// Index of each bf16 in a pair-interleaved row of weights^T: (key 2m row r, key 2m + 1 row r)
+// for r = 0 .. 15, from [16 of key 2m, 16 of key 2m + 1].
+inline __m512i pair_order() {
+  alignas(64) int16_t order[32];
+  for (int r = 0; r < kTile; ++r) {
+    order[2 * r] = static_cast<int16_t>(r);
+    order[2 * r + 1] = static_cast<int16_t>(kTile + r);
+  }
+  return _mm512_load_si512(order);
+}
+
+// The softmax of one row tile over a span's `seen` keys (scores^T s, key by key): lanes whose
+// last visible key is below `key` (their `last`, relative to the span) weigh it 0. Updates the
+// running max and sum, rescales the outputs^T (o, dim rows), and writes the weights^T rounded
+// to bf16 for whole runs of 32 keys (zeros past `seen`).
+void tile_softmax(const float* s, int64_t seen, __m512i last, int64_t all_see, float scale,
+                  float* max, float* sum, float* o, int64_t dim, uint32_t* weights) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  auto lanes_seeing = [&](int64_t key) {
+    return _mm512_cmpge_epi32_mask(last, _mm512_set1_epi32(static_cast<int32_t>(key)));
+  };
+  // The raw scores' max, scaled after: rounding keeps the order, so it is the scaled ones'.
+  // Four running maxima, apart from one another's latency.
+  __m512 tops[4];
+  for (auto& top : tops) top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t k = 0;
+  for (; k + 4 <= all_see; k += 4) {
+    for (int i = 0; i < 4; ++i) {
+      tops[i] = _mm512_max_ps(tops[i], _mm512_loadu_ps(s + (k + i) * kTile));
+    }
+  }
+  for (; k < all_see; ++k) tops[0] = _mm512_max_ps(tops[0], _mm512_loadu_ps(s + k * kTile));
+  for (; k < seen; ++k) {
+    tops[1] = _mm512_mask_max_ps(tops[1], lanes_seeing(k), tops[1], _mm512_loadu_ps(s + k * kTile));
+  }
+  const __m512 top = _mm512_max_ps(_mm512_max_ps(tops[0], tops[1]), _mm512_max_ps(tops[2], tops[3]));
+  const __m512 old_max = _mm512_loadu_ps(max);
+  const __m512 new_max = _mm512_max_ps(old_max, _mm512_mul_ps(top, factor));
+  // Lanes whose max stays keep their outputs as they are (and a lane that has seen nothing
+  // yet, -inf both, no NaN).
+  const __mmask16 moved = _mm512_cmp_ps_mask(new_max, old_max, _CMP_NEQ_UQ);
+  const __m512 alpha =
+      _mm512_mask_mov_ps(_mm512_set1_ps(1.f), moved, exp2_ps<5>(_mm512_sub_ps(old_max, new_max)));
+  _mm512_storeu_ps(max, new_max);
+  if (moved) {
+    for (int64_t d = 0; d < dim; ++d) {
+      _mm512_storeu_ps(o + d * kTile, _mm512_mul_ps(_mm512_loadu_ps(o + d * kTile), alpha));
+    }
+  }
+  const __m512i order = pair_order();
+  __m512 total = _mm512_setzero_ps();
+  const int64_t width = (seen + kValueStep - 1) / kValueStep * kValueStep;
+  for (k = 0; k < width; k += 2) {
+    __m512 p[2];
+    for (int i = 0; i < 2; ++i) {
+      const int64_t key = k + i;
+      if (key >= seen) {
+        p[i] = _mm512_setzero_ps();
+        continue;
+      }
+      p[i] = exp2_ps<5>(_mm512_fmsub_ps(_mm512_loadu_ps(s + key * kTile), factor, new_max));
+      if (key >= all_see) p[i] = _mm512_maskz_mov_ps(lanes_seeing(key), p[i]);
+      total = _mm512_add_ps(total, p[i]);
+    }
+    const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+    _mm512_storeu_si512(weights + k / 2 * kTile, _mm512_permutexvar_epi16(order, halves));
+  }
+  _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), alpha, total));
+}
+
 // One task on tiles: KV head h, query positions [begin, end), every query head of the group,
-// over the packed keys and values of that head.
+// over the head's packed keys (rows) and values^T.
 void run_tile_task(const Chunk& c, TileScratch& w, int64_t h, int64_t begin, int64_t end,
-                   const uint32_t* keys, const uint32_t* values) {
+                   const uint16_t* keys, const uint16_t* values, int64_t dim_tile) {
   const int64_t group = c.heads / c.kv_heads;
   const int64_t rows = (end - begin) * group;
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   const int64_t offset = c.context_len - c.length;  // position of row 0 of the chunk
   const int64_t dim = c.dim, pairs = dim / 2, dim_tiles = dim / kTile;
+  // queries^T: pair p of row r of tile t at [t][p][r]; lanes past the rows are zeros, at a
+  // position no key reaches.
   for (int64_t r = 0; r < row_tiles * kTile; ++r) {
-    uint16_t* dst = w.q.data() + r * dim;
-    if (r < rows) {
-      const int64_t i = begin + r / group, head = h * group + r % group;
-      std::memcpy(dst, c.q + i * c.q_row + head * dim, dim * sizeof(uint16_t));
-    } else {
-      std::fill(dst, dst + dim, uint16_t{0});
+    uint32_t* dst = w.queries.data() + (r / kTile) * pairs * kTile + r % kTile;
+    if (r >= rows) {
+      for (int64_t p = 0; p < pairs; ++p) dst[p * kTile] = 0u;
+      w.positions[r] = std::numeric_limits<int32_t>::min() / 2;
+      continue;
     }
+    const int64_t position = begin + r / group, head = h * group + r % group;
+    const auto* q = reinterpret_cast<const uint32_t*>(c.q + position * c.q_row + head * dim);
+    for (int64_t p = 0; p < pairs; ++p) dst[p * kTile] = q[p];
+    w.positions[r] = static_cast<int32_t>(offset + position);
+    w.rows[r] = c.out + position * c.out_row + head * dim;
   }
-  std::fill(w.out.begin(), w.out.begin() + row_tiles * kTile * dim, 0.f);
-  std::fill(w.max.begin(), w.max.begin() + rows, -std::numeric_limits<float>::infinity());
-  std::fill(w.sum.begin(), w.sum.begin() + rows, 0.f);
+  std::fill(w.out.begin(), w.out.begin() + row_tiles * dim * kTile, 0.f);
+  std::fill(w.max.begin(), w.max.begin() + row_tiles * kTile,
+            -std::numeric_limits<float>::infinity());
+  std::fill(w.sum.begin(), w.sum.begin() + row_tiles * kTile, 0.f);
   const float scale = c.scale * 1.4426950408889634f;  // base 2, as tile_step's
   const int64_t last_key = offset + end - 1;
   for (int64_t span = 0; span <= last_key; span += kSpanKeys) {
-    for (int64_t t = 0; t < row_tiles; t += 2) {
-      const int pair = static_cast<int>(std::min<int64_t>(2, row_tiles - t));
-      const int64_t first = t * kTile, count = std::min(pair * kTile, rows - first);
-      const int64_t tile_last = offset + begin + (first + count - 1) / group;
-      if (tile_last < span) continue;  // causal: the tiles' rows see none of the span
-      const int64_t seen = std::min(tile_last + 1, span + kSpanKeys) - span;
+    for (int64_t t = 0; t < row_tiles; ++t) {
+      const int64_t first = t * kTile, count = std::min(kTile, rows - first);
+      // Each row's last key from the span's start (lanes past the rows: far below 0).
+      const __m512i last = _mm512_sub_epi32(_mm512_loadu_si512(w.positions.data() + first),
+                                            _mm512_set1_epi32(static_cast<int32_t>(span)));
+      const int64_t tile_last = w.positions[first + count - 1] - span;
+      if (tile_last < 0) continue;  // causal: the tile's rows see none of the span
+      const int64_t seen = std::min(tile_last + 1, kSpanKeys);
+      const int64_t all_see =
+          count < kTile ? 0 : std::clamp<int64_t>(w.positions[first] - span + 1, 0, seen);
       const int64_t key_tiles = (seen + kTile - 1) / kTile;
+      float* s = w.scores.data();
+      const uint32_t* queries = w.queries.data() + t * pairs * kTile;
+      for (int64_t k = 0; k < key_tiles; k += kAccumulators) {
+        kScoreTiles[std::min(kAccumulators, key_tiles - k)](
+            keys + (span + k * kTile) * dim, dim, queries, s + k * kTile * kTile);
+      }
+      float* o = w.out.data() + t * dim * kTile;
+      tile_softmax(s, seen, last, all_see, scale, w.max.data() + first, w.sum.data() + first, o,
+                   dim, w.weights.data());
       const int64_t steps = (seen + kValueStep - 1) / kValueStep;
-      float* s = w.scores.data() + first * kSpanKeys;
-      for (int64_t k = 0; k < key_tiles; k += 2) {
-        const int n = static_cast<int>(std::min<int64_t>(2, key_tiles - k));
-        kScoreTiles[pair - 1][n - 1](w.q.data() + first * dim, dim * 2,
-                                     keys + (span / kTile + k) * pairs * kTile, pairs * kTile,
-                                     dim / (2 * kTile), s + k * kTile, kSpanKeys * 4);
-      }
-      uint16_t* weights = w.weights.data() + first * kSpanKeys;
-      for (int64_t r = 0; r < pair * kTile; ++r) {
-        uint16_t* row_weights = weights + r * kSpanKeys;
-        const int64_t row = first + r;
-        const int64_t visible =
-            r < count ? std::min(offset + begin + row / group + 1, span + kSpanKeys) - span : 0;
-        if (visible <= 0) {
-          std::fill(row_weights, row_weights + steps * kValueStep, uint16_t{0});
-          continue;
-        }
-        const float alpha = span_softmax(s + r * kSpanKeys, visible, steps * kValueStep, scale,
-                                         w.max[row], w.sum[row], row_weights);
-        if (alpha != 1.f) rescale_rows<1>(w.out.data() + row * dim, dim, &alpha);
-      }
-      for (int64_t d = 0; d < dim_tiles; d += 2) {
-        kValueTiles[pair - 1][1](weights, kSpanKeys * 2,
-                                 values + (span / kValueStep * dim_tiles + d) * kTileElements,
-                                 dim_tiles * kTileElements, steps,
-                                 w.out.data() + first * dim + d * kTile, dim * 4);
+      for (int64_t d = 0; d < dim_tiles; d += kAccumulators) {
+        kValueTiles[std::min(kAccumulators, dim_tiles - d)](
+            values + d * dim_tile + span / kValueStep * kTileBf16, dim_tile, w.weights.data(),
+            steps, o + d * kTile * kTile);
       }
     }
   }
+  // outputs^T / sum, rounded to bf16, into each row: a row's dims gathered from its lane.
+  const __m512i lane_step = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(kTile));
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = begin + r / group, head = h * group + r % group;
+    const float* lane = w.out.data() + (r / kTile) * dim * kTile + r % kTile;
     const __m512 inverse = _mm512_set1_ps(1.f / w.sum[r]);
-    const float* src = w.out.data() + r * dim;
-    uint16_t* dst = c.out + i * c.out_row + head * dim;
     for (int64_t d = 0; d < dim; d += 32) {
-      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + d), inverse);
-      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + d + 16), inverse);
-      _mm512_storeu_si512(dst + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+      const __m512 lo = _mm512_mul_ps(
+          _mm512_i32gather_ps(lane_step, lane + d * kTile, 4), inverse);
+      const __m512 hi = _mm512_mul_ps(
+          _mm512_i32gather_ps(lane_step, lane + (d + 16) * kTile, 4), inverse);
+      _mm512_storeu_si512(w.rows[r] + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
     }
   }
 }
 
 void attend_on_tiles(const Chunk& c) {
-  // A 32-key run of a KV head packs into 16 * dim key pairs and as many value pairs.
+  // Each KV head's keys and values in whole 32-key runs: 32 * dim elements a run each.
   const int64_t steps = (c.context_len + kValueStep - 1) / kValueStep;
-  const int64_t run = kTile * c.dim;
-  const std::unique_ptr<uint32_t[]> keys(new uint32_t[c.kv_heads * steps * run]);
-  const std::unique_ptr<uint32_t[]> values(new uint32_t[c.kv_heads * steps * run]);
+  const int64_t head = steps * kValueStep * c.dim;
+  const int64_t dim_tile = steps * kTileBf16;
+  const std::unique_ptr<uint16_t[]> keys(new uint16_t[c.kv_heads * head]);
+  const std::unique_ptr<uint16_t[]> values(new uint16_t[c.kv_heads * head]);
   at::parallel_for(0, c.kv_heads * steps, 16, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
-      pack_tile_step(c, t / steps, t % steps, keys.get() + t * run, values.get() + t * run);
+      const int64_t h = t / steps, step = t % steps;
+      pack_tile_run(c, h, step, dim_tile, keys.get() + h * head + step * kValueStep * c.dim,
+                    values.get() + h * head + step * kTileBf16);
     }
   });
   const int64_t query_blocks = (c.length + kPositions - 1) / kPositions;
   const int64_t tasks = c.kv_heads * query_blocks;
-  const int64_t rows = kPositions * (c.heads / c.kv_heads);
-  const int64_t padded = (rows + kTile - 1) / kTile * kTile;
+  const int64_t row_tiles = (kPositions * (c.heads / c.kv_heads) + kTile - 1) / kTile;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     deepwell::load_full_tile_config();
     TileScratch w;
-    w.q.resize(padded * c.dim);
-    w.out.resize(padded * c.dim);
-    w.scores.resize(padded * kSpanKeys);
-    w.weights.resize(padded * kSpanKeys);
-    w.max.resize(rows);
-    w.sum.resize(rows);
+    w.queries.resize(row_tiles * c.dim / 2 * kTile);
+    w.out.resize(row_tiles * c.dim * kTile);
+    w.max.resize(row_tiles * kTile);
+    w.sum.resize(row_tiles * kTile);
+    w.positions.resize(row_tiles * kTile);
+    w.rows.resize(row_tiles * kTile);
+    w.scores.resize(kSpanKeys * kTile);
+    w.weights.resize(kSpanKeys / 2 * kTile);
     // Latest query blocks first, as attend hands them out.
     for (int64_t t = next++; t < tasks; t = next++) {
       const int64_t qb = query_blocks - 1 - t / c.kv_heads, h = t % c.kv_heads;
       const int64_t begin = qb * kPositions;
       run_tile_task(c, w, h, begin, std::min(c.length, begin + kPositions),
-                    keys.get() + h * steps * run, values.get() + h * steps * run);
+                    keys.get() + h * head, values.get() + h * head, dim_tile);
     }
     _tile_release();
   });
