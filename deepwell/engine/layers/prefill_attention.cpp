@@ -29,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -656,6 +657,27 @@ constexpr int64_t kSpanKeys = 256;
 // Accumulator tiles a pass: key tiles of scores, or dim tiles of outputs.
 constexpr int64_t kAccumulators = 4;
 
+// Memory the tiles load from and store to starts on a cache line: a tile row across two lines
+// ran a tile kernel at half speed (benchmarks/amx_prompt_linears.py's log section), and
+// new[] and std::vector give 16 bytes.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+template <typename T>
+using TileVector = std::vector<T, CacheLineAllocator<T>>;
+
 // tmm0 .. tmm(N-1) += N tiles at a (the next `a_step` elements on, rows a_bytes apart) times
 // tmm6.
 template <int N>
@@ -756,8 +778,8 @@ void pack_tile_run(const Chunk& c, int64_t h, int64_t step, int64_t dim_tile, ui
 // position (16 lanes); a span's scores^T ([kSpanKeys][16]) and weights^T ([kSpanKeys / 2][16]
 // pairs); each row's output.
 struct TileScratch {
-  std::vector<uint32_t> queries, weights;
-  std::vector<float> scores, out, max, sum;
+  TileVector<uint32_t> queries, weights;
+  TileVector<float> scores, out, max, sum;
   std::vector<int32_t> positions;
   std::vector<uint16_t*> rows;
 };
@@ -913,13 +935,12 @@ void attend_on_tiles(const Chunk& c) {
   const int64_t steps = (c.context_len + kValueStep - 1) / kValueStep;
   const int64_t head = steps * kValueStep * c.dim;
   const int64_t dim_tile = steps * kTileBf16;
-  const std::unique_ptr<uint16_t[]> keys(new uint16_t[c.kv_heads * head]);
-  const std::unique_ptr<uint16_t[]> values(new uint16_t[c.kv_heads * head]);
+  TileVector<uint16_t> keys(c.kv_heads * head), values(c.kv_heads * head);
   at::parallel_for(0, c.kv_heads * steps, 16, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
       const int64_t h = t / steps, step = t % steps;
-      pack_tile_run(c, h, step, dim_tile, keys.get() + h * head + step * kValueStep * c.dim,
-                    values.get() + h * head + step * kTileBf16);
+      pack_tile_run(c, h, step, dim_tile, keys.data() + h * head + step * kValueStep * c.dim,
+                    values.data() + h * head + step * kTileBf16);
     }
   });
   const int64_t query_blocks = (c.length + kPositions - 1) / kPositions;
@@ -942,7 +963,7 @@ void attend_on_tiles(const Chunk& c) {
       const int64_t qb = query_blocks - 1 - t / c.kv_heads, h = t % c.kv_heads;
       const int64_t begin = qb * kPositions;
       run_tile_task(c, w, h, begin, std::min(c.length, begin + kPositions),
-                    keys.get() + h * head, values.get() + h * head, dim_tile);
+                    keys.data() + h * head, values.data() + h * head, dim_tile);
     }
     _tile_release();
   });
