@@ -221,15 +221,7 @@ async def _serve_model(args: argparse.Namespace, settings: ServeSettings) -> Non
         finally:
             if watcher is not None:
                 watcher.cancel()
-            known = cluster.pool.workers
-            reading = [_reads_inbox(known[worker_id]) for worker_id in range(len(workers))]
-            await cluster.pool.close()
-            await asyncio.gather(
-                *(
-                    asyncio.to_thread(stop_worker, worker, reads)
-                    for worker, reads in zip(workers, reading, strict=True)
-                )
-            )
+            await _close_workers(cluster.pool, workers)
             if on_ray:
                 await asyncio.to_thread(actors.stop)
                 ray_workers.disconnect()
@@ -339,6 +331,19 @@ async def _watch_workers(
                 workers[worker_id] = start_worker(configs[worker_id])
                 pool.restarted(worker_id)
         await asyncio.sleep(WORKER_WATCH_INTERVAL_S)
+
+
+async def _close_workers(pool: WorkerPool, workers: list[subprocess.Popen]) -> None:
+    """Closes the pool (its `Shutdown` to every worker that reads its inbox), then stops
+    the worker processes together: those that read it by their own exit, the others at once."""
+    reading = [_reads_inbox(pool.workers[worker_id]) for worker_id in range(len(workers))]
+    await pool.close()
+    await asyncio.gather(
+        *(
+            asyncio.to_thread(stop_worker, worker, reads)
+            for worker, reads in zip(workers, reading, strict=True)
+        )
+    )
 
 
 def _reads_inbox(worker: Worker) -> bool:
