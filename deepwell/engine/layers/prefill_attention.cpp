@@ -752,23 +752,48 @@ using ValueTiles = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, 
 constexpr ValueTiles kValueTiles[kAccumulators + 1] = {
     nullptr, value_tiles<1>, value_tiles<2>, value_tiles<3>, value_tiles<4>};
 
+// Index of each bf16 in a pair-interleaved row: (a[r], b[r]) for r = 0 .. 15, from
+// [16 of a, 16 of b].
+inline __m512i pair_order() {
+  alignas(64) int16_t order[32];
+  for (int r = 0; r < kTile; ++r) {
+    order[2 * r] = static_cast<int16_t>(r);
+    order[2 * r + 1] = static_cast<int16_t>(kTile + r);
+  }
+  return _mm512_load_si512(order);
+}
+
 // A KV head's keys and values for the tiles, from 32-key run `step`: keys as rows [32][dim],
-// values^T as [dim / 16][16 dims][32 keys] (each a tile, runs kTileBf16 apart within a dim
-// tile: `dim_tile` = steps * kTileBf16); keys past the context are zeros.
+// values^T as [dim / 16][16 dims][16 key pairs] (each a tile, runs kTileBf16 elements apart
+// within a dim tile: `dim_tile` = steps * kTileBf16); keys past the context are zeros. A key
+// pair's 16 dims of a tile go interleaved into pairs, then scattered down its column.
 void pack_tile_run(const Chunk& c, int64_t h, int64_t step, int64_t dim_tile, uint16_t* keys,
                    uint16_t* values) {
-  for (int64_t j = 0; j < kValueStep; ++j) {
-    const int64_t key = step * kValueStep + j;
-    const uint16_t* k = cache_row(c, c.key_cache, h, key);
-    const uint16_t* v = cache_row(c, c.value_cache, h, key);
-    uint16_t* row = keys + j * c.dim;
-    if (k == nullptr) {
-      std::fill(row, row + c.dim, uint16_t{0});
-    } else {
-      std::memcpy(row, k, c.dim * sizeof(uint16_t));
+  const __m512i order = pair_order();
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(kTile));
+  for (int64_t m = 0; m < kTile; ++m) {
+    const uint16_t* v[2];
+    for (int i = 0; i < 2; ++i) {
+      const int64_t key = step * kValueStep + 2 * m + i;
+      const uint16_t* k = cache_row(c, c.key_cache, h, key);
+      uint16_t* row = keys + (2 * m + i) * c.dim;
+      if (k == nullptr) {
+        std::fill(row, row + c.dim, uint16_t{0});
+      } else {
+        std::memcpy(row, k, c.dim * sizeof(uint16_t));
+      }
+      v[i] = cache_row(c, c.value_cache, h, key);
     }
-    for (int64_t d = 0; d < c.dim; ++d) {
-      values[(d / kTile) * dim_tile + (d % kTile) * kValueStep + j] = v ? v[d] : uint16_t{0};
+    for (int64_t t = 0; t < c.dim / kTile; ++t) {
+      auto dims = [&](const uint16_t* value) {
+        return value ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value + t * kTile))
+                     : _mm256_setzero_si256();
+      };
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(dims(v[0])), dims(v[1]), 1);
+      _mm512_i32scatter_epi32(reinterpret_cast<uint32_t*>(values + t * dim_tile) + m, rows,
+                              _mm512_permutexvar_epi16(order, both), 4);
     }
   }
 }
@@ -783,17 +808,6 @@ struct TileScratch {
   std::vector<int32_t> positions;
   std::vector<uint16_t*> rows;
 };
-
-// Index of each bf16 in a pair-interleaved row of weights^T: (key 2m row r, key 2m + 1 row r)
-// for r = 0 .. 15, from [16 of key 2m, 16 of key 2m + 1].
-inline __m512i pair_order() {
-  alignas(64) int16_t order[32];
-  for (int r = 0; r < kTile; ++r) {
-    order[2 * r] = static_cast<int16_t>(r);
-    order[2 * r + 1] = static_cast<int16_t>(kTile + r);
-  }
-  return _mm512_load_si512(order);
-}
 
 // The softmax of one row tile over a span's `seen` keys (scores^T s, key by key): lanes whose
 // last visible key is below `key` (their `last`, relative to the span) weigh it 0. Updates the
@@ -863,20 +877,24 @@ void run_tile_task(const Chunk& c, TileScratch& w, int64_t h, int64_t begin, int
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   const int64_t offset = c.context_len - c.length;  // position of row 0 of the chunk
   const int64_t dim = c.dim, pairs = dim / 2, dim_tiles = dim / kTile;
-  // queries^T: pair p of row r of tile t at [t][p][r]; lanes past the rows are zeros, at a
-  // position no key reaches.
+  // queries^T: pair p of row r of tile t at [t][p][r], each row's pairs scattered down its
+  // column 16 at a time; lanes past the rows are zeros, at a position no key reaches.
+  const __m512i column = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(kTile));
   for (int64_t r = 0; r < row_tiles * kTile; ++r) {
     uint32_t* dst = w.queries.data() + (r / kTile) * pairs * kTile + r % kTile;
-    if (r >= rows) {
-      for (int64_t p = 0; p < pairs; ++p) dst[p * kTile] = 0u;
-      w.positions[r] = std::numeric_limits<int32_t>::min() / 2;
-      continue;
-    }
     const int64_t position = begin + r / group, head = h * group + r % group;
-    const auto* q = reinterpret_cast<const uint32_t*>(c.q + position * c.q_row + head * dim);
-    for (int64_t p = 0; p < pairs; ++p) dst[p * kTile] = q[p];
-    w.positions[r] = static_cast<int32_t>(offset + position);
-    w.rows[r] = c.out + position * c.out_row + head * dim;
+    const auto* q = r < rows
+        ? reinterpret_cast<const uint32_t*>(c.q + position * c.q_row + head * dim)
+        : nullptr;
+    for (int64_t p = 0; p < pairs; p += kTile) {
+      const __m512i row_pairs = q ? _mm512_loadu_si512(q + p) : _mm512_setzero_si512();
+      _mm512_i32scatter_epi32(dst + p * kTile, column, row_pairs, 4);
+    }
+    w.positions[r] = q ? static_cast<int32_t>(offset + position)
+                       : std::numeric_limits<int32_t>::min() / 2;
+    if (q) w.rows[r] = c.out + position * c.out_row + head * dim;
   }
   std::fill(w.out.begin(), w.out.begin() + row_tiles * dim * kTile, 0.f);
   std::fill(w.max.begin(), w.max.begin() + row_tiles * kTile,
