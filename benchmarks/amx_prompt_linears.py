@@ -14,10 +14,11 @@ Tile probes, ns a tile product (thread CPU time, one core):
     buffer (512 rows, what a prompt chunk's pass over one weight pair reads); and that with
     every 32 x 32 result block stored as bf16 rows (4 tile stores, convert, 32 row stores).
 
-Linears: per shape and row count, the best of `--rounds` interleaved rounds of oneDNN and
-amx_linear.cpp (thread CPU time at one thread, wall time at more), TF/s; with --cold, the 30
-layers' distinct weights in model order, as a prompt meets them. Needs AMX tiles; says why
-not elsewhere.
+Linears: per shape and row count, the best of `--rounds` interleaved rounds of oneDNN,
+amx_linear.cpp and, at one thread, candidate (a) as far as it went (`tuned_linear` below; its
+bits are amx_linear.cpp's), thread CPU time at one thread, wall time at more, TF/s; with
+--cold, the 30 layers' distinct weights in model order, as a prompt meets them. Needs AMX
+tiles; says why not elsewhere.
 
     PYTHONPATH=. .venv/bin/python benchmarks/amx_prompt_linears.py [--rows 128 256 512 1024] \
         [--rounds 7] [--cold] [--threads 1]
