@@ -12,7 +12,9 @@ Tile probes, ns a tile product (thread CPU time, one core):
   - bf16 2 x 2 register blocking (4 result tiles, 2 input and 2 weight tiles a step, all 8
     tiles) over 18 blocks (in = 576): operands in L1; inputs streamed from a 576 KiB L2-resident
     buffer (512 rows, what a prompt chunk's pass over one weight pair reads); and that with
-    every 32 x 32 result block stored as bf16 rows (4 tile stores, convert, 32 row stores).
+    every 32 x 32 result block stored as bf16 rows (4 tile stores, convert, 32 row stores);
+    both operands kept in L1 by splitting the depth into 4-block pieces, the result tiles
+    stored and reloaded around each piece.
 
 Linears: per shape and row count, the best of `--rounds` interleaved rounds of oneDNN,
 amx_linear.cpp and, at one thread, candidate (a) as far as it went (`tuned_linear` below; its
@@ -95,6 +97,7 @@ double probe(int kind, int64_t rounds) {
   alignas(64) static float sums[32][32], scales[2][16];
   alignas(64) static int32_t results[4][16][16];
   alignas(64) static uint16_t out[32][32];
+  alignas(64) static float partials[4][4][256];
   for (int64_t i = 0; i < int64_t(kStreamTiles) * kBlocks * 512; ++i) stream[i] = 0x3f80;
   for (auto& block : weights) for (auto& tile : block) for (auto& v : tile) v = 0x3f80;
   for (auto& row : scales) for (auto& v : row) v = 0.01f;
@@ -130,6 +133,23 @@ double probe(int kind, int64_t rounds) {
           }
         }
       }
+    } else if (kind == 7) {
+      // Both operands kept in L1 by splitting the depth: 2 row-tile pairs x 2 output pairs
+      // over 4 blocks (16 + 16 KiB), their result tiles reloaded and stored each time.
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 2; ++j) {
+          float* c = &partials[i * 2 + j][0][0];
+          _tile_loadd(0, c, 64); _tile_loadd(1, c + 256, 64); _tile_loadd(2, c + 512, 64); _tile_loadd(3, c + 768, 64);
+          for (int b = 0; b < 4; ++b) {
+            _tile_loadd(4, stream + (i * 2 * kBlocks + b) * 512, 64);
+            _tile_loadd(5, stream + ((i * 2 + 1) * kBlocks + b) * 512, 64);
+            _tile_loadd(6, weights[4 * j + b][0], 64);
+            _tile_loadd(7, weights[4 * j + b][1], 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+          }
+          _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64); _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64);
+        }
+      }
     } else {
       // 2 x 2 blocking over kBlocks: inputs from L1 (kind 4) or streamed (5, 6).
       const uint16_t* inputs = stream + (kind == 4 ? 0 : (r % (kStreamTiles / 2)) * 2 * kBlocks * 512);
@@ -155,7 +175,8 @@ double probe(int kind, int64_t rounds) {
   }
   const double seconds = thread_seconds() - started;
   _tile_release();
-  return seconds * 1e9 / (rounds * kBlocks * 4.0);
+  // Kind 7 makes 64 products a round, the others 4 a block.
+  return seconds * 1e9 / (rounds * (kind == 7 ? 64.0 : kBlocks * 4.0));
 }
 
 }  // namespace
@@ -228,7 +249,7 @@ torch::Tensor tuned_linear(torch::Tensor x, torch::Tensor pairs) {
 std::vector<double> probes(int64_t rounds) {
   TORCH_CHECK(syscall(SYS_arch_prctl, 0x1023, 18) == 0, "the kernel refused the AMX tile state");
   std::vector<double> ns;
-  for (int kind = 0; kind < 7; ++kind) ns.push_back(probe(kind, kind == 3 ? rounds / 4 : rounds));
+  for (int kind = 0; kind < 8; ++kind) ns.push_back(probe(kind, kind == 3 ? rounds / 4 : rounds));
   return ns;
 }
 """
@@ -241,6 +262,7 @@ PROBE_NAMES = (
     ("bf16 2x2, operands in L1", 32),
     ("bf16 2x2, inputs streamed from L2", 32),
     ("bf16 2x2, from L2, results stored as bf16", 32),
+    ("bf16 2x2, depth split, operands in L1", 32),
 )
 
 
