@@ -5,8 +5,7 @@ The kernel walks each sequence's block list once per KV head with an online soft
 its decode rows (a draft's verify rows share their blocks): no gather, no per-block GEMM
 calls, no padded scores; it also stores the step's K/V rows (one copy per row). Prefill
 chunks in bf16 run prefill_attention.cpp (flash-style over the paged cache, no gather, no
-mask), except where ATen's flash kernel multiplies on AMX tiles, which is faster there
-(cpu_sdpa.flash_uses_amx); other dtypes and head sizes the torch path.
+mask; on AMX tiles where they run); other dtypes and head sizes the torch path.
 """
 
 import functools
