@@ -754,13 +754,18 @@ constexpr ValueTiles kValueTiles[kAccumulators + 1] = {
 
 // Index of each bf16 in a pair-interleaved row: (a[r], b[r]) for r = 0 .. 15, from
 // [16 of a, 16 of b].
-inline __m512i pair_order() {
-  alignas(64) int16_t order[32];
-  for (int r = 0; r < kTile; ++r) {
-    order[2 * r] = static_cast<int16_t>(r);
-    order[2 * r + 1] = static_cast<int16_t>(kTile + r);
-  }
-  return _mm512_load_si512(order);
+alignas(64) constexpr int16_t kPairOrder[2 * kTile] = {
+    0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+inline __m512i pair_order() { return _mm512_load_si512(kPairOrder); }
+
+// Lane i: 16 i, the offset of row i of a tile of 16-element rows (a column's scatter or
+// gather).
+inline __m512i tile_rows() {
+  return _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(kTile));
 }
 
 // A KV head's keys and values for the tiles, from 32-key run `step`: keys as rows [32][dim],
@@ -769,10 +774,7 @@ inline __m512i pair_order() {
 // pair's 16 dims of a tile go interleaved into pairs, then scattered down its column.
 void pack_tile_run(const Chunk& c, int64_t h, int64_t step, int64_t dim_tile, uint16_t* keys,
                    uint16_t* values) {
-  const __m512i order = pair_order();
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(kTile));
+  const __m512i order = pair_order(), rows = tile_rows();
   for (int64_t m = 0; m < kTile; ++m) {
     const uint16_t* v[2];
     for (int i = 0; i < 2; ++i) {
@@ -879,9 +881,7 @@ void run_tile_task(const Chunk& c, TileScratch& w, int64_t h, int64_t begin, int
   const int64_t dim = c.dim, pairs = dim / 2, dim_tiles = dim / kTile;
   // queries^T: pair p of row r of tile t at [t][p][r], each row's pairs scattered down its
   // column 16 at a time; lanes past the rows are zeros, at a position no key reaches.
-  const __m512i column = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(kTile));
+  const __m512i column = tile_rows();
   for (int64_t r = 0; r < row_tiles * kTile; ++r) {
     uint32_t* dst = w.queries.data() + (r / kTile) * pairs * kTile + r % kTile;
     const int64_t position = begin + r / group, head = h * group + r % group;
@@ -932,9 +932,7 @@ void run_tile_task(const Chunk& c, TileScratch& w, int64_t h, int64_t begin, int
     }
   }
   // outputs^T / sum, rounded to bf16, into each row: a row's dims gathered from its lane.
-  const __m512i lane_step = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(kTile));
+  const __m512i lane_step = tile_rows();
   for (int64_t r = 0; r < rows; ++r) {
     const float* lane = w.out.data() + (r / kTile) * dim * kTile + r % kTile;
     const __m512 inverse = _mm512_set1_ps(1.f / w.sum[r]);
