@@ -41,6 +41,7 @@ from deepwell.serve.messages import (
     decode_message,
     encode_message,
 )
+from deepwell.serve.worker_processes import end_own_session, end_with_server
 from deepwell.serve.worker_test_hooks import with_test_hooks
 
 # While idle the worker wakes this often to notice a dead parent.
@@ -252,10 +253,13 @@ def send_heartbeats(
 
 
 def _exit_on_sigterm(_sig: int, _frame: object) -> None:
-    """SIGTERM (the launcher's, to a worker that is not reading its inbox) as an exception,
-    not the default exit on the spot: a kernel build under way releases its build locks on
-    the way out (engine/layers/kernel_build_lock.py), and what its compiler left half-written
-    has no entry in ninja's log, so the next build redoes it."""
+    """SIGTERM (the launcher's, to a worker that is not reading its inbox, or Linux's when the
+    server died) as an exception, not the default exit on the spot: a kernel build under way
+    releases its build locks on the way out (engine/layers/kernel_build_lock.py), and what its
+    compiler left half-written has no entry in ninja's log, so the next build redoes it. The
+    build's own processes are told too (the launcher signals the whole session, Linux only
+    the worker)."""
+    end_own_session()
     raise SystemExit(128 + signal.SIGTERM)
 
 
@@ -265,6 +269,8 @@ def main(config: WorkerConfig) -> None:
     # `Shutdown`. A Ctrl-C reaching the whole process group must not kill us first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if config.parent_pid:  # 0: started on its own (`deepwell worker`) or by Ray
+        end_with_server(config.parent_pid)
     configure_logging(config.log_level, config.log_format)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)

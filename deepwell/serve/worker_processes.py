@@ -4,6 +4,7 @@ it and every process it starts (a kernel build's ninja and compilers) end togeth
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -23,6 +24,8 @@ WORKER_EXIT_TIMEOUT_S = 10.0
 TERMINATE_GRACE_S = 3.0
 _POLL_S = 0.05
 _PROC = Path("/proc")
+# linux/prctl.h: deliver a signal to this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 def start_worker(config: WorkerConfig) -> subprocess.Popen:
@@ -46,6 +49,30 @@ def stop_worker(worker: subprocess.Popen, reads_inbox: bool) -> None:
         except subprocess.TimeoutExpired:
             logger.warning("worker %s did not exit; terminating it", worker.pid)
     _terminate_session(worker)
+
+
+def end_with_server(server_pid: int) -> None:
+    """In a worker: Linux sends it SIGTERM when the server that started it dies, however it
+    died, SIGKILL included (the parent-death signal). A loading worker reads no inbox and
+    would otherwise load, and compile, for a server that is gone; a loaded one also notices
+    in its loop. Nothing where there is no prctl (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != server_pid:  # it died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def end_own_session() -> None:
+    """In a worker that leads its session: SIGTERM to the session's other processes (a kernel
+    build's ninja and compilers), which a parent-death signal to the worker alone leaves."""
+    me = os.getpid()
+    if os.getsid(0) != me:
+        return
+    for pid in _session_members(me):
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def kill_worker(worker: subprocess.Popen) -> None:

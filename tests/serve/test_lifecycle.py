@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -137,15 +138,12 @@ def test_ready_is_503_until_the_worker_is_up_and_503_again_once_it_dies(tmp_path
     assert not is_running(worker)
 
 
-# SIGHUP: a closed terminal's, which reaches the server alone.
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
-def test_a_stop_signal_while_the_worker_compiles_ends_it_and_its_compiler_at_once(
-    tmp_path, stop_signal
-):
-    if signal.getsignal(stop_signal) is signal.SIG_IGN:
-        pytest.skip("this run ignores SIGHUP (nohup), and so would the server it starts")
-    # An empty kernel cache: the worker compiles its C++ kernels as it loads, and never reads
-    # its inbox (and so its Shutdown) until the model is up.
+@contextlib.contextmanager
+def server_compiling(tmp_path):
+    """A server whose worker compiles its C++ kernels as it loads (an empty kernel cache), so
+    never reads its inbox (and so its Shutdown) until the model is up: yields the server's
+    process and the environment variable every process it starts carries, once a compiler
+    runs; kills whatever is left on the way out."""
     cache = tmp_path / "kernels"
     marker = f"TORCH_EXTENSIONS_DIR={cache}"
     log = tmp_path / "serve.log"
@@ -162,22 +160,55 @@ def test_a_stop_signal_while_the_worker_compiles_ends_it_and_its_compiler_at_onc
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
+        yield process, marker
+    finally:
+        process.kill()
+        for pid in processes_carrying(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def assert_build_cut_short(tmp_path):
+    """No kernel in the cache, and no lock for the next start to wait on or take over."""
+    cache = tmp_path / "kernels"
+    assert not list(cache.glob("*/*.so"))
+    assert not list(cache.glob(f"*/{LOCK_NAME}"))
+    assert not list(cache.glob(f"*/{TORCH_LOCK_NAME}"))
+
+
+# SIGHUP: a closed terminal's, which reaches the server alone.
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_stop_signal_while_the_worker_compiles_ends_it_and_its_compiler_at_once(
+    tmp_path, stop_signal
+):
+    if signal.getsignal(stop_signal) is signal.SIG_IGN:
+        pytest.skip("this run ignores SIGHUP (nohup), and so would the server it starts")
+    with server_compiling(tmp_path) as (process, marker):
         signalled = time.monotonic()
         process.send_signal(stop_signal)
         code = process.wait(60)
         stopped_in = time.monotonic() - signalled
         left = processes_carrying(marker)
-    finally:
-        process.kill()
-        for pid in processes_carrying(marker):
-            os.kill(pid, signal.SIGKILL)
-    assert code == 0, log.read_text()
-    assert stopped_in < WORKER_EXIT_TIMEOUT_S / 2, log.read_text()
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log
+    assert stopped_in < WORKER_EXIT_TIMEOUT_S / 2, log
     assert not left, f"processes left behind: {left}"
-    # The build was cut short: no kernel in the cache, and no lock to wait on or take over.
-    assert not list(cache.glob("*/*.so"))
-    assert not list(cache.glob(f"*/{LOCK_NAME}"))
-    assert not list(cache.glob(f"*/{TORCH_LOCK_NAME}"))
+    assert_build_cut_short(tmp_path)
+
+
+def test_a_server_killed_while_its_worker_compiles_takes_the_worker_and_compiler_with_it(
+    tmp_path,
+):
+    """SIGKILL leaves the server no say: Linux's parent-death signal ends the worker, which
+    ends its build."""
+    with server_compiling(tmp_path) as (process, marker):
+        process.kill()
+        process.wait(60)
+        deadline = time.monotonic() + WORKER_EXIT_TIMEOUT_S / 2
+        while processes_carrying(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = processes_carrying(marker)
+    assert not left, f"processes left behind: {left}"
+    assert_build_cut_short(tmp_path)
 
 
 def test_sigterm_during_sixteen_streams_drains_them_and_exits_clean(tmp_path):
