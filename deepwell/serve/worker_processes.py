@@ -31,7 +31,10 @@ _PR_SET_PDEATHSIG = 1
 def start_worker(config: WorkerConfig) -> subprocess.Popen:
     """`python -m deepwell.serve.worker` in a new session. ninja puts each compiler in a
     process group of its own, but within the session, so the session is what holds all of
-    a worker. A Ctrl-C in a terminal then reaches the server alone, which stops its workers."""
+    a worker. A Ctrl-C in a terminal then reaches the server alone, which stops its workers.
+    Call it on the server's event-loop thread, which lives as long as the server: Linux sends
+    the worker's parent-death signal (`end_with_server`) when the thread that started it
+    ends."""
     return subprocess.Popen(
         [sys.executable, "-m", "deepwell.serve.worker", encode_message(config).hex()],
         start_new_session=True,
