@@ -210,6 +210,8 @@ COMPARISONS = (
             "int4",
             "--hf-batch-sizes",
             "8",
+            "--hf-caches",
+            "dynamic",
             "--no-hf-continuous",
         )
         + ("--decode-tokens", "16", "--decode-repetitions", "1", "--k", "0"),

@@ -9,8 +9,9 @@ about half its own speed after deepwell's engine had started its threads).
 - deepwell: `LLM.generate` over W with speculation off and on (`--k` draft tokens), for
   each of `--quantizations` (its `--quantization`: none, int4);
 - transformers `generate`: static left-padded batches of each `--hf-batch-sizes` in W's
-  order, each generating its longest request's length (only requested tokens count), and
-  its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
+  order, each generating its longest request's length (only requested tokens count), with
+  each of `--hf-caches` (its default dynamic KV cache, and its static one: preallocated,
+  one shape for every step), and its continuous-batching manager (`generate_batch`'s engine, per-request lengths) unless
   `--no-hf-continuous`; its best configuration is the baseline;
 - batch-1 decode tok/s of each engine: 64-token prompt, (time for n + 1 tokens − time for
   1 token) / n, the mean of `--decode-repetitions` runs;
@@ -31,7 +32,7 @@ llama-server, and warns when the baseline reads far below transformers' known fi
 this kind of CPU (a broken baseline is not a win).
 
     .venv/bin/python benchmarks/throughput_vs_hf.py [--threads N] [--rounds 1]
-        [--hf-batch-sizes 8,16,32,64] [--no-hf-continuous] [--quantizations none,int4]
+        [--hf-batch-sizes 8,16,32,64] [--hf-caches dynamic,static] [--no-hf-continuous] [--quantizations none,int4]
         [--dtype bfloat16[,float32]] [--force-avx2] [--llama-cpp] [--llama-cpp-cache DIR] [--json out.json]
 """
 
@@ -62,6 +63,7 @@ KNOWN_BASELINES = {
 BASELINE_FLOOR = 0.7
 LLAMA_CPP = "llama.cpp"
 DTYPES = ("bfloat16", "float32")
+HF_CACHES = ("dynamic", "static")
 
 
 def load_workload() -> tuple[list[dict], str]:
@@ -142,7 +144,7 @@ def hf_model(dtype: str):
     return model.eval()
 
 
-def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, cache: str = "dynamic") -> float:
     import torch
 
     pad = 2
@@ -158,19 +160,22 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:
             min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=pad,
+            **({} if cache == "dynamic" else {"cache_implementation": cache}),
         )
     return time.perf_counter() - start
 
 
 def child_hf_static(args, workload: list[dict], decode_prompt: list[int]) -> dict:
     model = hf_model(args.dtype)
-    hf_generate(model, [decode_prompt], 8)
+    hf_generate(model, [decode_prompt], 8, args.hf_cache)
     elapsed = 0.0
     for i in range(0, len(workload), args.batch_size):
         batch = workload[i : i + args.batch_size]
         longest = max(r["output_len"] for r in batch)
-        elapsed += hf_generate(model, [r["prompt_ids"] for r in batch], longest)
-    decode = batch1_decode(args, lambda tokens: hf_generate(model, [decode_prompt], tokens))
+        elapsed += hf_generate(model, [r["prompt_ids"] for r in batch], longest, args.hf_cache)
+    decode = batch1_decode(
+        args, lambda tokens: hf_generate(model, [decode_prompt], tokens, args.hf_cache)
+    )
     return {"seconds": elapsed, **decode}
 
 
@@ -314,8 +319,13 @@ def configurations(args) -> dict[str, tuple[str, dict]]:
                     extra,
                 )
         for size in args.hf_batch_sizes:
-            extra = {"batch_size": size, "dtype": dtype}
-            configs[f"transformers static batch {size}{suffix}"] = ("hf-static", extra)
+            for cache in args.hf_caches:
+                extra = {"batch_size": size, "dtype": dtype, "hf_cache": cache}
+                cache_name = "" if cache == "dynamic" else f", {cache} cache"
+                configs[f"transformers static batch {size}{cache_name}{suffix}"] = (
+                    "hf-static",
+                    extra,
+                )
         if args.hf_continuous:
             configs[f"transformers continuous batching{suffix}"] = (
                 "hf-continuous",
@@ -390,6 +400,16 @@ def describe(name: str, result: dict) -> str:
     return f"  {name}: {', '.join(parts)}"
 
 
+def cache_list(text: str) -> list[str]:
+    caches = text.split(",")
+    unknown = set(caches) - set(HF_CACHES)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown cache(s) {sorted(unknown)}: pick from {HF_CACHES}"
+        )
+    return caches
+
+
 def dtype_list(text: str) -> list[str]:
     dtypes = text.split(",")
     unknown = set(dtypes) - set(DTYPES)
@@ -431,6 +451,14 @@ def main() -> None:
         default=[8, 16, 32, 64],
         help="transformers' static batch sizes to try (comma-separated)",
     )
+    parser.add_argument(
+        "--hf-caches",
+        type=cache_list,
+        default=list(HF_CACHES),
+        help="transformers' KV caches to try with each static batch (comma-separated: dynamic,"
+        " its default; static, preallocated at the batch's whole length)",
+    )
+    parser.add_argument("--hf-cache", default="dynamic", help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-hf-continuous",
         dest="hf_continuous",
