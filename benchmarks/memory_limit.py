@@ -85,9 +85,10 @@ def decode_weight_bytes(model) -> int:
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        read = getattr(module, "quant_weight", None)
-        if read is None:
-            read = getattr(module, "packed_weight", None)
+        # The copy a call reads: GGUF blocks, AMX tiles, oneDNN's packed weight, or the plain
+        # weight.
+        names = ("quant_weight", "tiles", "packed_weight")
+        read = next((t for n in names if (t := getattr(module, n, None)) is not None), None)
         if read is None:
             read = module.weight
         # By identity: a tied head is the embedding's Parameter, and oneDNN's packed

@@ -4,8 +4,9 @@ caches it; MKL's float32 sgemm has no such step), and whether a row's bf16 resul
 how many rows share its call (what splitting or padding calls to a few row counts would
 change).
 
-Shapes are SmolLM2-135M's projections (qkv, o, gate_up, down) and its head, packed as the
-engine packs them (layers/packed_linear.py). Thread CPU time, one thread by default.
+Shapes are SmolLM2-135M's projections (qkv, o, gate_up, down) and its head, packed for
+oneDNN as the engine packs them where oneDNN runs them (layers/packed_linear.py; on AMX the
+engine runs amx_linear.cpp instead). Thread CPU time, one thread by default.
 
     PYTHONPATH=. .venv/bin/python benchmarks/onednn_row_counts.py [--counts 60]
     ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ...   # oneDNN below AMX, as on an EPYC
@@ -23,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepwell.engine.layers.bf16_gemm import onednn_uses_amx
-from deepwell.engine.layers.packed_linear import pack_linears
 
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152))
 # W's row counts that reach oneDNN: decode steps' (panels take them without AMX), the
@@ -82,9 +82,8 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}; {args.counts} new row counts in 100-700"
     )
     model = nn.Sequential(*(nn.Linear(i, o, bias=False) for i, o in SHAPES)).to(torch.bfloat16)
-    pack_linears(model)
     for (fan_in, fan_out), linear in zip(SHAPES, model, strict=True):
-        call = onednn_call(linear.packed_weight)
+        call = onednn_call(torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None))
         first, repeat = first_against_repeat(call, fan_in, counts)
         first32, repeat32 = float32_first_against_repeat(fan_in, fan_out, counts)
         changed = rows_that_change(call, fan_in)

@@ -1,5 +1,6 @@
-// The batch-invariant mode's bf16 linears, and the bf16 output head's float32 logits
-// (layers/float32_head.py), on AMX tiles: x [rows, in] bf16 times a weight packed once at load
+// bf16 linears on AMX tiles: every bf16 linear's where oneDNN would use the tiles
+// (layers/packed_linear.py), the batch-invariant mode's, and the bf16 output head's float32
+// logits (layers/float32_head.py): x [rows, in] bf16 times a weight packed once at load
 // (layers/amx_linear.py, tile_layout) into 16 × 32 tiles in the VNNI layout, plus a bias,
 // rounded once to bf16 [rows, out] or kept as the float32 sums. Built by decode_kernel.py
 // (only where the CPU and torch's level have AMX), registered as torch.ops.deepwell_amx_linear.

@@ -1,9 +1,11 @@
-"""bf16 linears on AMX tiles (amx_linear.cpp): the batch-invariant mode's, and the bf16 output
+"""bf16 linears on AMX tiles (amx_linear.cpp): every bf16 linear's where oneDNN would run
+them on the tiles (layers/packed_linear.py), the batch-invariant mode's, and the bf16 output
 head's float32 logits (layers/float32_head.py). The weight packed once into the kernel's tile
 layout, and the call that multiplies rows by it.
 
-Where the CPU, torch's level or the build lacks AMX tiles nothing is packed and the mode keeps
-blockscaled.cpp's row-wise kernel (layers/batch_invariant.py, RowwiseLinear).
+Where the CPU, torch's level or the build lacks AMX tiles nothing is packed: the linears keep
+oneDNN (or the panels), the batch-invariant mode blockscaled.cpp's row-wise kernel
+(layers/batch_invariant.py, RowwiseLinear).
 """
 
 import functools
@@ -12,6 +14,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from deepwell.engine.layers import bf16_gemm
 from deepwell.engine.layers.decode_kernel import amx_tiles_lacking, load_amx_linear_kernel
 
 logger = logging.getLogger(__name__)
@@ -33,6 +36,13 @@ def amx_kernel_ready() -> bool:
         logger.warning("batch-invariant bf16 linears: row-wise, not on AMX: %s", loaded.reason)
         return False
     return loaded.module.instruction_set() == "amx_bf16"
+
+
+def linears_on_tiles() -> bool:
+    """Whether bf16 linears run amx_linear.cpp here: where oneDNN would multiply them on AMX
+    tiles (none capped by ONEDNN_MAX_CPU_ISA) and the kernel runs its own. Asked of
+    bf16_gemm's module each time, so that imitating another CPU there (the tests) holds here."""
+    return bf16_gemm.onednn_uses_amx() and amx_kernel_ready()
 
 
 def tile_layout(weight: torch.Tensor) -> torch.Tensor:

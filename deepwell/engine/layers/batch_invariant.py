@@ -222,8 +222,8 @@ def tile_linears(model: nn.Module) -> None:
             module.__class__ = tiled[type(module)]
             continue
         # The packed copies of the weight are no longer read.
-        module._buffers.pop("packed_weight", None)
-        module._buffers.pop("panels", None)
+        for name in ("tiles", "packed_weight", "panels"):
+            module._buffers.pop(name, None)
         if module.weight.dtype == torch.bfloat16 and amx_kernel_ready():
             module.__class__ = AmxTileLinear
             module.retile()

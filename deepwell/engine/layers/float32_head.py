@@ -23,14 +23,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from deepwell.engine.layers.amx_linear import amx_kernel_ready, amx_linear, tile_layout
-from deepwell.engine.layers.bf16_gemm import (
-    MAX_ROWS,
-    can_use_panels,
-    onednn_uses_amx,
-    panel_layout,
-    panel_linear,
-)
+from deepwell.engine.layers.amx_linear import amx_linear, linears_on_tiles, tile_layout
+from deepwell.engine.layers.bf16_gemm import MAX_ROWS, can_use_panels, panel_layout, panel_linear
 from deepwell.engine.layers.blockscaled import bf16_linear
 from deepwell.engine.layers.quant_linear import QuantDecodeLinear
 
@@ -104,7 +98,7 @@ def to_float32_head(module: nn.Linear) -> None:
     module.kernel, module.kind, module.max_rows = kernel, kind, max_rows
     module.register_buffer("quant_weight", quant_weight, persistent=False)
     weight = module.weight
-    on_tiles = onednn_uses_amx() and amx_kernel_ready()
+    on_tiles = linears_on_tiles()
     module.register_buffer("tiles", tile_layout(weight) if on_tiles else None, persistent=False)
     panels = panel_layout(weight) if not on_tiles and can_use_panels(weight) else None
     module.register_buffer("panels", panels, persistent=False)

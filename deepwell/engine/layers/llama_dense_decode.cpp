@@ -40,6 +40,7 @@ using AddRmsNorm = at::Tensor(at::Tensor, const std::optional<at::Tensor>&, cons
                               double, at::ScalarType);
 using SiluMul = at::Tensor(const at::Tensor&);
 using Rotate = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+// bf16_gemm.cpp's panels and amx_linear.cpp's tiles take the same arguments.
 using PanelLinear = at::Tensor(const at::Tensor&, const at::Tensor&,
                                const std::optional<at::Tensor>&, int64_t, bool);
 using PackedLinear = at::Tensor(const at::Tensor&, const at::Tensor&,
@@ -58,26 +59,27 @@ struct Ops {
   c10::TypedOperatorHandle<Rotate> rotate = find_op<Rotate>("deepwell_llama_rotary::rotate");
   c10::TypedOperatorHandle<PackedLinear> packed_linear =
       find_op<PackedLinear>("mkldnn::_linear_pointwise");
-  // Found when a linear has panels: the panel kernel's ops exist only where it loaded.
-  std::optional<c10::TypedOperatorHandle<PanelLinear>> panel_linear;
+  // Found when a linear has panels or tiles: each kernel's ops exist only where it loaded.
+  std::optional<c10::TypedOperatorHandle<PanelLinear>> panel_linear, tile_linear;
   // PackedLinear's `[None]`: no post-op scalars.
   c10::List<std::optional<at::Scalar>> no_scalars{std::vector<std::optional<at::Scalar>>{std::nullopt}};
 };
 
 // One linear as layers/packed_linear.py's PackedLinear.forward, float32_linear.py's
-// RowPaddedLinear.forward or nn.Linear.forward runs it: the panels for calls of up to
-// `panel_rows` rows where it has them, else oneDNN's packed weight where it has one, else
-// F.linear on the plain weight (float32), over zero rows up to `padded_rows` where the call
-// has from `min_padded_rows` to fewer than that many.
+// RowPaddedLinear.forward or nn.Linear.forward runs it: the AMX tiles where it has them, the
+// panels for calls of up to `panel_rows` rows where it has them, else oneDNN's packed weight
+// where it has one, else F.linear on the plain weight (float32), over zero rows up to
+// `padded_rows` where the call has from `min_padded_rows` to fewer than that many.
 struct DenseLinear {
-  at::Tensor weight, packed, panels;
-  // The module's bias, and its float32 copy for the panels (panel_linear's bias.float()).
+  at::Tensor weight, tiles, packed, panels;
+  // The module's bias, and its float32 copy for the tiles and panels (their bias.float()).
   std::optional<at::Tensor> bias, panel_bias;
   int64_t out_features = 0;
   // 0 where the linear is not a RowPaddedLinear.
   int64_t min_padded_rows = 0, padded_rows = 0;
 
   at::Tensor forward(const at::Tensor& x, const Ops& ops, int64_t panel_rows) const {
+    if (tiles.defined()) return ops.tile_linear->call(x, tiles, panel_bias, out_features, false);
     if (panels.defined() && x.size(0) <= panel_rows) {
       const bool strided = x.stride(-1) != 1 || x.stride(0) % 2 != 0;
       return ops.panel_linear->call(strided ? x.contiguous() : x, panels, panel_bias,
@@ -96,18 +98,20 @@ struct DenseLinear {
   }
 };
 
-// (weight, packed weight or None, panels or None, bias or None, (min_padded_rows,
-// padded_rows)), from llama_native.py.
+// (weight, tiles or None, packed weight or None, panels or None, bias or None,
+// (min_padded_rows, padded_rows)), from llama_native.py.
 using LinearParts = std::tuple<at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>,
-                               std::optional<at::Tensor>, std::tuple<int64_t, int64_t>>;
+                               std::optional<at::Tensor>, std::optional<at::Tensor>,
+                               std::tuple<int64_t, int64_t>>;
 
 DenseLinear make_linear(const LinearParts& parts, int64_t in_features, int64_t out_features) {
-  const auto& [weight, packed, panels, bias, padding] = parts;
+  const auto& [weight, tiles, packed, panels, bias, padding] = parts;
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == out_features && weight.size(1) == in_features,
               "a linear's weight must be [", out_features, ", ", in_features, "]");
   TORCH_CHECK(!bias.has_value() || bias->numel() == out_features, "a bias must be [out]");
   DenseLinear linear;
   linear.weight = weight;
+  linear.tiles = tiles.value_or(at::Tensor());
   linear.packed = packed.value_or(at::Tensor());
   linear.panels = panels.value_or(at::Tensor());
   linear.bias = bias;
@@ -156,6 +160,9 @@ class LlamaDenseDecoder {
     for (const DenseLinear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
       if (linear->panels.defined() && !ops_.panel_linear.has_value()) {
         ops_.panel_linear = find_op<PanelLinear>("deepwell_bf16_gemm::linear");
+      }
+      if (linear->tiles.defined() && !ops_.tile_linear.has_value()) {
+        ops_.tile_linear = find_op<PanelLinear>("deepwell_amx_linear::linear");
       }
     }
     layers_.push_back(std::move(layer));
@@ -235,7 +242,8 @@ void bind_dense_decoder(pybind11::module_& m) {
            pybind11::arg("scale"), pybind11::arg("panel_rows"), pybind11::arg("embedding"),
            pybind11::arg("cos"), pybind11::arg("signed_sin"), pybind11::arg("final_norm"))
       .def("add_layer", &LlamaDenseDecoder::add_layer,
-           "one decoder layer's norms and linears, each (weight, packed, panels, bias, padding)")
+           "one decoder layer's norms and linears, each (weight, tiles, packed, panels, bias, "
+           "padding)")
       .def("forward", &LlamaDenseDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "a step of decode rows through every layer: the final-normed hidden state")
       .def_property_readonly("num_layers", &LlamaDenseDecoder::num_layers);

@@ -1,5 +1,13 @@
-"""bf16 linears on CPU with their weights packed once at load: into oneDNN's blocked layout,
-and where it runs here, into bf16_gemm.cpp's panels for decode-shaped calls.
+"""bf16 linears on CPU with their weights packed once at load: into amx_linear.cpp's tiles
+where oneDNN would run them on AMX tiles; elsewhere into oneDNN's blocked layout, and where it
+runs here, into bf16_gemm.cpp's panels for decode-shaped calls.
+
+On AMX the tile kernel takes every call. Against oneDNN's AMX path at two threads it was 1.25×
+at 1 row, 1.8-1.9× at 16-32, 1.3× at 64 and 1.12-1.18× at 256-1,024 (SmolLM2's four layer
+linears, benchmarks/amx_prompt_linears.py): oneDNN leaves its second thread idle on these
+shapes, where the kernel splits the output tiles evenly. Each row's result is its own (the
+batch-invariant mode's kernel), and the bits differ from oneDNN's in the last place for a
+few outputs (another accumulation order).
 
 F.linear hands oneDNN the plain weight, which it re-packs on every call. Packing at load
 runs the same kernel without that copy (for SmolLM2's projections the bits are the same at
@@ -16,6 +24,7 @@ accumulation order), each within float32 accumulation error of the exact product
 import torch
 from torch import nn
 
+from deepwell.engine.layers.amx_linear import amx_linear, linears_on_tiles, tile_layout
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS, can_use_panels, panel_layout, panel_linear
 
 
@@ -35,14 +44,20 @@ def takes_panels(module: nn.Module, x: torch.Tensor) -> bool:
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear that multiplies by its `packed_weight` (the plain `weight` stays for tied
-    embeddings, dtype checks and memory accounting), and calls of up to MAX_ROWS rows by its
-    `panels` where they are set."""
+    """nn.Linear that multiplies by its `tiles` where they are set, else by its
+    `packed_weight`, and calls of up to MAX_ROWS rows by its `panels` where those are set (the
+    plain `weight` stays for tied embeddings, dtype checks and memory accounting)."""
 
-    packed_weight: torch.Tensor
+    tiles: torch.Tensor | None
+    packed_weight: torch.Tensor | None
     panels: torch.Tensor | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles is not None:
+            out = amx_linear(
+                x.reshape(-1, self.in_features), self.tiles, self.bias, self.out_features
+            )
+            return out.view(*x.shape[:-1], self.out_features)
         if takes_panels(self, x):
             return panel_linear(x, self.panels, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(
@@ -52,12 +67,16 @@ class PackedLinear(nn.Linear):
 
 @torch.no_grad()
 def repack(module: nn.Linear) -> None:
-    """(Re)make a bf16 linear's packed copies from its `weight`: oneDNN's, and the panels
-    where the panel kernel runs here."""
-    module.register_buffer(
-        "packed_weight", torch.ops.mkldnn._reorder_linear_weight(module.weight, None), False
-    )
-    panels = panel_layout(module.weight) if can_use_panels(module.weight) else None
+    """(Re)make a bf16 linear's packed copy from its `weight`: the tiles where they run here,
+    else oneDNN's packed weight and the panels where the panel kernel runs here."""
+    weight = module.weight
+    tiles = tile_layout(weight) if linears_on_tiles() else None
+    packed = None
+    if tiles is None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    panels = panel_layout(weight) if tiles is None and can_use_panels(weight) else None
+    module.register_buffer("tiles", tiles, persistent=False)
+    module.register_buffer("packed_weight", packed, persistent=False)
     module.register_buffer("panels", panels, persistent=False)
 
 

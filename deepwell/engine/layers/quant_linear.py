@@ -136,7 +136,8 @@ def concatenate(parts: list[BlockWeight]) -> BlockWeight:
 
 class QuantDecodeLinear(nn.Linear):
     """nn.Linear whose calls of 1 to `max_rows` rows run the block kernel; others run the
-    dense weight, oneDNN-packed where `packed_weight` is set (bf16)."""
+    dense weight as PackedLinear runs it where it was one (bf16: `tiles` or `packed_weight`
+    set), else F.linear."""
 
     kernel: ModuleType
     kind: str
@@ -144,6 +145,7 @@ class QuantDecodeLinear(nn.Linear):
     # The kernel's layout (quant_gemv.cpp, kernel_layout): uint8 [tiles, bytes], 16 outputs
     # interleaved per tile, their blocks' fp16 scales behind each block.
     quant_weight: torch.Tensor
+    tiles: torch.Tensor | None
     packed_weight: torch.Tensor | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,7 +156,7 @@ class QuantDecodeLinear(nn.Linear):
             else:
                 out = self.kernel.q8_0_linear(x, self.quant_weight, self.out_features)
             return out if self.bias is None else out + self.bias
-        if self.packed_weight is not None:
+        if self.tiles is not None or self.packed_weight is not None:
             return PackedLinear.forward(self, x)
         return F.linear(x, self.weight, self.bias)
 
@@ -164,12 +166,13 @@ def to_decode_linear(module: nn.Linear, weight: BlockWeight, kernel: ModuleType)
     """Give `module` (nn.Linear or PackedLinear) the block weight, repacked for the kernel;
     in place. Its scales must be fp16 values (GGUF's; the quantisers round to them)."""
     module.register_buffer("quant_weight", kernel_layout(weight), persistent=False)
-    packed = getattr(module, "packed_weight", None)
+    dense = {name: getattr(module, name, None) for name in ("tiles", "packed_weight", "panels")}
     module.__class__ = QuantDecodeLinear
     module.kernel = kernel
     module.kind = weight.kind
     module.max_rows = QUANT_MAX_ROWS
-    module.register_buffer("packed_weight", packed, persistent=False)
+    for name, tensor in dense.items():
+        module.register_buffer(name, tensor, persistent=False)
 
 
 def kernel_layout(weight: BlockWeight) -> torch.Tensor:

@@ -261,13 +261,14 @@ def build_dense_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> De
 
 
 def _dense(linear: torch.nn.Linear) -> tuple:
-    """(weight, oneDNN's packed weight, the panels, bias, the rows it pads from and to), None
-    where the linear has none, (0, 0) where it pads none."""
+    """(weight, the AMX tiles, oneDNN's packed weight, the panels, bias, the rows it pads from
+    and to), None where the linear has none, (0, 0) where it pads none."""
     bias = None if linear.bias is None else linear.bias.detach()
     if type(linear) is PackedLinear:
-        return linear.weight.detach(), linear.packed_weight, linear.panels, bias, (0, 0)
+        parts = linear.tiles, linear.packed_weight, linear.panels
+        return linear.weight.detach(), *parts, bias, (0, 0)
     padding = (MIN_PADDED_ROWS, GEMM_ROWS) if type(linear) is RowPaddedLinear else (0, 0)
-    return linear.weight.detach(), None, None, bias, padding
+    return linear.weight.detach(), None, None, None, bias, padding
 
 
 def _blocks(linear: QuantDecodeLinear | Float32Head) -> tuple[str, torch.Tensor]:

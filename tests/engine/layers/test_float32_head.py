@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from deepwell.engine.layers import float32_head
+from deepwell.engine.layers import bf16_gemm, float32_head
 from deepwell.engine.layers.amx_linear import amx_kernel_ready
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS, panel_kernel_ready
 from deepwell.engine.layers.float32_head import (
@@ -36,7 +36,7 @@ LAYOUTS = {
 
 def head_on(layout: str, linear: nn.Linear, monkeypatch) -> Float32Head:
     """`linear` made a Float32Head on the kernel `layout` names."""
-    monkeypatch.setattr(float32_head, "onednn_uses_amx", lambda: layout == "tiles")
+    monkeypatch.setattr(bf16_gemm, "onednn_uses_amx", lambda: layout == "tiles")
     monkeypatch.setattr(float32_head, "can_use_panels", lambda weight: layout == "panels")
     to_float32_head(linear)
     assert type(linear) is Float32Head

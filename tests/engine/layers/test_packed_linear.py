@@ -1,13 +1,13 @@
-"""Packed bf16 linears: F.linear's results (its bits on SmolLM2's projections above the panel
-kernel's rows) at any row count, used wherever they can run (bf16 on CPU), outside
-batch-invariant mode."""
+"""Packed bf16 linears: F.linear's results at any row count (its bits on SmolLM2's projections
+where oneDNN runs them above the panel kernel's rows; on AMX tiles each row's own bits), used
+wherever they can run (bf16 on CPU), outside batch-invariant mode."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepwell.engine.layers.amx_linear import amx_kernel_ready
+from deepwell.engine.layers.amx_linear import amx_kernel_ready, linears_on_tiles
 from deepwell.engine.layers.batch_invariant import AmxTileLinear, RowwiseLinear
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS
 from deepwell.engine.layers.float32_head import Float32Head
@@ -34,18 +34,34 @@ def test_packed_linear_computes_f_linear_at_any_row_count(features, exact):
     model = nn.Sequential(nn.Linear(*features, bias=not exact)).to(torch.bfloat16)
     weight, bias = model[0].weight.clone(), model[0].bias
     pack_linears(model)
-    assert type(model[0]) is PackedLinear
+    linear = model[0]
+    assert type(linear) is PackedLinear
     for rows in (1, 2, 3, 7, 8, 63, 64, 65, 231, 1024, 2049):
         x = torch.randn(rows, features[0]).to(torch.bfloat16)
         expected = F.linear(x, weight, bias)
-        if exact and (model[0].panels is None or rows > MAX_ROWS):
+        if exact and linear.tiles is None and (linear.panels is None or rows > MAX_ROWS):
             # The kernel F.linear runs for these shapes, without re-packing per call.
-            assert torch.equal(model[0](x), expected), rows
+            assert torch.equal(linear(x), expected), rows
         elif exact:
-            # The panel kernel's rows (test_bf16_gemm.py): its bits may differ in the last place.
-            torch.testing.assert_close(model[0](x), expected, rtol=1e-2, atol=1e-2)
+            # AMX tiles (test_amx_linear.py) or the panel kernel's rows (test_bf16_gemm.py):
+            # another accumulation order, whose bits may differ in the last place.
+            torch.testing.assert_close(linear(x), expected, rtol=1e-2, atol=1e-2)
         else:
-            torch.testing.assert_close(model[0](x), expected, rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(linear(x), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not linears_on_tiles(), reason="no AMX tiles for oneDNN or amx_linear.cpp")
+def test_on_amx_tiles_a_rows_result_is_its_own_whatever_the_rows_beside_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1536, 576)).to(torch.bfloat16)
+    pack_linears(model)
+    linear = model[0]
+    assert linear.tiles is not None and linear.packed_weight is None and linear.panels is None
+    x = torch.randn(3, 70, 1536).to(torch.bfloat16)
+    whole = linear(x)
+    assert whole.shape == (3, 70, 576)
+    for rows in (slice(0, 1), slice(5, 21), slice(20, 57)):
+        assert torch.equal(linear(x[1, rows]), whole[1, rows])
 
 
 def test_float32_linears_stay_plain():
