@@ -136,7 +136,8 @@ for _name, _owner in {
     "deepwell build-kernels, which runs builds side by side instead)",
     "TRITON_INTERPRET": "Triton: run the Triton kernels on the CPU",
     "ONEDNN_MAX_CPU_ISA": "oneDNN: the highest instruction set it may use; below AMX the bf16 "
-    "decode linears take the panel kernel (layers/bf16_gemm.py)",
+    "linears leave amx_linear.cpp's tiles for oneDNN, and their decode-sized calls take the "
+    "panel kernel (layers/bf16_gemm.py)",
     "DNNL_MAX_CPU_ISA": "oneDNN: ONEDNN_MAX_CPU_ISA's older name",
     "ATEN_CPU_CAPABILITY": "torch: the highest instruction set its CPU kernels use; below "
     "avx512, `--dtype auto` is float32 (cpu_dtype.py)",

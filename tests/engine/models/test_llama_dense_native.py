@@ -11,6 +11,7 @@ import torch
 
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers import packed_linear
+from deepwell.engine.layers.amx_linear import linears_on_tiles
 from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
 from deepwell.engine.layers.bf16_gemm import can_use_panels
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
@@ -102,18 +103,21 @@ def native_equals_torch_path(engine: EngineCore, rows: int, seed: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "panels"),
-    [("float32", False), ("bfloat16", False), ("bfloat16", True)],
-    ids=["float32", "bf16-onednn", "bf16-panels"],
+    ("dtype", "linears"),
+    [("float32", "plain"), ("bfloat16", "tiles"), ("bfloat16", "onednn"), ("bfloat16", "panels")],
+    ids=["float32", "bf16-tiles", "bf16-onednn", "bf16-panels"],
 )
-def test_embedded_native_steps_equal_the_torch_path_to_the_bit(dtype, panels, monkeypatch, caplog):
-    if panels:
-        # The panels are made where oneDNN has no AMX tiles; capping its ISA name makes them
-        # on an AMX CPU too (oneDNN itself read its cap at start-up and keeps its tiles).
+def test_embedded_native_steps_equal_the_torch_path_to_the_bit(dtype, linears, monkeypatch, caplog):
+    if linears == "tiles" and not linears_on_tiles():
+        pytest.skip("the bf16 linears do not run on AMX tiles here")
+    if linears in ("onednn", "panels"):
+        # Without AMX tiles for oneDNN the linears take its packed weight and the panels;
+        # capping its ISA name says so on an AMX CPU too (oneDNN itself read its cap at
+        # start-up and keeps its tiles).
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-        if not can_use_panels(torch.zeros(2, 2, dtype=torch.bfloat16)):
-            pytest.skip("the bf16 panel kernel does not run here (no AVX512_BF16 build)")
-    else:
+    if linears == "panels" and not can_use_panels(torch.zeros(2, 2, dtype=torch.bfloat16)):
+        pytest.skip("the bf16 panel kernel does not run here (no AVX512_BF16 build)")
+    if linears == "onednn":
         # oneDNN's linears at every row count, on CPUs where the panels would take the rows.
         monkeypatch.setattr(packed_linear, "can_use_panels", lambda weight: False)
     with caplog.at_level(logging.INFO, logger=NATIVE_LOG):
@@ -121,13 +125,14 @@ def test_embedded_native_steps_equal_the_torch_path_to_the_bit(dtype, panels, mo
     assert "decode step: native" in caplog.text and "dense weights" in caplog.text
     qkv = engine.runner.model.layers[0].self_attn.qkv_proj
     if dtype == "bfloat16" and isinstance(qkv, packed_linear.PackedLinear):
-        assert (qkv.panels is not None) == panels
+        assert (qkv.tiles is not None) == (linears == "tiles")
+        assert (qkv.panels is not None) == (linears == "panels")
     if dtype == "float32" and torch.backends.mkl.is_available():
         # Its large linears pad calls of 10-15 rows to MKL's gemm size: the native step too.
         assert type(engine.runner.model.layers[0].mlp.gate_up_proj) is RowPaddedLinear
     # 64 rows: W's decode steps, at the panels' row limit; 65 past it (oneDNN's linears);
     # 12 among the rows float32's large linears pad.
-    steps = (1, 3, 12, 17, 64, 65) if panels else (1, 3, 12, 17, 64)
+    steps = (1, 3, 12, 17, 64, 65) if linears != "plain" else (1, 3, 12, 17, 64)
     assert all(native_equals_torch_path(engine, rows, seed) for seed, rows in enumerate(steps))
 
 
