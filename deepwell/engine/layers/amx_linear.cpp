@@ -53,13 +53,15 @@ constexpr int64_t kChunkTiles = 8;
 // bf16 elements of one packed weight tile.
 constexpr int64_t kWeightTile = kBlockInputs * kTileOutputs;
 
-// RowTiles × 16 rows of x (row stride x_bytes) times OutTiles × 16 outputs of the packed weight
-// (w: the first output tile's block 0; the next output tile is w_tile_step elements on), over
-// `blocks` input blocks in order; results into scratch [RowTiles × 16][OutTiles × 16].
+// RowTiles × 16 rows of x (the first row tile's at x0, the second's at x1, row stride
+// x_bytes) times OutTiles × 16 outputs of the packed weight (w: the first output tile's block
+// 0; the next output tile is w_tile_step elements on), over `blocks` input blocks in order;
+// results into scratch [RowTiles × 16][OutTiles × 16].
 // tmm0-3 hold the results (2 row tiles × 2 output tiles), tmm4-5 the inputs, tmm6-7 weights.
 template <int RowTiles, int OutTiles>
 void multiply_tiles(
-    const uint16_t* x,
+    const uint16_t* x0,
+    const uint16_t* x1,
     int64_t x_bytes,
     const uint16_t* w,
     int64_t w_tile_step,
@@ -69,10 +71,9 @@ void multiply_tiles(
   if constexpr (OutTiles > 1) _tile_zero(1);
   if constexpr (RowTiles > 1) _tile_zero(2);
   if constexpr (RowTiles > 1 && OutTiles > 1) _tile_zero(3);
-  const int64_t x_tile_step = kTileRows * x_bytes / 2;
   for (int64_t b = 0; b < blocks; ++b) {
-    _tile_loadd(4, x + b * kBlockInputs, x_bytes);
-    if constexpr (RowTiles > 1) _tile_loadd(5, x + x_tile_step + b * kBlockInputs, x_bytes);
+    _tile_loadd(4, x0 + b * kBlockInputs, x_bytes);
+    if constexpr (RowTiles > 1) _tile_loadd(5, x1 + b * kBlockInputs, x_bytes);
     _tile_loadd(6, w + b * kWeightTile, 64);
     if constexpr (OutTiles > 1) _tile_loadd(7, w + w_tile_step + b * kWeightTile, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -88,7 +89,8 @@ void multiply_tiles(
     _tile_stored(3, scratch + kTileRows * OutTiles * kTileOutputs + kTileOutputs, stride);
 }
 
-using MultiplyFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*);
+using MultiplyFn = void (*)(const uint16_t*, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                            int64_t, float*);
 constexpr MultiplyFn kMultiply[2][2] = {
     {multiply_tiles<1, 1>, multiply_tiles<1, 2>},
     {multiply_tiles<2, 1>, multiply_tiles<2, 2>},
@@ -116,13 +118,42 @@ void store_row(const float* sums, const float* bias, int64_t valid, void* out) {
   }
 }
 
-at::Tensor padded_input(const at::Tensor& x, int64_t padded_rows, int64_t padded_in) {
-  const int64_t rows = x.size(0), in = x.size(1);
-  if (rows == padded_rows && in == padded_in && x.is_contiguous()) return x;
-  at::Tensor padded = at::zeros({padded_rows, padded_in}, x.options());
-  padded.narrow(0, 0, rows).narrow(1, 0, in).copy_(x);
-  return padded;
-}
+// x's rows as tiles read it: in place where x is contiguous and `in` whole 32-input blocks,
+// but for its last partial row tile, which comes from a zero-padded copy of its rows; else all
+// of x from such a copy. Copying the whole input to pad its last rows took a fifth of the
+// product's time at 1,035 rows and 55 (two threads), where 1,040 and 64 take none.
+struct TileInput {
+  at::Tensor whole, tail;
+  // Row tiles read from `whole`; the one after them, if any, is `tail`.
+  int64_t whole_tiles = 0;
+  int64_t row_elements = 0;
+  const uint16_t* whole_data = nullptr;
+  const uint16_t* tail_data = nullptr;
+
+  TileInput(const at::Tensor& x, int64_t padded_in) : row_elements(padded_in) {
+    const int64_t rows = x.size(0), in = x.size(1);
+    const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+    if (in == padded_in && x.is_contiguous()) {
+      whole = x;
+      whole_tiles = rows / kTileRows;
+      const int64_t tail_rows = rows - whole_tiles * kTileRows;
+      if (tail_rows > 0) {
+        tail = at::zeros({kTileRows, padded_in}, x.options());
+        tail.narrow(0, 0, tail_rows).copy_(x.narrow(0, whole_tiles * kTileRows, tail_rows));
+        tail_data = reinterpret_cast<const uint16_t*>(tail.data_ptr<at::BFloat16>());
+      }
+    } else {
+      whole = at::zeros({row_tiles * kTileRows, padded_in}, x.options());
+      whole.narrow(0, 0, rows).narrow(1, 0, in).copy_(x);
+      whole_tiles = row_tiles;
+    }
+    whole_data = reinterpret_cast<const uint16_t*>(whole.data_ptr<at::BFloat16>());
+  }
+
+  const uint16_t* row_tile(int64_t index) const {
+    return index < whole_tiles ? whole_data + index * kTileRows * row_elements : tail_data;
+  }
+};
 
 #endif  // AMX_LINEAR
 
@@ -159,8 +190,7 @@ at::Tensor linear(
       at::empty({rows, out_features}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
   if (rows == 0 || out_features == 0) return out;
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
-  const at::Tensor input = padded_input(x, row_tiles * kTileRows, blocks * kBlockInputs);
-  const auto* xs = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>());
+  const TileInput input(x, blocks * kBlockInputs);
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
   char* result = static_cast<char*>(out.data_ptr());
   const int64_t element = out.element_size();
@@ -182,8 +212,10 @@ at::Tensor linear(
         for (int64_t row_tile = chunk; row_tile < chunk_end; row_tile += 2) {
           const int row_count = row_tile + 1 < chunk_end ? 2 : 1;
           const int64_t first_row = row_tile * kTileRows;
-          kMultiply[row_count - 1][out_count - 1](
-              xs + first_row * x_bytes / 2, x_bytes, w, w_tile_step, blocks, &scratch[0][0]);
+          const uint16_t* x0 = input.row_tile(row_tile);
+          const uint16_t* x1 = row_count > 1 ? input.row_tile(row_tile + 1) : x0;
+          kMultiply[row_count - 1][out_count - 1](x0, x1, x_bytes, w, w_tile_step, blocks,
+                                                  &scratch[0][0]);
           const int64_t valid_rows = std::min(row_count * kTileRows, rows - first_row);
           const int64_t scratch_row = out_count * kTileOutputs;
           const float* b = bias_data == nullptr ? nullptr : bias_data + first_out;
