@@ -25,7 +25,7 @@ import torch
 
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.layers.attention import AttentionMetadata
-from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
+from deepwell.engine.layers.batch_invariant import AmxTileLinear, BatchInvariantAttention
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS as PANEL_ROWS
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
@@ -49,6 +49,7 @@ def step_arguments(
 ) -> tuple:
     """What both C++ decoders' `forward` take first: the step's rows, the caches, where each
     row's K/V goes and which blocks it reads."""
+    lists = paged.row_block_lists
     return (
         input_ids,
         positions,
@@ -56,10 +57,18 @@ def step_arguments(
         kv_cache.paged["value"],
         paged.slot_blocks,
         paged.slot_offsets,
-        paged.decode_block_ids,
-        paged.decode_block_starts,
-        paged.decode_context_len_tensor,
+        *(
+            (paged.decode_block_ids, paged.decode_block_starts, paged.decode_context_len_tensor)
+            if lists is None
+            else (lists.block_ids, lists.block_starts, lists.context_lens)
+        ),
     )
+
+
+def sequence_starts(paged: AttentionMetadata) -> torch.Tensor:
+    """Where each sequence's rows begin: a draft's verify rows read its blocks together."""
+    lists = paged.row_block_lists
+    return paged.decode_sequence_starts if lists is None else lists.sequence_starts
 
 
 class NativeDecode:
@@ -76,12 +85,14 @@ class NativeDecode:
         paged = meta.paged
         rows = input_ids.shape[0]
         # A decode-graph step (FixedDecodeMetadata) runs the layers: its shapes are the graph's.
-        return (
-            isinstance(paged, AttentionMetadata)
-            and not paged.prefills
-            and paged.num_decodes == rows
-            and 0 < rows <= self.max_rows
-        )
+        if not isinstance(paged, AttentionMetadata) or not 0 < rows <= self.max_rows:
+            return False
+        if paged.row_block_lists is not None:
+            # The batch-invariant layout: each row over its own blocks, prefill or decode, in
+            # the kernel the layers call; a step whose rows are each their own sequence's
+            # (no prompt chunk, no draft) is all decodes.
+            return len(paged.row_block_lists.sequence_starts) == rows + 1
+        return not paged.prefills and paged.num_decodes == rows
 
     def __call__(
         self,
@@ -122,7 +133,7 @@ class DenseNativeDecode(NativeDecode):
     ) -> torch.Tensor:
         """The final-normed hidden state [rows, hidden], float32."""
         arguments = step_arguments(input_ids, positions, paged, kv_cache)
-        return self.decoder.forward(*arguments, paged.decode_sequence_starts)
+        return self.decoder.forward(*arguments, sequence_starts(paged))
 
 
 def native_decode_for(model: LlamaForCausalLM, choice: str) -> NativeDecode | None:
@@ -159,18 +170,22 @@ def _unsupported(model: LlamaForCausalLM) -> str | None:
     if config.qk_norm:
         return "per-head q/k norm (Qwen3)"
     layer = model.layers[0]
-    if isinstance(layer.self_attn.backend, BatchInvariantAttention):
-        return "the batch-invariant mode's own path (its kernels compute each row alone)"
-    if not isinstance(layer.self_attn.backend, CppPagedAttention):
+    invariant = isinstance(layer.self_attn.backend, BatchInvariantAttention)
+    if not invariant and not isinstance(layer.self_attn.backend, CppPagedAttention):
         return "decode attention is not on the C++ kernel"
     if layer.self_attn.backend.kernel is None:
         return "the C++ attention kernel did not load"
     if _on_blocks(model):
-        return None
+        return "the batch-invariant mode's own path on GGUF blocks" if invariant else None
     if model.embed_tokens.weight.device.type != "cpu":
         return "the model is not on the CPU, where the C++ kernels run"
     linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    if not all(type(m) in (PackedLinear, RowPaddedLinear, torch.nn.Linear) for m in linears):
+    if invariant:
+        # Its layers compute each row alone; the step calls the same kernels, the linears'
+        # where they are AMX tiles (the row-wise ones have no op the step could call).
+        if not all(type(m) is AmxTileLinear for m in linears):
+            return "the batch-invariant linears are not on AMX tiles"
+    elif not all(type(m) in (PackedLinear, RowPaddedLinear, torch.nn.Linear) for m in linears):
         return "the layer linears are neither all on GGUF blocks nor all dense"
     # The dense decoder calls the layers' fused kernels: where they fell back to torch ops,
     # only the layers compute the same bits.
@@ -264,6 +279,8 @@ def _dense(linear: torch.nn.Linear) -> tuple:
     """(weight, the AMX tiles, oneDNN's packed weight, the panels, bias, the rows it pads from
     and to), None where the linear has none, (0, 0) where it pads none."""
     bias = None if linear.bias is None else linear.bias.detach()
+    if type(linear) is AmxTileLinear:
+        return linear.weight.detach(), linear.tiles, None, None, bias, (0, 0)
     if type(linear) is PackedLinear:
         parts = linear.tiles, linear.packed_weight, linear.panels
         return linear.weight.detach(), *parts, bias, (0, 0)

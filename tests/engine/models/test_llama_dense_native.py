@@ -13,6 +13,7 @@ from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers import packed_linear
 from deepwell.engine.layers.amx_linear import linears_on_tiles
 from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.batch_invariant import row_block_lists
 from deepwell.engine.layers.bf16_gemm import can_use_panels
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
 from deepwell.engine.layers.float32_linear import RowPaddedLinear
@@ -53,9 +54,9 @@ def core(model: str | None = None, **kwargs) -> EngineCore:
     return engine
 
 
-def decode_step(rows: int, kv_cache, vocab: int, seed: int):
+def decode_step(rows: int, kv_cache, vocab: int, seed: int, invariant: bool = False):
     """A step of `rows` decode rows at contexts of 1-48 keys on random distinct blocks:
-    (input ids, positions, step metadata)."""
+    (input ids, positions, step metadata); `invariant`: in the batch-invariant layout."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = kv_cache.paged["key"][0].shape[0]
     lens = torch.randint(1, 3 * BLOCK_SIZE + 1, (rows,), generator=gen).tolist()
@@ -83,17 +84,24 @@ def decode_step(rows: int, kv_cache, vocab: int, seed: int):
         seq_slots=torch.full((rows,), -1),
         seq_starts=torch.zeros(rows, dtype=torch.long),
     )
+    if invariant:
+        spans = [
+            (row, n - 1, 1, table) for row, (n, table) in enumerate(zip(lens, tables, strict=True))
+        ]
+        meta.row_block_lists = row_block_lists(spans, BLOCK_SIZE)
     ids = torch.randint(0, vocab, (rows,), generator=gen)
     return ids, torch.tensor(lens) - 1, StepMetadata(sequences=[], paged=meta)
 
 
 @torch.inference_mode()
-def native_equals_torch_path(engine: EngineCore, rows: int, seed: int) -> bool:
+def native_equals_torch_path(
+    engine: EngineCore, rows: int, seed: int, invariant: bool = False
+) -> bool:
     """One step through the torch path, then natively from the same cache state (both store
     the step's K/V in the same slots): whether the hidden states are equal to the bit."""
     model, kv_cache = engine.runner.model, engine.runner.kv_cache
     native = model.native_decode
-    ids, positions, step = decode_step(rows, kv_cache, model.config.vocab_size, seed)
+    ids, positions, step = decode_step(rows, kv_cache, model.config.vocab_size, seed, invariant)
     assert isinstance(native, DenseNativeDecode) and native.takes(ids, step)
     model.native_decode = None
     expected = model(ids, positions, step, kv_cache)
@@ -159,7 +167,10 @@ def test_steps_with_prefills_run_the_torch_path(make_core):
     [
         ({"native_decode": "off"}, "torch path (--native-decode off)"),
         ({"attention_backend": "torch"}, "decode attention is not on the C++ kernel"),
-        ({"batch_invariant": True}, "the batch-invariant mode's own path"),
+        (
+            {"batch_invariant": True, "dtype": "float32"},
+            "the batch-invariant linears are not on AMX tiles",
+        ),
     ],
     ids=["off", "torch-backend", "batch-invariant"],
 )
@@ -168,6 +179,22 @@ def test_models_that_do_not_take_the_native_step_say_why(kwargs, reason, make_co
         engine = make_core(**kwargs)
     assert engine.runner.model.native_decode is None
     assert reason in caplog.text
+
+
+@pytest.mark.skipif(not linears_on_tiles(), reason="the bf16 linears do not run on AMX tiles here")
+def test_batch_invariant_decode_steps_run_natively_with_the_layers_bits(caplog):
+    with caplog.at_level(logging.INFO, logger=NATIVE_LOG):
+        engine = core(dtype="bfloat16", batch_invariant=True)
+    assert "decode step: native" in caplog.text
+    native = engine.runner.model.native_decode
+    assert all(
+        native_equals_torch_path(engine, rows, seed, True) for seed, rows in enumerate((1, 17, 64))
+    )
+    # A prompt chunk's rows (or a draft's verify rows) share a sequence: the layers take them.
+    ids, _, step = decode_step(3, engine.runner.kv_cache, 100, seed=0, invariant=True)
+    lists = step.paged.row_block_lists
+    lists.sequence_starts = torch.tensor([0, 2, 3])
+    assert not native.takes(ids, step)
 
 
 def test_qwen3_runs_the_torch_path_for_its_qk_norm(tmp_path, caplog):
