@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
@@ -121,9 +122,11 @@ void store_row(const float* sums, const float* bias, int64_t valid, void* out) {
 // x's rows as tiles read it: in place where x is contiguous and `in` whole 32-input blocks,
 // but for its last partial row tile, which comes from a zero-padded copy of its rows; else all
 // of x from such a copy. Copying the whole input to pad its last rows took a fifth of the
-// product's time at 1,035 rows and 55 (two threads), where 1,040 and 64 take none.
+// product's time at 1,035 rows and 55 (two threads), where 1,040 and 64 take none. The tail
+// is a plain buffer: at::zeros filled it in a parallel region of its own, every call.
 struct TileInput {
-  at::Tensor whole, tail;
+  at::Tensor whole;
+  deepwell::TileVector<uint16_t> tail;
   // Row tiles read from `whole`; the one after them, if any, is `tail`.
   int64_t whole_tiles = 0;
   int64_t row_elements = 0;
@@ -138,9 +141,11 @@ struct TileInput {
       whole_tiles = rows / kTileRows;
       const int64_t tail_rows = rows - whole_tiles * kTileRows;
       if (tail_rows > 0) {
-        tail = at::zeros({kTileRows, padded_in}, x.options());
-        tail.narrow(0, 0, tail_rows).copy_(x.narrow(0, whole_tiles * kTileRows, tail_rows));
-        tail_data = reinterpret_cast<const uint16_t*>(tail.data_ptr<at::BFloat16>());
+        tail.resize(kTileRows * padded_in);
+        const auto* first = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+        std::memcpy(tail.data(), first + whole_tiles * kTileRows * padded_in,
+                    tail_rows * padded_in * sizeof(uint16_t));
+        tail_data = tail.data();
       }
     } else {
       whole = at::zeros({row_tiles * kTileRows, padded_in}, x.options());

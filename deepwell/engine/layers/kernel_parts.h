@@ -8,10 +8,13 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -150,6 +153,27 @@ inline void rms_norm_row(const float* x, const float* weight, int64_t n, float e
   const float inverse = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
   at::vec::map2<float>([inverse](Vec v, Vec w) { return v * Vec(inverse) * w; }, out, x, weight, n);
 }
+
+// Memory the tiles load from and store to starts on a cache line: a tile row across two lines
+// ran a tile kernel at half speed (benchmarks/amx_prompt_linears.py's log section), and
+// new[] and std::vector give 16 bytes.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+template <typename T>
+using TileVector = std::vector<T, CacheLineAllocator<T>>;
 
 #if defined(__AMX_TILE__) && defined(__linux__)
 // Linux hands out the tile state only to a process that asked (arch_prctl

@@ -657,27 +657,6 @@ constexpr int64_t kSpanKeys = 256;
 // Accumulator tiles a pass: key tiles of scores, or dim tiles of outputs.
 constexpr int64_t kAccumulators = 4;
 
-// Memory the tiles load from and store to starts on a cache line: a tile row across two lines
-// ran a tile kernel at half speed (benchmarks/amx_prompt_linears.py's log section), and
-// new[] and std::vector give 16 bytes.
-template <typename T>
-struct CacheLineAllocator {
-  using value_type = T;
-  CacheLineAllocator() = default;
-  template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
-  template <typename U>
-  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
-};
-template <typename T>
-using TileVector = std::vector<T, CacheLineAllocator<T>>;
-
 // tmm0 .. tmm(N-1) += N tiles at a (the next `a_step` elements on, rows a_bytes apart) times
 // tmm6.
 template <int N>
@@ -805,8 +784,8 @@ void pack_tile_run(const Chunk& c, int64_t h, int64_t step, int64_t dim_tile, ui
 // position (16 lanes); a span's scores^T ([kSpanKeys][16]) and weights^T ([kSpanKeys / 2][16]
 // pairs); each row's output.
 struct TileScratch {
-  TileVector<uint32_t> queries, weights;
-  TileVector<float> scores, out, max, sum;
+  deepwell::TileVector<uint32_t> queries, weights;
+  deepwell::TileVector<float> scores, out, max, sum;
   std::vector<int32_t> positions;
   std::vector<uint16_t*> rows;
 };
@@ -951,7 +930,7 @@ void attend_on_tiles(const Chunk& c) {
   const int64_t steps = (c.context_len + kValueStep - 1) / kValueStep;
   const int64_t head = steps * kValueStep * c.dim;
   const int64_t dim_tile = steps * kTileBf16;
-  TileVector<uint16_t> keys(c.kv_heads * head), values(c.kv_heads * head);
+  deepwell::TileVector<uint16_t> keys(c.kv_heads * head), values(c.kv_heads * head);
   at::parallel_for(0, c.kv_heads * steps, 16, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
       const int64_t h = t / steps, step = t % steps;

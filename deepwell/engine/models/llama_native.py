@@ -279,10 +279,8 @@ def _dense(linear: torch.nn.Linear) -> tuple:
     """(weight, the AMX tiles, oneDNN's packed weight, the panels, bias, the rows it pads from
     and to), None where the linear has none, (0, 0) where it pads none."""
     bias = None if linear.bias is None else linear.bias.detach()
-    if type(linear) is AmxTileLinear:
-        return linear.weight.detach(), linear.tiles, None, None, bias, (0, 0)
-    if type(linear) is PackedLinear:
-        parts = linear.tiles, linear.packed_weight, linear.panels
+    if type(linear) in (AmxTileLinear, PackedLinear):
+        parts = (getattr(linear, name, None) for name in ("tiles", "packed_weight", "panels"))
         return linear.weight.detach(), *parts, bias, (0, 0)
     padding = (MIN_PADDED_ROWS, GEMM_ROWS) if type(linear) is RowPaddedLinear else (0, 0)
     return linear.weight.detach(), None, None, None, bias, padding
