@@ -77,6 +77,24 @@ def test_the_product_is_within_float32_accumulation_error(rows, bias, threads):
     assert ((out.double() - exact).abs() <= bound).all()
 
 
+@needs_amx
+@pytest.mark.parametrize("out_features", [16384, 16390], ids=["whole-vectors", "a-partial-one"])
+def test_a_float32_output_past_the_caches_has_the_bits_of_small_calls(out_features, threads):
+    # 72 rows x 16,384 float32 outputs (4.5 MiB) are stored past the caches (non-temporal
+    # stores); 8 rows are not: the sums, the bias and the partial last vector are the same.
+    generator = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, 96, generator=generator).bfloat16()
+    bias = torch.randn(out_features, generator=generator)
+    x = torch.randn(72, 96, generator=generator).bfloat16()
+    tiles = tile_layout(weight)
+    whole = amx_linear(x, tiles, bias, out_features, float32_out=True)
+    assert whole.dtype == torch.float32 and whole.numel() * 4 >= 4 << 20
+    parts = [amx_linear(x[i : i + 8], tiles, bias, out_features, True) for i in range(0, 72, 8)]
+    assert torch.equal(whole, torch.cat(parts))
+    exact, bound = exact_bound(x, weight, bias)
+    assert ((whole.double() - exact).abs() <= bound).all()
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86's instruction sets")
 def test_nothing_is_built_below_torchs_avx512_level(monkeypatch):
     # ATEN_CPU_CAPABILITY=avx2 on an AMX Xeon: the row-wise kernel serves, as on AVX2 CPUs.
