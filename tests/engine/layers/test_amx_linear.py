@@ -78,18 +78,21 @@ def test_the_product_is_within_float32_accumulation_error(rows, bias, threads):
 
 
 @needs_amx
+@pytest.mark.parametrize("float32_out", [False, True], ids=["bf16", "float32"])
 @pytest.mark.parametrize("out_features", [16384, 16390], ids=["whole-vectors", "a-partial-one"])
-def test_a_float32_output_past_the_caches_has_the_bits_of_small_calls(out_features, threads):
-    # 72 rows x 16,384 float32 outputs (4.5 MiB) are stored past the caches (non-temporal
+def test_an_output_past_the_caches_has_the_bits_of_small_calls(out_features, float32_out, threads):
+    # 144 rows x 16,384 outputs (4.5 MiB in bf16) are stored past the caches (non-temporal
     # stores); 8 rows are not: the sums, the bias and the partial last vector are the same.
     generator = torch.Generator().manual_seed(out_features)
     weight = torch.randn(out_features, 96, generator=generator).bfloat16()
     bias = torch.randn(out_features, generator=generator)
-    x = torch.randn(72, 96, generator=generator).bfloat16()
+    x = torch.randn(144, 96, generator=generator).bfloat16()
     tiles = tile_layout(weight)
-    whole = amx_linear(x, tiles, bias, out_features, float32_out=True)
-    assert whole.dtype == torch.float32 and whole.numel() * 4 >= 4 << 20
-    parts = [amx_linear(x[i : i + 8], tiles, bias, out_features, True) for i in range(0, 72, 8)]
+    whole = amx_linear(x, tiles, bias, out_features, float32_out)
+    assert whole.numel() * whole.element_size() >= 4 << 20
+    parts = [
+        amx_linear(x[i : i + 8], tiles, bias, out_features, float32_out) for i in range(0, 144, 8)
+    ]
     assert torch.equal(whole, torch.cat(parts))
     exact, bound = exact_bound(x, weight, bias)
     assert ((whole.double() - exact).abs() <= bound).all()
