@@ -141,6 +141,8 @@ def load_model(args: EngineArgs, group: DistributedGroup | None = None) -> Loade
     else:
         # After int4, which takes plain linears; the batch-invariant mode has its own calls.
         pad_small_calls(model)
+        if hooks.fuse_mlp_activation is not None:
+            hooks.fuse_mlp_activation()
     if hooks.native_decode is not None:
         # After tile_linears and pad_small_calls: the batch-invariant mode keeps its own path
         # (the model's start-up log says so), and the native step pads as the linears do.

@@ -209,48 +209,46 @@ struct TileInput {
   }
 };
 
-#endif  // AMX_LINEAR
-
-// x [rows, in] bf16; tiles bf16 [ceil(out / 16), ceil(in / 32), 16, 16, 2] (tile_layout).
-// bias float32 [out] or none. Returns [rows, out] = x @ weight.T + bias: bf16, or with
-// float32_out the float32 sums (plus the bias) unrounded.
-at::Tensor linear(
-    const at::Tensor& x,
-    const at::Tensor& tiles,
-    const c10::optional<at::Tensor>& bias,
-    int64_t out_features,
-    bool float32_out) {
-#if defined(AMX_LINEAR)
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
-              "amx linear: x must be bf16 [rows, in], got ", x.sizes());
-  const int64_t rows = x.size(0), in = x.size(1);
-  const int64_t blocks = (in + kBlockInputs - 1) / kBlockInputs;
-  const int64_t out_tiles = (out_features + kTileOutputs - 1) / kTileOutputs;
-  TORCH_CHECK(tiles.scalar_type() == at::kBFloat16 && tiles.is_contiguous() &&
-                  tiles.dim() == 5 && tiles.size(0) == out_tiles && tiles.size(1) == blocks &&
-                  tiles.size(2) == kBlockInputs / 2 && tiles.size(3) == kTileOutputs &&
-                  tiles.size(4) == 2,
-              "amx linear: tiles must be contiguous bf16 [", out_tiles, ", ", blocks,
-              ", 16, 16, 2], got ", tiles.sizes());
-  const float* bias_data = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() == out_features,
-                "amx linear: bias must be contiguous float32 [", out_features, "]");
-    bias_data = bias->data_ptr<float>();
+// silu(gate) * up for one row of a gate_up whose output tile pairs are (gate tile j, up tile
+// j) (gate_up_tile_layout): sums [0, 16) the gate's, [16, 32) the up's. Each rounded to bf16
+// first, as the linear stores them, then llama_glue.cpp's silu_mul on those: its arithmetic
+// (silu_times) and its rounding, so the bits are the two passes' bits.
+template <bool Stream>
+void store_silu_row(const float* sums, const float*, int64_t, void* out) {
+  using Vec = at::vec::Vectorized<float>;
+  const auto widened = [](const float* v) {
+    const __m256i bits = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(v));
+    return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+  };
+  const Vec act = deepwell::silu_times(widened(sums), widened(sums + kTileOutputs));
+  const __m512i rounded = at::vec::convert_from_float<at::BFloat16>(act, act);
+  const __m256i first = _mm512_castsi512_si256(rounded);
+  if (Stream && reinterpret_cast<uintptr_t>(out) % 32 == 0) {
+    _mm256_stream_si256(static_cast<__m256i*>(out), first);
+  } else {
+    _mm256_storeu_si256(static_cast<__m256i*>(out), first);
   }
-  TORCH_CHECK(deepwell::amx_tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
-  at::Tensor out =
-      at::empty({rows, out_features}, x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
-  if (rows == 0 || out_features == 0) return out;
+}
+
+// x [rows, in] bf16 times the tiles into `out`: each output the linear's (the sums plus the
+// bias, bf16 or float32 as out is), or with `silu` a gate_up's silu(gate) * up, one output of
+// `out` (bf16 [rows, out_tiles × 8]) for each pair of gate and up outputs.
+void multiply(const at::Tensor& x, const at::Tensor& tiles, const float* bias_data,
+              int64_t out_features, bool silu, at::Tensor& out) {
+  const int64_t rows = x.size(0);
+  const int64_t blocks = tiles.size(1);
+  const int64_t out_tiles = tiles.size(0);
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const TileInput input(x, blocks * kBlockInputs);
   const auto* ws = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
   char* result = static_cast<char*>(out.data_ptr());
-  const int64_t element = out.element_size();
-  const bool stream = rows * out_features * element >= kStreamBytes;
-  const auto store = float32_out ? (stream ? &store_row<true, true> : &store_row<true>)
-                                 : (stream ? &store_row<false, true> : &store_row<false>);
+  const int64_t element = out.element_size(), out_row_bytes = out.size(1) * element;
+  const bool float32_out = out.scalar_type() == at::kFloat;
+  const bool stream = out.numel() * element >= kStreamBytes;
+  const StoreFn store =
+      silu          ? (stream ? &store_silu_row<true> : &store_silu_row<false>)
+      : float32_out ? (stream ? &store_row<true, true> : &store_row<true>)
+                    : (stream ? &store_row<false, true> : &store_row<false>);
   const int64_t x_bytes = blocks * kBlockInputs * 2, w_tile_step = blocks * kWeightTile;
   const int64_t out_pairs = (out_tiles + 1) / 2;
   // Threads take pairs of output tiles; rows go kChunkTiles row tiles at a time, whose inputs
@@ -267,7 +265,6 @@ at::Tensor linear(
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t first_out = 2 * pair * kTileOutputs;
         const int out_count = 2 * pair + 1 < out_tiles ? 2 : 1;
-        const int64_t valid_out = std::min(out_count * kTileOutputs, out_features - first_out);
         const uint16_t* w = ws + 2 * pair * w_tile_step;
         for (int64_t row_tile = chunk; row_tile < chunk_end; row_tile += 2) {
           const int row_count = row_tile + 1 < chunk_end ? 2 : 1;
@@ -281,10 +278,11 @@ at::Tensor linear(
           pending.rows = std::min(row_count * kTileRows, rows - first_row);
           pending.next = 0;
           pending.scratch_row = out_count * kTileOutputs;
-          pending.valid_out = valid_out;
+          pending.valid_out = std::min(out_count * kTileOutputs, out_features - first_out);
           pending.bias = bias_data == nullptr ? nullptr : bias_data + first_out;
-          pending.dest = result + (first_row * out_features + first_out) * element;
-          pending.dest_row_bytes = out_features * element;
+          pending.dest = result + first_row * out_row_bytes +
+                         (silu ? pair * kTileOutputs : first_out) * element;
+          pending.dest_row_bytes = out_row_bytes;
           current ^= 1;
         }
       }
@@ -294,6 +292,62 @@ at::Tensor linear(
     // Non-temporal stores are weakly ordered: drain them before the caller reads the output.
     if (stream) _mm_sfence();
   });
+}
+
+// x bf16 [rows, in] against tiles bf16 [out_tiles, ceil(in / 32), 16, 16, 2].
+void check_operands(const at::Tensor& x, const at::Tensor& tiles, int64_t out_tiles) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "amx linear: x must be bf16 [rows, in], got ", x.sizes());
+  const int64_t blocks = (x.size(1) + kBlockInputs - 1) / kBlockInputs;
+  TORCH_CHECK(tiles.scalar_type() == at::kBFloat16 && tiles.is_contiguous() &&
+                  tiles.dim() == 5 && tiles.size(0) == out_tiles && tiles.size(1) == blocks &&
+                  tiles.size(2) == kBlockInputs / 2 && tiles.size(3) == kTileOutputs &&
+                  tiles.size(4) == 2,
+              "amx linear: tiles must be contiguous bf16 [", out_tiles, ", ", blocks,
+              ", 16, 16, 2], got ", tiles.sizes());
+  TORCH_CHECK(deepwell::amx_tiles_permitted(), "amx linear: the kernel refused the AMX tile state");
+}
+
+#endif  // AMX_LINEAR
+
+// x [rows, in] bf16; tiles bf16 [ceil(out / 16), ceil(in / 32), 16, 16, 2] (tile_layout).
+// bias float32 [out] or none. Returns [rows, out] = x @ weight.T + bias: bf16, or with
+// float32_out the float32 sums (plus the bias) unrounded.
+at::Tensor linear(
+    const at::Tensor& x,
+    const at::Tensor& tiles,
+    const c10::optional<at::Tensor>& bias,
+    int64_t out_features,
+    bool float32_out) {
+#if defined(AMX_LINEAR)
+  check_operands(x, tiles, (out_features + kTileOutputs - 1) / kTileOutputs);
+  const float* bias_data = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                    bias->numel() == out_features,
+                "amx linear: bias must be contiguous float32 [", out_features, "]");
+    bias_data = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({x.size(0), out_features},
+                             x.options().dtype(float32_out ? at::kFloat : at::kBFloat16));
+  if (out.numel() > 0) multiply(x, tiles, bias_data, out_features, false, out);
+  return out;
+#else
+  TORCH_CHECK(false, "amx linear: this build has no AMX path (instruction_set is none)");
+#endif
+}
+
+// silu(gate) * up, bf16 [rows, intermediate], of a gate_up linear without bias whose weight
+// [gate; up] (2 × intermediate outputs) is packed as gate_up_tile_layout: the bits of
+// `linear` on its tile_layout followed by llama_glue.cpp's silu_mul, in one pass.
+at::Tensor silu_mul_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t intermediate) {
+#if defined(AMX_LINEAR)
+  TORCH_CHECK(intermediate % kTileOutputs == 0,
+              "amx silu_mul_linear: the intermediate size must be a multiple of 16, got ",
+              intermediate);
+  check_operands(x, tiles, 2 * intermediate / kTileOutputs);
+  at::Tensor out = at::empty({x.size(0), intermediate}, x.options());
+  if (out.numel() > 0) multiply(x, tiles, nullptr, 2 * intermediate, true, out);
   return out;
 #else
   TORCH_CHECK(false, "amx linear: this build has no AMX path (instruction_set is none)");
@@ -314,9 +368,11 @@ TORCH_LIBRARY(deepwell_amx_linear, m) {
   m.def(
       "linear(Tensor x, Tensor tiles, Tensor? bias, int out_features, bool float32_out) -> "
       "Tensor");
+  m.def("silu_mul_linear(Tensor x, Tensor tiles, int intermediate) -> Tensor");
   m.def("instruction_set() -> str", &instruction_set);
 }
 
 TORCH_LIBRARY_IMPL(deepwell_amx_linear, CPU, m) {
   m.impl("linear", &linear);
+  m.impl("silu_mul_linear", &silu_mul_linear);
 }

@@ -71,3 +71,20 @@ def amx_linear(
     return torch.ops.deepwell_amx_linear.linear(
         x, tiles, None if bias is None else bias.float().contiguous(), out_features, float32_out
     )
+
+
+def gate_up_tile_layout(weight: torch.Tensor) -> torch.Tensor:
+    """tile_layout of a gate_up weight [gate; up] ([2 × intermediate, in]) with its output
+    tiles reordered gate tile j, up tile j, so that each output tile pair the kernel computes
+    holds one tile of silu_mul_linear's inputs (intermediate a multiple of 16)."""
+    intermediate = weight.shape[0] // 2
+    gate, up = weight.view(2, intermediate // TILE_OUTPUTS, TILE_OUTPUTS, weight.shape[1])
+    return tile_layout(torch.stack((gate, up), dim=1).reshape(weight.shape))
+
+
+def amx_silu_mul_linear(x: torch.Tensor, tiles: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """bf16 [rows, intermediate] = silu(gate) * up of x [rows, in] bf16 through a gate_up
+    linear without bias packed by gate_up_tile_layout: the bits of amx_linear on its
+    tile_layout followed by the fused glue's silu_mul, in one pass (amx_kernel_ready must
+    hold)."""
+    return torch.ops.deepwell_amx_linear.silu_mul_linear(x, tiles, intermediate)

@@ -40,6 +40,14 @@ inline std::tuple<at::vec::Vectorized<float>, at::vec::Vectorized<float>> load_p
   }
 }
 
+// silu(g) * u, silu(g) = g / (1 + exp(-g)): its division and exp_u20 define the bits, which
+// llama_glue.cpp's silu_mul and amx_linear.cpp's silu_mul_linear share by computing this one
+// expression. exp(-g) overflows to inf for g < -88: g / inf = -0, silu's limit there.
+inline at::vec::Vectorized<float> silu_times(const at::vec::Vectorized<float>& g,
+                                             const at::vec::Vectorized<float>& u) {
+  return g / (at::vec::Vectorized<float>(1.0f) + g.neg().exp_u20()) * u;
+}
+
 // paged_decode.cpp. Every row's block list against a cache of num_blocks blocks: a bad one
 // is an error before any is read, never a read outside the cache.
 void check_block_lists(

@@ -43,6 +43,8 @@ using Rotate = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor
 // bf16_gemm.cpp's panels and amx_linear.cpp's tiles take the same arguments.
 using PanelLinear = at::Tensor(const at::Tensor&, const at::Tensor&,
                                const std::optional<at::Tensor>&, int64_t, bool);
+// amx_linear.cpp's gate_up with silu_mul in its stores.
+using SiluTileLinear = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t);
 using PackedLinear = at::Tensor(const at::Tensor&, const at::Tensor&,
                                 const std::optional<at::Tensor>&, std::string_view,
                                 c10::List<std::optional<at::Scalar>>,
@@ -61,6 +63,7 @@ struct Ops {
       find_op<PackedLinear>("mkldnn::_linear_pointwise");
   // Found when a linear has panels or tiles: each kernel's ops exist only where it loaded.
   std::optional<c10::TypedOperatorHandle<PanelLinear>> panel_linear, tile_linear;
+  std::optional<c10::TypedOperatorHandle<SiluTileLinear>> silu_tile_linear;
   // PackedLinear's `[None]`: no post-op scalars.
   c10::List<std::optional<at::Scalar>> no_scalars{std::vector<std::optional<at::Scalar>>{std::nullopt}};
 };
@@ -124,6 +127,8 @@ DenseLinear make_linear(const LinearParts& parts, int64_t in_features, int64_t o
 struct Layer {
   at::Tensor input_norm, post_norm;
   DenseLinear qkv, o, gate_up, down;
+  // gate_up's tiles pair gate and up tiles (SiluGateUpLinear): its call gives silu_mul's.
+  bool gate_up_silu = false;
 };
 
 // A step's rows: where each one's K/V goes and which blocks it reads (AttentionMetadata's).
@@ -150,13 +155,18 @@ class LlamaDenseDecoder {
 
   void add_layer(const at::Tensor& input_norm, const at::Tensor& post_norm,
                  const LinearParts& qkv, const LinearParts& o, const LinearParts& gate_up,
-                 const LinearParts& down) {
+                 const LinearParts& down, bool gate_up_silu) {
     const int64_t q_size = heads_ * head_dim_;
     Layer layer{input_norm, post_norm,
                 make_linear(qkv, hidden_, q_size + 2 * kv_heads_ * head_dim_),
                 make_linear(o, q_size, hidden_),
                 make_linear(gate_up, hidden_, 2 * intermediate_),
-                make_linear(down, intermediate_, hidden_)};
+                make_linear(down, intermediate_, hidden_), gate_up_silu};
+    TORCH_CHECK(!gate_up_silu || layer.gate_up.tiles.defined(),
+                "a gate_up with silu_mul in its stores runs on its tiles");
+    if (gate_up_silu && !ops_.silu_tile_linear.has_value()) {
+      ops_.silu_tile_linear = find_op<SiluTileLinear>("deepwell_amx_linear::silu_mul_linear");
+    }
     for (const DenseLinear* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
       if (linear->panels.defined() && !ops_.panel_linear.has_value()) {
         ops_.panel_linear = find_op<PanelLinear>("deepwell_bf16_gemm::linear");
@@ -216,7 +226,10 @@ class LlamaDenseDecoder {
     const at::Tensor attention = layer.o.forward(out.flatten(1), ops_, panel_rows_);
     h = ops_.add_rms_norm.call(x, attention, layer.post_norm, eps_, dtype);
     // LlamaMLP.forward.
-    const at::Tensor act = ops_.silu_mul.call(layer.gate_up.forward(h, ops_, panel_rows_));
+    const at::Tensor act =
+        layer.gate_up_silu
+            ? ops_.silu_tile_linear->call(h, layer.gate_up.tiles, intermediate_)
+            : ops_.silu_mul.call(layer.gate_up.forward(h, ops_, panel_rows_));
     return layer.down.forward(act, ops_, panel_rows_);
   }
 
@@ -243,7 +256,10 @@ void bind_dense_decoder(pybind11::module_& m) {
            pybind11::arg("cos"), pybind11::arg("signed_sin"), pybind11::arg("final_norm"))
       .def("add_layer", &LlamaDenseDecoder::add_layer,
            "one decoder layer's norms and linears, each (weight, tiles, packed, panels, bias, "
-           "padding)")
+           "padding), and whether gate_up's tiles give silu_mul's output",
+           pybind11::arg("input_norm"), pybind11::arg("post_norm"), pybind11::arg("qkv"),
+           pybind11::arg("o"), pybind11::arg("gate_up"), pybind11::arg("down"),
+           pybind11::arg("gate_up_silu") = false)
       .def("forward", &LlamaDenseDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "a step of decode rows through every layer: the final-normed hidden state")
       .def_property_readonly("num_layers", &LlamaDenseDecoder::num_layers);

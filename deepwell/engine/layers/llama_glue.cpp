@@ -192,12 +192,7 @@ at::Tensor add_rms_norm(
   return out;
 }
 
-// silu(g) * u, silu(g) = g / (1 + exp(-g)): its division and exp_u20 define the bits, and
-// both passes below compute this one expression. exp(-g) overflows to inf for g < -88:
-// g / inf = -0, silu's limit there.
-inline Vec silu_times(const Vec& g, const Vec& u) {
-  return g / (Vec(1.0f) + g.neg().exp_u20()) * u;
-}
+using deepwell::silu_times;
 
 // out[r] = silu(gate[r]) * up[r] with gate_up[r] = [gate | up].
 template <typename T>

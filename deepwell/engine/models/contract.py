@@ -107,6 +107,9 @@ class ModelHooks:
     # Its rings and state slots are read by its own layers, which have batch-invariant paths.
     invariant_rings: bool = False
     context_parallel: ContextParallelForward | None = None
+    # Compute each MLP's activation inside its gate_up linear where its kernel can (after the
+    # linears are packed; the batch-invariant mode keeps its own linears).
+    fuse_mlp_activation: Callable[[], None] | None = None
     # Decode small all-decode steps natively where the setting ("auto" / "off") and the
     # model allow it (EngineArgs.native_decode).
     native_decode: Callable[[str], None] | None = None

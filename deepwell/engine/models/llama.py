@@ -21,8 +21,9 @@ from deepwell.engine.kv.layout import KVLayout, PagedSpec
 from deepwell.engine.layers.attention import AttentionBackend, FixedDecodeMetadata
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
-from deepwell.engine.layers.fused_glue import Glue, TorchGlue, kernel_glue
+from deepwell.engine.layers.fused_glue import Glue, KernelGlue, TorchGlue, kernel_glue
 from deepwell.engine.layers.norm import RMSNorm
+from deepwell.engine.layers.packed_linear import SiluGateUpLinear, fuse_gate_up
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary, fused_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
 from deepwell.engine.models.contract import ModelHooks
@@ -124,7 +125,10 @@ class LlamaMLP(nn.Module):
         self.glue = glue
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(self.glue.silu_mul(self.gate_up_proj.forward(x)))
+        gate_up = self.gate_up_proj
+        if type(gate_up) is SiluGateUpLinear:
+            return self.down_proj.forward(gate_up.silu_mul(x))
+        return self.down_proj.forward(self.glue.silu_mul(gate_up.forward(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -226,7 +230,19 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def hooks(self) -> ModelHooks:
-        return ModelHooks(output_head=self.lm_head, native_decode=self.use_native_decode)
+        return ModelHooks(
+            output_head=self.lm_head,
+            fuse_mlp_activation=self.fuse_mlp_activation,
+            native_decode=self.use_native_decode,
+        )
+
+    def fuse_mlp_activation(self) -> None:
+        """Each MLP's silu(gate) * up computed by its gate_up linear where that runs on AMX
+        tiles (packed_linear.py, SiluGateUpLinear), whose bits are the fused glue's: with the
+        torch glue the MLPs keep their two passes."""
+        if self.glue is KernelGlue:
+            for layer in self.layers:
+                fuse_gate_up(layer.mlp.gate_up_proj)
 
     def use_native_decode(self, choice: str) -> None:
         """Run small all-decode steps in one C++ call where `choice` ("auto" / "off") and the

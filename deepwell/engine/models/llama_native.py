@@ -32,7 +32,7 @@ from deepwell.engine.layers.decode_kernel import load_llama_kernel
 from deepwell.engine.layers.float32_head import Float32Head
 from deepwell.engine.layers.float32_linear import GEMM_ROWS, MIN_PADDED_ROWS, RowPaddedLinear
 from deepwell.engine.layers.fused_glue import KernelGlue
-from deepwell.engine.layers.packed_linear import PackedLinear
+from deepwell.engine.layers.packed_linear import PackedLinear, SiluGateUpLinear
 from deepwell.engine.layers.quant_linear import QuantDecodeLinear
 from deepwell.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from deepwell.engine.layers.step_metadata import StepMetadata
@@ -185,7 +185,7 @@ def _unsupported(model: LlamaForCausalLM) -> str | None:
         # where they are AMX tiles (the row-wise ones have no op the step could call).
         if not all(type(m) is AmxTileLinear for m in linears):
             return "the batch-invariant linears are not on AMX tiles"
-    elif not all(type(m) in (PackedLinear, RowPaddedLinear, torch.nn.Linear) for m in linears):
+    elif not all(type(m) in DENSE_LINEARS for m in linears):
         return "the layer linears are neither all on GGUF blocks nor all dense"
     # The dense decoder calls the layers' fused kernels: where they fell back to torch ops,
     # only the layers compute the same bits.
@@ -194,6 +194,10 @@ def _unsupported(model: LlamaForCausalLM) -> str | None:
     if layer.self_attn.rotate is apply_rotary:
         return "the layers' rotary is not the fused C++ kernel"
     return None
+
+
+# What the dense native step calls as the layers do (a SiluGateUpLinear by its silu_mul).
+DENSE_LINEARS = (PackedLinear, SiluGateUpLinear, RowPaddedLinear, torch.nn.Linear)
 
 
 def _on_blocks(model: LlamaForCausalLM) -> bool:
@@ -271,6 +275,7 @@ def build_dense_native_decode(model: LlamaForCausalLM, kernel: ModuleType) -> De
             _dense(attention.o_proj),
             _dense(mlp.gate_up_proj),
             _dense(mlp.down_proj),
+            gate_up_silu=type(mlp.gate_up_proj) is SiluGateUpLinear,
         )
     return DenseNativeDecode(decoder)
 
@@ -279,7 +284,7 @@ def _dense(linear: torch.nn.Linear) -> tuple:
     """(weight, the AMX tiles, oneDNN's packed weight, the panels, bias, the rows it pads from
     and to), None where the linear has none, (0, 0) where it pads none."""
     bias = None if linear.bias is None else linear.bias.detach()
-    if type(linear) in (AmxTileLinear, PackedLinear):
+    if type(linear) in (AmxTileLinear, PackedLinear, SiluGateUpLinear):
         parts = (getattr(linear, name, None) for name in ("tiles", "packed_weight", "panels"))
         return linear.weight.detach(), *parts, bias, (0, 0)
     padding = (MIN_PADDED_ROWS, GEMM_ROWS) if type(linear) is RowPaddedLinear else (0, 0)

@@ -11,7 +11,14 @@ from deepwell.engine.layers.amx_linear import amx_kernel_ready, linears_on_tiles
 from deepwell.engine.layers.batch_invariant import AmxTileLinear, RowwiseLinear
 from deepwell.engine.layers.bf16_gemm import MAX_ROWS
 from deepwell.engine.layers.float32_head import Float32Head
-from deepwell.engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
+from deepwell.engine.layers.fused_glue import kernel_glue
+from deepwell.engine.layers.packed_linear import (
+    PackedLinear,
+    SiluGateUpLinear,
+    can_pack,
+    fuse_gate_up,
+    pack_linears,
+)
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.empty(0, dtype=torch.bfloat16)), reason="oneDNN bf16 is unavailable"
@@ -86,8 +93,43 @@ def test_the_core_packs_bf16_linears_and_runs_them_rowwise_when_invariant(
     if expected is None:
         expected = AmxTileLinear if amx_kernel_ready() else RowwiseLinear
     model = make_core(**kwargs).runner.model
-    linears = [m for m in model.layers.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(type(m) is expected for m in linears)
+    gate_ups = [layer.mlp.gate_up_proj for layer in model.layers]
+    others = [m for m in model.layers.modules() if isinstance(m, nn.Linear) and m not in gate_ups]
+    assert others and all(type(m) is expected for m in others)
+    # The default mode's bf16 gate_up computes the MLP's activation where it is on AMX tiles.
+    fused = expected is PackedLinear and linears_on_tiles()
+    assert all(type(m) is (SiluGateUpLinear if fused else expected) for m in gate_ups)
     # A bf16 head gives float32 sums, batch invariant in either mode.
     head = Float32Head if kwargs["dtype"] == "bfloat16" else nn.Linear
     assert type(model.lm_head) is head
+
+
+@pytest.mark.skipif(not linears_on_tiles(), reason="no AMX tiles for amx_linear.cpp")
+def test_a_fused_gate_up_gives_the_bits_of_the_linear_and_the_glues_silu_mul():
+    glue = kernel_glue()
+    assert glue is not None
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(576, 2 * 1536, bias=False)).to(torch.bfloat16)
+    pack_linears(model)
+    linear = model[0]
+    x = torch.randn(1035, 576).to(torch.bfloat16)
+    # Whole chunks and partial ones, a decode step's rows and a prompt chunk's.
+    expected = {rows: glue.silu_mul(linear(x[:rows])) for rows in (1, 17, 56, 1035)}
+    whole_outputs = {rows: linear(x[:rows]) for rows in expected}
+    assert fuse_gate_up(linear) and type(linear) is SiluGateUpLinear
+    for rows, act in expected.items():
+        assert torch.equal(linear.silu_mul(x[:rows]), act), rows
+        # Called as a linear it still gives [gate | up] in the weight's order.
+        assert torch.equal(linear(x[:rows]), whole_outputs[rows]), rows
+    assert linear.silu_mul(x.view(5, 207, 576)).shape == (5, 207, 1536)
+
+
+@pytest.mark.skipif(not linears_on_tiles(), reason="no AMX tiles for amx_linear.cpp")
+@pytest.mark.parametrize(
+    ("features", "bias"), [((576, 2 * 1536), True), ((576, 2 * 40), False)], ids=["bias", "odd"]
+)
+def test_a_gate_up_with_a_bias_or_an_intermediate_off_the_tiles_stays_a_linear(features, bias):
+    model = nn.Sequential(nn.Linear(*features, bias=bias)).to(torch.bfloat16)
+    pack_linears(model)
+    assert not fuse_gate_up(model[0]) and type(model[0]) is PackedLinear
+    assert not fuse_gate_up(nn.Linear(8, 32))

@@ -135,6 +135,10 @@ def test_embedded_native_steps_equal_the_torch_path_to_the_bit(dtype, linears, m
     if dtype == "bfloat16" and isinstance(qkv, packed_linear.PackedLinear):
         assert (qkv.tiles is not None) == (linears == "tiles")
         assert (qkv.panels is not None) == (linears == "panels")
+    if linears == "tiles":
+        # The MLP's activation in its gate_up's stores, on both paths.
+        gate_up = engine.runner.model.layers[0].mlp.gate_up_proj
+        assert type(gate_up) is packed_linear.SiluGateUpLinear
     if dtype == "float32" and torch.backends.mkl.is_available():
         # Its large linears pad calls of 10-15 rows to MKL's gemm size: the native step too.
         assert type(engine.runner.model.layers[0].mlp.gate_up_proj) is RowPaddedLinear
