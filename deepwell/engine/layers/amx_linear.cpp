@@ -260,6 +260,7 @@ void multiply(const at::Tensor& x, const at::Tensor& tiles, const float* bias_da
     int current = 0;
     PendingRows pending;
     pending.store = store;
+    pending.dest_row_bytes = out_row_bytes;
     for (int64_t chunk = 0; chunk < row_tiles; chunk += kChunkTiles) {
       const int64_t chunk_end = std::min(row_tiles, chunk + kChunkTiles);
       for (int64_t pair = begin; pair < end; ++pair) {
@@ -282,7 +283,6 @@ void multiply(const at::Tensor& x, const at::Tensor& tiles, const float* bias_da
           pending.bias = bias_data == nullptr ? nullptr : bias_data + first_out;
           pending.dest = result + first_row * out_row_bytes +
                          (silu ? pair * kTileOutputs : first_out) * element;
-          pending.dest_row_bytes = out_row_bytes;
           current ^= 1;
         }
       }

@@ -74,10 +74,12 @@ class PackedLinear(nn.Linear):
 
 @torch.no_grad()
 def repack(module: nn.Linear) -> None:
-    """(Re)make a bf16 linear's packed copy from its `weight`: the tiles where they run here,
-    else oneDNN's packed weight and the panels where the panel kernel runs here."""
+    """(Re)make a bf16 linear's packed copy from its `weight`: the tiles where they run here
+    (a SiluGateUpLinear's in its gate-and-up layout), else oneDNN's packed weight and the
+    panels where the panel kernel runs here."""
     weight = module.weight
-    tiles = tile_layout(weight) if linears_on_tiles() else None
+    layout = gate_up_tile_layout if type(module) is SiluGateUpLinear else tile_layout
+    tiles = layout(weight) if linears_on_tiles() else None
     packed = None
     if tiles is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
@@ -121,14 +123,13 @@ def fuse_gate_up(module: nn.Module) -> bool:
     """Make a packed gate_up linear a SiluGateUpLinear in place where it runs on AMX tiles
     and has no bias, its intermediate size a multiple of 16; whether it did. The caller
     vouches that the model's silu_mul is the fused glue's, whose bits the kernel gives."""
-    intermediate = module.out_features // 2 if isinstance(module, nn.Linear) else 0
     if (
         type(module) is not PackedLinear
         or module.tiles is None
         or module.bias is not None
-        or intermediate % TILE_OUTPUTS
+        or module.out_features // 2 % TILE_OUTPUTS
     ):
         return False
     module.__class__ = SiluGateUpLinear
-    module.register_buffer("tiles", gate_up_tile_layout(module.weight), persistent=False)
+    repack(module)
     return True
