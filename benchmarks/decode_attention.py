@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 
@@ -35,26 +35,15 @@ def w_like_step(rows: int, dtype: torch.dtype, seed: int = 0):
     tables = [[pool.pop() for _ in range(c)] for c in counts]
     cache_shape = (sum(counts) + 8, KV_HEADS, BLOCK_SIZE, HEAD_DIM)
     keys, values = torch.randn(cache_shape).to(dtype), torch.randn(cache_shape).to(dtype)
-    padding = []
-    for count, length in zip(counts, lens, strict=True):
-        padding += [0] * (count - 1) + [count * BLOCK_SIZE - length]
-    valid = BLOCK_SIZE - torch.tensor(padding)
     block_ids = [b for t in tables for b in t]
-    ranks, depth, span = stack_decode_blocks(block_ids)
     meta = AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
         num_decodes=rows,
         decode_context_lens=lens,
-        decode_block_ids=torch.tensor(block_ids),
-        decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
-        decode_block_padding=(torch.arange(BLOCK_SIZE)[None] >= valid[:, None])[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=block_ids,
+        block_size=BLOCK_SIZE,
         prefills=[],
-        seq_slots=torch.full((rows,), -1),
-        seq_starts=torch.zeros(rows, dtype=torch.long),
     )
     # A view into the fused q/k projection, as the model hands it over.
     q = torch.randn(rows, HEADS + KV_HEADS, HEAD_DIM).to(dtype)[:, :HEADS]

@@ -7,7 +7,9 @@ to `place`, so no per-step tensor is left on the CPU when the engine runs on CUD
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from array import array
 from typing import TypeVar
 
 import torch
@@ -18,6 +20,13 @@ T = TypeVar("T")
 
 # Where a step is built (from the scheduler's Python lists) before `place` moves it.
 HOST = torch.device("cpu")
+
+
+def on_host() -> contextlib.AbstractContextManager:
+    """A context in which tensors built without a device land on the host. A device context
+    intercepts every torch call made in it (~60 µs of a batch-1 decode step's ~0.3 ms of
+    preparation), so it is entered only where the default device is not the host already."""
+    return contextlib.nullcontext() if torch.get_default_device() == HOST else HOST
 
 
 class DeviceError(EngineError, ValueError):
@@ -46,6 +55,16 @@ def memory_budget_gib(memory_gib: float, gpu_memory_utilization: float, device: 
         return memory_gib
     total = torch.cuda.get_device_properties(device).total_memory
     return total * gpu_memory_utilization / 2**30
+
+
+def long_tensor(values: list[int]) -> torch.Tensor:
+    """`torch.tensor(values, dtype=torch.long)` on the host, ~3x faster for a step's lists of
+    a thousand block ids (18 against 63 µs): `torch.tensor` reads a list an element at a
+    time, `array` converts it in C and the tensor takes the array's buffer without a copy."""
+    if not values:
+        # frombuffer refuses an empty buffer.
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array("q", values), dtype=torch.long)
 
 
 def place(value: T, device: torch.device) -> T:

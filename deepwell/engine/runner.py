@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepwell.engine.decode_graphs import DecodeGraphs, padding_chunks
-from deepwell.engine.device import HOST, place
+from deepwell.engine.device import HOST, long_tensor, on_host, place
 from deepwell.engine.encoder_cache import EncoderCache
 from deepwell.engine.kv.cache import KVCache
 from deepwell.engine.kv.layout import CacheRole, KVLayout
@@ -42,7 +42,6 @@ from deepwell.engine.step_rows import (
     StepRows,
     fixed_decode_metadata,
     fixed_decode_plans,
-    long_tensor,
 )
 
 
@@ -66,8 +65,9 @@ class PreparedStep:
     positions: torch.Tensor
     meta: StepMetadata
     # Rows whose logits the step needs: the sampling rows, every verify row, then the
-    # prompt rows of requests that asked for prompt logprobs.
-    logit_rows: torch.Tensor
+    # prompt rows of requests that asked for prompt logprobs. None: every row, in order (a
+    # step of decodes), so the head's output is the logits as it is, not a copy of its rows.
+    logit_rows: torch.Tensor | None
     # Completing chunks that sample one token, and those that verify a draft.
     sampling: list[ScheduledChunk]
     verifying: list[ScheduledChunk]
@@ -167,7 +167,7 @@ class ModelRunner:
         fixed = graph_size is not None and (
             self.fixed_decode or (self.fixed_plans and all(map(_plain_decode, chunks)))
         )
-        with HOST:
+        with on_host():
             rows, meta = self._prepare(ordered + padding, num_decode_chunks, fixed)
         snapshot_points = []
         if self.snapshots is not None:
@@ -198,7 +198,10 @@ class ModelRunner:
                     prompt_rows.append((c.request, c.start, end - c.start))
         input_ids = long_tensor(rows.input_ids)
         positions = long_tensor(rows.positions)
-        logit_ids = long_tensor(logit_rows)
+        every_row = len(logit_rows) == len(rows.input_ids) and logit_rows == list(
+            range(len(logit_rows))
+        )
+        logit_ids = None if every_row else long_tensor(logit_rows)
         if self.device != HOST:
             # On the host already otherwise: no walk over the metadata in the CPU hot path.
             input_ids, positions, meta, logit_ids = place(
@@ -239,7 +242,7 @@ class ModelRunner:
             # Here, on the compute thread: the next step may overwrite these ring rows.
             tensors = self.snapshots.capture(self.kv_cache, slot, boundary)
             step.snapshots[request_id] = (boundary, tensors)
-        if not step.logit_rows.numel():
+        if step.logit_rows is not None and not step.logit_rows.numel():
             return None
         return self.model.compute_logits(hidden, step.logit_rows)
 

@@ -5,17 +5,16 @@ needs of the same rows (`PagedRows` → `AttentionMetadata`; for a decode-graph 
 `fixed_decode_plans` → `FixedDecodePlans`).
 """
 
-from array import array
 from dataclasses import dataclass, field
 
 import torch
 
+from deepwell.engine.device import long_tensor
 from deepwell.engine.kv.layout import CacheRole, KVLayout
 from deepwell.engine.layers.attention import (
     AttentionMetadata,
     FixedDecodeMetadata,
     PrefillSpan,
-    stack_decode_blocks,
 )
 from deepwell.engine.layers.batch_invariant import row_block_lists, tile_queries
 from deepwell.engine.layers.step_metadata import (
@@ -29,16 +28,6 @@ from deepwell.engine.layers.step_metadata import (
 )
 from deepwell.engine.request import Request
 from deepwell.engine.scheduler import ScheduledChunk
-
-
-def long_tensor(values: list[int]) -> torch.Tensor:
-    """`torch.tensor(values, dtype=torch.long)` on the host, ~3x faster for a step's lists of
-    a thousand block ids (18 against 63 µs): `torch.tensor` reads a list an element at a
-    time, `array` converts it in C and the tensor takes the array's buffer without a copy."""
-    if not values:
-        # frombuffer refuses an empty buffer.
-        return torch.empty(0, dtype=torch.long)
-    return torch.frombuffer(array("q", values), dtype=torch.long)
 
 
 @dataclass
@@ -151,15 +140,15 @@ class PagedRows:
     block_size: int
     # Lay out query tiles instead of decodes and prefills (layers/batch_invariant.py).
     batch_invariant: bool
-    # Per row: the cache slot its key and value go to, its sequence's slot and cached length.
-    slots: list[int] = field(default_factory=list)
+    # Per row: the block and the offset in it of the cache slot its key and value go to, its
+    # sequence's state slot and cached length.
+    slot_blocks: list[int] = field(default_factory=list)
+    slot_offsets: list[int] = field(default_factory=list)
     seq_slots: list[int] = field(default_factory=list)
     seq_starts: list[int] = field(default_factory=list)
-    # Decode rows: the blocks each reads, the row each block is for, the keys past the
-    # context in each block, each row's context length; rows per decode chunk.
+    # Decode rows: the blocks each reads, row by row, and each row's context length; rows
+    # per decode chunk.
     decode_blocks: list[int] = field(default_factory=list)
-    decode_rows: list[int] = field(default_factory=list)
-    decode_padding: list[int] = field(default_factory=list)
     decode_lens: list[int] = field(default_factory=list)
     decode_sequence_rows: list[int] = field(default_factory=list)
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -171,7 +160,8 @@ class PagedRows:
         bs, request = self.block_size, chunk.request
         blocks, start, row = request.block_ids, chunk.start, span.row
         end = start + chunk.num_rows
-        self.slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+        self.slot_blocks += [blocks[p // bs] for p in range(start, end)]
+        self.slot_offsets += [p % bs for p in range(start, end)]
         self.seq_slots += [span.slot] * chunk.num_rows
         self.seq_starts += [request.num_cached_tokens] * chunk.num_rows
         if self.batch_invariant:
@@ -179,11 +169,8 @@ class PagedRows:
         elif decode:
             self.decode_sequence_rows.append(chunk.num_rows)
             # Each row sees the keys up to its own position.
-            for query, query_end in enumerate(range(start + 1, end + 1), row):
-                n = -(-query_end // bs)
-                self.decode_blocks += blocks[:n]
-                self.decode_rows += [query] * n
-                self.decode_padding += [0] * (n - 1) + [n * bs - query_end]
+            for query_end in range(start + 1, end + 1):
+                self.decode_blocks += blocks[: -(-query_end // bs)]
                 self.decode_lens.append(query_end)
         else:
             mask = None
@@ -195,24 +182,16 @@ class PagedRows:
     def metadata(self) -> AttentionMetadata:
         bs = self.block_size
         # Decode rows are the first rows of the step, so a row index is its decode index.
-        valid = bs - long_tensor(self.decode_padding)
-        padding = torch.arange(bs).unsqueeze(0) >= valid.unsqueeze(1)
-        slot_tensor = long_tensor(self.slots)
-        ranks, depth, span = stack_decode_blocks(self.decode_blocks)
         return AttentionMetadata(
-            slot_blocks=slot_tensor // bs,
-            slot_offsets=slot_tensor % bs,
+            slot_blocks=long_tensor(self.slot_blocks),
+            slot_offsets=long_tensor(self.slot_offsets),
             num_decodes=len(self.decode_lens),
             decode_context_lens=self.decode_lens,
-            decode_block_ids=long_tensor(self.decode_blocks),
-            decode_block_rows=long_tensor(self.decode_rows),
-            decode_block_padding=padding[:, None, None],
-            decode_block_ranks=ranks,
-            decode_stack_depth=depth,
-            decode_block_span=span,
+            decode_blocks=self.decode_blocks,
+            block_size=bs,
             prefills=self.prefills,
-            seq_slots=long_tensor(self.seq_slots),
-            seq_starts=long_tensor(self.seq_starts),
+            seq_slots=self.seq_slots,
+            seq_starts=self.seq_starts,
             query_tiles=tile_queries(self.spans, bs) if self.batch_invariant else None,
             row_block_lists=row_block_lists(self.spans, bs) if self.batch_invariant else None,
             decode_sequence_rows=self.decode_sequence_rows,

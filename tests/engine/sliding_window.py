@@ -51,7 +51,7 @@ class RingAttention(nn.Module):
         out = torch.empty_like(q)
         # Row by row: a sequence's rows come in position order, and each writes its ring
         # row before the next one reads the window.
-        slots, starts = meta.seq_slots.tolist(), meta.seq_starts.tolist()
+        slots, starts = meta.seq_slots, meta.seq_starts
         for row, position in enumerate(positions.tolist()):
             slot = slots[row]
             key_ring[slot, position % rows] = k[row]

@@ -94,9 +94,17 @@ def _tensors(value, path="step"):
         for field in dataclasses.fields(value):
             yield from _tensors(getattr(value, field.name), f"{path}.{field.name}")
         if isinstance(value, AttentionMetadata):
-            for name in ("decode_context_len_tensor", "decode_block_starts"):
+            derived = (
+                "decode_block_ids",
+                "decode_context_len_tensor",
+                "decode_block_starts",
+                "decode_block_rows",
+                "decode_block_padding",
+                "decode_sequence_starts",
+            )
+            for name in derived:
                 yield f"{path}.{name}", getattr(value, name)
-            yield f"{path}.decode_sequence_starts", value.decode_sequence_starts
+            yield f"{path}.decode_block_stacking", value.decode_block_stacking[0]
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             yield from _tensors(item, f"{path}[{index}]")

@@ -66,7 +66,7 @@ class TorchPagedAttention(AttentionBackend):
         Softmax runs across each row's blocks: per-row max and sum are reduced over the
         row's blocks, so no row is padded to the longest context.
         """
-        rows, ids = meta.decode_block_rows, meta.decode_block_ids
+        ids = meta.decode_block_ids
         batch, kv_heads, group = meta.num_decodes, self.num_kv_heads, self.group
         if batch == 1:
             # Latency path: one sequence needs no cross-row reductions, and a third of the
@@ -79,11 +79,8 @@ class TorchPagedAttention(AttentionBackend):
             return out.view(1, self.num_heads, self.head_dim)
         # A KV head's query heads are folded into one [group, head_dim] matrix (GQA).
         grouped = (q * self.scale).view(batch, kv_heads, group, self.head_dim)
-        ranks, depth, span = (
-            meta.decode_block_ranks,
-            meta.decode_stack_depth,
-            meta.decode_block_span,
-        )
+        rows = meta.decode_block_rows
+        ranks, depth, span = meta.decode_block_stacking
         in_place = span * depth <= IN_PLACE_SPAN_FACTOR * ids.numel()
         if in_place:
             # Score the first `span` pool blocks where they lie (a read, no copy). A block

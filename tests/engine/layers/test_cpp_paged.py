@@ -12,7 +12,7 @@ import torch
 
 from deepwell.engine import LLM, EngineArgs, SamplingParams
 from deepwell.engine.layers import cpp_paged, decode_kernel
-from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import BatchInvariantAttention
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_decode_kernel
@@ -52,25 +52,14 @@ def decode_case(lens, block_size, num_blocks, kv_heads, dim, dtype, seed, shared
         else:
             tables.append([free.pop() for _ in range(count)])
     block_ids = [b for t in tables for b in t]
-    padding = []
-    for table, length in zip(tables, lens, strict=True):
-        padding += [0] * (len(table) - 1) + [len(table) * block_size - length]
-    valid = block_size - torch.tensor(padding)
-    ranks, depth, span = stack_decode_blocks(block_ids)
     meta = AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
         num_decodes=len(lens),
         decode_context_lens=list(lens),
-        decode_block_ids=torch.tensor(block_ids),
-        decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
-        decode_block_padding=(torch.arange(block_size)[None] >= valid[:, None])[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=block_ids,
+        block_size=block_size,
         prefills=[],
-        seq_slots=torch.full((len(lens),), -1),
-        seq_starts=torch.zeros(len(lens), dtype=torch.long),
     )
     return keys, values, tables, meta
 
@@ -189,7 +178,7 @@ def test_a_row_does_not_depend_on_its_batch():
                 **{f: getattr(meta, f) for f in meta.__dataclass_fields__},
                 "num_decodes": 1,
                 "decode_context_lens": [lens[row]],
-                "decode_block_ids": torch.tensor(tables[row]),
+                "decode_blocks": tables[row],
             }
         )
         assert torch.equal(backend._decode(q[row : row + 1], keys, values, alone)[0], together[row])

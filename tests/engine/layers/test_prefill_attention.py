@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan, stack_decode_blocks
+from deepwell.engine.layers.attention import AttentionMetadata, PrefillSpan
 from deepwell.engine.layers.cpp_paged import CppPagedAttention
 from deepwell.engine.layers.decode_kernel import load_prefill_kernel
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
@@ -247,24 +247,14 @@ def test_backend_step_with_decodes_and_two_chunks_matches_the_torch_backend(kern
             mask = causal_mask(start, end) if start else None
             prefills.append(PrefillSpan(row, end - start, end, tables[seq], mask))
             row += end - start
-    decode_blocks = tables[0].tolist()
-    ranks, depth, span = stack_decode_blocks(decode_blocks)
-    padding = torch.zeros(len(decode_blocks), bs, dtype=torch.bool)
-    padding[-1, 50 - 3 * bs :] = True
     meta = AttentionMetadata(
         slot_blocks=torch.tensor(slot_blocks),
         slot_offsets=torch.tensor(slot_offsets),
         num_decodes=1,
         decode_context_lens=[50],
-        decode_block_ids=tables[0],
-        decode_block_rows=torch.zeros(len(decode_blocks), dtype=torch.long),
-        decode_block_padding=padding[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=tables[0].tolist(),
+        block_size=bs,
         prefills=prefills,
-        seq_slots=torch.full((rows,), -1),
-        seq_starts=torch.zeros(rows, dtype=torch.long),
     )
     results = []
     for backend in (CppPagedAttention, TorchPagedAttention):

@@ -6,11 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from deepwell.engine import SamplingParams
-from deepwell.engine.layers.attention import (
-    AttentionMetadata,
-    FixedDecodeMetadata,
-    stack_decode_blocks,
-)
+from deepwell.engine.layers.attention import AttentionMetadata, FixedDecodeMetadata
 from deepwell.engine.layers.torch_paged import IN_PLACE_SPAN_FACTOR, TorchPagedAttention
 
 from ..tiny_llama import run_to_completion
@@ -48,28 +44,18 @@ def test_ragged_decode_equals_dense_attention_over_each_context(tables, lens, in
     keys = torch.randn(30, kv_heads, block, dim)
     values = torch.randn(30, kv_heads, block, dim)
     q = torch.randn(len(tables), heads, dim)
-    padding = []
-    for table, length in zip(tables, lens, strict=True):
-        padding += [0] * (len(table) - 1) + [len(table) * block - length]
-    valid = block - torch.tensor(padding)
     block_ids = [b for t in tables for b in t]
-    ranks, depth, span = stack_decode_blocks(block_ids)
-    assert (span * depth <= IN_PLACE_SPAN_FACTOR * len(block_ids)) == in_place
     meta = AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
         num_decodes=len(tables),
         decode_context_lens=lens,
-        decode_block_ids=torch.tensor(block_ids),
-        decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
-        decode_block_padding=(torch.arange(block)[None] >= valid[:, None])[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=block_ids,
+        block_size=block,
         prefills=[],
-        seq_slots=torch.full((len(tables),), -1),
-        seq_starts=torch.zeros(len(tables), dtype=torch.long),
     )
+    _, depth, span = meta.decode_block_stacking
+    assert (span * depth <= IN_PLACE_SPAN_FACTOR * len(block_ids)) == in_place
     out = backend._decode(q, keys, values, meta)
     for row, (table, length) in enumerate(zip(tables, lens, strict=True)):
         k = keys[table].transpose(0, 1).flatten(1, 2)[:, :length]

@@ -12,7 +12,7 @@ import torch
 from deepwell.engine import EngineArgs, EngineCore, SamplingParams
 from deepwell.engine.layers import packed_linear
 from deepwell.engine.layers.amx_linear import linears_on_tiles
-from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.batch_invariant import row_block_lists
 from deepwell.engine.layers.bf16_gemm import can_use_panels
 from deepwell.engine.layers.decode_kernel import load_llama_kernel
@@ -63,26 +63,15 @@ def decode_step(rows: int, kv_cache, vocab: int, seed: int, invariant: bool = Fa
     free = torch.randperm(num_blocks, generator=gen).tolist()
     tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in lens]
     block_ids = [b for table in tables for b in table]
-    padding = []
-    for table, n in zip(tables, lens, strict=True):
-        padding += [0] * (len(table) - 1) + [len(table) * BLOCK_SIZE - n]
-    valid = BLOCK_SIZE - torch.tensor(padding)
-    ranks, depth, span = stack_decode_blocks(block_ids)
     # Each row's new key goes to its last position, in its last block.
     meta = AttentionMetadata(
         slot_blocks=torch.tensor([table[-1] for table in tables]),
         slot_offsets=torch.tensor([(n - 1) % BLOCK_SIZE for n in lens]),
         num_decodes=rows,
         decode_context_lens=lens,
-        decode_block_ids=torch.tensor(block_ids),
-        decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
-        decode_block_padding=(torch.arange(BLOCK_SIZE)[None] >= valid[:, None])[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=block_ids,
+        block_size=BLOCK_SIZE,
         prefills=[],
-        seq_slots=torch.full((rows,), -1),
-        seq_starts=torch.zeros(rows, dtype=torch.long),
     )
     if invariant:
         spans = [

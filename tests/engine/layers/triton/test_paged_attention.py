@@ -3,32 +3,21 @@
 import pytest
 import torch
 
-from deepwell.engine.layers.attention import AttentionMetadata, stack_decode_blocks
+from deepwell.engine.layers.attention import AttentionMetadata
 from deepwell.engine.layers.torch_paged import TorchPagedAttention
 from deepwell.engine.layers.triton.paged_attention import TritonPagedAttention
 
 
 def _decode_metadata(tables: list[list[int]], lens: list[int], block: int) -> AttentionMetadata:
-    padding = []
-    for table, length in zip(tables, lens, strict=True):
-        padding += [0] * (len(table) - 1) + [len(table) * block - length]
-    valid = block - torch.tensor(padding)
     block_ids = [b for t in tables for b in t]
-    ranks, depth, span = stack_decode_blocks(block_ids)
     return AttentionMetadata(
         slot_blocks=torch.empty(0, dtype=torch.long),
         slot_offsets=torch.empty(0, dtype=torch.long),
         num_decodes=len(tables),
         decode_context_lens=lens,
-        decode_block_ids=torch.tensor(block_ids),
-        decode_block_rows=torch.tensor([r for r, t in enumerate(tables) for _ in t]),
-        decode_block_padding=(torch.arange(block)[None] >= valid[:, None])[:, None, None],
-        decode_block_ranks=ranks,
-        decode_stack_depth=depth,
-        decode_block_span=span,
+        decode_blocks=block_ids,
+        block_size=block,
         prefills=[],
-        seq_slots=torch.full((len(tables),), -1),
-        seq_starts=torch.zeros(len(tables), dtype=torch.long),
     )
 
 
