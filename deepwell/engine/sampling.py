@@ -277,6 +277,34 @@ def nucleus_logits(scaled: torch.Tensor, top_ks: list[int], top_ps: list[float])
     ids, counts = ranked_prefix(
         logits, probs, k, torch.tensor(need_mass, dtype=torch.float64, device=device)
     )
+    top_p = torch.tensor([top_ps[row] for row in filtered], dtype=scaled.dtype, device=device)
+    if all(by_mass) and _native_rows(logits):
+        # Top-p alone: the float32 decisions and the scatter below, in one native pass a row
+        # over the prefix (six [rows, width] ops and a [rows, vocab] fill and scatter here:
+        # 4 of a sampled W step's 12 ms).
+        kept = torch.ops.deepwell_sampling.top_p_keep(logits, probs, ids, counts, top_p)
+    else:
+        kept = _ranked_keep(logits, probs, ids, counts, k, by_mass, top_p)
+    if len(filtered) == rows:
+        return kept
+    out = scaled.clone()
+    out[filtered] = kept
+    return out
+
+
+def _ranked_keep(
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    ids: torch.Tensor,
+    counts: torch.Tensor,
+    k: torch.Tensor,
+    by_mass: list[bool],
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """nucleus_logits' rows with their ranked prefixes `ids`, `counts`: -inf past each row's
+    top-k, and past its top-p within the ranked softmax (or, `by_mass` rows, within the
+    vocabulary's softmax `probs`)."""
+    device = logits.device
     positions = torch.arange(ids.shape[1], device=device)
     beyond = positions >= torch.minimum(counts, k)[:, None]
     values = logits.gather(1, ids)
@@ -294,17 +322,11 @@ def nucleus_logits(scaled: torch.Tensor, top_ks: list[int], top_ps: list[float])
             ranked_probs = torch.where(mass_rows, mass_probs, ranked_probs)
     # Drop a token when the mass before it already reaches top_p; the first always stays.
     mass_before = ranked_probs.cumsum(dim=-1) - ranked_probs
-    top_p = torch.tensor([top_ps[row] for row in filtered], dtype=scaled.dtype, device=device)
     remove = beyond | (mass_before >= top_p[:, None])
     # Padding repeats a row's first id, which always stays: it writes that id's own logit.
     padding = positions >= counts[:, None]
     written = values.masked_fill(remove & ~padding, float("-inf"))
-    kept = torch.full_like(logits, float("-inf")).scatter_(1, ids, written)
-    if len(filtered) == rows:
-        return kept
-    out = scaled.clone()
-    out[filtered] = kept
-    return out
+    return torch.full_like(logits, float("-inf")).scatter_(1, ids, written)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import torch
 from deepwell.engine.sampling import (
     Sampler,
     _native_sampling,
+    _ranked_keep,
     filtered_probs,
     inverse_cdf,
     ranked_prefix,
@@ -147,6 +148,33 @@ def test_a_row_with_nan_is_ranked_by_the_full_sort():
     )
     assert counts.tolist() == [100] * 3
     assert torch.equal(ids, logits.sort(dim=-1, descending=True, stable=True).indices)
+
+
+@pytest.mark.skipif(not _native_sampling(), reason="the native sampling kernel is not built")
+@pytest.mark.parametrize("seed", range(8))
+def test_top_p_alone_keeps_in_one_native_pass_what_the_torch_ops_keep(seed):
+    vocab = 4096
+    scaled = random_rows(seed, 12, vocab) / torch.tensor(0.8)
+    if seed == 4:
+        scaled[5, 77] = float("nan")  # every row then ranked by the full sort
+    probs = scaled.softmax(dim=-1)
+    top_p = torch.tensor([TOP_PS[row % (len(TOP_PS) - 1)] for row in range(12)])
+    # Rows 10 and 11: top_p exactly the float32 mass before a token, which then goes (>=).
+    order = scaled.sort(dim=-1, descending=True, stable=True).indices
+    for row, rank in ((10, 3), (11, 40)):
+        ranked = probs[row, order[row]]
+        top_p[row] = (ranked.cumsum(0) - ranked)[rank]
+    need_mass = top_p.double() + 1e-4
+    ids, counts = ranked_prefix(scaled, probs, torch.full((12,), vocab), need_mass)
+    native = torch.ops.deepwell_sampling.top_p_keep(scaled, probs, ids, counts, top_p)
+    reference = _ranked_keep(
+        scaled, probs, ids, counts, torch.full((12,), vocab), [True] * 12, top_p
+    )
+    assert torch.equal(native.isnan(), reference.isnan())
+    assert torch.equal(native.nan_to_num(), reference.nan_to_num())
+    kept = (native > float("-inf")).sum(dim=1)
+    assert kept.min() >= 1 and kept.max() < vocab
+    assert native[10, order[10, 3]] == float("-inf") < native[10, order[10, 2]]
 
 
 def test_the_native_inverse_cdf_draws_torchs_tokens():

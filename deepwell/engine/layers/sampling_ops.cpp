@@ -14,6 +14,15 @@
 //       least min(16, vocab); a row's ids past its count repeat its first. A row holding a
 //       NaN gets count -1 (its order is the caller's to find).
 //
+//   top_p_keep(scaled f32 [rows, vocab], probs f32 [rows, vocab], ids i64 [rows, width],
+//              count i64 [rows], top_p f32 [rows]) → f32 [rows, vocab]
+//       Per row, `scaled` where the token is in the nucleus and -inf elsewhere: of the ranked
+//       prefix ids[:count], each token whose probability mass before it is below top_p, in
+//       the arithmetic of the torch ops it stands for (engine/sampling.py): the running
+//       sums of the float32 probabilities in float64, each rounded to float32 (torch's CPU
+//       cumsum), less the token's own in float32, compared in float32. Every prefix token
+//       is decided on its own, as there: rounding can make those differences dip.
+//
 //   inverse_cdf(probs f32 [rows, vocab], uniforms f64 [rows]) → i64 [rows]
 //       Per row, the first token whose float64 cumulative probability exceeds u * total, or
 //       the last with mass when none does: torch's float64 cumsum and searchsorted, bit for
@@ -66,10 +75,10 @@ uint16_t bin_of(float x, float top) {
 
 // Stable LSD radix sort of (key, id) pairs by key, a byte at a time; a byte every key shares
 // is skipped.
-void radix_sort(std::vector<uint32_t>& keys, std::vector<int64_t>& ids) {
+void radix_sort(std::vector<uint32_t>& keys, std::vector<int32_t>& ids) {
   const size_t n = keys.size();
   std::vector<uint32_t> keys_out(n);
-  std::vector<int64_t> ids_out(n);
+  std::vector<int32_t> ids_out(n);
   for (int shift = 0; shift < 32; shift += 8) {
     std::array<size_t, 257> starts{};
     for (const uint32_t key : keys) ++starts[((key >> shift) & 0xFF) + 1];
@@ -85,17 +94,30 @@ void radix_sort(std::vector<uint32_t>& keys, std::vector<int64_t>& ids) {
   }
 }
 
+// A thread's buffers, reused row after row.
+struct PrefixScratch {
+  std::vector<uint16_t> bins;
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> keys;
+};
+
 std::vector<int64_t> row_prefix(
     const float* scaled, const float* probs, int64_t vocab, int64_t need_count, double need_mass,
-    std::vector<uint16_t>& bins) {
+    PrefixScratch& scratch) {
+  // The maximum and whether there is a NaN, vectorised (a scalar compare a token was a third
+  // of the kernel's time).
   float top = -INFINITY;
-  bool has_nan = false;
+  int nan = 0;
+#pragma omp simd reduction(max : top) reduction(| : nan)
   for (int64_t j = 0; j < vocab; ++j) {
-    has_nan |= std::isnan(scaled[j]);
-    top = scaled[j] > top ? scaled[j] : top;
+    const float x = scaled[j];
+    nan |= x != x;
+    top = x > top ? x : top;
   }
-  if (has_nan) return {};
+  if (nan) return {};
+  std::vector<uint16_t>& bins = scratch.bins;
   bins.resize(vocab);
+#pragma omp simd
   for (int64_t j = 0; j < vocab; ++j) bins[j] = bin_of(scaled[j], top);
   std::vector<int32_t> counts(kBins, 0);
   std::vector<float> masses(kBins, 0.0f);
@@ -119,16 +141,19 @@ std::vector<int64_t> row_prefix(
       break;
     }
   }
-  std::vector<uint32_t> keys;
-  std::vector<int64_t> ids;
-  keys.reserve(held);
-  ids.reserve(held);
+  // The tokens of those bins, in vocabulary order, without a branch a token: every id is
+  // written and the end moves past it only if it is taken.
+  std::vector<int32_t>& ids = scratch.ids;
+  ids.resize(vocab);
+  int64_t taken = 0;
   for (int64_t j = 0; j < vocab; ++j) {
-    if (bins[j] <= last_bin) {
-      keys.push_back(descending_key(scaled[j]));
-      ids.push_back(j);
-    }
+    ids[taken] = static_cast<int32_t>(j);
+    taken += bins[j] <= last_bin;
   }
+  ids.resize(taken);
+  std::vector<uint32_t>& keys = scratch.keys;
+  keys.resize(taken);
+  for (int64_t i = 0; i < taken; ++i) keys[i] = descending_key(scaled[ids[i]]);
   radix_sort(keys, ids);
   double prefix_mass = 0.0;
   size_t count = ids.size();
@@ -139,8 +164,7 @@ std::vector<int64_t> row_prefix(
       break;
     }
   }
-  ids.resize(count);
-  return ids;
+  return std::vector<int64_t>(ids.begin(), ids.begin() + count);
 }
 
 std::tuple<at::Tensor, at::Tensor> ranked_prefix(
@@ -168,13 +192,19 @@ std::tuple<at::Tensor, at::Tensor> ranked_prefix(
   const double* mass_of = masses_in.data_ptr<double>();
 
   std::vector<std::vector<int64_t>> prefixes(rows);
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<uint16_t> bins;
-    for (int64_t row = begin; row < end; ++row) {
-      prefixes[row] = row_prefix(
-          logits.data_ptr<float>() + row * vocab,
-          with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, count_of[row],
-          mass_of[row], bins);
+  // Rows dealt to the threads in turn, not in runs: a row's cost follows the length of its
+  // prefix, which varies from row to row (64 rows in two runs left one thread idle a tenth
+  // of the time).
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    PrefixScratch scratch;
+    for (int64_t thread = begin; thread < end; ++thread) {
+      for (int64_t row = thread; row < rows; row += threads) {
+        prefixes[row] = row_prefix(
+            logits.data_ptr<float>() + row * vocab,
+            with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, count_of[row],
+            mass_of[row], scratch);
+      }
     }
   });
 
@@ -255,6 +285,53 @@ at::Tensor first_argmax(const at::Tensor& logits) {
   return tokens;
 }
 
+at::Tensor top_p_keep(
+    const at::Tensor& scaled, const at::Tensor& probs, const at::Tensor& ids,
+    const at::Tensor& count, const at::Tensor& top_p) {
+  TORCH_CHECK(
+      scaled.dim() == 2 && scaled.scalar_type() == at::kFloat && probs.sizes() == scaled.sizes() &&
+          probs.scalar_type() == at::kFloat,
+      "deepwell_sampling.top_p_keep: scaled logits and probs are float32 [rows, vocab]");
+  const int64_t rows = scaled.size(0), vocab = scaled.size(1);
+  TORCH_CHECK(
+      ids.dim() == 2 && ids.size(0) == rows && ids.scalar_type() == at::kLong &&
+          count.numel() == rows && count.scalar_type() == at::kLong && top_p.numel() == rows &&
+          top_p.scalar_type() == at::kFloat,
+      "deepwell_sampling.top_p_keep: ids int64 [rows, width], count int64 and top_p float32 [rows]");
+  const at::Tensor logits = scaled.contiguous(), mass = probs.contiguous(), ranked = ids.contiguous();
+  const at::Tensor counts = count.contiguous(), limits = top_p.contiguous();
+  const int64_t width = ranked.size(1);
+  const int64_t* id_of = ranked.data_ptr<int64_t>();
+  const int64_t* count_of = counts.data_ptr<int64_t>();
+  const float* limit_of = limits.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    TORCH_CHECK(count_of[row] >= 1 && count_of[row] <= width,
+                "deepwell_sampling.top_p_keep: a row's count is 1 to the prefix width");
+    const int64_t* prefix = id_of + row * width;
+    TORCH_CHECK(std::all_of(prefix, prefix + count_of[row], [vocab](int64_t id) { return id >= 0 && id < vocab; }),
+                "deepwell_sampling.top_p_keep: an id outside the vocabulary");
+  }
+  at::Tensor kept = at::empty({rows, vocab}, logits.options());
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float* x = logits.data_ptr<float>() + row * vocab;
+      const float* p = mass.data_ptr<float>() + row * vocab;
+      const int64_t* prefix = id_of + row * width;
+      float* out = kept.data_ptr<float>() + row * vocab;
+      std::fill(out, out + vocab, -INFINITY);
+      double running = 0.0;
+      const int64_t count = count_of[row];
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t id = prefix[i];
+        running += p[id];
+        const float before = static_cast<float>(running) - p[id];
+        if (!(before >= limit_of[row])) out[id] = x[id];
+      }
+    }
+  });
+  return kept;
+}
+
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   TORCH_CHECK(
       probs.dim() == 2 && probs.scalar_type() == at::kFloat && uniforms.numel() == probs.size(0) &&
@@ -307,12 +384,15 @@ TORCH_LIBRARY(deepwell_sampling, m) {
   m.def(
       "ranked_prefix(Tensor scaled, Tensor probs, Tensor need_count, Tensor need_mass) -> "
       "(Tensor, Tensor)");
+  m.def(
+      "top_p_keep(Tensor scaled, Tensor probs, Tensor ids, Tensor count, Tensor top_p) -> Tensor");
   m.def("inverse_cdf(Tensor probs, Tensor uniforms) -> Tensor");
   m.def("first_argmax(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(deepwell_sampling, CPU, m) {
   m.impl("ranked_prefix", &ranked_prefix);
+  m.impl("top_p_keep", &top_p_keep);
   m.impl("inverse_cdf", &inverse_cdf);
   m.impl("first_argmax", &first_argmax);
 }
