@@ -345,27 +345,29 @@ at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   at::Tensor tokens = at::empty({rows}, probs.options().dtype(at::kLong));
   int64_t* out = tokens.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> with_mass(vocab);
     for (int64_t row = begin; row < end; ++row) {
       const float* row_probs = p.data_ptr<float>() + row * vocab;
-      // The tokens with mass, in id order: the second scan reads only them.
-      std::vector<int64_t> with_mass;
-      double total = 0.0;
+      // The tokens with mass, in id order, without a branch a token (a nucleus leaves them
+      // scattered: a branch on each mispredicted often); the scans below read only them.
+      int64_t held = 0;
       for (int64_t j = 0; j < vocab; ++j) {
-        if (row_probs[j] != 0.0f) {
-          total += static_cast<double>(row_probs[j]);
-          with_mass.push_back(j);
-        }
+        with_mass[held] = j;
+        held += row_probs[j] != 0.0f;
       }
+      double total = 0.0;
+      for (int64_t i = 0; i < held; ++i) total += static_cast<double>(row_probs[with_mass[i]]);
       int64_t token = vocab - 1;  // no mass at all: torch's search gives the last token
-      for (auto it = with_mass.rbegin(); it != with_mass.rend(); ++it) {
-        if (row_probs[*it] > 0.0f) {
-          token = *it;
+      for (int64_t i = held - 1; i >= 0; --i) {
+        if (row_probs[with_mass[i]] > 0.0f) {
+          token = with_mass[i];
           break;
         }
       }
       const double target = u.data_ptr<double>()[row] * total;
       double cumulative = 0.0;
-      for (const int64_t j : with_mass) {
+      for (int64_t i = 0; i < held; ++i) {
+        const int64_t j = with_mass[i];
         cumulative += static_cast<double>(row_probs[j]);
         if (cumulative > target) {
           token = j;
