@@ -14,6 +14,7 @@ from deepwell.engine.sampling import (
     _ranked_keep,
     filtered_probs,
     inverse_cdf,
+    native_top_p_draw,
     ranked_prefix,
 )
 
@@ -175,6 +176,40 @@ def test_top_p_alone_keeps_in_one_native_pass_what_the_torch_ops_keep(seed):
     kept = (native > float("-inf")).sum(dim=1)
     assert kept.min() >= 1 and kept.max() < vocab
     assert native[10, order[10, 3]] == float("-inf") < native[10, order[10, 2]]
+
+
+@pytest.mark.skipif(not _native_sampling(), reason="the native sampling kernel is not built")
+@pytest.mark.parametrize("seed", range(8))
+def test_the_native_top_p_draw_is_the_torch_ops_draw(seed):
+    """Rows without top-k drawn in one native pass: the same token as filtered_probs and
+    inverse_cdf for uniforms at random and right at the boundaries of the torch path's
+    cumulative probabilities (where a probability off by one bit moves the draw)."""
+    vocab = (4096, 49152)[seed % 2]
+    rows = random_rows(seed, 5, vocab)
+    if seed == 2:
+        rows[3, 100] = float("nan")  # the torch path takes this row
+    gen = torch.Generator().manual_seed(500 + seed)
+    for row in range(5):
+        params = {
+            "temperature": (0.8, 1.0, 100.0, 0.3, 1e-5)[(row + seed) % 5],
+            "top_p": TOP_PS[int(torch.randint(0, len(TOP_PS), (1,), generator=gen))],
+            "min_p": 0.05 if (row + seed) % 3 == 0 else 0.0,
+        }
+        wanted = request(seed=row, **params)
+        probs = filtered_probs(rows[row : row + 1].clone(), [wanted])[0]
+        cumulative = probs.double().cumsum(0)
+        total = float(cumulative[-1])
+        with_mass = (probs > 0).nonzero().flatten()  # none in the NaN row
+        uniforms = torch.rand(12, dtype=torch.float64, generator=gen).tolist()
+        if len(with_mass):
+            picks = with_mass[torch.randint(0, len(with_mass), (12,), generator=gen)]
+            uniforms += [float(cumulative[k]) / total for k in picks.tolist()]
+        uniforms += [0.0, 1.0 - 2.0**-53]
+        count = len(uniforms)
+        batch = rows[row : row + 1].expand(count, -1).contiguous()
+        expected = inverse_cdf(probs.expand(count, -1).contiguous(), uniforms)
+        drawn = native_top_p_draw(batch, [wanted] * count, uniforms)
+        assert drawn.tolist() == expected.tolist(), (seed, row, params)
 
 
 def test_the_native_inverse_cdf_draws_torchs_tokens():

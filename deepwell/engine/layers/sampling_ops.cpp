@@ -23,6 +23,19 @@
 //       cumsum), less the token's own in float32, compared in float32. Every prefix token
 //       is decided on its own, as there: rounding can make those differences dip.
 //
+//   top_p_sample(logits f32 [rows, vocab], temperature f32 [rows], top_p f32 [rows],
+//                need_mass f64 [rows], min_p f32 [rows], uniforms f64 [rows]) → i64 [rows]
+//       Per row, the token engine/sampling.py's torch ops draw for a row sampled with a
+//       temperature, top-p and min-p but no top-k, in one pass a row and without their
+//       [rows, vocab] intermediates: the division by the temperature; torch's float softmax
+//       of the scaled row, through ATen's own vector templates as its kernel calls them
+//       (reduce_all of the maximum, exp(x - max), reduce_all of the sum, times 1 / sum), so
+//       the probabilities keep their bits; where need_mass is finite (the caller's top_p < 1),
+//       ranked_prefix's prefix holding it and top_p_keep's decisions; the kept row's softmax alike (its maximum and
+//       exponentials are the row's own, its sum over the kept row with zeros elsewhere);
+//       min-p's floor; inverse_cdf's draw. -1 for a row holding a NaN or whose maximum is not
+//       finite (the caller's torch path takes it).
+//
 //   inverse_cdf(probs f32 [rows, vocab], uniforms f64 [rows]) → i64 [rows]
 //       Per row, the first token whose float64 cumulative probability exceeds u * total, or
 //       the last with mass when none does: torch's float64 cumsum and searchsorted, bit for
@@ -37,6 +50,8 @@
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -332,6 +347,130 @@ at::Tensor top_p_keep(
   return kept;
 }
 
+// inverse_cdf's draw from one row of probabilities: the first token whose float64
+// cumulative probability exceeds u * total (the total over the row, in id order), or the
+// last with mass when none does. `with_mass` is scratch of the row's length.
+int64_t draw_from_row(const float* probs, int64_t vocab, double u, std::vector<int64_t>& with_mass) {
+  with_mass.resize(vocab);
+  // The tokens with mass, in id order, without a branch a token (a nucleus leaves them
+  // scattered: a branch on each mispredicted often); the scans below read only them.
+  int64_t held = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    with_mass[held] = j;
+    held += probs[j] != 0.0f;
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < held; ++i) total += static_cast<double>(probs[with_mass[i]]);
+  int64_t token = vocab - 1;  // no mass at all: torch's search gives the last token
+  for (int64_t i = held - 1; i >= 0; --i) {
+    if (probs[with_mass[i]] > 0.0f) {
+      token = with_mass[i];
+      break;
+    }
+  }
+  const double target = u * total;
+  double cumulative = 0.0;
+  for (int64_t i = 0; i < held; ++i) {
+    const int64_t j = with_mass[i];
+    cumulative += static_cast<double>(probs[j]);
+    if (cumulative > target) return j;
+  }
+  return token;
+}
+
+using Vec = at::vec::Vectorized<float>;
+
+// torch's float softmax of `x` into `out` (ATen's _vec_softmax_lastdim, step by step), with
+// the exponentials kept in `exps`; the maximum is returned.
+float softmax_row(const float* x, int64_t vocab, float* exps, float* out) {
+  const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, vocab);
+  at::vec::map([top](Vec a) { return (a - Vec(top)).exp(); }, exps, x, vocab);
+  float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, exps, vocab);
+  sum = 1 / sum;
+  at::vec::map([sum](Vec a) { return a * Vec(sum); }, out, exps, vocab);
+  return top;
+}
+
+// A thread's rows of the scaled logits, their exponentials and probabilities, reused.
+struct SampleScratch {
+  std::vector<float> scaled, exps, probs, kept_exps;
+  std::vector<int64_t> with_mass;
+  PrefixScratch prefix;
+};
+
+int64_t top_p_sample_row(const float* logits, int64_t vocab, float temperature, float top_p,
+                         double need_mass, float min_p, double u, SampleScratch& s) {
+  s.scaled.resize(vocab);
+  s.exps.resize(vocab);
+  s.probs.resize(vocab);
+  float* scaled = s.scaled.data();
+  at::vec::map([temperature](Vec a) { return a / Vec(temperature); }, scaled, logits, vocab);
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (std::isnan(scaled[j])) return -1;
+  }
+  const float top = softmax_row(scaled, vocab, s.exps.data(), s.probs.data());
+  if (!std::isfinite(top)) return -1;  // every token masked, or an infinite logit
+  float* probs = s.probs.data();
+  if (std::isfinite(need_mass)) {
+    // The nucleus, as ranked_prefix and top_p_keep decide it; then the kept row's softmax:
+    // its maximum is the row's (the first token always stays), so its exponentials are the
+    // row's where kept and exp(-inf) = 0 elsewhere, summed over the whole row as torch sums.
+    const std::vector<int64_t> prefix = row_prefix(scaled, probs, vocab, vocab, need_mass, s.prefix);
+    s.kept_exps.assign(vocab, 0.0f);
+    double running = 0.0;
+    for (const int64_t id : prefix) {
+      running += probs[id];
+      const float before = static_cast<float>(running) - probs[id];
+      if (!(before >= top_p)) s.kept_exps[id] = s.exps[id];
+    }
+    float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, s.kept_exps.data(), vocab);
+    sum = 1 / sum;
+    at::vec::map([sum](Vec a) { return a * Vec(sum); }, probs, s.kept_exps.data(), vocab);
+  }
+  if (min_p > 0.0f) {
+    const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, probs, vocab);
+    const float floor = min_p * top;
+    for (int64_t j = 0; j < vocab; ++j) probs[j] = probs[j] < floor ? 0.0f : probs[j];
+  }
+  return draw_from_row(probs, vocab, u, s.with_mass);
+}
+
+at::Tensor top_p_sample(
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_p,
+    const at::Tensor& need_mass, const at::Tensor& min_p, const at::Tensor& uniforms) {
+  TORCH_CHECK(
+      logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0,
+      "deepwell_sampling.top_p_sample: logits are float32 [rows, vocab > 0]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  for (const auto* t : {&temperature, &top_p, &min_p}) {
+    TORCH_CHECK(t->numel() == rows && t->scalar_type() == at::kFloat,
+                "deepwell_sampling.top_p_sample: temperature, top_p and min_p are float32, one a row");
+  }
+  for (const auto* t : {&need_mass, &uniforms}) {
+    TORCH_CHECK(t->numel() == rows && t->scalar_type() == at::kDouble,
+                "deepwell_sampling.top_p_sample: need_mass and uniforms are float64, one a row");
+  }
+  const at::Tensor x = logits.contiguous(), temperatures = temperature.contiguous();
+  const at::Tensor limits = top_p.contiguous(), masses = need_mass.contiguous();
+  const at::Tensor floors = min_p.contiguous(), u = uniforms.contiguous();
+  at::Tensor tokens = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* out = tokens.data_ptr<int64_t>();
+  // Rows dealt to the threads in turn, as in ranked_prefix.
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    SampleScratch scratch;
+    for (int64_t thread = begin; thread < end; ++thread) {
+      for (int64_t row = thread; row < rows; row += threads) {
+        out[row] = top_p_sample_row(
+            x.data_ptr<float>() + row * vocab, vocab, temperatures.data_ptr<float>()[row],
+            limits.data_ptr<float>()[row], masses.data_ptr<double>()[row],
+            floors.data_ptr<float>()[row], u.data_ptr<double>()[row], scratch);
+      }
+    }
+  });
+  return tokens;
+}
+
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   TORCH_CHECK(
       probs.dim() == 2 && probs.scalar_type() == at::kFloat && uniforms.numel() == probs.size(0) &&
@@ -345,36 +484,9 @@ at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   at::Tensor tokens = at::empty({rows}, probs.options().dtype(at::kLong));
   int64_t* out = tokens.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> with_mass(vocab);
+    std::vector<int64_t> with_mass;
     for (int64_t row = begin; row < end; ++row) {
-      const float* row_probs = p.data_ptr<float>() + row * vocab;
-      // The tokens with mass, in id order, without a branch a token (a nucleus leaves them
-      // scattered: a branch on each mispredicted often); the scans below read only them.
-      int64_t held = 0;
-      for (int64_t j = 0; j < vocab; ++j) {
-        with_mass[held] = j;
-        held += row_probs[j] != 0.0f;
-      }
-      double total = 0.0;
-      for (int64_t i = 0; i < held; ++i) total += static_cast<double>(row_probs[with_mass[i]]);
-      int64_t token = vocab - 1;  // no mass at all: torch's search gives the last token
-      for (int64_t i = held - 1; i >= 0; --i) {
-        if (row_probs[with_mass[i]] > 0.0f) {
-          token = with_mass[i];
-          break;
-        }
-      }
-      const double target = u.data_ptr<double>()[row] * total;
-      double cumulative = 0.0;
-      for (int64_t i = 0; i < held; ++i) {
-        const int64_t j = with_mass[i];
-        cumulative += static_cast<double>(row_probs[j]);
-        if (cumulative > target) {
-          token = j;
-          break;
-        }
-      }
-      out[row] = token;
+      out[row] = draw_from_row(p.data_ptr<float>() + row * vocab, vocab, u.data_ptr<double>()[row], with_mass);
     }
   });
   return tokens;
@@ -388,6 +500,9 @@ TORCH_LIBRARY(deepwell_sampling, m) {
       "(Tensor, Tensor)");
   m.def(
       "top_p_keep(Tensor scaled, Tensor probs, Tensor ids, Tensor count, Tensor top_p) -> Tensor");
+  m.def(
+      "top_p_sample(Tensor logits, Tensor temperature, Tensor top_p, Tensor need_mass, "
+      "Tensor min_p, Tensor uniforms) -> Tensor");
   m.def("inverse_cdf(Tensor probs, Tensor uniforms) -> Tensor");
   m.def("first_argmax(Tensor logits) -> Tensor");
 }
@@ -395,6 +510,7 @@ TORCH_LIBRARY(deepwell_sampling, m) {
 TORCH_LIBRARY_IMPL(deepwell_sampling, CPU, m) {
   m.impl("ranked_prefix", &ranked_prefix);
   m.impl("top_p_keep", &top_p_keep);
+  m.impl("top_p_sample", &top_p_sample);
   m.impl("inverse_cdf", &inverse_cdf);
   m.impl("first_argmax", &first_argmax);
 }
