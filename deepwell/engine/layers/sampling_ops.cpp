@@ -54,6 +54,10 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -116,11 +120,9 @@ struct PrefixScratch {
   std::vector<uint32_t> keys;
 };
 
-std::vector<int64_t> row_prefix(
-    const float* scaled, const float* probs, int64_t vocab, int64_t need_count, double need_mass,
-    PrefixScratch& scratch) {
-  // The maximum and whether there is a NaN, vectorised (a scalar compare a token was a third
-  // of the kernel's time).
+// A row's maximum, or NaN if it holds one, vectorised (a scalar compare a token was a third
+// of ranked_prefix's time).
+float row_top(const float* scaled, int64_t vocab) {
   float top = -INFINITY;
   int nan = 0;
 #pragma omp simd reduction(max : top) reduction(| : nan)
@@ -129,7 +131,13 @@ std::vector<int64_t> row_prefix(
     nan |= x != x;
     top = x > top ? x : top;
   }
-  if (nan) return {};
+  return nan ? NAN : top;
+}
+
+// The ranked prefix of a row without a NaN whose maximum is `top`.
+std::vector<int64_t> row_prefix(
+    const float* scaled, const float* probs, int64_t vocab, float top, int64_t need_count,
+    double need_mass, PrefixScratch& scratch) {
   std::vector<uint16_t>& bins = scratch.bins;
   bins.resize(vocab);
 #pragma omp simd
@@ -215,10 +223,12 @@ std::tuple<at::Tensor, at::Tensor> ranked_prefix(
     PrefixScratch scratch;
     for (int64_t thread = begin; thread < end; ++thread) {
       for (int64_t row = thread; row < rows; row += threads) {
+        const float* scaled_row = logits.data_ptr<float>() + row * vocab;
+        const float top = row_top(scaled_row, vocab);
+        if (std::isnan(top)) continue;  // an empty prefix: count -1 below
         prefixes[row] = row_prefix(
-            logits.data_ptr<float>() + row * vocab,
-            with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, count_of[row],
-            mass_of[row], scratch);
+            scaled_row, with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, top,
+            count_of[row], mass_of[row], scratch);
       }
     }
   });
@@ -350,14 +360,24 @@ at::Tensor top_p_keep(
 // inverse_cdf's draw from one row of probabilities: the first token whose float64
 // cumulative probability exceeds u * total (the total over the row, in id order), or the
 // last with mass when none does. `with_mass` is scratch of the row's length.
-int64_t draw_from_row(const float* probs, int64_t vocab, double u, std::vector<int64_t>& with_mass) {
+int64_t draw_from_row(const float* probs, int64_t vocab, double u, std::vector<int32_t>& with_mass) {
   with_mass.resize(vocab);
   // The tokens with mass, in id order, without a branch a token (a nucleus leaves them
   // scattered: a branch on each mispredicted often); the scans below read only them.
-  int64_t held = 0;
-  for (int64_t j = 0; j < vocab; ++j) {
-    with_mass[held] = j;
-    held += probs[j] != 0.0f;
+  int64_t held = 0, next = 0;
+#if defined(__AVX512F__)
+  // 16 at a time, their ids compressed out (a NaN counts as mass, as != 0 says).
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; next + 16 <= vocab; next += 16) {
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(_mm512_loadu_ps(probs + next), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    _mm512_mask_compressstoreu_epi32(with_mass.data() + held, nonzero, ids);
+    held += __builtin_popcount(nonzero);
+    ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
+  }
+#endif
+  for (; next < vocab; ++next) {
+    with_mass[held] = static_cast<int32_t>(next);
+    held += probs[next] != 0.0f;
   }
   double total = 0.0;
   for (int64_t i = 0; i < held; ++i) total += static_cast<double>(probs[with_mass[i]]);
@@ -394,7 +414,7 @@ float softmax_row(const float* x, int64_t vocab, float* exps, float* out) {
 // A thread's rows of the scaled logits, their exponentials and probabilities, reused.
 struct SampleScratch {
   std::vector<float> scaled, exps, probs, kept_exps;
-  std::vector<int64_t> with_mass;
+  std::vector<int32_t> with_mass;
   PrefixScratch prefix;
 };
 
@@ -405,17 +425,16 @@ int64_t top_p_sample_row(const float* logits, int64_t vocab, float temperature, 
   s.probs.resize(vocab);
   float* scaled = s.scaled.data();
   at::vec::map([temperature](Vec a) { return a / Vec(temperature); }, scaled, logits, vocab);
-  for (int64_t j = 0; j < vocab; ++j) {
-    if (std::isnan(scaled[j])) return -1;
-  }
+  // ATen's maximum propagates a NaN: the maximum is finite unless the row holds one, every
+  // token is masked, or a logit is infinite.
   const float top = softmax_row(scaled, vocab, s.exps.data(), s.probs.data());
-  if (!std::isfinite(top)) return -1;  // every token masked, or an infinite logit
+  if (!std::isfinite(top)) return -1;
   float* probs = s.probs.data();
   if (std::isfinite(need_mass)) {
     // The nucleus, as ranked_prefix and top_p_keep decide it; then the kept row's softmax:
     // its maximum is the row's (the first token always stays), so its exponentials are the
     // row's where kept and exp(-inf) = 0 elsewhere, summed over the whole row as torch sums.
-    const std::vector<int64_t> prefix = row_prefix(scaled, probs, vocab, vocab, need_mass, s.prefix);
+    const std::vector<int64_t> prefix = row_prefix(scaled, probs, vocab, top, vocab, need_mass, s.prefix);
     s.kept_exps.assign(vocab, 0.0f);
     double running = 0.0;
     for (const int64_t id : prefix) {
@@ -484,7 +503,7 @@ at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
   at::Tensor tokens = at::empty({rows}, probs.options().dtype(at::kLong));
   int64_t* out = tokens.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> with_mass;
+    std::vector<int32_t> with_mass;
     for (int64_t row = begin; row < end; ++row) {
       out[row] = draw_from_row(p.data_ptr<float>() + row * vocab, vocab, u.data_ptr<double>()[row], with_mass);
     }
