@@ -249,10 +249,14 @@ def load_rotary_kernel() -> DecodeKernel:
 
 @functools.cache
 def load_sampling_kernel() -> DecodeKernel:
-    """The sampler's row scans, top-k / top-p's ranked prefix and the inverse CDF
-    (sampling_ops.cpp, registered as torch.ops.deepwell_sampling), built on the first call in
-    a process if the cache lacks it."""
-    return _load((SAMPLING_SOURCE,), "sampling kernel", [], ops="deepwell_sampling")
+    """The sampler's row scans, top-k / top-p's ranked prefix, the fused top-p draw and the
+    inverse CDF (sampling_ops.cpp, registered as torch.ops.deepwell_sampling), built on the
+    first call in a process if the cache lacks it. Without fused multiply-adds: its draws
+    repeat the torch ops' float32 arithmetic step by step, and a product rounded before its
+    difference (as torch rounds it) must not be fused into it."""
+    return _load(
+        (SAMPLING_SOURCE,), "sampling kernel", ["-ffp-contract=off"], ops="deepwell_sampling"
+    )
 
 
 @functools.cache

@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -134,20 +135,22 @@ float row_top(const float* scaled, int64_t vocab) {
   return nan ? NAN : top;
 }
 
-// The ranked prefix of a row without a NaN whose maximum is `top`.
+// The ranked prefix of a row without a NaN whose maximum is `top`; token j's probability is
+// values[j] * scale (the probabilities and 1, or the exponentials and 1 / their sum: the
+// same float32 product the probabilities were made of), none without `values`.
 std::vector<int64_t> row_prefix(
-    const float* scaled, const float* probs, int64_t vocab, float top, int64_t need_count,
-    double need_mass, PrefixScratch& scratch) {
+    const float* scaled, const float* values, float scale, int64_t vocab, float top,
+    int64_t need_count, double need_mass, PrefixScratch& scratch) {
   std::vector<uint16_t>& bins = scratch.bins;
   bins.resize(vocab);
 #pragma omp simd
   for (int64_t j = 0; j < vocab; ++j) bins[j] = bin_of(scaled[j], top);
   std::vector<int32_t> counts(kBins, 0);
   std::vector<float> masses(kBins, 0.0f);
-  if (probs != nullptr) {
+  if (values != nullptr) {
     for (int64_t j = 0; j < vocab; ++j) {
       ++counts[bins[j]];
-      masses[bins[j]] += probs[j];
+      masses[bins[j]] += values[j] * scale;
     }
   } else {
     for (int64_t j = 0; j < vocab; ++j) ++counts[bins[j]];
@@ -181,7 +184,7 @@ std::vector<int64_t> row_prefix(
   double prefix_mass = 0.0;
   size_t count = ids.size();
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (probs != nullptr) prefix_mass += probs[ids[i]];
+    if (values != nullptr) prefix_mass += values[ids[i]] * scale;
     if (static_cast<int64_t>(i + 1) >= need_count || prefix_mass >= need_mass) {
       count = i + 1;
       break;
@@ -227,8 +230,8 @@ std::tuple<at::Tensor, at::Tensor> ranked_prefix(
         const float top = row_top(scaled_row, vocab);
         if (std::isnan(top)) continue;  // an empty prefix: count -1 below
         prefixes[row] = row_prefix(
-            scaled_row, with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, vocab, top,
-            count_of[row], mass_of[row], scratch);
+            scaled_row, with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, 1.0f, vocab,
+            top, count_of[row], mass_of[row], scratch);
       }
     }
   });
@@ -400,15 +403,19 @@ int64_t draw_from_row(const float* probs, int64_t vocab, double u, std::vector<i
 
 using Vec = at::vec::Vectorized<float>;
 
-// torch's float softmax of `x` into `out` (ATen's _vec_softmax_lastdim, step by step), with
-// the exponentials kept in `exps`; the maximum is returned.
-float softmax_row(const float* x, int64_t vocab, float* exps, float* out) {
+// The first steps of torch's float softmax of `x` (ATen's _vec_softmax_lastdim): the
+// maximum and the exponentials exp(x - max) into `exps`; returns the maximum and 1 / the
+// exponentials' sum, by which the kernel's last step multiplies them.
+std::pair<float, float> softmax_exps(const float* x, int64_t vocab, float* exps) {
   const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, vocab);
   at::vec::map([top](Vec a) { return (a - Vec(top)).exp(); }, exps, x, vocab);
   float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, exps, vocab);
   sum = 1 / sum;
-  at::vec::map([sum](Vec a) { return a * Vec(sum); }, out, exps, vocab);
-  return top;
+  return {top, sum};
+}
+
+void scale_row(const float* values, float scale, int64_t vocab, float* out) {
+  at::vec::map([scale](Vec a) { return a * Vec(scale); }, out, values, vocab);
 }
 
 // A thread's rows of the scaled logits, their exponentials and probabilities, reused.
@@ -427,24 +434,30 @@ int64_t top_p_sample_row(const float* logits, int64_t vocab, float temperature, 
   at::vec::map([temperature](Vec a) { return a / Vec(temperature); }, scaled, logits, vocab);
   // ATen's maximum propagates a NaN: the maximum is finite unless the row holds one, every
   // token is masked, or a logit is infinite.
-  const float top = softmax_row(scaled, vocab, s.exps.data(), s.probs.data());
+  const auto [top, inverse_sum] = softmax_exps(scaled, vocab, s.exps.data());
   if (!std::isfinite(top)) return -1;
+  const float* exps = s.exps.data();
   float* probs = s.probs.data();
   if (std::isfinite(need_mass)) {
-    // The nucleus, as ranked_prefix and top_p_keep decide it; then the kept row's softmax:
-    // its maximum is the row's (the first token always stays), so its exponentials are the
+    // The nucleus, as ranked_prefix and top_p_keep decide it, each probability the softmax's
+    // product exps[j] * inverse_sum made where it is read; then the kept row's softmax: its
+    // maximum is the row's (the first token always stays), so its exponentials are the
     // row's where kept and exp(-inf) = 0 elsewhere, summed over the whole row as torch sums.
-    const std::vector<int64_t> prefix = row_prefix(scaled, probs, vocab, top, vocab, need_mass, s.prefix);
+    const std::vector<int64_t> prefix =
+        row_prefix(scaled, exps, inverse_sum, vocab, top, vocab, need_mass, s.prefix);
     s.kept_exps.assign(vocab, 0.0f);
     double running = 0.0;
     for (const int64_t id : prefix) {
-      running += probs[id];
-      const float before = static_cast<float>(running) - probs[id];
-      if (!(before >= top_p)) s.kept_exps[id] = s.exps[id];
+      const float p = exps[id] * inverse_sum;
+      running += p;
+      const float before = static_cast<float>(running) - p;
+      if (!(before >= top_p)) s.kept_exps[id] = exps[id];
     }
     float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, s.kept_exps.data(), vocab);
     sum = 1 / sum;
-    at::vec::map([sum](Vec a) { return a * Vec(sum); }, probs, s.kept_exps.data(), vocab);
+    scale_row(s.kept_exps.data(), sum, vocab, probs);
+  } else {
+    scale_row(exps, inverse_sum, vocab, probs);
   }
   if (min_p > 0.0f) {
     const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, probs, vocab);
