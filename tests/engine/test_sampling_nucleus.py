@@ -179,12 +179,13 @@ def test_top_p_alone_keeps_in_one_native_pass_what_the_torch_ops_keep(seed):
 
 
 @pytest.mark.skipif(not _native_sampling(), reason="the native sampling kernel is not built")
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(10))
 def test_the_native_top_p_draw_is_the_torch_ops_draw(seed):
     """Rows without top-k drawn in one native pass: the same token as filtered_probs and
     inverse_cdf for uniforms at random and right at the boundaries of the torch path's
     cumulative probabilities (where a probability off by one bit moves the draw)."""
-    vocab = (4096, 49152)[seed % 2]
+    # Vocabularies in whole vectors, with a tail past them, and shorter than one.
+    vocab = (4096, 49152, 1500, 17, 8)[seed % 5]
     rows = random_rows(seed, 5, vocab)
     if seed == 2:
         rows[3, 100] = float("nan")  # the torch path takes this row
