@@ -312,9 +312,8 @@ def nucleus_logits(scaled: torch.Tensor, top_ks: list[int], top_ps: list[float])
     )
     top_p = torch.tensor([top_ps[row] for row in filtered], dtype=scaled.dtype, device=device)
     if all(by_mass) and _native_rows(logits):
-        # Top-p alone: the float32 decisions and the scatter below, in one native pass a row
-        # over the prefix (six [rows, width] ops and a [rows, vocab] fill and scatter here:
-        # 4 of a sampled W step's 12 ms).
+        # Top-p alone: the float32 decisions and the scatter of _ranked_keep in one native
+        # pass a row over the prefix, not six [rows, width] ops and a [rows, vocab] scatter.
         kept = torch.ops.deepwell_sampling.top_p_keep(logits, probs, ids, counts, top_p)
     else:
         kept = _ranked_keep(logits, probs, ids, counts, k, by_mass, top_p)
