@@ -460,8 +460,8 @@ int64_t top_p_sample_row(const float* logits, int64_t vocab, float temperature, 
     scale_row(exps, inverse_sum, vocab, probs);
   }
   if (min_p > 0.0f) {
-    const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, probs, vocab);
-    const float floor = min_p * top;
+    const float highest = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, probs, vocab);
+    const float floor = min_p * highest;
     for (int64_t j = 0; j < vocab; ++j) probs[j] = probs[j] < floor ? 0.0f : probs[j];
   }
   return draw_from_row(probs, vocab, u, s.with_mass);
