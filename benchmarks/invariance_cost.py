@@ -8,6 +8,7 @@ and CPU (process) milliseconds a step. CPU time is the figure to read on a share
 the medians over rounds:
 
     .venv/bin/python benchmarks/invariance_cost.py [--batch 1 16] [--rounds 2] [--v41 tiny]
+        [--json out.json]
     ATEN_CPU_CAPABILITY=avx2 .venv/bin/python benchmarks/invariance_cost.py  # AVX2 forced
 
 ATEN_CPU_CAPABILITY caps torch's own kernels and ours (decode_kernel.py builds at its level),
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from forced_avx2 import AVX2_ENVIRONMENT
 
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--v41", help="a random DeepSeek-V4.1 checkpoint of this preset")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -98,7 +101,9 @@ def main() -> None:
             from deepwell.engine.models.deepseek_v41.writer import PRESETS, write_tiny_checkpoint
 
             model = str(write_tiny_checkpoint(directory, text_config=PRESETS[args.v41]).path)
-        measure(args, model)
+        figures = measure(args, model)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"batches": figures}, indent=2))
 
 
 def run_environment() -> dict[str, str]:
@@ -109,10 +114,13 @@ def run_environment() -> dict[str, str]:
     return environ
 
 
-def measure(args: argparse.Namespace, model: str | None) -> None:
+def measure(args: argparse.Namespace, model: str | None) -> dict[int, dict]:
+    """Per batch size: the default's and the invariant path's median CPU ms a step, and
+    their ratio."""
     environ = run_environment()
     levels = tuple(AVX2_ENVIRONMENT)
     print(" ".join(f"{name}={environ.get(name, '(unset)')}" for name in levels))
+    summary = {}
     for batch in args.batch:
         runs: dict[bool, list[dict]] = {False: [], True: []}
         for _ in range(args.rounds):
@@ -139,6 +147,12 @@ def measure(args: argparse.Namespace, model: str | None) -> None:
             f"{invariant['wall_ms'] / default['wall_ms']:.2f}x wall "
             f"(load {default['load']:.1f} / {invariant['load']:.1f})"
         )
+        summary[batch] = {
+            "default_cpu_ms": default["cpu_ms"],
+            "invariant_cpu_ms": invariant["cpu_ms"],
+            "ratio": invariant["cpu_ms"] / default["cpu_ms"],
+        }
+    return summary
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ engine in a child of their own) with `--json`, from which its rows are read:
     prefill   long prompts, where benchmarks/ has the
               script (its lines "... ratio ...: X" read)     prefill_long.py
     serve     W through HTTP vs llama-server -np 16          serve_vs_llama_server.py
+    sampled   W sampled (temperature 0.8, top_p 0.95) vs
+              W greedy                                       sampled_w.py
+    invariance  batch-invariant decode steps vs the default,
+              CPU ms a step at batch 1 and 16 (one thread)   invariance_cost.py
 
 `--quick` runs each at its smallest (a smoke run: the figures mean nothing); `--dry-run`
 prints the plan and runs nothing. llama.cpp must be built (benchmarks/llama_cpp_peer.py, or
@@ -65,6 +69,8 @@ class Comparison:
     needs_llama_cpp: bool
     # The script's --json summary -> rows; None: the script's own "... ratio ...: X" lines.
     rows: Callable[[dict], list[Row]] | None
+    # Whether it runs at peers.py's --threads (invariance_cost.py measures at one thread).
+    takes_threads: bool = True
 
 
 def met(ok: bool) -> str:
@@ -177,6 +183,38 @@ def serve_rows(summary: dict) -> list[Row]:
     return rows
 
 
+def sampled_rows(summary: dict) -> list[Row]:
+    ratio = summary["ratio_wall"]
+    top_k = f", top_k {summary['top_k']}" if summary["top_k"] > 0 else ""
+    return [
+        Row(
+            "sampled",
+            f"W sampled (temperature {summary['temperature']:g}, top_p {summary['top_p']:g}"
+            f"{top_k}) / W greedy, output tok/s (CPU {summary['ratio_cpu']:.3f}x)",
+            ratio,
+            f"{summary['sampled_tok_s']:.1f} / {summary['greedy_tok_s']:.1f} tok/s",
+            f">= 0.95x: {met(ratio >= 0.95)}",
+        )
+    ]
+
+
+def invariance_rows(summary: dict) -> list[Row]:
+    rows = []
+    for batch, figures in summary["batches"].items():
+        ratio = figures["ratio"]
+        rows.append(
+            Row(
+                "invariance",
+                f"batch-invariant decode step at batch {batch} / the default's, CPU ms"
+                " (lower is better)",
+                ratio,
+                f"{figures['invariant_cpu_ms']:.2f} / {figures['default_cpu_ms']:.2f} ms",
+                f"<= 1.2x: {met(ratio <= 1.2)}",
+            )
+        )
+    return rows
+
+
 RATIO_LINE = re.compile(r"^(?P<what>.*\bratio\b.*):\s*(?P<ratio>\d+(?:\.\d+)?)\b")
 
 
@@ -251,6 +289,23 @@ COMPARISONS = (
         True,
         serve_rows,
     ),
+    Comparison(
+        "sampled",
+        "sampled_w.py",
+        ("--rounds", "2"),
+        ("--requests", "8", "--rounds", "1"),
+        False,
+        sampled_rows,
+    ),
+    Comparison(
+        "invariance",
+        "invariance_cost.py",
+        ("--batch", "1", "16", "--rounds", "2"),
+        ("--batch", "1", "--rounds", "1", "--steps", "5"),
+        False,
+        invariance_rows,
+        takes_threads=False,
+    ),
 )
 NAMES = tuple(c.name for c in COMPARISONS)
 
@@ -266,7 +321,7 @@ def command_of(comparison: Comparison, quick: bool, threads: int) -> list[str] |
             return None
         if "--threads" in source:
             arguments += ["--threads", str(threads)]
-    else:
+    elif comparison.takes_threads:
         arguments += ["--threads", str(threads)]
     return [sys.executable, str(script), *arguments]
 

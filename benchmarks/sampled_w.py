@@ -9,7 +9,7 @@ each run's output tok/s, wall and CPU seconds (the child's own, which a loaded m
 inflates less than wall time) and the load average, then `sampled/greedy: X (wall), Y (CPU)`.
 
     PYTHONPATH=. .venv/bin/python benchmarks/sampled_w.py [--threads 2] [--rounds 2] \
-        [--requests 64] [--temperature 0.8] [--top-p 0.95] [--top-k -1]
+        [--requests 64] [--temperature 0.8] [--top-p 0.95] [--top-k -1] [--json out.json]
 """
 
 import argparse
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -112,11 +113,23 @@ def main() -> None:
             kept["seconds"] = min(kept["seconds"], result["seconds"])
             kept["cpu_seconds"] = min(kept["cpu_seconds"], result["cpu_seconds"])
     greedy, sampled = best["greedy"], best["sampled"]
+    summary = {
+        "tokens": tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "greedy_tok_s": tokens / greedy["seconds"],
+        "sampled_tok_s": tokens / sampled["seconds"],
+        "ratio_wall": greedy["seconds"] / sampled["seconds"],
+        "ratio_cpu": greedy["cpu_seconds"] / sampled["cpu_seconds"],
+    }
     print(
-        f"greedy {tokens / greedy['seconds']:.1f} tok/s, sampled {tokens / sampled['seconds']:.1f}"
-        f" tok/s; sampled/greedy: {greedy['seconds'] / sampled['seconds']:.3f} (wall),"
-        f" {greedy['cpu_seconds'] / sampled['cpu_seconds']:.3f} (CPU)"
+        f"greedy {summary['greedy_tok_s']:.1f} tok/s, sampled {summary['sampled_tok_s']:.1f}"
+        f" tok/s; sampled/greedy: {summary['ratio_wall']:.3f} (wall),"
+        f" {summary['ratio_cpu']:.3f} (CPU)"
     )
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

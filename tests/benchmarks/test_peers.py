@@ -38,6 +38,10 @@ def test_quick_dry_run_plans_every_comparison_at_its_smallest_and_runs_none():
     assert "memory_limit.py" in planned["decode"] and "--tokens 16" in planned["decode"]
     assert "decode_batches.py --batch-sizes 1,4" in planned["batches"]
     assert "prompt_vs_llama_cpp.py --n-prompt 512" in planned["pp512"]
+    assert "sampled_w.py --requests 8 --rounds 1 --threads 2" in planned["sampled"]
+    # Batch invariance is measured at one thread, whatever --threads says.
+    assert "invariance_cost.py --batch 1 --rounds 1 --steps 5" in planned["invariance"]
+    assert "--threads" not in planned["invariance"]
 
 
 def test_only_restricts_the_plan_and_an_unknown_name_is_refused():
@@ -134,6 +138,40 @@ def test_w_rows_set_the_goal_on_speculation_off_against_transformers_best():
     off, on = peers.w_rows(summary)
     assert (off.ratio, off.goal) == (4.0, ">= 5x: missed")
     assert (on.ratio, on.goal) == (6.0, "")
+
+
+def test_sampled_rows_judge_sampled_w_against_greedy_w():
+    summary = roundtrip(
+        {
+            "tokens": 1000,
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "top_k": -1,
+            "greedy_tok_s": 700.0,
+            "sampled_tok_s": 650.0,
+            "ratio_wall": 650.0 / 700.0,
+            "ratio_cpu": 0.94,
+        }
+    )
+    (row,) = peers.sampled_rows(summary)
+    assert row.goal == ">= 0.95x: missed" and row.ratio == pytest.approx(0.9286, abs=1e-4)
+    assert "top_p 0.95" in row.what and "top_k" not in row.what
+    assert row.figures == "650.0 / 700.0 tok/s"
+
+
+def test_invariance_rows_give_each_batch_its_ratio_lower_being_better():
+    summary = roundtrip(
+        {
+            "batches": {
+                1: {"default_cpu_ms": 20.0, "invariant_cpu_ms": 22.0, "ratio": 1.1},
+                16: {"default_cpu_ms": 30.0, "invariant_cpu_ms": 39.0, "ratio": 1.3},
+            }
+        }
+    )
+    one, sixteen = peers.invariance_rows(summary)
+    assert "batch 1 " in one.what and one.goal == "<= 1.2x: met"
+    assert "batch 16 " in sixteen.what and sixteen.goal == "<= 1.2x: missed"
+    assert sixteen.figures == "39.00 / 30.00 ms"
 
 
 def test_a_script_read_by_its_lines_gives_a_row_per_ratio_line():
