@@ -181,7 +181,6 @@ class PagedRows:
 
     def metadata(self) -> AttentionMetadata:
         bs = self.block_size
-        # Decode rows are the first rows of the step, so a row index is its decode index.
         return AttentionMetadata(
             slot_blocks=long_tensor(self.slot_blocks),
             slot_offsets=long_tensor(self.slot_offsets),

@@ -119,7 +119,8 @@ class AttentionMetadata:
 
     @cached_property
     def decode_block_rows(self) -> torch.Tensor:
-        """The decode row each of decode_block_ids belongs to."""
+        """The decode row each of decode_block_ids belongs to (decode rows are the step's
+        first rows, so a decode index is a row index)."""
         counts = self.decode_block_counts
         return self._decode_tensor([row for row, n in enumerate(counts) for _ in range(n)])
 

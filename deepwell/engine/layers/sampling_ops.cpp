@@ -114,6 +114,30 @@ void radix_sort(std::vector<uint32_t>& keys, std::vector<int32_t>& ids) {
   }
 }
 
+// One prefix token's top-p decision in the torch ops' arithmetic (engine/sampling.py):
+// `running` holds the float64 sum of the probabilities before it, rounded to float32 as
+// torch's CPU cumsum rounds its float64 sums; the token stays while the mass before it,
+// that sum with its own probability p and less p in float32, is below top_p (a NaN stays).
+inline bool in_nucleus(double& running, float p, float top_p) {
+  running += p;
+  const float before = static_cast<float>(running) - p;
+  return !(before >= top_p);
+}
+
+// fn(row, scratch) for rows [0, rows), the rows dealt to the threads in turn, not in runs
+// (a row's cost follows the length of its prefix, which varies from row to row: 64 rows in
+// two runs left one thread idle a tenth of the time), each thread with its own Scratch.
+template <typename Scratch, typename Fn>
+void rows_in_turn(int64_t rows, const Fn& fn) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t thread = begin; thread < end; ++thread) {
+      for (int64_t row = thread; row < rows; row += threads) fn(row, scratch);
+    }
+  });
+}
+
 // A thread's buffers, reused row after row.
 struct PrefixScratch {
   std::vector<uint16_t> bins;
@@ -218,22 +242,13 @@ std::tuple<at::Tensor, at::Tensor> ranked_prefix(
   const double* mass_of = masses_in.data_ptr<double>();
 
   std::vector<std::vector<int64_t>> prefixes(rows);
-  // Rows dealt to the threads in turn, not in runs: a row's cost follows the length of its
-  // prefix, which varies from row to row (64 rows in two runs left one thread idle a tenth
-  // of the time).
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    PrefixScratch scratch;
-    for (int64_t thread = begin; thread < end; ++thread) {
-      for (int64_t row = thread; row < rows; row += threads) {
-        const float* scaled_row = logits.data_ptr<float>() + row * vocab;
-        const float top = row_top(scaled_row, vocab);
-        if (std::isnan(top)) continue;  // an empty prefix: count -1 below
-        prefixes[row] = row_prefix(
-            scaled_row, with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, 1.0f, vocab,
-            top, count_of[row], mass_of[row], scratch);
-      }
-    }
+  rows_in_turn<PrefixScratch>(rows, [&](int64_t row, PrefixScratch& scratch) {
+    const float* scaled_row = logits.data_ptr<float>() + row * vocab;
+    const float top = row_top(scaled_row, vocab);
+    if (std::isnan(top)) return;  // an empty prefix: count -1 below
+    prefixes[row] = row_prefix(
+        scaled_row, with_mass ? mass.data_ptr<float>() + row * vocab : nullptr, 1.0f, vocab, top,
+        count_of[row], mass_of[row], scratch);
   });
 
   int64_t width = std::min(kMinWidth, vocab);
@@ -348,12 +363,9 @@ at::Tensor top_p_keep(
       float* out = kept.data_ptr<float>() + row * vocab;
       std::fill(out, out + vocab, -INFINITY);
       double running = 0.0;
-      const int64_t count = count_of[row];
-      for (int64_t i = 0; i < count; ++i) {
+      for (int64_t i = 0; i < count_of[row]; ++i) {
         const int64_t id = prefix[i];
-        running += p[id];
-        const float before = static_cast<float>(running) - p[id];
-        if (!(before >= limit_of[row])) out[id] = x[id];
+        if (in_nucleus(running, p[id], limit_of[row])) out[id] = x[id];
       }
     }
   });
@@ -403,15 +415,22 @@ int64_t draw_from_row(const float* probs, int64_t vocab, double u, std::vector<i
 
 using Vec = at::vec::Vectorized<float>;
 
+// ATen's reductions of a row as its softmax kernel makes them (the maximum propagates a NaN).
+float vector_max(const float* x, int64_t n) {
+  return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, n);
+}
+
+float vector_sum(const float* x, int64_t n) {
+  return at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, x, n);
+}
+
 // The first steps of torch's float softmax of `x` (ATen's _vec_softmax_lastdim): the
 // maximum and the exponentials exp(x - max) into `exps`; returns the maximum and 1 / the
 // exponentials' sum, by which the kernel's last step multiplies them.
 std::pair<float, float> softmax_exps(const float* x, int64_t vocab, float* exps) {
-  const float top = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, vocab);
+  const float top = vector_max(x, vocab);
   at::vec::map([top](Vec a) { return (a - Vec(top)).exp(); }, exps, x, vocab);
-  float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, exps, vocab);
-  sum = 1 / sum;
-  return {top, sum};
+  return {top, 1 / vector_sum(exps, vocab)};
 }
 
 void scale_row(const float* values, float scale, int64_t vocab, float* out) {
@@ -448,20 +467,14 @@ int64_t top_p_sample_row(const float* logits, int64_t vocab, float temperature, 
     s.kept_exps.assign(vocab, 0.0f);
     double running = 0.0;
     for (const int64_t id : prefix) {
-      const float p = exps[id] * inverse_sum;
-      running += p;
-      const float before = static_cast<float>(running) - p;
-      if (!(before >= top_p)) s.kept_exps[id] = exps[id];
+      if (in_nucleus(running, exps[id] * inverse_sum, top_p)) s.kept_exps[id] = exps[id];
     }
-    float sum = at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, s.kept_exps.data(), vocab);
-    sum = 1 / sum;
-    scale_row(s.kept_exps.data(), sum, vocab, probs);
+    scale_row(s.kept_exps.data(), 1 / vector_sum(s.kept_exps.data(), vocab), vocab, probs);
   } else {
     scale_row(exps, inverse_sum, vocab, probs);
   }
   if (min_p > 0.0f) {
-    const float highest = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, probs, vocab);
-    const float floor = min_p * highest;
+    const float floor = min_p * vector_max(probs, vocab);
     for (int64_t j = 0; j < vocab; ++j) probs[j] = probs[j] < floor ? 0.0f : probs[j];
   }
   return draw_from_row(probs, vocab, u, s.with_mass);
@@ -487,18 +500,11 @@ at::Tensor top_p_sample(
   const at::Tensor floors = min_p.contiguous(), u = uniforms.contiguous();
   at::Tensor tokens = at::empty({rows}, x.options().dtype(at::kLong));
   int64_t* out = tokens.data_ptr<int64_t>();
-  // Rows dealt to the threads in turn, as in ranked_prefix.
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    SampleScratch scratch;
-    for (int64_t thread = begin; thread < end; ++thread) {
-      for (int64_t row = thread; row < rows; row += threads) {
-        out[row] = top_p_sample_row(
-            x.data_ptr<float>() + row * vocab, vocab, temperatures.data_ptr<float>()[row],
-            limits.data_ptr<float>()[row], masses.data_ptr<double>()[row],
-            floors.data_ptr<float>()[row], u.data_ptr<double>()[row], scratch);
-      }
-    }
+  rows_in_turn<SampleScratch>(rows, [&](int64_t row, SampleScratch& scratch) {
+    out[row] = top_p_sample_row(
+        x.data_ptr<float>() + row * vocab, vocab, temperatures.data_ptr<float>()[row],
+        limits.data_ptr<float>()[row], masses.data_ptr<double>()[row],
+        floors.data_ptr<float>()[row], u.data_ptr<double>()[row], scratch);
   });
   return tokens;
 }
